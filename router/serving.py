@@ -1,0 +1,78 @@
+"""Run an ASGI app under uvicorn on a socket we bind ourselves.
+
+Binding first lets ``--port 0`` pick a free port and lets us announce the real address on
+stdout in one fixed line (``LISTENING_PREFIX`` + URL) that tests and the demo wait for, instead
+of sleeping or polling a port they do not know yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from typing import Any
+
+import uvicorn
+
+LISTENING_PREFIX = "spec-router: listening on "
+
+
+def bind_socket(host: str, port: int, backlog: int = 4096) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def uvicorn_config(app: Any, *, log_level: str = "warning", access_log: bool = False) -> uvicorn.Config:
+    # uvloop + httptools: the fast server stack; lifespan "on" so start-up errors stop the process.
+    return uvicorn.Config(
+        app,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_level=log_level,
+        access_log=access_log,
+        timeout_keep_alive=75,
+        backlog=4096,
+    )
+
+
+class AnnouncingServer(uvicorn.Server):
+    """A uvicorn server that prints its URL once it is accepting connections."""
+
+    def __init__(self, config: uvicorn.Config, url: str) -> None:
+        super().__init__(config)
+        self.url = url
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            print(f"{LISTENING_PREFIX}{self.url}", flush=True)
+
+
+def run(app: Any, host: str, port: int, *, log_level: str = "warning") -> int:
+    """Serve ``app`` until SIGINT/SIGTERM; returns a process exit code."""
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        print(f"spec-router: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    server = AnnouncingServer(uvicorn_config(app, log_level=log_level), socket_url(sock))
+    server.config.setup_event_loop()
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    finally:
+        sock.close()
+    # uvicorn sets should_exit on signals; a failed lifespan start-up leaves started False.
+    return 0 if server.started else 3
