@@ -7,7 +7,6 @@ of sleeping or polling a port they do not know yet.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import sys
 from typing import Any
@@ -34,7 +33,13 @@ def socket_url(sock: socket.socket) -> str:
     return f"http://{host}:{port}"
 
 
-def uvicorn_config(app: Any, *, log_level: str = "warning", access_log: bool = False) -> uvicorn.Config:
+def uvicorn_config(
+    app: Any,
+    *,
+    log_level: str = "warning",
+    access_log: bool = False,
+    graceful_shutdown: float | None = 30.0,
+) -> uvicorn.Config:
     # uvloop + httptools: the fast server stack; lifespan "on" so start-up errors stop the process.
     return uvicorn.Config(
         app,
@@ -45,6 +50,12 @@ def uvicorn_config(app: Any, *, log_level: str = "warning", access_log: bool = F
         access_log=access_log,
         timeout_keep_alive=75,
         backlog=4096,
+        # Upstream responses carry their own Date/Server headers; do not add a second pair.
+        server_header=False,
+        date_header=False,
+        # On SIGTERM, give streams this long to finish, then cancel them (their leases are
+        # released by the proxy's own finally).
+        timeout_graceful_shutdown=graceful_shutdown,
     )
 
 
@@ -69,9 +80,8 @@ def run(app: Any, host: str, port: int, *, log_level: str = "warning") -> int:
         print(f"spec-router: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
         return 1
     server = AnnouncingServer(uvicorn_config(app, log_level=log_level), socket_url(sock))
-    server.config.setup_event_loop()
     try:
-        asyncio.run(server.serve(sockets=[sock]))
+        server.run(sockets=[sock])
     finally:
         sock.close()
     # uvicorn sets should_exit on signals; a failed lifespan start-up leaves started False.

@@ -1,0 +1,159 @@
+"""The router's ASGI application.
+
+``create_app(settings)`` wires the pieces; the lifespan owns everything with I/O (upstream
+clients, the health poller). ``/v1/*`` goes straight to the raw-ASGI proxy; the router's own
+endpoints (``/health``, ``/ready``, ``/metrics``, ``/router/*``, ``/v1/models``) are a FastAPI
+app, off the hot path. ``app`` at the bottom serves ``uvicorn router.app:app`` (one worker:
+in-flight counts live in this process).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from router.control import build_control_app
+from router.health import HealthConfig, HealthRegistry
+from router.inflight import BASELINE, POOLS, SPECULATIVE, InflightTracker
+from router.metrics import RouterMetrics, StateCollector
+from router.poller import HealthPoller
+from router.proxy import Outcome, Proxy
+from router.routing import Router
+from router.settings import DEFAULT_CROSSOVER, Settings, SettingsError, load_settings
+from router.upstream import Origin, OriginPool
+
+log = logging.getLogger("spec_router")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[dict[str, Any]], Any]
+
+
+class RouterApp:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.pools = {SPECULATIVE: settings.speculative_urls, BASELINE: settings.baseline_urls}
+        backends = [(pool, url) for pool in POOLS for url in self.pools[pool]]
+        self.tracker = InflightTracker(backends)
+        self.health = HealthRegistry(
+            [url for _, url in backends],
+            HealthConfig(
+                startup_grace=settings.startup_grace,
+                fall=settings.fall,
+                rise=settings.rise,
+                eject_base=settings.eject_base,
+                eject_max=settings.eject_max,
+                ramp_seconds=settings.ramp_seconds,
+            ),
+            clock(),
+        )
+        if settings.crossover is not None:
+            crossover, source = settings.crossover, "configured"
+        else:
+            crossover, source = DEFAULT_CROSSOVER, "default"
+        self.router = Router(
+            self.pools,
+            self.tracker,
+            self.health,
+            policy=settings.policy,
+            crossover=crossover,
+            crossover_source=source,
+            hysteresis=settings.hysteresis,
+            load_signal=settings.load_signal,
+            clock=clock,
+        )
+        self.metrics = RouterMetrics(self.registry)
+        self.registry.register(StateCollector(self.router, lambda: self.router.policy))
+        self.observers: list[Callable[[Outcome], None]] = [self.metrics.observe]
+        self.clients: dict[str, OriginPool] = {}
+        self.proxy: Proxy | None = None
+        self.poller: HealthPoller | None = None
+        self.control = build_control_app(self)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[RouterApp]:
+        """Start the upstream clients and the poller; stop them on exit."""
+        s = self.settings
+        for pool in POOLS:
+            for url in self.pools[pool]:
+                self.clients[url] = OriginPool(
+                    Origin.parse(url),
+                    max_connections=s.max_connections_per_backend,
+                    max_idle=s.max_idle_per_backend,
+                    keepalive_expiry=s.keepalive_expiry,
+                )
+        self.proxy = Proxy(s, self.router, self.tracker, self.health, self.clients, self.observers, self.clock)
+        self.poller = HealthPoller(self.router, s.health_interval, s.health_timeout, s.scrape_metrics)
+        self.poller.start()
+        log.info(
+            "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
+            self.router.policy,
+            self.router.crossover,
+            self.router.crossover_source,
+            ",".join(self.pools[SPECULATIVE]),
+            ",".join(self.pools[BASELINE]),
+        )
+        try:
+            yield self
+        finally:
+            await self.poller.stop()
+            for client in self.clients.values():
+                client.close()
+            self.proxy = None
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        message = await receive()
+        assert message["type"] == "lifespan.startup"
+        try:
+            async with self.running():
+                await send({"type": "lifespan.startup.complete"})
+                message = await receive()
+                assert message["type"] == "lifespan.shutdown"
+        except BaseException as exc:
+            await send({"type": "lifespan.startup.failed", "message": str(exc)})
+            raise
+        await send({"type": "lifespan.shutdown.complete"})
+
+    # -- ASGI ---------------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path: str = scope["path"]
+            proxy = self.proxy
+            if proxy is not None and path.startswith("/v1/") and path != "/v1/models":
+                await proxy(scope, receive, send)
+                return
+            await self.control(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+        elif kind == "websocket":
+            await send({"type": "websocket.close", "code": 1003})
+
+
+def create_app(settings: Settings | None = None, registry: CollectorRegistry | None = None) -> RouterApp:
+    """Build the router from ``settings`` (default: environment and SPEC_ROUTER_CONFIG)."""
+    if settings is None:
+        try:
+            settings = load_settings()
+        except SettingsError as exc:
+            # One clear line, then stop: uvicorn would otherwise print a long traceback.
+            print(f"spec-router: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+    return RouterApp(settings, registry)
+
+
+app = create_app()

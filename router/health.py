@@ -1,0 +1,123 @@
+"""Backend health: a pure state machine per backend, and the registry that holds the states.
+
+States: ``starting`` (never seen healthy; refusals and 503s mean "still loading" until
+``startup_grace`` runs out), ``healthy``, ``unhealthy`` (``fall`` consecutive failed probes;
+back to healthy after ``rise`` consecutive good ones). A backend is never dropped for good.
+
+Passive detection from real traffic ejects a backend at once for a back-off that doubles on
+repeated ejections (``eject_base`` .. ``eject_max``) and resets once it serves again. A backend
+that becomes usable again is ramped in: its weight grows from 0.1 to 1 over ``ramp_seconds``,
+so it is not hit by the whole queue at once.
+
+Every function takes ``now`` explicitly; the poller and proxy supply the clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+MIN_WEIGHT = 0.1
+
+
+class State(StrEnum):
+    STARTING = "starting"
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    startup_grace: float = 900.0
+    fall: int = 3
+    rise: int = 2
+    eject_base: float = 1.0
+    eject_max: float = 60.0
+    ramp_seconds: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class BackendHealth:
+    since: float  # when the router started watching, or the state last changed
+    state: State = State.STARTING
+    successes: int = 0  # consecutive good probes
+    failures: int = 0  # consecutive failed probes
+    checks: int = 0
+    last_check: float | None = None
+    last_error: str | None = None
+    ejected_until: float = 0.0
+    ejections: int = 0  # consecutive ejections: the back-off exponent
+    ramp_from: float | None = None  # when it (re)became usable
+
+
+def probe(h: BackendHealth, ok: bool, now: float, cfg: HealthConfig, error: str | None = None) -> BackendHealth:
+    """Fold one active health probe into the state."""
+    h = replace(h, checks=h.checks + 1, last_check=now, last_error=None if ok else error)
+    if ok:
+        h = replace(h, successes=h.successes + 1, failures=0)
+        if h.state is State.STARTING or (h.state is State.UNHEALTHY and h.successes >= cfg.rise):
+            # A starting engine that answers is ready: loading is a one-way door.
+            return replace(h, state=State.HEALTHY, since=now, ramp_from=now)
+        return h
+    h = replace(h, failures=h.failures + 1, successes=0)
+    if h.state is State.STARTING:
+        if now - h.since >= cfg.startup_grace:
+            return replace(h, state=State.UNHEALTHY, since=now)
+        return h
+    if h.state is State.HEALTHY and h.failures >= cfg.fall:
+        return replace(h, state=State.UNHEALTHY, since=now)
+    return h
+
+
+def eject(h: BackendHealth, now: float, cfg: HealthConfig, error: str) -> BackendHealth:
+    """A refused connection, reset or 5xx seen on real traffic: out at once, for a back-off."""
+    if now < h.ejected_until:
+        return h  # already out: concurrent failures of one outage count once
+    backoff = min(cfg.eject_max, cfg.eject_base * (2.0 ** min(h.ejections, 30)))
+    until = now + backoff
+    return replace(h, ejected_until=until, ejections=h.ejections + 1, last_error=error, ramp_from=until)
+
+
+def served(h: BackendHealth, now: float) -> BackendHealth:
+    """A good answer on real traffic after an ejection: the back-off starts over."""
+    if h.ejections and now >= h.ejected_until:
+        return replace(h, ejections=0)
+    return h
+
+
+def usable(h: BackendHealth, now: float) -> bool:
+    return h.state is State.HEALTHY and now >= h.ejected_until
+
+
+def weight(h: BackendHealth, now: float, cfg: HealthConfig) -> float:
+    if h.ramp_from is None or cfg.ramp_seconds <= 0:
+        return 1.0
+    elapsed = now - h.ramp_from
+    if elapsed >= cfg.ramp_seconds:
+        return 1.0
+    return max(MIN_WEIGHT, elapsed / cfg.ramp_seconds)
+
+
+class HealthRegistry:
+    """The current health of every backend; replaced value by value, read by the router."""
+
+    def __init__(self, urls: list[str], cfg: HealthConfig, now: float) -> None:
+        self.cfg = cfg
+        self.states: dict[str, BackendHealth] = {url: BackendHealth(since=now) for url in urls}
+
+    def probe(self, url: str, ok: bool, now: float, error: str | None = None) -> None:
+        self.states[url] = probe(self.states[url], ok, now, self.cfg, error)
+
+    def eject(self, url: str, now: float, error: str) -> None:
+        self.states[url] = eject(self.states[url], now, self.cfg, error)
+
+    def served(self, url: str, now: float) -> None:
+        h = self.states[url]
+        if h.ejections:
+            self.states[url] = served(h, now)
+
+    def usable(self, url: str, now: float) -> bool:
+        return usable(self.states[url], now)
+
+    def weight(self, url: str, now: float) -> float:
+        return weight(self.states[url], now, self.cfg)

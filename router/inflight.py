@@ -1,0 +1,75 @@
+"""Exact in-flight accounting: counts per pool and per backend, and the lease that holds one.
+
+A lease is taken when a request has been routed and released exactly once when its last byte
+was sent or its client went away. ``release()`` is idempotent so that a ``finally`` can always
+call it; counts are never clamped, so a leak would show instead of hiding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+SPECULATIVE = "speculative"
+BASELINE = "baseline"
+POOLS = (SPECULATIVE, BASELINE)
+
+
+class InflightTracker:
+    def __init__(self, backends: Iterable[tuple[str, str]]) -> None:
+        """``backends``: (pool, url) pairs."""
+        self.pool_of: dict[str, str] = {}
+        self.by_backend: dict[str, int] = {}
+        self.started: dict[str, int] = {}  # requests ever sent to each backend (monotonic)
+        for pool, url in backends:
+            self.pool_of[url] = pool
+            self.by_backend[url] = 0
+            self.started[url] = 0
+        self.by_pool: dict[str, int] = dict.fromkeys(POOLS, 0)
+        self.total = 0
+
+    def acquire(self, backend: str) -> Lease:
+        return Lease(self, backend)
+
+    def _add(self, backend: str, delta: int) -> None:
+        self.by_backend[backend] += delta
+        self.by_pool[self.pool_of[backend]] += delta
+
+    def snapshot(self) -> dict[str, int]:
+        return {**self.by_pool, "total": self.total}
+
+
+class Lease:
+    """One request's hold on the counts; moves with the request when it is retried."""
+
+    __slots__ = ("_tracker", "backend", "released")
+
+    def __init__(self, tracker: InflightTracker, backend: str) -> None:
+        self._tracker = tracker
+        self.backend = backend
+        self.released = False
+        tracker.total += 1
+        tracker._add(backend, 1)
+        tracker.started[backend] += 1
+
+    @property
+    def pool(self) -> str:
+        return self._tracker.pool_of[self.backend]
+
+    def move(self, backend: str) -> None:
+        if self.released or backend == self.backend:
+            return
+        tracker = self._tracker
+        tracker._add(self.backend, -1)
+        tracker._add(backend, 1)
+        tracker.started[backend] += 1
+        self.backend = backend
+
+    def release(self) -> bool:
+        """Give the slot back; True the first time, False (and no change) after."""
+        if self.released:
+            return False
+        self.released = True
+        tracker = self._tracker
+        tracker.total -= 1
+        tracker._add(self.backend, -1)
+        return True

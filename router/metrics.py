@@ -1,0 +1,181 @@
+"""Prometheus metrics, on a registry passed in (never the global one).
+
+Two kinds: counters and histograms updated once per finished request (``observe``, an
+``Outcome`` observer; nothing per chunk), and gauges read from live state at scrape time by a
+collector (in-flight counts, health, crossover, engine signals), so the hot path pays nothing
+for them. Names follow Prometheus conventions: ``spec_router_`` prefix, base units, ``_total``
+on counters, labels limited to pool, backend, reason, code, kind, state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from router.health import State
+from router.inflight import POOLS
+
+if TYPE_CHECKING:
+    from router.proxy import Outcome
+    from router.routing import Router
+
+# LLM-serving buckets, after vLLM's (TTFT, inter-token and end-to-end latency histograms),
+# extended downwards for fast engines and time-scaled simulations.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+TPOT_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+E2E_BUCKETS = (
+    0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        p = "spec_router_"
+        self.requests = Counter(
+            p + "requests", "Requests answered, by pool, routing reason and HTTP status.",
+            ["pool", "reason", "code"], registry=registry,
+        )  # fmt: skip
+        self.decisions = Counter(
+            p + "routing_decisions", "Routing decisions, by pool and reason.",
+            ["pool", "reason"], registry=registry,
+        )  # fmt: skip
+        self.duration = Histogram(
+            p + "request_duration_seconds", "Request duration, arrival to last byte.",
+            ["pool"], buckets=E2E_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds", "Arrival to the first response byte.",
+            ["pool"], buckets=TTFT_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            p + "time_per_output_token_seconds",
+            "Mean time between output tokens after the first, per streamed request.",
+            ["pool"], buckets=TPOT_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.output_tokens = Counter(
+            p + "output_tokens", "Generated tokens, from the engines' usage.", ["pool"],
+            registry=registry,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            p + "prompt_tokens", "Prompt tokens, from the engines' usage.", ["pool"],
+            registry=registry,
+        )  # fmt: skip
+        self.upstream_errors = Counter(
+            p + "upstream_errors", "Failures talking to a backend, by kind.",
+            ["pool", "backend", "kind"], registry=registry,
+        )  # fmt: skip
+        self.retries = Counter(
+            p + "retries", "Requests re-sent elsewhere before any byte reached the client.",
+            ["pool", "kind"], registry=registry,
+        )  # fmt: skip
+        self.disconnects = Counter(
+            p + "client_disconnects", "Requests whose client went away before the end.",
+            ["pool"], registry=registry,
+        )  # fmt: skip
+        for pool in POOLS:
+            self.output_tokens.labels(pool)
+            self.prompt_tokens.labels(pool)
+            self.disconnects.labels(pool)
+
+    def observe(self, out: Outcome) -> None:
+        pool = out.pool or "none"
+        self.requests.labels(pool, out.reason, str(out.status or 499)).inc()
+        if out.pool is None:
+            return
+        self.decisions.labels(pool, out.reason).inc()
+        self.duration.labels(pool).observe(out.ended - out.started)
+        if out.client_gone:
+            self.disconnects.labels(pool).inc()
+        for kind in out.retry_kinds:
+            self.retries.labels(pool, kind).inc()
+        if out.error is not None and out.backend is not None:
+            self.upstream_errors.labels(pool, out.backend, out.error).inc()
+        if out.first_byte is not None and out.status < 400:
+            self.ttft.labels(pool).observe(out.first_byte - out.started)
+        usage = out.usage
+        if usage is not None:
+            self.output_tokens.labels(pool).inc(usage.completion_tokens)
+            self.prompt_tokens.labels(pool).inc(usage.prompt_tokens)
+            if out.stream and out.first_byte is not None and usage.completion_tokens > 1:
+                decode = out.ended - out.first_byte
+                self.tpot.labels(pool).observe(decode / (usage.completion_tokens - 1))
+
+
+class StateCollector(Collector):
+    """Gauges read from the router's live state when Prometheus scrapes."""
+
+    def __init__(self, router: Router, policy: Callable[[], str]) -> None:
+        self.router = router
+        self.policy = policy
+
+    def collect(self) -> Iterator[Metric]:
+        router = self.router
+        tracker = router.tracker
+        p = "spec_router_"
+        g = GaugeMetricFamily(p + "in_flight_requests", "Requests in flight, by pool.", labels=["pool"])
+        for pool in POOLS:
+            g.add_metric([pool], tracker.by_pool[pool])
+        yield g
+        b = GaugeMetricFamily(
+            p + "backend_in_flight_requests", "Requests in flight, by backend.", labels=["pool", "backend"]
+        )
+        for url, n in tracker.by_backend.items():
+            b.add_metric([tracker.pool_of[url], url], n)
+        yield b
+        yield GaugeMetricFamily(
+            p + "crossover", "Current crossover (concurrent requests per speculative engine).",
+            value=router.crossover,
+        )  # fmt: skip
+        info = InfoMetricFamily(p + "crossover_source", "Where the current crossover came from.")
+        info.add_metric([], {"source": router.crossover_source})
+        yield info
+        pol = InfoMetricFamily(p + "policy", "The routing policy in use.")
+        pol.add_metric([], {"policy": self.policy(), "load_signal": router.load_signal})
+        yield pol
+        health = GaugeMetricFamily(
+            p + "backend_health", "1 for the backend's current health state.",
+            labels=["pool", "backend", "state"],
+        )  # fmt: skip
+        usable = GaugeMetricFamily(
+            p + "backend_usable", "1 when the backend can take new requests now.",
+            labels=["pool", "backend"],
+        )  # fmt: skip
+        now = router.clock()
+        for url, h in router.health.states.items():
+            pool = tracker.pool_of[url]
+            for state in State:
+                health.add_metric([pool, url, state.value], 1.0 if h.state is state else 0.0)
+            usable.add_metric([pool, url], 1.0 if router.health.usable(url, now) else 0.0)
+        yield health
+        yield usable
+        yield from self._engine(router)
+
+    def _engine(self, router: Router) -> Iterator[Metric]:
+        p = "spec_router_engine_"
+        labels = ["pool", "backend"]
+        running = GaugeMetricFamily(p + "running_requests", "Running requests the engine reported.", labels=labels)
+        queued = GaugeMetricFamily(p + "queued_requests", "Queued requests the engine reported.", labels=labels)
+        accept = GaugeMetricFamily(
+            p + "spec_accept_length", "Mean speculative acceptance length the engine reported.", labels=labels
+        )
+        for url, seen in router.engine.items():
+            pool = router.tracker.pool_of[url]
+            running.add_metric([pool, url], seen.running)
+            queued.add_metric([pool, url], seen.queued)
+            if seen.accept_length is not None:
+                accept.add_metric([pool, url], seen.accept_length)
+        yield running
+        yield queued
+        yield accept

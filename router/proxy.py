@@ -1,0 +1,442 @@
+"""Forward one ``/v1/*`` request to the chosen backend and stream the answer back.
+
+A raw ASGI handler (no framework routing, no ``StreamingResponse``): the hot path is measured in
+bench/results/overhead.md. The in-flight lease is taken once the request is routed and released
+in this handler's own ``finally`` -- not in a background task or a generator's ``finally``, which
+a client disconnect can skip (see STYLE.md). A watcher task turns a client disconnect into a
+cancellation of the handler, which aborts the upstream connection, so the engine stops too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.errors import (
+    BadRequest,
+    NoBackend,
+    PayloadTooLarge,
+    RouterError,
+    Unauthorized,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    sse_error_event,
+)
+from router.health import HealthRegistry
+from router.inflight import InflightTracker, Lease
+from router.policy import Decision
+from router.request import RequestInfo, forward_headers, inspect, response_headers, upstream_body
+from router.routing import Router
+from router.settings import Settings
+from router.stream import BodyTap, SseTap, Usage
+from router.upstream import Connection, OriginPool, Timeouts, UpstreamError
+
+log = logging.getLogger("spec_router.proxy")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[dict[str, Any]], Any]
+
+# Paths whose streams carry token usage the router can ask for.
+USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+RETRY_STATUSES = frozenset({429, 503})
+RETRYABLE_KINDS = frozenset({"connect", "connect_timeout"})
+
+
+class ClientGone(Exception):
+    """The client disconnected; nothing more can be sent."""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one request: the record every observer (metrics, learning) reads."""
+
+    path: str
+    started: float
+    stream: bool = False
+    pool: str | None = None
+    backend: str | None = None
+    reason: str = "none"
+    status: int = 0
+    load_at_start: int = 0  # the chosen pool's load (this request excluded) when it was routed
+    attempts: int = 0
+    retries: int = 0
+    first_byte: float | None = None
+    ended: float = 0.0
+    error: str | None = None  # upstream error kind, if any
+    client_gone: bool = False
+    usage: Usage | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    retry_kinds: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Flags:
+    done: bool = False
+    client_gone: bool = False
+
+
+class Proxy:
+    def __init__(
+        self,
+        settings: Settings,
+        router: Router,
+        tracker: InflightTracker,
+        health: HealthRegistry,
+        clients: dict[str, OriginPool],
+        observers: list[Callable[[Outcome], None]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.router = router
+        self.tracker = tracker
+        self.health = health
+        self.clients = clients
+        self.observers = observers
+        self.clock = clock
+        self.timeouts = Timeouts(
+            settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout
+        )
+        self._api_keys = [k.get_secret_value().encode() for k in settings.api_keys]
+        self._pool_auth = {
+            pool: (b"Bearer " + key.get_secret_value().encode()) if key else None
+            for pool in ("speculative", "baseline")
+            for key in [settings.pool_api_key(pool)]
+        }
+
+    # -- entry ------------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        out = Outcome(path=scope["path"], started=self.clock())
+        try:
+            await self._handle(scope, receive, send, out)
+        finally:
+            out.ended = self.clock()
+            for observe in self.observers:
+                try:
+                    observe(out)
+                except Exception:  # an observer must never break the proxy
+                    log.exception("observer failed")
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, out: Outcome) -> None:
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        try:
+            self._authorize(headers)
+            body = await self._read_body(headers, receive)
+            content_type = next((v for k, v in headers if k == b"content-type"), None)
+            info = inspect(scope["path"], body, content_type)
+        except RouterError as exc:
+            out.status = exc.status
+            await _send_error(send, exc)
+            return
+        except ClientGone:
+            out.client_gone = True
+            return
+        out.stream, out.max_tokens, out.temperature = info.stream, info.max_tokens, info.temperature
+
+        decision = self.router.decide()
+        if decision is None:
+            exc = NoBackend("no backend can take requests right now", _retry_after(self.settings))
+            out.status = exc.status
+            await _send_error(send, exc)
+            return
+        out.load_at_start = self.router.backend_load(decision.backend)
+        lease = self.tracker.acquire(decision.backend)
+        flags = _Flags()
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.get_running_loop().create_task(_watch(receive, task, flags))
+        conn: Connection | None = None
+        try:
+            conn, decision = await self._open(scope, body, info, decision, lease, out)
+            out.status = conn.status
+            await self._relay(conn, decision, info, send, flags, out)
+        except asyncio.CancelledError:
+            if not flags.client_gone:
+                raise
+            task.uncancel()
+            out.client_gone = True
+        except ClientGone:
+            out.client_gone = True
+        except RouterError as exc:
+            out.status = exc.status
+            if not flags.done:
+                await _send_error(send, exc)
+        finally:
+            flags.done = True
+            watcher.cancel()
+            if conn is not None:
+                conn.release()
+            lease.release()
+
+    # -- request side -----------------------------------------------------------------------
+    def _authorize(self, headers: list[tuple[bytes, bytes]]) -> None:
+        if not self._api_keys:
+            return
+        given = next((v for k, v in headers if k == b"authorization"), b"")
+        token = given[7:].strip() if given[:7].lower() == b"bearer " else b""
+        if not token:
+            token = next((v for k, v in headers if k == b"x-api-key"), b"")
+        # compare against every key so timing does not reveal which prefix matched
+        ok = False
+        for key in self._api_keys:
+            ok |= hmac.compare_digest(token, key)
+        if not ok:
+            raise Unauthorized("invalid or missing API key")
+
+    async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+        limit = self.settings.max_body_bytes
+        length = next((v for k, v in headers if k == b"content-length"), None)
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone()
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _open(
+        self,
+        scope: Scope,
+        body: bytes,
+        info: RequestInfo,
+        decision: Decision,
+        lease: Lease,
+        out: Outcome,
+    ) -> tuple[Connection, Decision]:
+        """Send the request, retrying elsewhere only while nothing has reached the client."""
+        method = scope["method"].encode()
+        target = scope.get("raw_path") or scope["path"].encode()
+        if scope.get("query_string"):
+            target += b"?" + scope["query_string"]
+        client = scope.get("client")
+        ask_usage = info.stream and scope["path"] in USAGE_PATHS
+        tried: list[str] = []
+        max_attempts = self.settings.max_attempts
+        while True:
+            out.attempts += 1
+            out.pool, out.backend, out.reason = decision.pool, decision.backend, decision.reason
+            tried.append(decision.backend)
+            pool_key = self._pool_auth[decision.pool]
+            headers = forward_headers(
+                scope["headers"], client[0] if client else None, pool_key, bool(self._api_keys)
+            )
+            payload = upstream_body(
+                info, body, self.settings.pool_model_map(decision.pool), ask_usage
+            )
+            retry_kind: str | None = None
+            try:
+                conn = await self.clients[decision.backend].request(
+                    method, target, headers, payload, self.timeouts
+                )
+            except UpstreamError as exc:
+                out.error = exc.kind
+                if exc.kind == "first_byte_timeout":
+                    raise UpstreamTimeout(f"upstream did not answer within {exc}") from None
+                if exc.kind in RETRYABLE_KINDS or (exc.kind == "reset" and not exc.response_started):
+                    self.health.eject(decision.backend, self.clock(), str(exc))
+                    retry_kind = exc.kind
+                else:
+                    raise UpstreamUnavailable(str(exc)) from None
+                if out.attempts >= max_attempts:
+                    raise self._exhausted(exc) from None
+            else:
+                status = conn.status
+                if status >= 500:
+                    self.health.eject(decision.backend, self.clock(), f"HTTP {status}")
+                elif status < 400:
+                    self.health.served(decision.backend, self.clock())
+                if status not in RETRY_STATUSES or out.attempts >= max_attempts:
+                    return conn, decision
+                retry_kind = f"http_{status}"
+                conn.release()  # aborts: the body of a refusal is not worth reading
+            alt = self.router.retry(decision, tried)
+            if alt is None:
+                if retry_kind.startswith("http_"):
+                    # Nowhere else to go: the refusal goes to the client as the engine sent it.
+                    return await self._last_try(method, target, headers, payload, decision)
+                raise self._exhausted(None)
+            out.retries += 1
+            out.retry_kinds.append(retry_kind)
+            lease.move(alt.backend)
+            decision = alt
+
+    async def _last_try(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        payload: bytes,
+        decision: Decision,
+    ) -> tuple[Connection, Decision]:
+        try:
+            conn = await self.clients[decision.backend].request(
+                method, target, headers, payload, self.timeouts
+            )
+        except UpstreamError as exc:
+            raise self._exhausted(exc) from None
+        return conn, decision
+
+    def _exhausted(self, exc: UpstreamError | None) -> RouterError:
+        detail = f" (last error: {exc})" if exc else ""
+        if exc is not None and exc.kind not in RETRYABLE_KINDS and exc.kind != "reset":
+            return UpstreamUnavailable(f"upstream failed{detail}")
+        return NoBackend(f"no backend could take the request{detail}", _retry_after(self.settings))
+
+    # -- response side ----------------------------------------------------------------------
+    async def _relay(
+        self,
+        conn: Connection,
+        decision: Decision,
+        info: RequestInfo,
+        send: Send,
+        flags: _Flags,
+        out: Outcome,
+    ) -> None:
+        ctype = next((v for k, v in conn.headers if k == b"content-type"), b"")
+        is_sse = ctype.startswith(b"text/event-stream")
+        rename = self._rename_for(decision.pool, info)
+        ask_usage = info.stream and out.path in USAGE_PATHS
+        strip = ask_usage and not info.include_usage
+        tap: SseTap | BodyTap | None
+        if is_sse:
+            tap = SseTap(strip_usage=strip, rename=rename)
+        elif conn.status < 300:
+            tap = BodyTap()
+        else:
+            tap = None
+        keep_length = rename is None and not (is_sse and strip)
+        if rename is not None and not is_sse:
+            await self._relay_rewritten(conn, decision, send, rename, out)
+            return
+        headers = response_headers(conn.headers, keep_length)
+        headers.append((b"x-spec-router-pool", decision.pool.encode()))
+        headers.append((b"x-spec-router-reason", decision.reason.encode()))
+        await _send(send, {"type": "http.response.start", "status": conn.status, "headers": headers})
+        while True:
+            try:
+                data = await conn.read()
+            except UpstreamError as exc:
+                out.error = exc.kind
+                if exc.kind != "idle_timeout":
+                    self.health.eject(decision.backend, self.clock(), str(exc))
+                await self._break_stream(send, exc, is_sse)
+                return
+            if not data:
+                break
+            if out.first_byte is None:
+                out.first_byte = self.clock()
+            if tap is not None:
+                data = tap.feed(data)
+                if not data:
+                    continue
+            await _send(send, {"type": "http.response.body", "body": data, "more_body": True})
+        tail = tap.flush() if isinstance(tap, SseTap) else b""
+        flags.done = True
+        await _send(send, {"type": "http.response.body", "body": tail, "more_body": False})
+        if tap is not None:
+            out.usage = tap.usage
+
+    async def _break_stream(self, send: Send, exc: UpstreamError, is_sse: bool) -> None:
+        """The backend failed after the response started: the client must see a broken stream."""
+        log.warning("upstream failed mid-response: %s", exc)
+        if not is_sse:
+            # A plain body cannot carry an error; ending it short makes the server drop the
+            # connection, which is the honest signal.
+            raise ClientGone() from exc
+        event = sse_error_event(f"upstream failed mid-stream: {exc}", "server_error", 502)
+        await _send(send, {"type": "http.response.body", "body": event, "more_body": False})
+
+    def _rename_for(self, pool: str, info: RequestInfo) -> tuple[bytes, bytes] | None:
+        model_map = self.settings.pool_model_map(pool)
+        if info.model is None or info.model not in model_map:
+            return None
+        served = json.dumps(model_map[info.model], ensure_ascii=False)
+        public = json.dumps(info.model, ensure_ascii=False)
+        return (f'"model":{served}'.encode(), f'"model":{public}'.encode())
+
+    async def _relay_rewritten(
+        self,
+        conn: Connection,
+        decision: Decision,
+        send: Send,
+        rename: tuple[bytes, bytes],
+        out: Outcome,
+    ) -> None:
+        """A non-streaming body with a per-pool model name: read it whole, map the name back."""
+        parts = []
+        while True:
+            try:
+                data = await conn.read()
+            except UpstreamError as exc:
+                out.error = exc.kind
+                raise UpstreamUnavailable(f"upstream failed: {exc}") from None
+            if not data:
+                break
+            if out.first_byte is None:
+                out.first_byte = self.clock()
+            parts.append(data)
+        body = b"".join(parts).replace(*rename)
+        tap = BodyTap()
+        tap.feed(body)
+        out.usage = tap.usage
+        headers = response_headers(conn.headers, keep_length=False)
+        headers += [
+            (b"content-length", str(len(body)).encode()),
+            (b"x-spec-router-pool", decision.pool.encode()),
+            (b"x-spec-router-reason", decision.reason.encode()),
+        ]
+        await _send(send, {"type": "http.response.start", "status": conn.status, "headers": headers})
+        await _send(send, {"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _retry_after(settings: Settings) -> int:
+    return max(1, round(settings.health_interval))
+
+
+async def _send(send: Send, message: dict[str, Any]) -> None:
+    try:
+        await send(message)
+    except OSError as exc:  # ASGI spec 2.4: sending on a closed connection raises OSError
+        raise ClientGone() from exc
+
+
+async def _send_error(send: Send, exc: RouterError) -> None:
+    body = exc.body()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *exc.headers,
+    ]
+    try:
+        await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+    except OSError:
+        pass
+
+
+async def _watch(receive: Receive, task: asyncio.Task[Any], flags: _Flags) -> None:
+    """Cancel the handler when the client goes away before the response is finished."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not flags.done:
+                flags.client_gone = True
+                task.cancel()
+            return

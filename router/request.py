@@ -1,0 +1,160 @@
+"""What the proxy reads from a client request: only what routing and accounting need.
+
+No pydantic on the hot path: the body is decoded once with the stdlib's C JSON decoder and a
+handful of fields are picked out. ``upstream_body`` re-encodes only when the body must change
+(a per-pool model name, or a usage chunk the router asks for on the client's behalf).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from router.errors import BadRequest
+
+# Paths whose body must name a model.
+MODEL_PATHS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/rerank",
+        "/v1/score",
+        "/v1/moderations",
+    }
+)
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and those the proxy sets itself.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+_REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """The routing-relevant facts of one request."""
+
+    model: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    temperature: float | None = None
+    parsed: dict[str, Any] | None = None
+
+
+EMPTY = RequestInfo()
+
+
+def _is_json(content_type: bytes | None) -> bool:
+    if not content_type:
+        return True
+    ctype = content_type.split(b";", 1)[0].strip().lower()
+    return ctype == b"application/json" or ctype.endswith(b"+json")
+
+
+def inspect(path: str, body: bytes, content_type: bytes | None) -> RequestInfo:
+    """Pick the routing fields out of a request body; raise ``BadRequest`` when it is unusable."""
+    needs_model = path in MODEL_PATHS
+    if not body:
+        if needs_model:
+            raise BadRequest("request body is empty; expected a JSON object", "invalid_json")
+        return EMPTY
+    if not needs_model and not _is_json(content_type):
+        return EMPTY  # e.g. multipart audio uploads: forwarded untouched
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", "invalid_json") from None
+    if not isinstance(obj, dict):
+        raise BadRequest("request body must be a JSON object", "invalid_json")
+    model = obj.get("model")
+    if needs_model and (not isinstance(model, str) or not model):
+        raise BadRequest("you must provide a model parameter", "missing_model")
+    stream = obj.get("stream") is True
+    options = obj.get("stream_options")
+    include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
+    max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens"))
+    temperature = obj.get("temperature")
+    return RequestInfo(
+        model=model if isinstance(model, str) else None,
+        stream=stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens if type(max_tokens) is int else None,
+        temperature=float(temperature) if isinstance(temperature, int | float) else None,
+        parsed=obj,
+    )
+
+
+def upstream_body(
+    info: RequestInfo, body: bytes, model_map: dict[str, str], ask_usage: bool
+) -> bytes:
+    """The body to send to a pool: renamed model and/or usage requested, else unchanged."""
+    obj = info.parsed
+    if obj is None:
+        return body
+    rename = info.model is not None and info.model in model_map
+    add_usage = ask_usage and info.stream and not info.include_usage
+    if not rename and not add_usage:
+        return body
+    obj = dict(obj)
+    if rename:
+        assert info.model is not None
+        obj["model"] = model_map[info.model]
+    if add_usage:
+        options = obj.get("stream_options")
+        obj["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def forward_headers(
+    raw: list[tuple[bytes, bytes]],
+    client_ip: str | None,
+    authorization: bytes | None,
+    drop_authorization: bool,
+) -> list[tuple[bytes, bytes]]:
+    """End-to-end request headers for the upstream, with X-Forwarded-For appended.
+
+    ``authorization``: the pool's own key replaces the client's; ``drop_authorization``: the
+    client's key is the router's own (API_KEYS) and must not leak to the engine.
+    """
+    out: list[tuple[bytes, bytes]] = []
+    forwarded: bytes | None = None
+    for name, value in raw:
+        if name in _REQUEST_DROP:
+            continue
+        if name == b"x-forwarded-for":
+            forwarded = value if forwarded is None else forwarded + b", " + value
+            continue
+        if name == b"authorization" and (authorization is not None or drop_authorization):
+            continue
+        out.append((name, value))
+    if client_ip:
+        ip = client_ip.encode()
+        forwarded = ip if forwarded is None else forwarded + b", " + ip
+    if forwarded is not None:
+        out.append((b"x-forwarded-for", forwarded))
+    if authorization is not None:
+        out.append((b"authorization", authorization))
+    return out
+
+
+def response_headers(raw: list[tuple[bytes, bytes]], keep_length: bool) -> list[tuple[bytes, bytes]]:
+    """End-to-end response headers; content-length only when the body passes unchanged."""
+    return [
+        (name, value)
+        for name, value in raw
+        if name not in HOP_BY_HOP and (keep_length or name != b"content-length")
+    ]

@@ -1,0 +1,123 @@
+"""The routing shell: turns live state into a policy ``Snapshot`` and keeps the policy's memory.
+
+Load signals (``LOAD_SIGNAL``):
+- ``local``: this router's own in-flight count per backend. Exact and instant, but blind to
+  other router replicas in front of the same engines.
+- ``engine``: the engine's reported running + queued requests at the last scrape, plus the
+  requests this replica sent there since that scrape. Replicas agree (they read the same engine)
+  at the cost of up to one scrape interval of lag.
+- ``max``: the larger of the two, the conservative choice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Container
+from dataclasses import dataclass
+
+from router.health import HealthRegistry
+from router.inflight import BASELINE, SPECULATIVE, InflightTracker
+from router.policy import (
+    BackendView,
+    Decision,
+    PoolView,
+    RoutingState,
+    Snapshot,
+    choose,
+    reroute,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What a backend's /metrics said at one scrape."""
+
+    running: int
+    queued: int
+    accept_length: float | None
+    scraped_at: float
+    started_at_scrape: int  # this replica's `started` count for the backend at that moment
+    flavor: str  # "sglang" or "vllm"
+
+
+class Router:
+    def __init__(
+        self,
+        pools: dict[str, list[str]],
+        tracker: InflightTracker,
+        health: HealthRegistry,
+        policy: str,
+        crossover: int,
+        crossover_source: str,
+        hysteresis: int,
+        load_signal: str = "local",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pools = pools
+        self.tracker = tracker
+        self.health = health
+        self.policy = policy
+        self.crossover = crossover
+        self.crossover_source = crossover_source
+        self.hysteresis = hysteresis
+        self.load_signal = load_signal
+        self.clock = clock
+        self.state = RoutingState()
+        self.engine: dict[str, EngineLoad] = {}
+        self.gain: Callable[[str, int], float] | None = None
+
+    def set_crossover(self, value: int, source: str) -> None:
+        self.crossover = value
+        self.crossover_source = source
+
+    def backend_load(self, url: str) -> int:
+        local = self.tracker.by_backend[url]
+        if self.load_signal == "local":
+            return local
+        seen = self.engine.get(url)
+        if seen is None:
+            return local
+        engine = seen.running + seen.queued + (self.tracker.started[url] - seen.started_at_scrape)
+        return engine if self.load_signal == "engine" else max(local, engine)
+
+    def snapshot(self) -> Snapshot:
+        now = self.clock()
+        health = self.health
+
+        def view(name: str) -> PoolView:
+            return PoolView(
+                name,
+                tuple(
+                    BackendView(
+                        url,
+                        self.backend_load(url),
+                        health.usable(url, now),
+                        health.weight(url, now),
+                    )
+                    for url in self.pools[name]
+                ),
+            )
+
+        return Snapshot(
+            speculative=view(SPECULATIVE),
+            baseline=view(BASELINE),
+            crossover=self.crossover,
+            hysteresis=self.hysteresis,
+            state=self.state,
+            gain=self.gain,
+        )
+
+    def decide(self) -> Decision | None:
+        decision, self.state = choose(self.policy, self.snapshot())
+        return decision
+
+    def retry(self, failed: Decision, tried: Container[str]) -> Decision | None:
+        return reroute(self.snapshot(), failed, tried)
+
+    def any_usable(self) -> bool:
+        now = self.clock()
+        return any(self.health.usable(url, now) for urls in self.pools.values() for url in urls)
+
+    def pool_usable(self, pool: str) -> bool:
+        now = self.clock()
+        return any(self.health.usable(url, now) for url in self.pools[pool])

@@ -1,0 +1,207 @@
+"""Configuration: one frozen value object, read once at start-up and passed in.
+
+Sources, strongest first: keyword arguments (tests), environment variables with the
+``SPEC_ROUTER_`` prefix, the TOML file named by ``SPEC_ROUTER_CONFIG``, then the defaults below.
+List settings take comma-separated values in the environment (``a,b``) or a TOML array; maps take
+``name=other,name2=other2`` or JSON in the environment, or a TOML table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from router.upstream import Origin
+
+ENV_PREFIX = "SPEC_ROUTER_"
+CONFIG_ENV = "SPEC_ROUTER_CONFIG"
+
+PolicyName = Literal["spillover", "crossover", "round_robin", "predictive"]
+LoadSignal = Literal["local", "engine", "max"]
+CsvList = Annotated[list[str], NoDecode]
+NameMap = Annotated[dict[str, str], NoDecode]
+
+# Chosen for the simulated presets (their analytic crossing is ~6.8 concurrent requests); a real
+# deployment should calibrate (``spec-router calibrate``) or set SPEC_ROUTER_CROSSOVER.
+DEFAULT_CROSSOVER = 7
+
+
+class SettingsError(Exception):
+    """A setting is invalid; the message is one line naming it."""
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """Values from the TOML file named by SPEC_ROUTER_CONFIG (weaker than the environment)."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        path = os.environ.get(CONFIG_ENV)
+        self._data: dict[str, Any] = {}
+        if path:
+            try:
+                with open(path, "rb") as fh:
+                    raw = tomllib.load(fh)
+            except OSError as exc:
+                raise SettingsError(f"{CONFIG_ENV}={path}: cannot read: {exc.strerror}") from None
+            except tomllib.TOMLDecodeError as exc:
+                raise SettingsError(f"{CONFIG_ENV}={path}: invalid TOML: {exc}") from None
+            # Accept both `crossover = 4` and `[spec_router] crossover = 4`.
+            table = raw.get("spec_router", raw)
+            self._data = {str(k).lower(): v for k, v in table.items()}
+            unknown = sorted(set(self._data) - set(settings_cls.model_fields))
+            if unknown:
+                raise SettingsError(f"{CONFIG_ENV}={path}: unknown setting {unknown[0]!r}")
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    # -- pools --------------------------------------------------------------------------------
+    speculative_urls: CsvList = Field(default_factory=lambda: ["http://127.0.0.1:30001"])
+    baseline_urls: CsvList = Field(default_factory=lambda: ["http://127.0.0.1:30002"])
+    speculative_api_key: SecretStr | None = None
+    baseline_api_key: SecretStr | None = None
+    # Public model name -> the name this pool serves it under (e.g. {"kimi": "kimi-eagle3"}).
+    speculative_model_map: NameMap = Field(default_factory=dict)
+    baseline_model_map: NameMap = Field(default_factory=dict)
+
+    # -- routing ------------------------------------------------------------------------------
+    policy: PolicyName = "spillover"
+    crossover: int | None = Field(default=None, ge=0)
+    hysteresis: int = Field(default=1, ge=0)
+
+    # -- upstream client ----------------------------------------------------------------------
+    connect_timeout: float = Field(default=5.0, gt=0)
+    # Up to the first response byte; for a non-streaming request that is the whole generation.
+    first_byte_timeout: float = Field(default=600.0, gt=0)
+    # Longest silence between two chunks of a stream once it has started. No total deadline.
+    idle_timeout: float = Field(default=120.0, gt=0)
+    max_connections_per_backend: int = Field(default=8192, ge=1)
+    max_idle_per_backend: int = Field(default=1024, ge=0)
+    keepalive_expiry: float = Field(default=4.0, ge=0)
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    max_attempts: int = Field(default=3, ge=1)
+
+    # -- access -------------------------------------------------------------------------------
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    admin_token: SecretStr | None = None
+
+    # -- health -------------------------------------------------------------------------------
+    health_interval: float = Field(default=2.0, gt=0)
+    health_timeout: float = Field(default=2.0, gt=0)
+    startup_grace: float = Field(default=900.0, ge=0)
+    fall: int = Field(default=3, ge=1)
+    rise: int = Field(default=2, ge=1)
+    eject_base: float = Field(default=1.0, gt=0)
+    eject_max: float = Field(default=60.0, gt=0)
+    ramp_seconds: float = Field(default=10.0, ge=0)
+    load_signal: LoadSignal = "local"
+    scrape_metrics: bool = True
+
+    # -- crossover table ----------------------------------------------------------------------
+    table_path: Path | None = None
+
+    # -- process ------------------------------------------------------------------------------
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlSource(settings_cls))
+
+    @field_validator("speculative_urls", "baseline_urls", "api_keys", mode="before")
+    @classmethod
+    def _split_csv(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("speculative_model_map", "baseline_model_map", mode="before")
+    @classmethod
+    def _parse_map(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("{"):
+            return json.loads(text)
+        pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError("expected name=other,name2=other2 or a JSON object")
+        return {k.strip(): v.strip() for k, v in pairs}
+
+    @field_validator("speculative_urls", "baseline_urls")
+    @classmethod
+    def _check_urls(cls, urls: list[str]) -> list[str]:
+        if not urls:
+            raise ValueError("at least one backend URL is needed")
+        cleaned = []
+        for url in urls:
+            Origin.parse(url)  # raises ValueError naming the URL
+            cleaned.append(url.rstrip("/"))
+        if len(set(cleaned)) != len(cleaned):
+            raise ValueError("a backend URL is listed twice")
+        return cleaned
+
+    @model_validator(mode="after")
+    def _check_pools_disjoint(self) -> Settings:
+        shared = set(self.speculative_urls) & set(self.baseline_urls)
+        if shared:
+            raise ValueError(f"{sorted(shared)[0]} is in both pools")
+        if self.eject_max < self.eject_base:
+            raise ValueError("eject_max must be at least eject_base")
+        return self
+
+    def pool_urls(self, pool: str) -> list[str]:
+        return self.speculative_urls if pool == "speculative" else self.baseline_urls
+
+    def pool_api_key(self, pool: str) -> SecretStr | None:
+        return self.speculative_api_key if pool == "speculative" else self.baseline_api_key
+
+    def pool_model_map(self, pool: str) -> dict[str, str]:
+        return self.speculative_model_map if pool == "speculative" else self.baseline_model_map
+
+
+def _describe(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = err.get("loc") or ()
+    name = str(loc[0]) if loc else ""
+    where = f"{ENV_PREFIX}{name.upper()}" if name else "settings"
+    value = err.get("input")
+    shown = "" if (value is None or isinstance(value, dict) or "key" in name) else f"={value!r}"
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"invalid setting {where}{shown}: {msg}{more}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build the settings, turning any problem into one ``SettingsError`` line."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc)) from None
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"invalid setting: bad JSON: {exc}") from None

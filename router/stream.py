@@ -1,0 +1,126 @@
+"""Watching response bodies as they pass: token usage, and the few rewrites the router owns.
+
+The router counts tokens from the engine's own ``usage``. For a stream whose client did not ask
+for usage, the proxy asks the engine for it (``stream_options.include_usage``) and this tap
+removes that one extra event again, so the client receives what the engine would have sent it.
+A per-pool model name is mapped back to the public one the client asked for.
+
+Hot-path care: a chunk that holds whole events and nothing of interest is returned as is, after
+one substring search; events are split only when a chunk carries usage or must be rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+_USAGE_MARKERS = (b'"usage":{', b'"usage": {')
+_MAX_CARRY = 1 << 20  # a "partial event" this large is not SSE as we know it: stop tapping
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def _usage_of(obj: Any) -> Usage | None:
+    if not isinstance(obj, dict):
+        return None
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return Usage(
+        prompt if isinstance(prompt, int) else 0,
+        completion if isinstance(completion, int) else 0,
+    )
+
+
+def _has_usage(data: bytes) -> bool:
+    return _USAGE_MARKERS[0] in data or _USAGE_MARKERS[1] in data
+
+
+class SseTap:
+    """Pass an SSE body through, noting usage; optionally drop the usage-only event."""
+
+    __slots__ = ("usage", "_strip", "_rename", "_carry", "_gave_up")
+
+    def __init__(self, strip_usage: bool, rename: tuple[bytes, bytes] | None = None) -> None:
+        self.usage: Usage | None = None
+        self._strip = strip_usage
+        self._rename = rename
+        self._carry = b""
+        self._gave_up = False
+
+    def feed(self, data: bytes) -> bytes:
+        if self._gave_up:
+            return data
+        if not self._carry and data.endswith(b"\n\n") and not self._rename and not _has_usage(data):
+            return data  # the common case: whole events, nothing to see
+        data = self._carry + data
+        cut = data.rfind(b"\n\n")
+        if cut < 0:
+            if len(data) > _MAX_CARRY:
+                self._gave_up = True
+                self._carry = b""
+                return data
+            self._carry = data
+            return b""
+        complete, self._carry = data[: cut + 2], data[cut + 2 :]
+        return self._process(complete)
+
+    def flush(self) -> bytes:
+        rest, self._carry = self._carry, b""
+        return self._process(rest) if rest else b""
+
+    def _process(self, data: bytes) -> bytes:
+        if self._rename:
+            data = data.replace(*self._rename)
+        if not _has_usage(data):
+            return data
+        out = []
+        for event in data.split(b"\n\n"):
+            if event and _has_usage(event):
+                payload = event.split(b"data:", 1)[-1].strip()
+                try:
+                    obj = json.loads(payload)
+                except ValueError:
+                    obj = None
+                usage = _usage_of(obj)
+                if usage is not None:
+                    self.usage = usage
+                    if self._strip and isinstance(obj, dict) and obj.get("choices") == []:
+                        continue
+            out.append(event)
+        return b"\n\n".join(out)
+
+
+class BodyTap:
+    """Keep (a bounded amount of) a non-streaming JSON body to read its usage at the end."""
+
+    __slots__ = ("_parts", "_size", "_limit")
+
+    def __init__(self, limit: int = 8 << 20) -> None:
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._limit = limit
+
+    def feed(self, data: bytes) -> bytes:
+        if self._size <= self._limit:
+            self._parts.append(data)
+            self._size += len(data)
+        return data
+
+    @property
+    def usage(self) -> Usage | None:
+        if not self._parts or self._size > self._limit:
+            return None
+        body = b"".join(self._parts)
+        if not _has_usage(body):
+            return None
+        try:
+            return _usage_of(json.loads(body))
+        except ValueError:
+            return None

@@ -1,0 +1,444 @@
+"""A small HTTP/1.1 client for the proxy's hot path: asyncio protocols + httptools.
+
+Why not httpx or aiohttp: on this project's benchmarks the upstream client is most of the
+router's CPU per request (httpx ~10x aiohttp; see bench/results/overhead.md). This client does
+only what a reverse proxy to LLM engines needs -- keep-alive pools per origin, one write per
+request, streaming response bodies with back-pressure, and three timeouts (connect, first byte,
+idle gap) -- and leaves parsing to httptools, the C parser uvicorn already uses.
+
+Life of a response: ``OriginPool.request()`` returns a ``Connection`` once the response headers
+have arrived; the caller reads the body with ``read()`` until it returns ``b""`` and must call
+``release()`` exactly once, on every path. A connection whose response was read to the end goes
+back to the pool; any other is aborted, which is also how a cancelled request stops the engine
+(the engine sees the TCP connection close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import urlsplit
+
+import httptools
+
+# Back-pressure: stop reading from the engine when this much body is waiting for a slow client.
+HIGH_WATER: Final = 256 * 1024
+LOW_WATER: Final = 64 * 1024
+
+
+class UpstreamError(Exception):
+    """A failure talking to a backend.
+
+    ``kind`` is one of ``connect`` (refused or unreachable), ``connect_timeout``, ``reset``
+    (connection closed or reset before the response was complete), ``first_byte_timeout``,
+    ``idle_timeout``, ``protocol`` (unparseable response). ``response_started`` tells whether
+    response headers had arrived, which decides whether a retry can still be safe.
+    """
+
+    def __init__(self, kind: str, message: str, *, response_started: bool = False) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.response_started = response_started
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a backend lives: parsed once from its URL."""
+
+    url: str
+    host: str
+    port: int
+    tls: bool
+    host_header: bytes
+    base_path: bytes
+
+    @classmethod
+    def parse(cls, url: str) -> Origin:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        tls = parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)
+        default = (tls and port == 443) or (not tls and port == 80)
+        host = parts.hostname
+        shown = f"[{host}]" if ":" in host else host
+        header = shown if default else f"{shown}:{port}"
+        return cls(
+            url=url.rstrip("/"),
+            host=host,
+            port=port,
+            tls=tls,
+            host_header=header.encode("ascii"),
+            base_path=parts.path.rstrip("/").encode("ascii"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect: float
+    first_byte: float
+    idle: float
+
+
+class Connection(asyncio.Protocol):
+    """One upstream TCP connection, carrying one request/response at a time."""
+
+    def __init__(self, pool: OriginPool) -> None:
+        self._pool = pool
+        self._loop = pool.loop
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self.reused = False
+        self.idle_since = 0.0
+        self._reset_exchange()
+
+    def _reset_exchange(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self._headers_done = False
+        self._complete = False
+        self._framed = False  # content-length or chunked: a clean end is knowable
+        self._keep_alive = False
+        self._body: deque[bytes] = deque()
+        self._buffered = 0
+        self._paused = False
+        self._error: UpstreamError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_activity = 0.0
+        self._received_any = False
+        self._head_only = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self._received_any = True
+        self._last_activity = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail("protocol", f"invalid response from {self._pool.origin.url}: {exc}")
+            self._abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._pool.forget(self)
+        if self._complete:
+            return
+        if self._headers_done and not self._framed and exc is None:
+            # A response delimited by the connection's end (no length, not chunked).
+            self._complete = True
+            self._wake()
+            return
+        detail = f": {exc}" if exc else ""
+        self._fail("reset", f"connection to {self._pool.origin.url} closed{detail}")
+
+    def pause_writing(self) -> None:  # request bodies are written in one go; nothing to pause
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # -- httptools callbacks ----------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value):
+            self._framed = True
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self._keep_alive = self._parser.should_keep_alive()
+        self._headers_done = True
+        if self._head_only or self.status in (204, 304) or 100 <= self.status < 200:
+            # No body follows; llhttp cannot know that for HEAD, so we stop here.
+            self._framed = True
+            self._complete = True
+            self._keep_alive = False if self._head_only else self._keep_alive
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+        self._keep_alive = self._keep_alive and self._parser.should_keep_alive()
+        self._wake()
+
+    # -- internals ----------------------------------------------------------------------------
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, kind: str, message: str) -> None:
+        if self._error is None and not self._complete:
+            self._error = UpstreamError(kind, message, response_started=self._headers_done)
+        self._wake()
+
+    def _abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _arm_timer(self, delay: float, kind: str) -> None:
+        self._cancel_timer()
+        self._timer = self._loop.call_later(delay, self._on_timer, delay, kind)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_timer(self, delay: float, kind: str) -> None:
+        self._timer = None
+        if self._complete or self._error is not None:
+            return
+        if kind == "idle_timeout":
+            # One timer per response, re-armed lazily: cheaper than a timer per chunk.
+            quiet = self._loop.time() - self._last_activity
+            if quiet < delay:
+                self._timer = self._loop.call_later(delay - quiet, self._on_timer, delay, kind)
+                return
+        what = "first byte" if kind == "first_byte_timeout" else "next chunk"
+        self._fail(kind, f"{self._pool.origin.url}: no {what} within {delay:g}s")
+        self._abort()
+
+    async def _wait(self) -> None:
+        waiter = self._loop.create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    # -- the exchange ------------------------------------------------------------------------
+    async def exchange(self, head: bytes, body: bytes, timeouts: Timeouts, head_only: bool) -> None:
+        """Send one request and wait until the response headers arrive (or fail)."""
+        self._reset_exchange()
+        self._head_only = head_only
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise UpstreamError("reset", f"connection to {self._pool.origin.url} closed")
+        transport.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            transport.write(body)
+        self._last_activity = self._loop.time()
+        self._arm_timer(timeouts.first_byte, "first_byte_timeout")
+        while not self._headers_done and self._error is None:
+            await self._wait()
+        if self._error is not None:
+            self._cancel_timer()
+            raise self._error
+        if not self._complete:
+            self._arm_timer(timeouts.idle, "idle_timeout")
+
+    async def read(self) -> bytes:
+        """The body bytes that have arrived since the last call; ``b""`` once it is complete."""
+        while not self._body:
+            if self._error is not None:
+                raise self._error
+            if self._complete:
+                self._cancel_timer()
+                return b""
+            await self._wait()
+        if len(self._body) == 1:
+            data = self._body.popleft()
+        else:
+            data = b"".join(self._body)
+            self._body.clear()
+        self._buffered = 0
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+        return data
+
+    @property
+    def complete(self) -> bool:
+        return self._complete and not self._body
+
+    @property
+    def fresh_failure(self) -> bool:
+        """Closed before a single response byte on a reused connection: a stale keep-alive."""
+        return self.reused and not self._received_any
+
+    def release(self) -> None:
+        """Give the connection back (response fully read) or abort it. Safe to call twice."""
+        self._cancel_timer()
+        if self._complete and not self._body and self._keep_alive and self._error is None:
+            self._pool.put_back(self)
+        else:
+            self._abort()
+            self._pool.forget(self)
+
+    def close(self) -> None:
+        self._cancel_timer()
+        self._abort()
+
+
+class OriginPool:
+    """Keep-alive connections to one backend origin."""
+
+    def __init__(
+        self,
+        origin: Origin,
+        *,
+        max_connections: int,
+        max_idle: int,
+        keepalive_expiry: float,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.origin = origin
+        self._max_connections = max_connections
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
+        self.loop = loop or asyncio.get_running_loop()
+        # insertion-ordered set: popitem() takes the most recently used (LIFO keeps few warm)
+        self._idle: dict[Connection, None] = {}
+        self._open: set[Connection] = set()
+        self._max_idle = max_idle
+        self._expiry = keepalive_expiry
+        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if origin.tls else None
+        self._closed = False
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    @property
+    def idle_connections(self) -> int:
+        return len(self._idle)
+
+    def forget(self, conn: Connection) -> None:
+        if conn in self._open:
+            self._open.discard(conn)
+            self._wake_slot_waiter()
+        self._idle.pop(conn, None)
+
+    def _wake_slot_waiter(self) -> None:
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def _wait_for_slot(self, timeout: float) -> None:
+        """Block while the pool is at ``max_connections`` and nothing is idle."""
+        deadline = self.loop.time() + timeout
+        while len(self._open) >= self._max_connections and not self._idle:
+            waiter = self.loop.create_future()
+            self._slot_waiters.append(waiter)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await waiter
+            except TimeoutError:
+                raise UpstreamError(
+                    "connect_timeout",
+                    f"{self.origin.url}: all {self._max_connections} connections busy "
+                    f"for {timeout:g}s",
+                ) from None
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+
+    def put_back(self, conn: Connection) -> None:
+        if self._closed or len(self._idle) >= self._max_idle or conn._transport is None:
+            conn.close()
+            self.forget(conn)
+            return
+        conn.idle_since = self.loop.time()
+        conn.reused = True
+        self._idle[conn] = None
+        self._wake_slot_waiter()
+
+    async def _connect(self, timeout: float) -> Connection:
+        conn = Connection(self)
+        try:
+            async with asyncio.timeout(timeout):
+                await self.loop.create_connection(
+                    lambda: conn, self.origin.host, self.origin.port, ssl=self._ssl
+                )
+        except TimeoutError:
+            raise UpstreamError(
+                "connect_timeout", f"connect to {self.origin.url} timed out after {timeout:g}s"
+            ) from None
+        except OSError as exc:
+            raise UpstreamError(
+                "connect", f"cannot connect to {self.origin.url}: {exc.strerror or exc}"
+            ) from None
+        self._open.add(conn)
+        return conn
+
+    def _take_idle(self) -> Connection | None:
+        now = self.loop.time()
+        while self._idle:
+            conn, _ = self._idle.popitem()
+            transport = conn._transport
+            if transport is not None and not transport.is_closing():
+                if now - conn.idle_since < self._expiry:
+                    return conn
+            conn.close()
+            self.forget(conn)
+        return None
+
+    async def request(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        timeouts: Timeouts,
+    ) -> Connection:
+        """Send a request; return the connection once response headers are in.
+
+        The caller owns the returned connection and must ``release()`` it. On error nothing is
+        left open. A reused keep-alive connection that the server had already closed is retried
+        once on a fresh one: the engine never saw that request.
+        """
+        if self._closed:
+            raise UpstreamError("connect", f"client for {self.origin.url} is closed")
+        parts = [method, b" ", self.origin.base_path, target, b" HTTP/1.1\r\nhost: "]
+        parts += [self.origin.host_header, b"\r\n"]
+        for name, value in headers:
+            parts += [name, b": ", value, b"\r\n"]
+        if body or method not in (b"GET", b"HEAD"):
+            parts.append(b"content-length: %d\r\n" % len(body))
+        parts.append(b"\r\n")
+        head = b"".join(parts)
+        head_only = method == b"HEAD"
+        conn = self._take_idle()
+        if conn is None:
+            if len(self._open) >= self._max_connections:
+                await self._wait_for_slot(timeouts.connect)
+                conn = self._take_idle()
+            if conn is None:
+                conn = await self._connect(timeouts.connect)
+        try:
+            try:
+                await conn.exchange(head, body, timeouts, head_only)
+            except UpstreamError:
+                if not conn.fresh_failure:
+                    raise
+                conn.release()
+                conn = await self._connect(timeouts.connect)
+                await conn.exchange(head, body, timeouts, head_only)
+        except BaseException:
+            conn.close()
+            self.forget(conn)
+            raise
+        return conn
+
+    def close(self) -> None:
+        """Abort every connection: used at shutdown, after in-flight requests were drained."""
+        self._closed = True
+        for conn in list(self._open):
+            conn.close()
+        self._idle.clear()
