@@ -114,7 +114,8 @@ def spillover(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     The crossover is per engine, so N speculative replicas hold up to N x crossover requests.
     """
     spec = pick_backend(snap.speculative, snap.state.rr)
-    if spec is not None and spec.load < snap.crossover:
+    if spec is None or spec.load < snap.crossover:
+        # (no usable speculative replica: _place fails over to baseline and says so)
         return _place(snap, SPECULATIVE, "below_crossover", snap.state)
     return _place(snap, BASELINE, "above_crossover", snap.state)
 

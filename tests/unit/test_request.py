@@ -1,0 +1,101 @@
+"""What the proxy reads from requests, and the headers it forwards."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from router.errors import BadRequest
+from router.request import forward_headers, inspect, response_headers, upstream_body
+
+
+def test_inspect_reads_routing_fields() -> None:
+    body = json.dumps(
+        {
+            "model": "m",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_completion_tokens": 64,
+            "temperature": 0.7,
+            "messages": [],
+        }
+    ).encode()
+    info = inspect("/v1/chat/completions", body, b"application/json")
+    assert (info.model, info.stream, info.include_usage, info.max_tokens, info.temperature) == (
+        "m",
+        True,
+        True,
+        64,
+        0.7,
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"", "invalid_json"),
+        (b"{not json", "invalid_json"),
+        (b"[1, 2]", "invalid_json"),
+        (b'{"messages": []}', "missing_model"),
+        (b'{"model": 3}', "missing_model"),
+        (b"\xff\xfe", "invalid_json"),
+    ],
+)
+def test_inspect_rejects_unusable_bodies(body: bytes, code: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        inspect("/v1/chat/completions", body, b"application/json")
+    assert err.value.code == code and err.value.status == 400
+
+
+def test_model_paths_are_json_whatever_the_content_type() -> None:
+    with pytest.raises(BadRequest):
+        inspect("/v1/completions", b"{bad", b"application/x-www-form-urlencoded")
+
+
+def test_other_paths_pass_non_json_bodies_untouched() -> None:
+    info = inspect("/v1/audio/transcriptions", b"--boundary...", b"multipart/form-data; boundary=x")
+    assert info.parsed is None
+
+
+def test_upstream_body_unchanged_unless_needed() -> None:
+    raw = b'{"model":"m","stream":true}'
+    info = inspect("/v1/completions", raw, None)
+    assert upstream_body(info, raw, {}, ask_usage=False) is raw
+    renamed = json.loads(upstream_body(info, raw, {"m": "m-eagle"}, ask_usage=False))
+    assert renamed["model"] == "m-eagle"
+    asked = json.loads(upstream_body(info, raw, {}, ask_usage=True))
+    assert asked["stream_options"] == {"include_usage": True}
+    # a client that asked already: nothing to change
+    raw2 = b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}'
+    info2 = inspect("/v1/completions", raw2, None)
+    assert upstream_body(info2, raw2, {}, ask_usage=True) is raw2
+
+
+def test_forward_headers_strip_hop_by_hop_and_append_forwarded_for() -> None:
+    raw = [
+        (b"host", b"router"),
+        (b"connection", b"keep-alive"),
+        (b"content-length", b"10"),
+        (b"transfer-encoding", b"chunked"),
+        (b"x-forwarded-for", b"10.0.0.1"),
+        (b"authorization", b"Bearer client"),
+        (b"x-request-id", b"abc"),
+    ]
+    out = forward_headers(raw, "127.0.0.1", None, drop_authorization=False)
+    assert out == [
+        (b"authorization", b"Bearer client"),
+        (b"x-request-id", b"abc"),
+        (b"x-forwarded-for", b"10.0.0.1, 127.0.0.1"),
+    ]
+    replaced = forward_headers(raw, None, b"Bearer pool", drop_authorization=True)
+    assert (b"authorization", b"Bearer pool") in replaced
+    assert (b"authorization", b"Bearer client") not in replaced
+    dropped = forward_headers(raw, None, None, drop_authorization=True)
+    assert not any(k == b"authorization" for k, _ in dropped)
+
+
+def test_response_headers() -> None:
+    raw = [(b"content-length", b"5"), (b"transfer-encoding", b"chunked"), (b"x-a", b"1")]
+    assert response_headers(raw, keep_length=True) == [(b"content-length", b"5"), (b"x-a", b"1")]
+    assert response_headers(raw, keep_length=False) == [(b"x-a", b"1")]
