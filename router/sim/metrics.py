@@ -110,9 +110,7 @@ class Gauges:
 class SglangCollector(Collector):
     """Exposes ``EngineStats`` and live gauges under SGLang's names at scrape time."""
 
-    def __init__(
-        self, model_name: str, stats: EngineStats, gauges: Callable[[], Gauges]
-    ) -> None:
+    def __init__(self, model_name: str, stats: EngineStats, gauges: Callable[[], Gauges]) -> None:
         self._stats = stats
         self._gauges = gauges
         self._sched = {

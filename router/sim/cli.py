@@ -1,0 +1,132 @@
+"""``spec-router sim`` / ``python -m router.sim``: run one simulated engine.
+
+Every model parameter of the preset can be overridden from the command line. Durations are
+model time: ``--time-scale X`` stretches all of them (iterations, prefill, the start-up delay)
+by X, so tok/s measured against the server equal the model's tok/s divided by X.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from router.serving import AnnouncingServer, bind_socket, socket_url, uvicorn_config
+from router.sim.model import MS, PRESETS, Preset
+from router.sim.server import SimServer, SimSettings
+
+DEFAULT_PORTS = {"eagle3": 30001, "baseline": 30002}
+# On SIGTERM, open streams get this long before they are cancelled: a simulator holds no
+# state worth a graceful drain, and tests stop servers that have hanging requests.
+GRACEFUL_SHUTDOWN = 0.5
+
+# flag, Preset field, scale from the flag's unit to the field's unit, type, help
+OVERRIDES: list[tuple[str, str, float, type, str]] = [
+    ("--a-ms", "a", MS, float, "fixed cost per iteration, ms"),
+    ("--b-ms", "b", MS, float, "cost per running request per iteration, ms"),
+    ("--c-kv-ns", "c_kv", 1e-9, float, "cost per context token per iteration, ns"),
+    ("--p0-ms", "p0", MS, float, "fixed prefill cost per joining request, ms"),
+    ("--r-pre", "r_pre", 1.0, float, "prefill speed, prompt tokens/s"),
+    ("--prefill-factor", "prefill_factor", 1.0, float, "prefill multiplier (1 + eps)"),
+    ("--max-running", "max_running", 1, int, "running requests before new ones queue"),
+    ("--spec-k", "spec_k", 1, int, "drafted tokens per iteration (0 = no speculation)"),
+    ("--tau", "tau", 1.0, float, "mean accepted length per iteration at temperature 0"),
+    ("--tau-sampling", "tau_sampling", 1.0, float, "mean accepted length at temperature > 0"),
+    ("--startup-s", "startup", 1.0, float, "start-up time used by a bare --startup-delay"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spec-router sim",
+        description="Run a simulated SGLang-like engine (OpenAI-compatible) whose speed "
+        "follows a speculative or a baseline performance model.",
+    )
+    parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--port", type=int, help="0 picks a free port (default: 30001 eagle3, 30002 baseline)"
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiply every simulated duration by X; measured tok/s = model tok/s / X",
+    )
+    parser.add_argument(
+        "--startup-delay",
+        type=float,
+        nargs="?",
+        const=-1.0,
+        default=0.0,
+        metavar="S",
+        help="start up for S model seconds (bare: the preset's 510/550 s), scaled like the rest",
+    )
+    parser.add_argument(
+        "--startup-mode",
+        choices=("503", "refuse"),
+        default="503",
+        help="while starting: listen and answer 503, or do not listen at all",
+    )
+    parser.add_argument("--seed", type=int, help="seed of the acceptance draws (reproducible)")
+    parser.add_argument("--model", default="default", help="served model name")
+    parser.add_argument("--default-max-tokens", type=int, default=128)
+    parser.add_argument("--context-length", type=int, default=131072)
+    parser.add_argument("--log-level", default="warning")
+    group = parser.add_argument_group("model parameters (override the preset)")
+    for flag, _, _, type_, help_ in OVERRIDES:
+        group.add_argument(flag, type=type_, help=help_)
+    return parser
+
+
+def preset_from_args(args: argparse.Namespace) -> Preset:
+    changes: dict[str, Any] = {}
+    for flag, field_name, unit, _, _ in OVERRIDES:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            changes[field_name] = value * unit if isinstance(value, float) else value
+    return PRESETS[args.preset].replace(**changes)
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        preset = preset_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.time_scale <= 0:
+        parser.error("--time-scale must be > 0")
+    delay = preset.startup if args.startup_delay < 0 else args.startup_delay
+    port = DEFAULT_PORTS[args.preset] if args.port is None else args.port
+    settings = SimSettings(
+        preset=preset,
+        model=args.model,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        startup_delay=delay if args.startup_mode == "503" else 0.0,
+        default_max_tokens=args.default_max_tokens,
+        context_length=args.context_length,
+    )
+    if args.startup_mode == "refuse" and delay > 0:
+        wait = delay * args.time_scale
+        print(f"spec-router: sim starting, will listen in {wait:g} s", flush=True)
+        time.sleep(wait)
+    return serve(SimServer(settings), args.host, port, args.log_level)
+
+
+def serve(app: SimServer, host: str, port: int, log_level: str) -> int:
+    """``router.serving.run`` with a short graceful-shutdown timeout."""
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        print(f"spec-router: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    config = uvicorn_config(app, log_level=log_level, graceful_shutdown=GRACEFUL_SHUTDOWN)
+    server = AnnouncingServer(config, socket_url(sock))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0 if server.started else 3
