@@ -27,6 +27,7 @@ class Proc:
     popen: subprocess.Popen[str]
     url: str
     output: list[str] = field(default_factory=list)
+    pump: threading.Thread | None = None
 
     @property
     def pid(self) -> int:
@@ -37,6 +38,7 @@ class Proc:
         if self.popen.poll() is None:
             os.kill(self.popen.pid, signal.SIGKILL)
             self.popen.wait(timeout=10)
+        self._close_output()
 
     def stop(self, timeout: float = 10.0) -> int | None:
         if self.popen.poll() is None:
@@ -46,7 +48,14 @@ class Proc:
             except subprocess.TimeoutExpired:
                 os.kill(self.popen.pid, signal.SIGKILL)
                 self.popen.wait(timeout=timeout)
+        self._close_output()
         return self.popen.returncode
+
+    def _close_output(self) -> None:
+        if self.pump is not None:
+            self.pump.join(timeout=5)
+        if self.popen.stdout is not None and (self.pump is None or not self.pump.is_alive()):
+            self.popen.stdout.close()
 
 
 def spawn(args: Sequence[str], env: dict[str, str] | None = None, cpu: int | None = None) -> Proc:
@@ -76,14 +85,15 @@ def spawn(args: Sequence[str], env: dict[str, str] | None = None, cpu: int | Non
                 ready.set()
         ready.set()  # EOF: the process ended
 
-    threading.Thread(target=pump, daemon=True).start()
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
     deadline = time.monotonic() + START_TIMEOUT
     ready.wait(timeout=max(0.0, deadline - time.monotonic()))
     if not found:
-        proc = Proc(popen, "", output)
+        proc = Proc(popen, "", output, thread)
         proc.stop()
         raise RuntimeError(f"{' '.join(args)} did not start:\n" + "\n".join(output[-40:]))
-    return Proc(popen, found[0], output)
+    return Proc(popen, found[0], output, thread)
 
 
 @contextmanager

@@ -1,0 +1,176 @@
+"""The router over real sockets: sims and router as processes, the official openai SDK as client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import RouterFactory
+from tests.support.http import metric_value, router_status, sim_running, wait_for
+from tests.support.processes import Proc
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "Tell me about speculative decoding."}]
+
+
+def sdk(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def async_sdk(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+async def test_lone_request_goes_speculative_streaming_and_not(start_router: RouterFactory) -> None:
+    router = start_router(policy="crossover", crossover="4")
+    client = sdk(router.url)
+    raw = client.chat.completions.with_raw_response.create(model="sim", messages=MESSAGES, max_tokens=12)
+    assert raw.headers["x-spec-router-pool"] == "speculative"
+    assert raw.headers["x-spec-router-reason"] == "below_crossover"
+    completion = raw.parse()
+    assert completion.usage is not None and completion.usage.completion_tokens == 12
+
+    with client.chat.completions.with_streaming_response.create(
+        model="sim", messages=MESSAGES, max_tokens=20, stream=True,
+        stream_options={"include_usage": True},
+    ) as response:  # fmt: skip
+        assert response.headers["x-spec-router-pool"] == "speculative"
+        chunks = list(response.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 20
+    assert router_status(router.url)["in_flight"]["total"] == 0
+
+
+async def _open_streams(url: str, n: int, stack: contextlib.AsyncExitStack) -> list[str]:
+    """Open ``n`` long streams one after another; return the pool each went to."""
+    client = async_sdk(url)
+    pools = []
+    for _ in range(n):
+        response = await stack.enter_async_context(
+            client.chat.completions.with_streaming_response.create(
+                model="sim", messages=MESSAGES, max_tokens=5000, stream=True
+            )
+        )
+        pools.append(response.headers["x-spec-router-pool"])
+    return pools
+
+
+async def test_crossover_policy_splits_16_streams_4_to_12(start_router: RouterFactory, sims: dict[str, Proc]) -> None:
+    router = start_router(policy="crossover", crossover="4", hysteresis="0")
+    async with contextlib.AsyncExitStack() as stack:
+        pools = await _open_streams(router.url, 16, stack)
+        assert pools == ["speculative"] * 4 + ["baseline"] * 12
+        status = router_status(router.url)
+        assert status["in_flight"] == {"speculative": 4, "baseline": 12, "total": 16}
+    wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=2)
+    wait_for(lambda: sim_running(sims["speculative"].url) == 0 and sim_running(sims["baseline"].url) == 0, timeout=2)
+
+
+async def test_spillover_counts_only_the_speculative_pool(start_router: RouterFactory) -> None:
+    router = start_router(policy="spillover", crossover="4")
+    async with contextlib.AsyncExitStack() as outer:
+        async with contextlib.AsyncExitStack() as first_two:
+            assert await _open_streams(router.url, 2, first_two) == ["speculative"] * 2
+            later = await _open_streams(router.url, 14, outer)
+            assert later == ["speculative"] * 2 + ["baseline"] * 12
+        # two speculative streams ended: the total is still 14, far above 4, but spillover
+        # only asks whether the speculative pool is below its crossover
+        wait_for(lambda: router_status(router.url)["in_flight"]["speculative"] == 2)
+        assert await _open_streams(router.url, 3, outer) == ["speculative", "speculative", "baseline"]
+
+
+async def test_200_streams_aborted_at_random_points_leave_nothing(
+    start_router: RouterFactory, sims: dict[str, Proc]
+) -> None:
+    router = start_router()
+    rng = random.Random(7)
+    body = {"model": "sim", "messages": MESSAGES, "max_tokens": 400, "stream": True}
+    limits = httpx.Limits(max_connections=400, max_keepalive_connections=0)
+
+    async def one(client: httpx.AsyncClient, i: int) -> str:
+        mode = i % 3
+        if mode == 0:  # gone before the response headers (during upstream connect / queueing)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(rng.uniform(0.0, 0.02)):
+                    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                        await r.aread()
+            return "early"
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            if mode == 1:  # right after the headers, before the first token
+                return "headers"
+            wanted = rng.randint(1, 6)  # mid-stream
+            seen = 0
+            async for _ in r.aiter_raw():
+                seen += 1
+                if seen >= wanted:
+                    break
+            return "mid"
+
+    async with httpx.AsyncClient(base_url=router.url, limits=limits, timeout=30) as client:
+        kinds = await asyncio.gather(*(one(client, i) for i in range(200)))
+    assert {"early", "headers", "mid"} <= set(kinds)
+    wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=1.0)
+    wait_for(lambda: sim_running(sims["speculative"].url) == 0, timeout=2.0)
+    wait_for(lambda: sim_running(sims["baseline"].url) == 0, timeout=2.0)
+    text = httpx.get(f"{router.url}/metrics").text
+    assert metric_value(text, "spec_router_client_disconnects_total") >= 100
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "status", "code"),
+    [
+        (b"{not json", {"content-type": "application/json"}, 400, "invalid_json"),
+        (b'{"messages": []}', {"content-type": "application/json"}, 400, "missing_model"),
+        (b"", {}, 400, "invalid_json"),
+        (b"x" * 4096, {"content-type": "application/json"}, 413, "body_too_large"),
+    ],
+)
+async def test_bad_input_is_refused_without_touching_a_backend(
+    start_router: RouterFactory, content: bytes, headers: dict[str, str], status: int, code: str
+) -> None:
+    router = start_router(max_body_bytes="1024")
+    response = httpx.post(f"{router.url}/v1/chat/completions", content=content, headers=headers)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["code"] == code and error["message"] and error["type"] == "invalid_request_error"
+    text = httpx.get(f"{router.url}/metrics").text
+    assert metric_value(text, "spec_router_routing_decisions_total") == 0
+    assert metric_value(text, "spec_router_requests_total", pool="none", code=str(status)) == 1
+
+
+async def test_unknown_path_outside_v1_is_404(start_router: RouterFactory) -> None:
+    router = start_router()
+    response = httpx.get(f"{router.url}/nope")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+
+
+async def test_models_and_other_v1_paths(start_router: RouterFactory) -> None:
+    router = start_router()
+    models = sdk(router.url).models.list()
+    assert [m.id for m in models.data]
+    # a /v1 path the router does not know is still the engine's to answer
+    response = httpx.get(f"{router.url}/v1/does-not-exist")
+    assert response.headers["x-spec-router-pool"] in ("speculative", "baseline")
+    assert response.status_code == 404
+
+
+async def test_headers_pass_through_and_forwarded_for(start_router: RouterFactory) -> None:
+    router = start_router()
+    response = httpx.post(
+        f"{router.url}/v1/completions",
+        json={"model": "sim", "prompt": "hi", "max_tokens": 3},
+        headers={"x-request-id": "abc-123", "connection": "keep-alive"},
+    )
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] == 3
+    assert "transfer-encoding" not in response.headers or response.headers["transfer-encoding"] == "chunked"
+    assert response.headers["x-spec-router-reason"] == "below_crossover"

@@ -1,0 +1,67 @@
+"""Small helpers for tests that talk HTTP to real servers: polling, metrics, raw streams."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import httpx
+
+from router import engine_metrics
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.02) -> T:
+    """Poll ``check`` until it returns something truthy; fail with its last value."""
+    deadline = time.monotonic() + timeout
+    value = check()
+    while not value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last value: {value!r})")
+        time.sleep(interval)
+        value = check()
+    return value
+
+
+async def await_for(check: Callable[[], Awaitable[T]], timeout: float = 10.0, interval: float = 0.02) -> T:
+    deadline = time.monotonic() + timeout
+    value = await check()
+    while not value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last value: {value!r})")
+        await asyncio.sleep(interval)
+        value = await check()
+    return value
+
+
+def sim_running(url: str) -> float:
+    """The sim's ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs``."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    sample = engine_metrics.parse(text)
+    return sample.running + sample.queued
+
+
+def router_status(url: str) -> dict:  # type: ignore[type-arg]
+    return httpx.get(f"{url}/router/status", timeout=5).json()  # type: ignore[no-any-return]
+
+
+def router_ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
