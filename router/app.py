@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -30,9 +30,9 @@ from router.upstream import Origin, OriginPool
 
 log = logging.getLogger("spec_router")
 
-Scope = dict[str, Any]
-Receive = Callable[[], Any]
-Send = Callable[[dict[str, Any]], Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class RouterApp:
@@ -96,8 +96,12 @@ class RouterApp:
                     max_idle=s.max_idle_per_backend,
                     keepalive_expiry=s.keepalive_expiry,
                 )
-        self.proxy = Proxy(s, self.router, self.tracker, self.health, self.clients, self.observers, self.clock)
-        self.poller = HealthPoller(self.router, s.health_interval, s.health_timeout, s.scrape_metrics)
+        self.proxy = Proxy(
+            s, self.router, self.tracker, self.health, self.clients, self.observers, self.clock
+        )
+        self.poller = HealthPoller(
+            self.router, s.health_interval, s.health_timeout, s.scrape_metrics
+        )
         self.poller.start()
         log.info(
             "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
@@ -144,7 +148,9 @@ class RouterApp:
             await send({"type": "websocket.close", "code": 1003})
 
 
-def create_app(settings: Settings | None = None, registry: CollectorRegistry | None = None) -> RouterApp:
+def create_app(
+    settings: Settings | None = None, registry: CollectorRegistry | None = None
+) -> RouterApp:
     """Build the router from ``settings`` (default: environment and SPEC_ROUTER_CONFIG)."""
     if settings is None:
         try:

@@ -31,13 +31,17 @@ _STATUS_TYPES = {401: "authentication_error", 403: "permission_error", 404: "inv
 
 def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> Response:
     type_ = _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return Response(error_body(message, type_, code), status, headers, media_type="application/json")
+    return Response(
+        error_body(message, type_, code), status, headers, media_type="application/json"
+    )
 
 
 def require_admin(app: RouterApp, request: Request) -> Response | None:
     token = app.settings.admin_token
     if token is None:
-        return _error(403, "admin endpoints are disabled: set SPEC_ROUTER_ADMIN_TOKEN", "admin_disabled")
+        return _error(
+            403, "admin endpoints are disabled: set SPEC_ROUTER_ADMIN_TOKEN", "admin_disabled"
+        )
     given = request.headers.get("authorization", "")
     secret = token.get_secret_value()
     if not hmac.compare_digest(given.encode(), f"Bearer {secret}".encode()):
@@ -126,7 +130,9 @@ async def list_models(app: RouterApp) -> dict[str, Any]:
         if url is not None:
             tasks.append((pool, _fetch_json(app, url, b"/v1/models")))
     if not tasks:
-        raise NoBackend("no backend can list models right now", max(1, round(app.settings.health_interval)))
+        raise NoBackend(
+            "no backend can list models right now", max(1, round(app.settings.health_interval))
+        )
     results = await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
     seen: dict[str, Any] = {}
     for (pool, _), result in zip(tasks, results, strict=True):
@@ -135,10 +141,13 @@ async def list_models(app: RouterApp) -> dict[str, Any]:
         public = {v: k for k, v in app.settings.pool_model_map(pool).items()}
         for entry in result.get("data", []):
             if isinstance(entry, dict) and isinstance(entry.get("id"), str):
-                name = public.get(entry["id"], entry["id"])
+                served: str = entry["id"]
+                name = public.get(served, served)
                 seen.setdefault(name, {**entry, "id": name})
     if not seen:
-        raise NoBackend("no backend answered /v1/models", max(1, round(app.settings.health_interval)))
+        raise NoBackend(
+            "no backend answered /v1/models", max(1, round(app.settings.health_interval))
+        )
     return {"object": "list", "data": list(seen.values())}
 
 
@@ -148,16 +157,27 @@ def build_control_app(app: RouterApp) -> FastAPI:
     @api.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         code = "not_found" if exc.status_code == 404 else f"http_{exc.status_code}"
-        message = f"no route for {request.method} {request.url.path}" if exc.status_code == 404 else str(exc.detail)
+        message = (
+            f"no route for {request.method} {request.url.path}"
+            if exc.status_code == 404
+            else str(exc.detail)
+        )
         return _error(exc.status_code, message, code)
 
     @api.exception_handler(RouterError)
     async def router_error(request: Request, exc: RouterError) -> Response:
-        return Response(exc.body(), exc.status, dict((k.decode(), v.decode()) for k, v in exc.headers), media_type="application/json")
+        return Response(
+            exc.body(),
+            exc.status,
+            dict((k.decode(), v.decode()) for k, v in exc.headers),
+            media_type="application/json",
+        )
 
     @api.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        return _error(400, f"invalid request: {exc.errors()[0].get('msg', 'invalid')}", "invalid_request")
+        return _error(
+            400, f"invalid request: {exc.errors()[0].get('msg', 'invalid')}", "invalid_request"
+        )
 
     @api.get("/health")
     async def health() -> dict[str, str]:

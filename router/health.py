@@ -50,7 +50,9 @@ class BackendHealth:
     ramp_from: float | None = None  # when it (re)became usable
 
 
-def probe(h: BackendHealth, ok: bool, now: float, cfg: HealthConfig, error: str | None = None) -> BackendHealth:
+def probe(
+    h: BackendHealth, ok: bool, now: float, cfg: HealthConfig, error: str | None = None
+) -> BackendHealth:
     """Fold one active health probe into the state."""
     h = replace(h, checks=h.checks + 1, last_check=now, last_error=None if ok else error)
     if ok:
@@ -75,7 +77,9 @@ def eject(h: BackendHealth, now: float, cfg: HealthConfig, error: str) -> Backen
         return h  # already out: concurrent failures of one outage count once
     backoff = min(cfg.eject_max, cfg.eject_base * (2.0 ** min(h.ejections, 30)))
     until = now + backoff
-    return replace(h, ejected_until=until, ejections=h.ejections + 1, last_error=error, ramp_from=until)
+    return replace(
+        h, ejected_until=until, ejections=h.ejections + 1, last_error=error, ramp_from=until
+    )
 
 
 def served(h: BackendHealth, now: float) -> BackendHealth:

@@ -124,12 +124,16 @@ class StateCollector(Collector):
         router = self.router
         tracker = router.tracker
         p = "spec_router_"
-        g = GaugeMetricFamily(p + "in_flight_requests", "Requests in flight, by pool.", labels=["pool"])
+        g = GaugeMetricFamily(
+            p + "in_flight_requests", "Requests in flight, by pool.", labels=["pool"]
+        )
         for pool in POOLS:
             g.add_metric([pool], tracker.by_pool[pool])
         yield g
         b = GaugeMetricFamily(
-            p + "backend_in_flight_requests", "Requests in flight, by backend.", labels=["pool", "backend"]
+            p + "backend_in_flight_requests",
+            "Requests in flight, by backend.",
+            labels=["pool", "backend"],
         )
         for url, n in tracker.by_backend.items():
             b.add_metric([tracker.pool_of[url], url], n)
@@ -165,10 +169,16 @@ class StateCollector(Collector):
     def _engine(self, router: Router) -> Iterator[Metric]:
         p = "spec_router_engine_"
         labels = ["pool", "backend"]
-        running = GaugeMetricFamily(p + "running_requests", "Running requests the engine reported.", labels=labels)
-        queued = GaugeMetricFamily(p + "queued_requests", "Queued requests the engine reported.", labels=labels)
+        running = GaugeMetricFamily(
+            p + "running_requests", "Running requests the engine reported.", labels=labels
+        )
+        queued = GaugeMetricFamily(
+            p + "queued_requests", "Queued requests the engine reported.", labels=labels
+        )
         accept = GaugeMetricFamily(
-            p + "spec_accept_length", "Mean speculative acceptance length the engine reported.", labels=labels
+            p + "spec_accept_length",
+            "Mean speculative acceptance length the engine reported.",
+            labels=labels,
         )
         for url, seen in router.engine.items():
             pool = router.tracker.pool_of[url]

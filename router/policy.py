@@ -76,9 +76,7 @@ def other(pool: str) -> str:
     return BASELINE if pool == SPECULATIVE else SPECULATIVE
 
 
-def pick_backend(
-    pool: PoolView, rr: int = 0, exclude: Container[str] = ()
-) -> BackendView | None:
+def pick_backend(pool: PoolView, rr: int = 0, exclude: Container[str] = ()) -> BackendView | None:
     """The usable replica with the fewest requests in flight (weighted while ramping).
 
     Ties rotate with ``rr`` so equal replicas share the work.
@@ -97,7 +95,9 @@ def pick_backend(
     return best
 
 
-def _place(snap: Snapshot, pool: str, reason: str, state: RoutingState) -> tuple[Decision | None, RoutingState]:
+def _place(
+    snap: Snapshot, pool: str, reason: str, state: RoutingState
+) -> tuple[Decision | None, RoutingState]:
     """Put the request on ``pool``, or fail over to the other one if it has no usable backend."""
     chosen = pick_backend(snap.pool(pool), state.rr)
     if chosen is None:
@@ -180,9 +180,7 @@ def choose(policy: str, snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     return POLICIES[policy](snap)
 
 
-def reroute(
-    snap: Snapshot, failed: Decision, tried: Container[str]
-) -> Decision | None:
+def reroute(snap: Snapshot, failed: Decision, tried: Container[str]) -> Decision | None:
     """After a safe-to-retry failure: another replica of the same pool, else the other pool."""
     same = pick_backend(snap.pool(failed.pool), snap.state.rr, exclude=tried)
     if same is not None:

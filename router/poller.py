@@ -80,7 +80,14 @@ class HealthPoller:
         state = router.health.states[url].state
         if state is not previous:
             level = logging.INFO if ok else logging.WARNING
-            log.log(level, "backend %s: %s -> %s%s", url, previous, state, f" ({error})" if error else "")
+            log.log(
+                level,
+                "backend %s: %s -> %s%s",
+                url,
+                previous,
+                state,
+                f" ({error})" if error else "",
+            )
         if ok and self.scrape_metrics:
             await self._scrape(url)
         if self.on_round is not None:

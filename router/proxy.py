@@ -14,12 +14,11 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from router.errors import (
-    BadRequest,
     NoBackend,
     PayloadTooLarge,
     RouterError,
@@ -39,9 +38,9 @@ from router.upstream import Connection, OriginPool, Timeouts, UpstreamError
 
 log = logging.getLogger("spec_router.proxy")
 
-Scope = dict[str, Any]
-Receive = Callable[[], Any]
-Send = Callable[[dict[str, Any]], Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 # Paths whose streams carry token usage the router can ask for.
 USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -142,9 +141,9 @@ class Proxy:
 
         decision = self.router.decide()
         if decision is None:
-            exc = NoBackend("no backend can take requests right now", _retry_after(self.settings))
-            out.status = exc.status
-            await _send_error(send, exc)
+            refusal = NoBackend("no backend can take requests right now", _retry_after(self.settings))
+            out.status = refusal.status
+            await _send_error(send, refusal)
             return
         out.load_at_start = self.router.backend_load(decision.backend)
         lease = self.tracker.acquire(decision.backend)
@@ -249,7 +248,9 @@ class Proxy:
                 out.error = exc.kind
                 if exc.kind == "first_byte_timeout":
                     raise UpstreamTimeout(f"upstream did not answer within {exc}") from None
-                if exc.kind in RETRYABLE_KINDS or (exc.kind == "reset" and not exc.response_started):
+                if exc.kind in RETRYABLE_KINDS or (
+                    exc.kind == "reset" and not exc.response_started
+                ):
                     self.health.eject(decision.backend, self.clock(), str(exc))
                     retry_kind = exc.kind
                 else:
@@ -328,7 +329,9 @@ class Proxy:
         headers = response_headers(conn.headers, keep_length)
         headers.append((b"x-spec-router-pool", decision.pool.encode()))
         headers.append((b"x-spec-router-reason", decision.reason.encode()))
-        await _send(send, {"type": "http.response.start", "status": conn.status, "headers": headers})
+        await _send(
+            send, {"type": "http.response.start", "status": conn.status, "headers": headers}
+        )
         while True:
             try:
                 data = await conn.read()
@@ -402,7 +405,9 @@ class Proxy:
             (b"x-spec-router-pool", decision.pool.encode()),
             (b"x-spec-router-reason", decision.reason.encode()),
         ]
-        await _send(send, {"type": "http.response.start", "status": conn.status, "headers": headers})
+        await _send(
+            send, {"type": "http.response.start", "status": conn.status, "headers": headers}
+        )
         await _send(send, {"type": "http.response.body", "body": body, "more_body": False})
 
 

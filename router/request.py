@@ -115,7 +115,10 @@ def upstream_body(
         obj["model"] = model_map[info.model]
     if add_usage:
         options = obj.get("stream_options")
-        obj["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        obj["stream_options"] = {
+            **(options if isinstance(options, dict) else {}),
+            "include_usage": True,
+        }
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -151,7 +154,9 @@ def forward_headers(
     return out
 
 
-def response_headers(raw: list[tuple[bytes, bytes]], keep_length: bool) -> list[tuple[bytes, bytes]]:
+def response_headers(
+    raw: list[tuple[bytes, bytes]], keep_length: bool
+) -> list[tuple[bytes, bytes]]:
     """End-to-end response headers; content-length only when the body passes unchanged."""
     return [
         (name, value)

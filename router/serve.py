@@ -16,8 +16,12 @@ from router.settings import SettingsError, load_settings
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="spec-router serve", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; default 8000)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=8000, help="port (0 picks a free one; default 8000)"
+    )
     parser.add_argument("--config", help="TOML settings file (same as SPEC_ROUTER_CONFIG)")
     args = parser.parse_args(argv)
     if args.config:
@@ -29,7 +33,9 @@ def main(argv: list[str]) -> int:
     except SettingsError as exc:
         print(f"spec-router: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     from router.app import RouterApp
 
     return run(RouterApp(settings), args.host, args.port, log_level=settings.log_level)

@@ -55,7 +55,8 @@ def uvicorn_config(
         date_header=False,
         # On SIGTERM, give streams this long to finish, then cancel them (their leases are
         # released by the proxy's own finally).
-        timeout_graceful_shutdown=graceful_shutdown,
+        # (uvicorn hints int, but it only ever hands the value to asyncio as a timeout)
+        timeout_graceful_shutdown=graceful_shutdown,  # type: ignore[arg-type]
     )
 
 

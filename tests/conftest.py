@@ -57,7 +57,12 @@ def start_router(sims: dict[str, Proc]) -> Iterator[RouterFactory]:
     """Start a router process in front of the session's sims (or other URLs); waits for /ready."""
     started: list[Proc] = []
 
-    def start(spec_url: str | None = None, base_url: str | None = None, ready: bool = True, **settings: str) -> Proc:
+    def start(
+        spec_url: str | None = None,
+        base_url: str | None = None,
+        ready: bool = True,
+        **settings: str,
+    ) -> Proc:
         env = router_env(
             spec_url or sims["speculative"].url, base_url or sims["baseline"].url, **settings
         )

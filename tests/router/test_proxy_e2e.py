@@ -30,7 +30,9 @@ def async_sdk(url: str) -> openai.AsyncOpenAI:
 async def test_lone_request_goes_speculative_streaming_and_not(start_router: RouterFactory) -> None:
     router = start_router(policy="crossover", crossover="4")
     client = sdk(router.url)
-    raw = client.chat.completions.with_raw_response.create(model="sim", messages=MESSAGES, max_tokens=12)
+    raw = client.chat.completions.with_raw_response.create(
+        model="sim", messages=MESSAGES, max_tokens=12
+    )
     assert raw.headers["x-spec-router-pool"] == "speculative"
     assert raw.headers["x-spec-router-reason"] == "below_crossover"
     completion = raw.parse()
@@ -62,7 +64,9 @@ async def _open_streams(url: str, n: int, stack: contextlib.AsyncExitStack) -> l
     return pools
 
 
-async def test_crossover_policy_splits_16_streams_4_to_12(start_router: RouterFactory, sims: dict[str, Proc]) -> None:
+async def test_crossover_policy_splits_16_streams_4_to_12(
+    start_router: RouterFactory, sims: dict[str, Proc]
+) -> None:
     router = start_router(policy="crossover", crossover="4", hysteresis="0")
     async with contextlib.AsyncExitStack() as stack:
         pools = await _open_streams(router.url, 16, stack)
@@ -70,7 +74,12 @@ async def test_crossover_policy_splits_16_streams_4_to_12(start_router: RouterFa
         status = router_status(router.url)
         assert status["in_flight"] == {"speculative": 4, "baseline": 12, "total": 16}
     wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=2)
-    wait_for(lambda: sim_running(sims["speculative"].url) == 0 and sim_running(sims["baseline"].url) == 0, timeout=2)
+    wait_for(
+        lambda: (
+            sim_running(sims["speculative"].url) == 0 and sim_running(sims["baseline"].url) == 0
+        ),
+        timeout=2,
+    )
 
 
 async def test_spillover_counts_only_the_speculative_pool(start_router: RouterFactory) -> None:
@@ -83,7 +92,11 @@ async def test_spillover_counts_only_the_speculative_pool(start_router: RouterFa
         # two speculative streams ended: the total is still 14, far above 4, but spillover
         # only asks whether the speculative pool is below its crossover
         wait_for(lambda: router_status(router.url)["in_flight"]["speculative"] == 2)
-        assert await _open_streams(router.url, 3, outer) == ["speculative", "speculative", "baseline"]
+        assert await _open_streams(router.url, 3, outer) == [
+            "speculative",
+            "speculative",
+            "baseline",
+        ]
 
 
 async def test_200_streams_aborted_at_random_points_leave_nothing(
@@ -172,5 +185,8 @@ async def test_headers_pass_through_and_forwarded_for(start_router: RouterFactor
     )
     assert response.status_code == 200
     assert response.json()["usage"]["completion_tokens"] == 3
-    assert "transfer-encoding" not in response.headers or response.headers["transfer-encoding"] == "chunked"
+    assert (
+        "transfer-encoding" not in response.headers
+        or response.headers["transfer-encoding"] == "chunked"
+    )
     assert response.headers["x-spec-router-reason"] == "below_crossover"

@@ -52,10 +52,15 @@ class Client:
         elif message.get("body"):
             self.body_chunks += 1
 
-    def scope(self, path: str = "/v1/chat/completions", headers: list[tuple[bytes, bytes]] | None = None) -> dict[str, Any]:
+    def scope(
+        self, path: str = "/v1/chat/completions", headers: list[tuple[bytes, bytes]] | None = None
+    ) -> dict[str, Any]:
         return {
             "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.4" if self.spec_version.startswith("2.4") else "2.3"},
+            "asgi": {
+                "version": "3.0",
+                "spec_version": "2.4" if self.spec_version.startswith("2.4") else "2.3",
+            },
             "http_version": "1.1",
             "method": "POST",
             "scheme": "http",
@@ -101,7 +106,12 @@ async def assert_released(app: RouterApp, sims: dict[str, Proc]) -> None:
 
 def body(stream: bool, max_tokens: int = 2000) -> bytes:
     return json.dumps(
-        {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens, "stream": stream}
+        {
+            "model": "sim",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens,
+            "stream": stream,
+        }
     ).encode()
 
 
@@ -119,7 +129,9 @@ async def test_normal_end(app: RouterApp, sims: dict[str, Proc], style: str) -> 
 
 
 @pytest.mark.parametrize("style", ["2.3", "2.4"])
-async def test_disconnect_while_waiting_for_upstream_headers(app: RouterApp, sims: dict[str, Proc], style: str) -> None:
+async def test_disconnect_while_waiting_for_upstream_headers(
+    app: RouterApp, sims: dict[str, Proc], style: str
+) -> None:
     client = Client(body(stream=True), style)
     scope = client.scope(headers=[(b"x-sim-fault", b"hang_before_headers")])
     task = asyncio.create_task(app(scope, client.receive, client.send))
@@ -131,7 +143,9 @@ async def test_disconnect_while_waiting_for_upstream_headers(app: RouterApp, sim
 
 
 @pytest.mark.parametrize("style", STYLES)
-async def test_disconnect_after_headers_before_first_token(app: RouterApp, sims: dict[str, Proc], style: str) -> None:
+async def test_disconnect_after_headers_before_first_token(
+    app: RouterApp, sims: dict[str, Proc], style: str
+) -> None:
     client = Client(body(stream=True), style)
     task = asyncio.create_task(app(client.scope(), client.receive, client.send))
     await asyncio.wait_for(client.started.wait(), 5)
@@ -152,7 +166,9 @@ async def test_disconnect_mid_stream(app: RouterApp, sims: dict[str, Proc], styl
 
 
 @pytest.mark.parametrize("style", ["2.3", "2.4"])
-async def test_disconnect_while_waiting_for_a_non_streamed_answer(app: RouterApp, sims: dict[str, Proc], style: str) -> None:
+async def test_disconnect_while_waiting_for_a_non_streamed_answer(
+    app: RouterApp, sims: dict[str, Proc], style: str
+) -> None:
     client = Client(body(stream=False), style)
     task = asyncio.create_task(app(client.scope(), client.receive, client.send))
     await await_for(lambda: _true(sim_running(sims["speculative"].url) == 1))
@@ -171,7 +187,9 @@ async def test_cancellation_of_the_handler(app: RouterApp, sims: dict[str, Proc]
     await assert_released(app, sims)
 
 
-async def test_upstream_reset_mid_stream_ends_with_error_event(app: RouterApp, sims: dict[str, Proc]) -> None:
+async def test_upstream_reset_mid_stream_ends_with_error_event(
+    app: RouterApp, sims: dict[str, Proc]
+) -> None:
     client = Client(body(stream=True), "2.3")
     scope = client.scope(headers=[(b"x-sim-fault", b"reset_after=10")])
     await app(scope, client.receive, client.send)
@@ -184,7 +202,11 @@ async def test_upstream_reset_mid_stream_ends_with_error_event(app: RouterApp, s
 
 
 async def test_shutdown_with_streams_in_flight(sims: dict[str, Proc]) -> None:
-    settings = Settings(speculative_urls=[sims["speculative"].url], baseline_urls=[sims["baseline"].url], health_interval=0.2)
+    settings = Settings(
+        speculative_urls=[sims["speculative"].url],
+        baseline_urls=[sims["baseline"].url],
+        health_interval=0.2,
+    )
     router_app = RouterApp(settings)
     clients = [Client(body(stream=True), "2.3") for _ in range(3)]
     async with router_app.running():

@@ -26,7 +26,9 @@ def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.
     return value
 
 
-async def await_for(check: Callable[[], Awaitable[T]], timeout: float = 10.0, interval: float = 0.02) -> T:
+async def await_for(
+    check: Callable[[], Awaitable[T]], timeout: float = 10.0, interval: float = 0.02
+) -> T:
     deadline = time.monotonic() + timeout
     value = await check()
     while not value:

@@ -137,7 +137,10 @@ def test_reroute_prefers_another_replica_then_the_other_pool() -> None:
     assert reroute(s, failed, ["http://speculative0", "http://speculative1"]) == Decision(
         "baseline", "http://baseline0", "failover"
     )
-    assert reroute(s, failed, ["http://speculative0", "http://speculative1", "http://baseline0"]) is None
+    assert (
+        reroute(s, failed, ["http://speculative0", "http://speculative1", "http://baseline0"])
+        is None
+    )
 
 
 def test_predictive_places_by_marginal_gain() -> None:
@@ -151,7 +154,9 @@ def test_predictive_places_by_marginal_gain() -> None:
         gain=gain,
     )
     assert run("predictive", s)[0].pool == "speculative"
-    s2 = Snapshot(s.speculative.__class__("speculative", (BackendView("s", 6),)), s.baseline, 4, gain=gain)
+    s2 = Snapshot(
+        s.speculative.__class__("speculative", (BackendView("s", 6),)), s.baseline, 4, gain=gain
+    )
     assert run("predictive", s2)[0].pool == "baseline"
 
 

@@ -24,7 +24,10 @@ def test_passthrough_is_identical_and_reads_usage() -> None:
     tap = SseTap(strip_usage=False)
     body = CHUNK * 3 + USAGE + DONE
     assert feed_all(tap, [CHUNK, CHUNK, CHUNK, USAGE, DONE]) == body
-    assert tap.usage is not None and (tap.usage.prompt_tokens, tap.usage.completion_tokens) == (5, 9)
+    assert tap.usage is not None and (tap.usage.prompt_tokens, tap.usage.completion_tokens) == (
+        5,
+        9,
+    )
 
 
 def test_strip_removes_only_the_usage_event_at_any_split() -> None:
@@ -53,7 +56,9 @@ def test_not_sse_at_all_is_given_up_on_not_held() -> None:
 
 def test_body_tap_reads_usage_of_a_json_body() -> None:
     tap = BodyTap()
-    body = json.dumps({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3}}).encode()
+    body = json.dumps(
+        {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3}}
+    ).encode()
     tap.feed(body[:5])
     tap.feed(body[5:])
     assert tap.usage is not None and tap.usage.completion_tokens == 3

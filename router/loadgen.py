@@ -1,0 +1,378 @@
+"""A closed-loop load generator for OpenAI-compatible servers, and the statistics over it.
+
+``concurrency`` workers each send a streamed completion, read it to the end and send the next
+one at once (no think time). Every request is recorded as a ``RequestResult``: status,
+response headers (the router's ``x-spec-router-pool`` among them), when each content chunk
+arrived and how many tokens it carried, and the exact token counts from the usage chunk.
+
+The statistics at the bottom are pure functions over those records. Closed-loop numbers are
+only meaningful in steady state, so ``window_stats`` measures inside a time window: total
+tok/s from the chunks that arrived in it, and per-request decode tok/s from the spans between
+each request's chunks in it (which leaves out time to first token, as the usual
+``(output_tokens - 1) / (t_last - t_first)`` does).
+
+Tokens per chunk are counted with ``count_tokens`` (default: whitespace-separated words, exact
+for ``router.sim``, whose tokens are words). Against real engines use the usage counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+POOL_HEADER = "x-spec-router-pool"
+
+
+def count_words(text: str) -> int:
+    return len(text.split())
+
+
+@dataclass
+class RequestResult:
+    worker: int
+    seq: int
+    start: float  # time.monotonic() when the request was sent
+    max_tokens: int
+    status: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    chunk_times: list[float] = field(default_factory=list)  # content-bearing chunks only
+    chunk_tokens: list[int] = field(default_factory=list)
+    end: float | None = None
+    prompt_tokens: int | None = None  # from the usage chunk
+    output_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status == 200
+
+    @property
+    def pool(self) -> str | None:
+        return self.headers.get(POOL_HEADER)
+
+    @property
+    def first_token(self) -> float | None:
+        return self.chunk_times[0] if self.chunk_times else None
+
+    @property
+    def last_token(self) -> float | None:
+        return self.chunk_times[-1] if self.chunk_times else None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if not self.chunk_times else self.chunk_times[0] - self.start
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What each request asks for."""
+
+    prompt_tokens: int
+    output_tokens: int
+    endpoint: Literal["chat", "completions"] = "chat"
+    model: str = "default"
+    temperature: float = 0.0
+    headers: tuple[tuple[str, str], ...] = ()
+    extra_body: tuple[tuple[str, Any], ...] = ()
+
+    def body(self, worker: int, seq: int, output_tokens: int) -> dict[str, Any]:
+        # A unique first word keeps real engines' prefix caches from making prompts free.
+        words = max(1, self.prompt_tokens)
+        prompt = " ".join([f"w{worker}r{seq}", *itertools.repeat("hello", words - 1)])
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": output_tokens,
+            "temperature": self.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        body.update(dict(self.extra_body))
+        return body
+
+    @property
+    def path(self) -> str:
+        return "/chat/completions" if self.endpoint == "chat" else "/completions"
+
+
+def default_client(concurrency: int, timeout: httpx.Timeout | None = None) -> httpx.AsyncClient:
+    """One keep-alive connection per worker; no read timeout (streams can be long)."""
+    return httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency),
+        timeout=timeout or httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None),
+    )
+
+
+async def send_one(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    result: RequestResult,
+    *,
+    headers: dict[str, str] | None = None,
+    count_tokens: Callable[[str], int] = count_words,
+) -> RequestResult:
+    """Send one streamed completion and fill ``result`` in as the answer arrives."""
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as resp:
+            result.status = resp.status_code
+            result.headers = dict(resp.headers)
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                result.error = f"HTTP {resp.status_code}: {text[:300]}"
+                return result
+            buffer = b""
+            async for data in resp.aiter_raw():
+                buffer += data
+                *events, buffer = buffer.split(b"\n\n")
+                now = time.monotonic()
+                for event in events:
+                    _on_event(event, now, result, count_tokens)
+            if result.output_tokens is None:
+                result.error = "stream ended without a usage chunk"
+    except asyncio.CancelledError:
+        result.error = "cancelled"
+        raise
+    except (httpx.HTTPError, OSError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        result.end = time.monotonic()
+    return result
+
+
+def _on_event(
+    event: bytes, now: float, result: RequestResult, count_tokens: Callable[[str], int]
+) -> None:
+    for line in event.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return
+        chunk = json.loads(payload)
+        usage = chunk.get("usage")
+        if usage:
+            result.prompt_tokens = usage.get("prompt_tokens")
+            result.output_tokens = usage.get("completion_tokens")
+        for choice in chunk.get("choices") or ():
+            text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+            if text:
+                result.chunk_times.append(now)
+                result.chunk_tokens.append(count_tokens(text))
+
+
+async def run_closed_loop(
+    base_url: str,
+    *,
+    concurrency: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    duration: float | None = None,
+    requests: int | None = None,
+    desync: bool = True,
+    stop: Literal["cancel", "drain"] = "cancel",
+    endpoint: Literal["chat", "completions"] = "chat",
+    model: str = "default",
+    temperature: float = 0.0,
+    headers: dict[str, str] | None = None,
+    extra_body: dict[str, Any] | None = None,
+    client: httpx.AsyncClient | None = None,
+    count_tokens: Callable[[str], int] = count_words,
+) -> list[RequestResult]:
+    """Run ``concurrency`` workers back to back against ``base_url`` (ending in ``/v1``).
+
+    Stops after ``duration`` seconds (then ``stop="cancel"`` abandons the requests in flight,
+    recorded with ``error="cancelled"`` and their chunks so far; ``"drain"`` lets them end) or
+    after ``requests`` requests in all, whichever comes first.
+
+    ``desync``: worker ``i``'s *first* request asks for ``round(output_tokens * (i + 1) / n)``
+    tokens (at least 2), so requests end, and their successors join the engine's batch, evenly
+    spread from the start instead of in lock-step. Without it a deterministic engine keeps all
+    requests in phase forever and every prefill lands in the same iteration.
+    """
+    if duration is None and requests is None:
+        raise ValueError("give a duration, a request count, or both")
+    work = Workload(
+        prompt_tokens,
+        output_tokens,
+        endpoint,
+        model,
+        temperature,
+        tuple((headers or {}).items()),
+        tuple((extra_body or {}).items()),
+    )
+    url = base_url.rstrip("/") + work.path
+    results: list[RequestResult] = []
+    tickets = itertools.count()
+    own_client = client is None
+    http = default_client(concurrency) if client is None else client
+    deadline = math.inf if duration is None else time.monotonic() + duration
+
+    async def worker(i: int) -> None:
+        for seq in itertools.count():
+            if next(tickets) >= (requests if requests is not None else math.inf):
+                return
+            if time.monotonic() >= deadline:
+                return
+            length = output_tokens
+            if desync and seq == 0:
+                length = max(2, round(output_tokens * (i + 1) / concurrency))
+            result = RequestResult(i, seq, time.monotonic(), length)
+            results.append(result)
+            body = work.body(i, seq, length)
+            await send_one(http, url, body, result, headers=headers, count_tokens=count_tokens)
+
+    tasks = [asyncio.create_task(worker(i)) for i in range(concurrency)]
+    try:
+        if duration is not None and stop == "cancel":
+            _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
+            for task in pending:
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        for task in tasks:
+            task.cancel()
+        if own_client:
+            await http.aclose()
+    return results
+
+
+# --- statistics (pure) -------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, ``q`` in [0, 100]; NaN for no values."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def decode_tps(result: RequestResult) -> float | None:
+    """``(output_tokens - 1) / (t_last - t_first)`` of a finished request, else None."""
+    n = result.output_tokens
+    first, last = result.first_token, result.last_token
+    if not result.ok or n is None or n < 2 or first is None or last is None or last <= first:
+        return None
+    return (n - 1) / (last - first)
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    start: float
+    end: float
+    tokens: int  # tokens that arrived in the window
+    total_tps: float
+    per_request_tps: float  # decode tokens / decode time, summed over requests
+    requests: int  # requests with at least two chunks in the window
+    mean_request_tps: float  # unweighted mean of the same per request
+
+
+def window_stats(results: Sequence[RequestResult], start: float, end: float) -> WindowStats:
+    """Rates inside ``[start, end)``.
+
+    For each request, its decode span in the window runs from its first chunk in the window to
+    its last; the tokens of the chunks after the first one are the decode tokens. A request's
+    own first chunk is never a decode token, so time to first token stays out.
+    """
+    tokens = 0
+    dec_tokens = 0
+    dec_time = 0.0
+    rates = []
+    for r in results:
+        idx = [i for i, t in enumerate(r.chunk_times) if start <= t < end]
+        tokens += sum(r.chunk_tokens[i] for i in idx)
+        if len(idx) < 2:
+            continue
+        n = sum(r.chunk_tokens[i] for i in idx[1:])
+        span = r.chunk_times[idx[-1]] - r.chunk_times[idx[0]]
+        if span > 0:
+            dec_tokens += n
+            dec_time += span
+            rates.append(n / span)
+    return WindowStats(
+        start=start,
+        end=end,
+        tokens=tokens,
+        total_tps=tokens / (end - start),
+        per_request_tps=dec_tokens / dec_time if dec_time else math.nan,
+        requests=len(rates),
+        mean_request_tps=sum(rates) / len(rates) if rates else math.nan,
+    )
+
+
+@dataclass(frozen=True)
+class Summary:
+    requests: int
+    ok: int
+    errors: dict[str, int]
+    pools: dict[str, int]
+    output_tokens: int
+    ttft_p50: float
+    ttft_p99: float
+    decode_tps_p50: float
+    decode_tps_mean: float
+
+
+def summarize(results: Sequence[RequestResult]) -> Summary:
+    done = [r for r in results if r.ok]
+    rates = [x for x in map(decode_tps, done) if x is not None]
+    ttfts = [x for x in (r.ttft for r in done) if x is not None]
+    errors = Counter((r.error or "").split(":")[0] for r in results if not r.ok)
+    return Summary(
+        requests=len(results),
+        ok=len(done),
+        errors=dict(errors),
+        pools=dict(Counter(r.pool or "-" for r in done)),
+        output_tokens=sum(r.output_tokens or 0 for r in done),
+        ttft_p50=percentile(ttfts, 50),
+        ttft_p99=percentile(ttfts, 99),
+        decode_tps_p50=percentile(rates, 50),
+        decode_tps_mean=sum(rates) / len(rates) if rates else math.nan,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m router.loadgen", description=__doc__)
+    parser.add_argument("--url", required=True, help="base URL ending in /v1")
+    parser.add_argument("-c", "--concurrency", type=int, default=8)
+    parser.add_argument("--duration", type=float, default=30.0)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--output-tokens", type=int, default=256)
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds left out of rates")
+    parser.add_argument("--model", default="default")
+    args = parser.parse_args(argv)
+    t0 = time.monotonic()
+    results = asyncio.run(
+        run_closed_loop(
+            args.url,
+            concurrency=args.concurrency,
+            prompt_tokens=args.prompt_tokens,
+            output_tokens=args.output_tokens,
+            duration=args.duration,
+            model=args.model,
+        )
+    )
+    window = window_stats(results, t0 + args.warmup, t0 + args.duration)
+    print(json.dumps({"window": asdict(window), "summary": asdict(summarize(results))}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
