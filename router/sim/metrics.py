@@ -91,12 +91,15 @@ class EngineStats:
         return self.spec_tokens / self.spec_steps if self.spec_steps else 0.0
 
     def scheduling(self) -> dict[str, float]:
+        """Cumulative: how late iterations ended, and the speculation counts."""
         n = max(1, self.iterations)
         return {
             "iterations": self.iterations,
             "late_mean_ms": 1e3 * self.late_sum / n,
             "late_max_ms": 1e3 * self.late_max,
             "lag_resets": self.lag_resets,
+            "spec_tokens": self.spec_tokens,
+            "spec_steps": self.spec_steps,
         }
 
 
