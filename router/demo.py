@@ -1,0 +1,274 @@
+"""``spec-router demo``: the whole idea in about a minute, on the built-in simulated engines.
+
+Starts an EAGLE-3-like and a baseline sim on free ports, a router with the default policy and
+one with ``round_robin`` in front of them, then ramps a closed-loop load through concurrency
+1, 2, 4, ... 64 against each router and against each pool alone. For every level it prints the
+share of requests sent to the speculative pool, the per-request decode speed and the median
+time to first token, and it draws the same as a PNG.
+
+The sims run ``--time-scale`` times faster than the model (default 0.1, i.e. 10x): every
+number printed is converted back to model time (measured tok/s x time-scale; seconds / scale),
+so it can be compared with the presets' figures (80.9 tok/s for EAGLE-3 alone at one request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from router.loadgen import RequestResult, percentile, run_closed_loop, window_stats
+from router.serving import LISTENING_PREFIX
+
+LEVELS = (1, 2, 4, 8, 16, 32, 64)
+TARGETS = ("router", "round_robin", "speculative", "baseline")
+TARGET_TITLES = {
+    "router": "router ({policy})",
+    "round_robin": "round-robin",
+    "speculative": "speculative only",
+    "baseline": "baseline only",
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One target at one concurrency, in model units."""
+
+    target: str
+    concurrency: int
+    per_request_tps: float
+    total_tps: float
+    ttft_p50: float
+    spec_share: float | None  # share of requests the router sent to speculative
+    errors: int
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def process(args: Sequence[str], env: dict[str, str] | None = None) -> Iterator[str]:
+    """Run ``python -m <args>``; yield the URL it announces; stop it by PID on exit."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    url: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if line.startswith(LISTENING_PREFIX) and not url:
+                url.append(line[len(LISTENING_PREFIX) :].strip())
+                ready.set()
+        ready.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        ready.wait(30)
+        if not url:
+            raise RuntimeError(f"{' '.join(args)} did not start:\n" + "\n".join(lines[-20:]))
+        yield url[0]
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        reader.join(5)
+        proc.stdout.close()
+
+
+def wait_ready(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"router at {url} never became ready")
+
+
+def router_env(spec: str, base: str, policy: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_ROUTER_")}
+    env.update(
+        SPEC_ROUTER_SPECULATIVE_URLS=spec,
+        SPEC_ROUTER_BASELINE_URLS=base,
+        SPEC_ROUTER_LOG_LEVEL="warning",
+        SPEC_ROUTER_HEALTH_INTERVAL="0.5",
+    )
+    if policy:
+        env["SPEC_ROUTER_POLICY"] = policy
+    return env
+
+
+# -- measurement ----------------------------------------------------------------------------------
+
+
+def measure(
+    target: str,
+    results: Sequence[RequestResult],
+    started: float,
+    duration: float,
+    warmup: float,
+    concurrency: int,
+    scale: float,
+) -> Point:
+    """Steady-state numbers from the window after warm-up, converted to model units."""
+    window = window_stats(results, started + warmup, started + duration)
+    in_window = [r for r in results if r.start >= started + warmup or r.ok]
+    routed = [r.pool for r in in_window if r.pool]
+    share = sum(p == "speculative" for p in routed) / len(routed) if routed else None
+    ttfts = [r.ttft for r in results if r.ok and r.ttft is not None]
+    errors = sum(1 for r in results if r.error not in (None, "cancelled"))
+    return Point(
+        target,
+        concurrency,
+        per_request_tps=window.mean_request_tps * scale,
+        total_tps=window.total_tps * scale,
+        ttft_p50=percentile(ttfts, 50) / scale if ttfts else math.nan,
+        spec_share=share if target in ("router", "round_robin") else None,
+        errors=errors,
+    )
+
+
+async def run_level(
+    urls: dict[str, str],
+    concurrency: int,
+    duration: float,
+    output_tokens: int,
+    prompt_tokens: int,
+    scale: float,
+) -> list[Point]:
+    points = []
+    for target in TARGETS:
+        started = time.monotonic()
+        results = await run_closed_loop(
+            f"{urls[target]}/v1",
+            concurrency=concurrency,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            duration=duration,
+        )
+        points.append(
+            measure(target, results, started, duration, duration * 0.3, concurrency, scale)
+        )
+    return points
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def format_level(points: Sequence[Point], policy: str) -> str:
+    by = {p.target: p for p in points}
+    n = points[0].concurrency
+    lines = [f"concurrency {n}"]
+    width = max(len(TARGET_TITLES[t].format(policy=policy)) for t in TARGETS)
+    for target in TARGETS:
+        p = by[target]
+        share = "" if p.spec_share is None else f"  to speculative {p.spec_share:5.0%}"
+        errors = f"  errors {p.errors}" if p.errors else ""
+        title = TARGET_TITLES[target].format(policy=policy)
+        lines.append(
+            f"  {title:<{width}} {p.per_request_tps:6.1f} tok/s per request"
+            f"  {p.total_tps:7.1f} tok/s total  TTFT p50 {p.ttft_p50 * 1000:7.0f} ms{share}{errors}"
+        )
+    return "\n".join(lines)
+
+
+def plot(points: Sequence[Point], path: Path, policy: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for target in TARGETS:
+        pts = sorted((p for p in points if p.target == target), key=lambda p: p.concurrency)
+        label = TARGET_TITLES[target].format(policy=policy)
+        ax.plot([p.concurrency for p in pts], [p.per_request_tps for p in pts], "o-", label=label)
+        ax2.plot([p.concurrency for p in pts], [p.total_tps for p in pts], "o-", label=label)
+    for a, title in ((ax, "per-request decode speed"), (ax2, "total output speed")):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("concurrent requests")
+        a.set_ylabel("tok/s (model time)")
+        a.set_title(title)
+        a.grid(True, alpha=0.3)
+    ax.legend()
+    fig.suptitle("spec-router demo on simulated EAGLE-3 and baseline engines")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -- entry --------------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="spec-router demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels")
+    parser.add_argument(
+        "--time-scale", type=float, default=0.1, help="sims' time scale (0.1 = 10x)"
+    )
+    parser.add_argument(
+        "--duration", type=float, default=2.2, help="seconds of load per target and level"
+    )
+    parser.add_argument("--output-tokens", type=int, default=96)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--policy", default=None, help="the router's policy (default: its default)")
+    parser.add_argument("--plot", type=Path, default=Path("out/demo.png"), help="PNG to write")
+    args = parser.parse_args(argv)
+    levels = [int(x) for x in args.levels.split(",")]
+    scale = args.time_scale
+    began = time.monotonic()
+    sim = ["router.sim", "--port", "0", "--time-scale", str(scale)]
+    with ExitStack() as stack:
+        spec = stack.enter_context(process([*sim, "--preset", "eagle3", "--seed", "1"]))
+        base = stack.enter_context(process([*sim, "--preset", "baseline", "--seed", "2"]))
+        serve = ["router", "serve", "--port", "0"]
+        router = stack.enter_context(process(serve, router_env(spec, base, args.policy)))
+        rr = stack.enter_context(process(serve, router_env(spec, base, "round_robin")))
+        for url in (router, rr):
+            wait_ready(url)
+        policy = httpx.get(f"{router}/router/status").json()
+        label = f"{policy['policy']}, crossover {policy['crossover']}"
+        urls = {"router": router, "round_robin": rr, "speculative": spec, "baseline": base}
+        print(
+            f"spec-router demo: eagle3 sim {spec}, baseline sim {base}, router {router} ({label}),"
+            f" round-robin router {rr}; time scale {scale} (numbers below are in model time)\n"
+        )
+        points: list[Point] = []
+        for n in levels:
+            level = asyncio.run(
+                run_level(urls, n, args.duration, args.output_tokens, args.prompt_tokens, scale)
+            )
+            points.extend(level)
+            print(format_level(level, label), flush=True)
+    plot(points, args.plot, label)
+    print(f"\nplot written to {args.plot}; finished in {time.monotonic() - began:.0f} s")
+    return 0
