@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# `make bench`: every benchmark of the project, from a fresh clone.
+#
+# Installs what the benchmarks need from the system (nginx as the reference proxy, wrk as the
+# standard non-streaming load generator) when missing, then runs each benchmark in turn. A
+# benchmark script that does not exist yet is skipped with a note, not an error.
+#
+# Python: the active virtualenv, else the project's .venv (the Makefile creates it), else
+# python3. Extra arguments are passed to bench/overhead.py, e.g. `bash bench/run.sh --reps 3`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ -n "${VIRTUAL_ENV:-}" ]]; then
+    PY="$VIRTUAL_ENV/bin/python"
+elif [[ -x .venv/bin/python ]]; then
+    PY=.venv/bin/python
+else
+    PY=python3
+fi
+
+as_root() {
+    if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi
+}
+
+have_nginx() { command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]]; }
+
+if ! have_nginx || ! command -v wrk >/dev/null || ! command -v taskset >/dev/null; then
+    echo "bench: installing nginx and wrk with apt-get" >&2
+    as_root apt-get update -qq
+    # nginx-light is the smallest build; releases without it have plain nginx.
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk util-linux \
+        || as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk util-linux
+fi
+
+# run [--cpu N] SCRIPT ARGS...: run a benchmark script, optionally pinned to one CPU.
+run() {
+    local pin=()
+    if [[ $1 == --cpu ]]; then
+        pin=(taskset -c "$2")
+        shift 2
+    fi
+    local script=$1
+    shift
+    if [[ ! -f $script ]]; then
+        echo "bench: skipping $script (not written yet)" >&2
+        return 0
+    fi
+    echo "bench: ${pin[*]} $PY $script $*" >&2
+    "${pin[@]}" "$PY" "$script" "$@"
+}
+
+# 1. Router overhead against direct, nginx and typical Python stacks (issue 3):
+#    bench/results/overhead.md and overhead.json. About 15 minutes.
+run bench/overhead.py "$@"
+
+# 2. Simulated engines against their presets: bench/results/sim-fidelity.md.
+#    It pins the sim to CPU 0 itself and runs its load generator where it is started: CPU 1.
+run --cpu 1 bench/sim_fidelity.py --out bench/results/sim-fidelity.md
+
+# Later benchmarks go here, one `run bench/<name>.py` line each.
