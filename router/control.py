@@ -49,6 +49,14 @@ def require_admin(app: RouterApp, request: Request) -> Response | None:
     return None
 
 
+def _connections(app: RouterApp, url: str) -> dict[str, int]:
+    client = app.clients.get(url)
+    if client is None:
+        return {"open": 0, "idle": 0, "busy": 0}
+    opened, idle = client.open_connections, client.idle_connections
+    return {"open": opened, "idle": idle, "busy": opened - idle}
+
+
 def status_document(app: RouterApp) -> dict[str, Any]:
     router = app.router
     now = router.clock()
@@ -79,6 +87,7 @@ def status_document(app: RouterApp) -> dict[str, Any]:
                     "last_error": h.last_error,
                     "ejected_for_s": round(max(0.0, h.ejected_until - now), 3),
                     "ejections": h.ejections,
+                    "connections": _connections(app, url),
                     "engine": None
                     if seen is None
                     else {

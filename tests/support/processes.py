@@ -107,3 +107,16 @@ def running(args: Sequence[str], env: dict[str, str] | None = None) -> Iterator[
 
 def sim_args(preset: str, *extra: str) -> list[str]:
     return ["-m", "router.sim", "--preset", preset, "--port", "0", *extra]
+
+
+def free_port() -> int:
+    """A port nothing listens on right now (for servers that must come up later)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def sim_on(preset: str, port: int, *extra: str) -> list[str]:
+    return ["-m", "router.sim", "--preset", preset, "--port", str(port), *extra]
