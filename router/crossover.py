@@ -1,0 +1,324 @@
+"""The crossover table: measured curves of both pools and the crossover derived from them. Pure.
+
+A table is a versioned JSON document (``TABLE_VERSION``) written by ``spec-router calibrate``
+and kept current by the router's online learner. It holds, per pool, the measured points
+(per-request decode tok/s p50, TTFT p50/p99, end-to-end p50, total tok/s, errors, samples at
+each concurrency), the workload they were measured with, the objective, when, and the
+crossover: the lowest concurrency from which the baseline pool is at least as good.
+
+Besides the points, each pool carries a *fit*: seconds per output token as a straight line in
+concurrency, ``spt(n) = alpha + beta * n``. That is the shape of a batching engine (an iteration
+costs ``a + b * n`` and yields ``tau`` tokens per request, so ``spt = (a + b n) / tau``; prefill
+stalls add another term linear in ``n``), so the fit interpolates and extrapolates the curves
+sensibly from few or noisy points. For the speculative pool the fit is stored per *iteration*
+(``spt * tau``) together with the acceptance length it was measured at, so a change in the
+engine's reported acceptance length rescales the curve at once (``spt_now = line(n) / tau_now``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+TABLE_VERSION = 1
+Objective = Literal["tpot", "e2e"]
+SOURCES = ("default", "configured", "calibrated", "learned")
+
+
+class TableError(ValueError):
+    """A table that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One pool measured at one concurrency."""
+
+    concurrency: int
+    decode_tps_p50: float  # per-request decode tok/s, median
+    ttft_p50: float  # seconds
+    ttft_p99: float
+    e2e_p50: float  # seconds, arrival to last token
+    total_tps: float  # the whole pool's output tok/s
+    samples: int  # requests measured
+    errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """``y = alpha + beta * n``: seconds per token (or per iteration) against concurrency."""
+
+    alpha: float
+    beta: float
+
+    def at(self, n: float) -> float:
+        return self.alpha + self.beta * n
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A pool's fitted curve; ``line`` is seconds per iteration, ``tau`` tokens per iteration."""
+
+    line: Line
+    tau: float = 1.0  # acceptance length the line was measured at (1 for a baseline engine)
+
+    def spt(self, n: float, tau: float | None = None) -> float:
+        """Seconds per output token of one request at concurrency ``n``."""
+        return max(self.line.at(max(1.0, n)), 1e-9) / (tau or self.tau)
+
+    def per_request_tps(self, n: float, tau: float | None = None) -> float:
+        return 1.0 / self.spt(n, tau)
+
+    def total_tps(self, n: float, tau: float | None = None) -> float:
+        return n / self.spt(n, tau) if n > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    dataset: str | None = None
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolCurve:
+    points: tuple[Point, ...] = ()
+    fit: Fit | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    crossover: int
+    source: str
+    objective: Objective = "tpot"
+    measured_at: str = ""
+    workload: Workload = field(default_factory=Workload)
+    speculative: PoolCurve = field(default_factory=PoolCurve)
+    baseline: PoolCurve = field(default_factory=PoolCurve)
+    version: int = TABLE_VERSION
+    notes: str = ""
+
+    def pool(self, name: str) -> PoolCurve:
+        return self.speculative if name == "speculative" else self.baseline
+
+
+# -- deriving ------------------------------------------------------------------------------------
+
+
+def _interpolate(points: Sequence[Point], n: float, attr: str) -> float:
+    xs = [p.concurrency for p in points]
+    ys = [float(getattr(p, attr)) for p in points]
+    if n <= xs[0]:
+        return ys[0]
+    for (x0, y0), (x1, y1) in zip(
+        zip(xs, ys, strict=True), zip(xs[1:], ys[1:], strict=True), strict=False
+    ):
+        if n <= x1:
+            return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def _score(points: Sequence[Point], n: float, objective: Objective) -> float:
+    """Higher is better: decode tok/s for ``tpot``, minus latency for ``e2e``."""
+    if objective == "tpot":
+        return _interpolate(points, n, "decode_tps_p50")
+    return -_interpolate(points, n, "e2e_p50")
+
+
+def crossover_from_points(
+    spec: Sequence[Point], base: Sequence[Point], objective: Objective = "tpot"
+) -> int:
+    """Lowest whole concurrency from which the baseline is at least as good.
+
+    Curves are compared at every integer between the measured levels (linear interpolation).
+    If the baseline never catches up in the measured range, the answer is one past it.
+    """
+    if not spec or not base:
+        raise TableError("both pools need measured points")
+    top = min(spec[-1].concurrency, base[-1].concurrency)
+    bottom = max(spec[0].concurrency, base[0].concurrency, 1)
+    for n in range(1, top + 1):
+        m = max(n, bottom)
+        if _score(base, m, objective) >= _score(spec, m, objective):
+            return n
+    return top + 1
+
+
+def crossover_from_fits(
+    spec: Fit, base: Fit, spec_tau: float | None = None, limit: int = 1024
+) -> int:
+    """Lowest whole concurrency at which the baseline's fitted decode speed is at least as good."""
+    for n in range(1, limit + 1):
+        if base.spt(n) <= spec.spt(n, spec_tau):
+            return n
+    return limit
+
+
+def fit_line(
+    xs: Sequence[float], ys: Sequence[float], weights: Sequence[float] | None = None
+) -> Line:
+    """Weighted least squares; a flat line through the mean when ``xs`` has no spread."""
+    w = list(weights) if weights is not None else [1.0] * len(xs)
+    sw = sum(w)
+    if not xs or sw <= 0:
+        raise TableError("no points to fit")
+    mx = sum(wi * x for wi, x in zip(w, xs, strict=True)) / sw
+    my = sum(wi * y for wi, y in zip(w, ys, strict=True)) / sw
+    sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(w, xs, strict=True))
+    if sxx <= 1e-12:
+        return Line(my, 0.0)
+    sxy = sum(wi * (x - mx) * (y - my) for wi, x, y in zip(w, xs, ys, strict=True))
+    beta = sxy / sxx
+    return Line(my - beta * mx, beta)
+
+
+def fit_points(points: Sequence[Point], tau: float = 1.0) -> Fit:
+    """Fit seconds per iteration against concurrency from measured decode speeds."""
+    usable = [p for p in points if p.decode_tps_p50 > 0]
+    if not usable:
+        raise TableError("no point with a decode speed to fit")
+    xs = [float(p.concurrency) for p in usable]
+    ys = [tau / p.decode_tps_p50 for p in usable]
+    return Fit(fit_line(xs, ys, [float(max(1, p.samples)) for p in usable]), tau)
+
+
+# -- JSON ----------------------------------------------------------------------------------------
+
+
+def to_json(table: Table) -> dict[str, Any]:
+    return asdict(table)
+
+
+def _point(raw: Any) -> Point:
+    if not isinstance(raw, Mapping):
+        raise TableError("a point must be an object")
+    try:
+        point = Point(
+            concurrency=int(raw["concurrency"]),
+            decode_tps_p50=float(raw["decode_tps_p50"]),
+            ttft_p50=float(raw["ttft_p50"]),
+            ttft_p99=float(raw["ttft_p99"]),
+            e2e_p50=float(raw["e2e_p50"]),
+            total_tps=float(raw["total_tps"]),
+            samples=int(raw["samples"]),
+            errors=int(raw.get("errors", 0)),
+        )
+    except KeyError as exc:
+        raise TableError(f"a point lacks {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise TableError(f"a point has a bad value: {exc}") from None
+    values = (point.decode_tps_p50, point.ttft_p50, point.ttft_p99, point.e2e_p50, point.total_tps)
+    if (
+        point.concurrency < 1
+        or point.samples < 0
+        or not all(math.isfinite(v) and v >= 0 for v in values)
+    ):
+        raise TableError(f"point at concurrency {point.concurrency} has out-of-range values")
+    return point
+
+
+def _fit(raw: Any) -> Fit | None:
+    if raw is None:
+        return None
+    try:
+        line = raw["line"]
+        fit = Fit(Line(float(line["alpha"]), float(line["beta"])), float(raw.get("tau", 1.0)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TableError(f"bad fit: {exc}") from None
+    if not (math.isfinite(fit.line.alpha) and math.isfinite(fit.line.beta) and fit.tau >= 1.0):
+        raise TableError("fit values out of range")
+    return fit
+
+
+def _pool(raw: Any, name: str) -> PoolCurve:
+    if raw is None:
+        return PoolCurve()
+    if not isinstance(raw, Mapping):
+        raise TableError(f"{name} must be an object")
+    points = tuple(sorted((_point(p) for p in raw.get("points", ())), key=lambda p: p.concurrency))
+    if len({p.concurrency for p in points}) != len(points):
+        raise TableError(f"{name}: a concurrency is listed twice")
+    return PoolCurve(points, _fit(raw.get("fit")))
+
+
+def from_json(raw: Any) -> Table:
+    """Validate a parsed table document; raise ``TableError`` saying what is wrong."""
+    if not isinstance(raw, Mapping):
+        raise TableError("a table must be a JSON object")
+    version = raw.get("version")
+    if version != TABLE_VERSION:
+        raise TableError(f"unsupported table version {version!r} (expected {TABLE_VERSION})")
+    crossover = raw.get("crossover")
+    if type(crossover) is not int or crossover < 0:
+        raise TableError("crossover must be a non-negative integer")
+    source = raw.get("source", "calibrated")
+    if source not in SOURCES:
+        raise TableError(f"source must be one of {', '.join(SOURCES)}")
+    objective = raw.get("objective", "tpot")
+    if objective not in ("tpot", "e2e"):
+        raise TableError("objective must be 'tpot' or 'e2e'")
+    w = raw.get("workload") or {}
+    if not isinstance(w, Mapping):
+        raise TableError("workload must be an object")
+    try:
+        workload = Workload(
+            prompt_tokens=None if w.get("prompt_tokens") is None else int(w["prompt_tokens"]),
+            output_tokens=None if w.get("output_tokens") is None else int(w["output_tokens"]),
+            dataset=w.get("dataset"),
+            temperature=float(w.get("temperature", 0.0)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise TableError(f"bad workload: {exc}") from None
+    return Table(
+        crossover=crossover,
+        source=source,
+        objective=objective,
+        measured_at=str(raw.get("measured_at", "")),
+        workload=workload,
+        speculative=_pool(raw.get("speculative"), "speculative"),
+        baseline=_pool(raw.get("baseline"), "baseline"),
+        notes=str(raw.get("notes", "")),
+    )
+
+
+def load(path: Path) -> Table:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TableError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise TableError(f"{path} is not valid JSON: {exc}") from None
+    try:
+        return from_json(raw)
+    except TableError as exc:
+        raise TableError(f"{path}: {exc}") from None
+
+
+def save(table: Table, path: Path) -> None:
+    """Write atomically: a reader (or a crash) never sees half a table."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(to_json(table), indent=2, sort_keys=False) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def with_crossover(table: Table, crossover: int, source: str) -> Table:
+    return replace(table, crossover=crossover, source=source)
