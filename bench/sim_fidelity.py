@@ -38,8 +38,22 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_sim(preset: str, scale: float, seed: int, cpu: int) -> tuple[subprocess.Popen[str], str]:
-    cmd = ["taskset", "-c", str(cpu), sys.executable, "-m", "router.sim", "--preset", preset,
-           "--port", "0", "--time-scale", str(scale), "--seed", str(seed)]  # fmt: skip
+    cmd = [
+        "taskset",
+        "-c",
+        str(cpu),
+        sys.executable,
+        "-m",
+        "router.sim",
+        "--preset",
+        preset,
+        "--port",
+        "0",
+        "--time-scale",
+        str(scale),
+        "--seed",
+        str(seed),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -126,9 +126,13 @@ class Engine:
     # --- requests -----------------------------------------------------------------------------
 
     def submit(
-        self, prompt_tokens: int, max_tokens: int, *, temperature: float = 0.0,
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        temperature: float = 0.0,
         seed: int | None = None,
-    ) -> SimRequest:  # fmt: skip
+    ) -> SimRequest:
         """Queue a request; it joins the batch at the next iteration boundary."""
         n = next(self._ids)
         # One generator per request: its acceptance draws do not depend on what else runs.
@@ -179,6 +183,10 @@ class Engine:
             duration += sum(prefill_time(self.preset, r.prompt_tokens) for r in joiners)
             deadline += duration * self.time_scale
             now = self._clock()
+            if deadline - now <= EARLY_OK:
+                # Behind schedule: still let the handlers send the last iteration's tokens, so
+                # that each iteration stays its own chunk.
+                await asyncio.sleep(0)
             while deadline - now > EARLY_OK:
                 await asyncio.sleep(deadline - now)
                 now = self._clock()

@@ -139,8 +139,9 @@ class SglangCollector(Collector):
             "sglang:num_queue_reqs", "The number of requests in the waiting queue.", g.queued
         )
         yield gauge("sglang:num_used_tokens", "The number of used tokens.", g.context_tokens)
-        yield gauge("sglang:gen_throughput", "The generation throughput (token/s).",
-                    s.gen_throughput)  # fmt: skip
+        yield gauge(
+            "sglang:gen_throughput", "The generation throughput (token/s).", s.gen_throughput
+        )
         yield gauge(
             "sglang:spec_accept_length",
             "The average acceptance length of speculative decoding.",
@@ -159,16 +160,16 @@ class SglangCollector(Collector):
             family.add_metric(tok_values, h.cumulative(), h.sum)
             return family
 
-        yield counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
-                      s.prompt_tokens)  # fmt: skip
+        yield counter(
+            "sglang:prompt_tokens_total", "Number of prefill tokens processed.", s.prompt_tokens
+        )
         yield counter(
             "sglang:generation_tokens_total",
             "Number of generation tokens processed.",
             s.generation_tokens,
         )
         yield counter("sglang:num_requests_total", "Number of requests processed.", s.requests)
-        yield counter("sglang:num_aborted_requests_total", "Number of requests aborted.",
-                      s.aborted)  # fmt: skip
+        yield counter("sglang:num_aborted_requests_total", "Number of requests aborted.", s.aborted)
         yield histogram(
             "sglang:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",

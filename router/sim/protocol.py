@@ -170,9 +170,11 @@ def parse_job(kind: Kind, raw: bytes, limits: Limits) -> Job:
     if options is not None and not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", "stream_options")
     stop = body.get("stop")
-    if not (stop is None or isinstance(stop, str) or (
-        isinstance(stop, list) and all(isinstance(s, str) for s in stop)
-    )):  # fmt: skip
+    if not (
+        stop is None
+        or isinstance(stop, str)
+        or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
         raise BadRequest("stop must be a string or a list of strings", "stop")
     model = body.get("model", limits.served_model)
     if not isinstance(model, str):
@@ -262,8 +264,12 @@ def full_response(job: Job, rid: str, created: int, completion_tokens: int) -> b
     text = filler(0, completion_tokens)
     common = {"logprobs": None, "finish_reason": "length", "matched_stop": None}
     if job.kind == "chat":
-        message = {"role": "assistant", "content": text, "reasoning_content": None,
-                   "tool_calls": None}  # fmt: skip
+        message = {
+            "role": "assistant",
+            "content": text,
+            "reasoning_content": None,
+            "tool_calls": None,
+        }
         choice: dict[str, Any] = {"index": 0, "message": message, **common}
         obj = "chat.completion"
     else:

@@ -99,9 +99,11 @@ def reset_connection(send: Send) -> None:
     request cycle that holds it. With ``SO_LINGER`` 0, ``abort()`` sends RST, not FIN. Failing
     that, raising makes uvicorn close the connection (a FIN, still an incomplete body).
     """
-    transport = getattr(getattr(send, "__self__", None), "transport", None)
-    if not isinstance(transport, asyncio.Transport):
-        raise SimulatedReset
+    transport: Any = getattr(getattr(send, "__self__", None), "transport", None)
+    if transport is None or not (
+        hasattr(transport, "abort") and hasattr(transport, "get_extra_info")
+    ):
+        raise SimulatedReset  # uvloop's transports are not asyncio.Transport subclasses
     sock = transport.get_extra_info("socket")
     if sock is not None:
         with contextlib.suppress(OSError):

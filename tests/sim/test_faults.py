@@ -1,0 +1,190 @@
+"""Every fault knob, per request (header) and server-wide (POST /sim/config)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from router.sim.protocol import filler
+from tests.sim.conftest import chat_body, metrics
+from tests.support.processes import Proc
+
+CHAT = "/v1/chat/completions"
+
+
+def raw_request(
+    url: str, body: dict[str, object], fault: str, timeout: float = 5.0
+) -> tuple[bytes, BaseException | None]:
+    """POST over a bare socket; returns what arrived and how the connection ended."""
+    host, port = url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(payload)}\r\nx-sim-fault: {fault}\r\n\r\n"
+    ).encode()
+    data = b""
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(head + payload)
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except OSError as exc:
+            return data, exc
+    return data, None
+
+
+def wait_for(predicate: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.01)
+
+
+def running(url: str) -> float:
+    return metrics(url)["sglang:num_running_reqs"]
+
+
+@pytest.fixture
+def config(eagle3: Proc) -> Iterator[str]:
+    """The eagle3 sim's /sim/config URL; every setting is put back afterwards."""
+    url = eagle3.url + "/sim/config"
+    yield url
+    httpx.post(url, json={"fault": None, "tau": None, "tau_sampling": None, "health_status": 200})
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_status(eagle3: Proc, status: int) -> None:
+    resp = httpx.post(
+        eagle3.url + CHAT, json=chat_body(), headers={"x-sim-fault": f"status={status}"}
+    )
+    assert resp.status_code == status
+    error = resp.json()["error"]
+    assert error["code"] == status and "status" in error["message"]
+    assert ("retry-after" in resp.headers) == (status in (429, 503))
+
+
+def test_hang_before_headers(eagle3: Proc) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        hang = {"x-sim-fault": "hang_before_headers"}
+        timeout = httpx.Timeout(5.0, read=0.3)
+        httpx.post(eagle3.url + CHAT, json=chat_body(), headers=hang, timeout=timeout)
+    assert running(eagle3.url) == 0
+    start = time.monotonic()
+    resp = httpx.post(
+        eagle3.url + CHAT, json=chat_body(3), headers={"x-sim-fault": "hang_before_headers=0.3"}
+    )
+    assert resp.status_code == 200 and time.monotonic() - start >= 0.3
+    assert resp.json()["usage"]["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize("sim_name", ["eagle3", "baseline"])
+def test_hang_after_tokens(request: pytest.FixtureRequest, sim_name: str) -> None:
+    sim: Proc = request.getfixturevalue(sim_name)
+    body = chat_body(200, stream=True)
+    text = ""
+    timeout = httpx.Timeout(5.0, read=0.5)
+    with httpx.stream(
+        "POST", sim.url + CHAT, json=body, headers={"x-sim-fault": "hang_after=10"}, timeout=timeout
+    ) as resp:
+        assert resp.status_code == 200
+        with pytest.raises(httpx.ReadTimeout):
+            for piece in resp.iter_text():
+                text += piece
+        # Still open and silent, and no longer in the batch.
+        assert running(sim.url) == 0
+    contents = [
+        json.loads(e[6:])["choices"][0]["delta"]["content"] for e in text.split("\n\n") if e
+    ]
+    assert "".join(contents[1:]) == filler(0, 10)
+
+
+def test_reset_after_tokens_sends_rst(eagle3: Proc) -> None:
+    data, exc = raw_request(eagle3.url, chat_body(200, stream=True), "reset_after=10")
+    assert data.startswith(b"HTTP/1.1 200")
+    assert isinstance(exc, ConnectionResetError)
+    assert data.count(b"chat.completion.chunk") >= 2 and b"[DONE]" not in data
+    assert running(eagle3.url) == 0
+    # An HTTP client sees a broken body.
+    with pytest.raises(httpx.TransportError):
+        with httpx.stream(
+            "POST",
+            eagle3.url + CHAT,
+            json=chat_body(100, stream=True),
+            headers={"x-sim-fault": "reset_after=5"},
+        ) as resp:
+            resp.read()
+
+
+def test_reset_non_streamed_and_close(eagle3: Proc) -> None:
+    data, exc = raw_request(eagle3.url, chat_body(50), "reset_after=10")
+    assert data == b"" and isinstance(exc, ConnectionResetError)
+    data, exc = raw_request(eagle3.url, chat_body(50), "close")
+    assert data == b"" and isinstance(exc, ConnectionResetError)
+
+
+def test_probability(eagle3: Proc) -> None:
+    never = httpx.post(
+        eagle3.url + CHAT, json=chat_body(2), headers={"x-sim-fault": "status=500,p=0"}
+    )
+    assert never.status_code == 200
+    codes = {
+        httpx.post(
+            eagle3.url + CHAT, json=chat_body(1), headers={"x-sim-fault": "status=500,p=0.5"}
+        ).status_code
+        for _ in range(40)
+    }
+    assert codes == {200, 500}
+
+
+def test_bad_fault_header(eagle3: Proc) -> None:
+    resp = httpx.post(eagle3.url + CHAT, json=chat_body(), headers={"x-sim-fault": "explode"})
+    assert resp.status_code == 400 and "x-sim-fault" in resp.json()["error"]["message"]
+
+
+def test_server_wide_fault_and_header_override(eagle3: Proc, config: str) -> None:
+    assert httpx.get(config).json()["fault"] is None
+    resp = httpx.post(config, json={"fault": "status=503"})
+    assert resp.status_code == 200 and resp.json()["fault"] == "status=503"
+    assert httpx.post(eagle3.url + CHAT, json=chat_body()).status_code == 503  # refuses work
+    ok = httpx.post(eagle3.url + CHAT, json=chat_body(), headers={"x-sim-fault": "none"})
+    assert ok.status_code == 200
+    assert httpx.post(config, json={"fault": "nonsense"}).status_code == 400
+    assert httpx.post(config, json={"bogus": 1}).status_code == 400
+    assert httpx.post(config, json={"fault": None}).json()["fault"] is None
+    assert httpx.post(eagle3.url + CHAT, json=chat_body()).status_code == 200
+
+
+def test_health_knob(eagle3: Proc, config: str) -> None:
+    httpx.post(config, json={"health_status": 503})
+    assert httpx.get(eagle3.url + "/health").status_code == 503
+    httpx.post(config, json={"health_status": 200})
+    assert httpx.get(eagle3.url + "/health").status_code == 200
+
+
+def test_tau_knob(eagle3: Proc, config: str) -> None:
+    def accept_length(tau: float | None) -> float:
+        httpx.post(config, json={"tau": tau})
+        before = httpx.get(config).json()["engine"]
+        httpx.post(eagle3.url + CHAT, json=chat_body(800))
+        after = httpx.get(config).json()["engine"]
+        tokens = after["spec_tokens"] - before["spec_tokens"]
+        return float(tokens / (after["spec_steps"] - before["spec_steps"]))
+
+    assert accept_length(3.6) == pytest.approx(3.6, abs=0.15)
+    assert accept_length(1.5) == pytest.approx(1.5, abs=0.15)
+    assert httpx.post(config, json={"tau": 9}).status_code == 400
+    assert httpx.post(config, json={"tau": None}).json()["tau"] == 2.8
+    # temperature > 0 uses tau_sampling
+    httpx.post(config, json={"tau_sampling": 1.0})
+    before = httpx.get(config).json()["engine"]
+    httpx.post(eagle3.url + CHAT, json=chat_body(100, temperature=0.7))
+    after = httpx.get(config).json()["engine"]
+    assert (
+        after["spec_tokens"] - before["spec_tokens"] == after["spec_steps"] - before["spec_steps"]
+    )

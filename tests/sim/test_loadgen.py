@@ -1,0 +1,113 @@
+"""The load generator: pure statistics, and what it records against a sim."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from router.loadgen import (
+    RequestResult,
+    decode_tps,
+    percentile,
+    run_closed_loop,
+    summarize,
+    window_stats,
+)
+from tests.support.processes import Proc
+
+
+def result(times: list[float], tokens: list[int], **kw: object) -> RequestResult:
+    r = RequestResult(worker=0, seq=0, start=kw.pop("start", 0.0), max_tokens=sum(tokens))  # type: ignore[arg-type]
+    r.status, r.chunk_times, r.chunk_tokens = 200, times, tokens
+    r.output_tokens = sum(tokens)
+    for key, value in kw.items():
+        setattr(r, key, value)
+    return r
+
+
+def test_percentile() -> None:
+    assert percentile([3, 1, 2], 50) == 2
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([1, 2, 3, 4], 100) == 4 and percentile([1, 2, 3, 4], 0) == 1
+    assert percentile([5], 99) == 5
+    assert math.isnan(percentile([], 50))
+
+
+def test_decode_tps_leaves_out_the_first_token() -> None:
+    r = result([1.0, 1.5, 2.0, 3.0], [1, 3, 3, 3], start=0.2)
+    assert r.ttft == pytest.approx(0.8)
+    assert decode_tps(r) == pytest.approx(9 / 2.0)
+    assert decode_tps(result([1.0], [1])) is None
+    assert decode_tps(result([1.0, 2.0], [1, 1], error="cancelled")) is None
+
+
+def test_window_stats() -> None:
+    a = result([0.5, 1.0, 2.0, 3.0, 4.0], [1, 2, 2, 2, 2])
+    b = result([2.5, 3.5, 4.5], [1, 4, 4])
+    w = window_stats([a, b], 1.0, 4.0)
+    # In [1, 4): a's chunks at 1, 2, 3 (6 tokens), b's at 2.5, 3.5 (5 tokens).
+    assert w.tokens == 11 and w.total_tps == pytest.approx(11 / 3)
+    # Decode: a gains 4 tokens over 2 s, b 4 over 1 s (its first token is no decode token).
+    assert w.per_request_tps == pytest.approx(8 / 3)
+    assert w.mean_request_tps == pytest.approx((2 + 4) / 2)
+    assert w.requests == 2
+
+
+def test_summary_counts_pools_and_errors() -> None:
+    rs = [
+        result([1.0, 2.0], [1, 1], headers={"x-spec-router-pool": "eagle3"}),
+        result([1.0, 3.0], [1, 1], headers={"x-spec-router-pool": "baseline"}),
+        result([], [], status=503, error="HTTP 503: busy"),
+    ]
+    s = summarize(rs)
+    assert (s.requests, s.ok, s.output_tokens) == (3, 2, 4)
+    assert s.pools == {"eagle3": 1, "baseline": 1} and s.errors == {"HTTP 503": 1}
+    assert s.decode_tps_p50 == pytest.approx(0.75)
+
+
+def test_against_a_sim(baseline: Proc) -> None:
+    results = asyncio.run(
+        run_closed_loop(
+            baseline.url + "/v1",
+            concurrency=3,
+            prompt_tokens=7,
+            output_tokens=9,
+            requests=9,
+            desync=False,
+        )
+    )
+    assert len(results) == 9 and all(r.ok for r in results)
+    assert all(r.output_tokens == 9 and r.prompt_tokens == 7 for r in results)
+    assert all(
+        sum(r.chunk_tokens) == 9 and r.headers["x-sim-preset"] == "baseline" for r in results
+    )
+    assert all(r.ttft is not None and r.ttft > 0 for r in results)
+    failed = asyncio.run(
+        run_closed_loop(
+            baseline.url + "/v1",
+            concurrency=2,
+            prompt_tokens=1,
+            output_tokens=4,
+            requests=2,
+            headers={"x-sim-fault": "status=429"},
+            endpoint="completions",
+        )
+    )
+    assert [(r.status, r.ok) for r in failed] == [(429, False)] * 2
+    assert all(r.error and r.error.startswith("HTTP 429") for r in failed)
+
+
+def test_duration_cancels_in_flight(baseline: Proc) -> None:
+    results = asyncio.run(
+        run_closed_loop(
+            baseline.url + "/v1",
+            concurrency=2,
+            prompt_tokens=1,
+            output_tokens=100_000,
+            duration=0.3,
+        )
+    )
+    assert len(results) == 2 and all(r.error == "cancelled" for r in results)
+    assert all(len(r.chunk_times) > 5 for r in results)  # partial streams are kept
