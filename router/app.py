@@ -9,6 +9,7 @@ in-flight counts live in this process).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from router import crossover as tables
 from router.control import build_control_app
 from router.health import HealthConfig, HealthRegistry
 from router.inflight import BASELINE, POOLS, SPECULATIVE, InflightTracker
@@ -26,6 +28,7 @@ from router.poller import HealthPoller
 from router.proxy import Outcome, Proxy
 from router.routing import Router
 from router.settings import DEFAULT_CROSSOVER, Settings, SettingsError, load_settings
+from router.tuning import CrossoverKeeper
 from router.upstream import Origin, OriginPool
 
 log = logging.getLogger("spec_router")
@@ -47,7 +50,7 @@ class RouterApp:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.pools = {SPECULATIVE: settings.speculative_urls, BASELINE: settings.baseline_urls}
         backends = [(pool, url) for pool in POOLS for url in self.pools[pool]]
-        self.tracker = InflightTracker(backends)
+        self.tracker = InflightTracker(backends, clock)
         self.health = HealthRegistry(
             [url for _, url in backends],
             HealthConfig(
@@ -60,8 +63,11 @@ class RouterApp:
             ),
             clock(),
         )
+        table = load_table(settings)
         if settings.crossover is not None:
             crossover, source = settings.crossover, "configured"
+        elif table is not None:
+            crossover, source = table.crossover, table.source
         else:
             crossover, source = DEFAULT_CROSSOVER, "default"
         self.router = Router(
@@ -74,10 +80,16 @@ class RouterApp:
             hysteresis=settings.hysteresis,
             load_signal=settings.load_signal,
             clock=clock,
+            explore_share=settings.explore_share if settings.learn else 0.0,
+            explore_band=settings.explore_band,
         )
+        self.keeper = CrossoverKeeper(settings, self.router, self.tracker, table, clock)
         self.metrics = RouterMetrics(self.registry)
         self.registry.register(StateCollector(self.router, lambda: self.router.policy))
-        self.observers: list[Callable[[Outcome], None]] = [self.metrics.observe]
+        self.observers: list[Callable[[Outcome], None]] = [
+            self.metrics.observe,
+            self.keeper.observe,
+        ]
         self.clients: dict[str, OriginPool] = {}
         self.proxy: Proxy | None = None
         self.poller: HealthPoller | None = None
@@ -103,6 +115,7 @@ class RouterApp:
             self.router, s.health_interval, s.health_timeout, s.scrape_metrics
         )
         self.poller.start()
+        keeper_task = asyncio.get_running_loop().create_task(self.keeper.run())
         log.info(
             "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
             self.router.policy,
@@ -114,6 +127,9 @@ class RouterApp:
         try:
             yield self
         finally:
+            keeper_task.cancel()
+            await asyncio.gather(keeper_task, return_exceptions=True)
+            self.keeper.persist()
             await self.poller.stop()
             for client in self.clients.values():
                 client.close()
@@ -148,18 +164,27 @@ class RouterApp:
             await send({"type": "websocket.close", "code": 1003})
 
 
+def load_table(settings: Settings) -> tables.Table | None:
+    """The table at TABLE_PATH; None when unset or not written yet; a bad one is an error."""
+    path = settings.table_path
+    if path is None or not path.exists():
+        return None
+    try:
+        return tables.load(path)
+    except tables.TableError as exc:
+        raise SettingsError(f"SPEC_ROUTER_TABLE_PATH: {exc}") from None
+
+
 def create_app(
     settings: Settings | None = None, registry: CollectorRegistry | None = None
 ) -> RouterApp:
     """Build the router from ``settings`` (default: environment and SPEC_ROUTER_CONFIG)."""
-    if settings is None:
-        try:
-            settings = load_settings()
-        except SettingsError as exc:
-            # One clear line, then stop: uvicorn would otherwise print a long traceback.
-            print(f"spec-router: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
-    return RouterApp(settings, registry)
+    try:
+        return RouterApp(settings if settings is not None else load_settings(), registry)
+    except SettingsError as exc:
+        # One clear line, then stop: uvicorn would otherwise print a long traceback.
+        print(f"spec-router: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 app = create_app()

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from router import crossover as tables
 from router.errors import BadRequest, NoBackend, RouterError, error_body
 from router.health import usable
 from router.inflight import POOLS
@@ -104,10 +105,21 @@ def status_document(app: RouterApp) -> dict[str, Any]:
             "in_flight": app.tracker.by_pool[pool],
             "backends": backends,
         }
+    keeper = app.keeper
+    learner = keeper.learner
     return {
         "policy": router.policy,
         "crossover": router.crossover,
         "crossover_source": router.crossover_source,
+        "learning": {
+            "enabled": keeper.learning,
+            "pinned": keeper.pinned,
+            "target": learner.target(),
+            "samples": {pool: learner.pools[pool].samples for pool in POOLS},
+            "acceptance_length": learner.tau,
+            "reference_acceptance_length": learner.ref_tau,
+            "explore_share": router.explore_share,
+        },
         "hysteresis": router.hysteresis,
         "load_signal": router.load_signal,
         "in_flight": app.tracker.snapshot(),
@@ -224,6 +236,25 @@ def build_control_app(app: RouterApp) -> FastAPI:
             raise BadRequest('expected {"crossover": <non-negative integer>}')
         app.router.set_crossover(value, "configured")
         return JSONResponse({"crossover": value, "crossover_source": "configured"})
+
+    @api.get("/router/table")
+    async def get_table() -> dict[str, Any]:
+        return tables.to_json(app.keeper.table())
+
+    @api.put("/router/table")
+    async def put_table(request: Request) -> Response:
+        denied = require_admin(app, request)
+        if denied is not None:
+            return denied
+        try:
+            raw = json.loads(await request.body())
+        except ValueError as exc:
+            raise BadRequest(f"table is not valid JSON: {exc}", "invalid_json") from None
+        try:
+            table = app.keeper.replace(raw)
+        except tables.TableError as exc:
+            raise BadRequest(f"table refused: {exc}", "invalid_table") from None
+        return JSONResponse({"crossover": table.crossover, "crossover_source": table.source})
 
     @api.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])
     async def not_started(rest: str) -> Response:

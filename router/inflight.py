@@ -7,7 +7,8 @@ call it; counts are never clamped, so a leak would show instead of hiding.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 SPECULATIVE = "speculative"
 BASELINE = "baseline"
@@ -15,22 +16,38 @@ POOLS = (SPECULATIVE, BASELINE)
 
 
 class InflightTracker:
-    def __init__(self, backends: Iterable[tuple[str, str]]) -> None:
+    def __init__(
+        self, backends: Iterable[tuple[str, str]], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         """``backends``: (pool, url) pairs."""
+        self.clock = clock
         self.pool_of: dict[str, str] = {}
         self.by_backend: dict[str, int] = {}
         self.started: dict[str, int] = {}  # requests ever sent to each backend (monotonic)
+        # in-flight x seconds per backend, so a request's mean concurrency is a difference
+        self._area: dict[str, float] = {}
+        self._since: dict[str, float] = {}
+        now = clock()
         for pool, url in backends:
             self.pool_of[url] = pool
             self.by_backend[url] = 0
             self.started[url] = 0
+            self._area[url] = 0.0
+            self._since[url] = now
         self.by_pool: dict[str, int] = dict.fromkeys(POOLS, 0)
         self.total = 0
+
+    def area(self, backend: str, now: float) -> float:
+        """The integral of ``by_backend[backend]`` over time, up to ``now``."""
+        return self._area[backend] + self.by_backend[backend] * (now - self._since[backend])
 
     def acquire(self, backend: str) -> Lease:
         return Lease(self, backend)
 
     def _add(self, backend: str, delta: int) -> None:
+        now = self.clock()
+        self._area[backend] += self.by_backend[backend] * (now - self._since[backend])
+        self._since[backend] = now
         self.by_backend[backend] += delta
         self.by_pool[self.pool_of[backend]] += delta
 

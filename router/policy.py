@@ -180,6 +180,13 @@ def choose(policy: str, snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     return POLICIES[policy](snap)
 
 
+def explore(snap: Snapshot, decision: Decision) -> Decision | None:
+    """The same request on the other pool, to keep the curve there measured."""
+    pool = other(decision.pool)
+    alt = pick_backend(snap.pool(pool), snap.state.rr)
+    return None if alt is None else Decision(pool, alt.url, "explore")
+
+
 def reroute(snap: Snapshot, failed: Decision, tried: Container[str]) -> Decision | None:
     """After a safe-to-retry failure: another replica of the same pool, else the other pool."""
     same = pick_backend(snap.pool(failed.pool), snap.state.rr, exclude=tried)

@@ -67,6 +67,7 @@ class Outcome:
     attempts: int = 0
     retries: int = 0
     first_byte: float | None = None
+    area_first: float | None = None  # the backend's in-flight integral at the first byte
     ended: float = 0.0
     error: str | None = None  # upstream error kind, if any
     client_gone: bool = False
@@ -141,7 +142,9 @@ class Proxy:
 
         decision = self.router.decide()
         if decision is None:
-            refusal = NoBackend("no backend can take requests right now", _retry_after(self.settings))
+            refusal = NoBackend(
+                "no backend can take requests right now", _retry_after(self.settings)
+            )
             out.status = refusal.status
             await _send_error(send, refusal)
             return
@@ -344,7 +347,8 @@ class Proxy:
             if not data:
                 break
             if out.first_byte is None:
-                out.first_byte = self.clock()
+                out.first_byte = now = self.clock()
+                out.area_first = self.tracker.area(decision.backend, now)
             if tap is not None:
                 data = tap.feed(data)
                 if not data:

@@ -24,6 +24,7 @@ from router.policy import (
     RoutingState,
     Snapshot,
     choose,
+    explore,
     reroute,
 )
 
@@ -52,6 +53,8 @@ class Router:
         hysteresis: int,
         load_signal: str = "local",
         clock: Callable[[], float] = time.monotonic,
+        explore_share: float = 0.0,
+        explore_band: int = 2,
     ) -> None:
         self.pools = pools
         self.tracker = tracker
@@ -65,6 +68,9 @@ class Router:
         self.state = RoutingState()
         self.engine: dict[str, EngineLoad] = {}
         self.gain: Callable[[str, int], float] | None = None
+        self.explore_share = explore_share
+        self.explore_band = explore_band
+        self._explore_credit = 0.0
 
     def set_crossover(self, value: int, source: str) -> None:
         self.crossover = value
@@ -108,8 +114,24 @@ class Router:
         )
 
     def decide(self) -> Decision | None:
-        decision, self.state = choose(self.policy, self.snapshot())
+        snap = self.snapshot()
+        decision, self.state = choose(self.policy, snap)
+        if decision is not None and self.explore_share > 0 and self.policy != "round_robin":
+            decision = self._maybe_explore(snap, decision)
         return decision
+
+    def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:
+        """Send a bounded share of requests near the crossover the other way (see learning)."""
+        if abs(snap.speculative.load - snap.crossover) > self.explore_band:
+            return decision
+        self._explore_credit += self.explore_share
+        if self._explore_credit < 1.0:
+            return decision
+        alt = explore(snap, decision)
+        if alt is None:
+            return decision
+        self._explore_credit -= 1.0
+        return alt
 
     def retry(self, failed: Decision, tried: Container[str]) -> Decision | None:
         return reroute(self.snapshot(), failed, tried)

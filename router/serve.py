@@ -38,4 +38,9 @@ def main(argv: list[str]) -> int:
     )
     from router.app import RouterApp
 
-    return run(RouterApp(settings), args.host, args.port, log_level=settings.log_level)
+    try:
+        app = RouterApp(settings)
+    except SettingsError as exc:
+        print(f"spec-router: {exc}", file=sys.stderr)
+        return 2
+    return run(app, args.host, args.port, log_level=settings.log_level)

@@ -116,8 +116,18 @@ class Settings(BaseSettings):
     load_signal: LoadSignal = "local"
     scrape_metrics: bool = True
 
-    # -- crossover table ----------------------------------------------------------------------
+    # -- crossover table and learning ---------------------------------------------------------
+    # JSON table from `spec-router calibrate`; the learned table is written back here.
     table_path: Path | None = None
+    learn: bool = True
+    learn_interval: float = Field(default=5.0, gt=0)  # seconds between crossover updates
+    learn_max_step: int = Field(default=1, ge=1)  # most the crossover moves per update
+    learn_min_samples: int = Field(default=20, ge=1)  # per pool, before samples move it
+    learn_decay: float = Field(default=0.99, gt=0, lt=1)  # weight a sample keeps per new one
+    persist_interval: float = Field(default=60.0, gt=0)
+    # Share of requests near the crossover sent the other way, so both curves stay measured.
+    explore_share: float = Field(default=0.02, ge=0, le=0.2)
+    explore_band: int = Field(default=2, ge=0)
 
     # -- process ------------------------------------------------------------------------------
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"

@@ -30,3 +30,18 @@ def test_counts_are_not_clamped() -> None:
     for lease in leases:
         lease.release()
     assert t.total == 0 and t.by_pool["speculative"] == 0
+
+
+def test_area_gives_mean_concurrency() -> None:
+    now = [0.0]
+    t = InflightTracker([("speculative", "s")], clock=lambda: now[0])
+    a = t.acquire("s")
+    now[0] = 1.0
+    b = t.acquire("s")
+    start = t.area("s", 1.0)
+    now[0] = 3.0
+    a.release()
+    now[0] = 5.0
+    # b saw 2 in flight for 2 s, then 1 for 2 s: mean 1.5
+    assert (t.area("s", 5.0) - start) / (5.0 - 1.0) == 1.5
+    b.release()
