@@ -15,18 +15,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from router.loadgen import run_closed_loop, window_stats
 from router.serving import LISTENING_PREFIX
-from router.sim.model import PRESETS, closed_loop, decode_bound_tps, prefill_time
+from router.sim.model import (
+    PRESETS,
+    closed_loop,
+    crossover,
+    decode_bound_tps,
+    prefill_time,
+    step_time,
+)
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -90,6 +99,8 @@ class Point:
     late_max_ms: float
     sim_cpu: float  # fraction of one core over the point
     gen_cpu: float
+    model_client: float = 0.0  # tok/s one client gets (total / C), queueing included
+    client: float = 0.0
 
     @property
     def err_per_request(self) -> float:
@@ -115,10 +126,18 @@ def windows(preset: str, n: int, prompt: int, output: int) -> tuple[float, float
 
 
 async def measure(
-    url: str, pid: int, scale: float, preset: str, n: int, prompt: int, output: int
+    url: str,
+    pid: int,
+    scale: float,
+    preset: str,
+    n: int,
+    prompt: int,
+    output: int,
+    window: float | None = None,
 ) -> Point:
     await wait_idle(url)
-    warmup, window = (x * scale for x in windows(preset, n, prompt, output))
+    warmup, default_window = windows(preset, n, prompt, output)
+    warmup, window = warmup * scale, (window or default_window) * scale
     before = get_json(url + "/sim/config")["engine"]
     t0 = time.monotonic()
     c0_sim, c0_gen = cpu_seconds(pid), time.process_time()
@@ -154,10 +173,12 @@ async def measure(
         late_max_ms=after["late_max_ms"],
         sim_cpu=sim_cpu / elapsed,
         gen_cpu=gen_cpu / elapsed,
+        model_client=model.client_tps / scale,
+        client=stats.total_tps / n,
     )
 
 
-def report(points: list[Point], args: argparse.Namespace, command: str) -> str:
+def report(points: list[Point], cross: list[Point], args: argparse.Namespace, command: str) -> str:
     e1, e48 = decode_bound_tps(PRESETS["eagle3"], 1), decode_bound_tps(PRESETS["eagle3"], 48)
     lines = [
         "# Simulator fidelity: measured over HTTP vs the analytic model",
@@ -185,7 +206,7 @@ def report(points: list[Point], args: argparse.Namespace, command: str) -> str:
             f"{p.late_mean_ms:.2f}/{p.late_max_ms:.1f} | {100 * p.sim_cpu:.0f}% | "
             f"{100 * p.gen_cpu:.0f}% |"
         )
-    worst = max(max(abs(p.err_per_request), abs(p.err_total)) for p in points)
+    worst = max((max(abs(p.err_per_request), abs(p.err_total)) for p in points), default=0.0)
     lines += [
         "",
         f"Largest deviation: {worst:.1f}%.",
@@ -194,7 +215,89 @@ def report(points: list[Point], args: argparse.Namespace, command: str) -> str:
         f"request at C=1, {e48[1]:.1f} tok/s total at its 48-request saturation; baseline "
         f"total tends to 1/b = {1 / PRESETS['baseline'].b:.0f} tok/s as C grows.",
     ]
+    if cross:
+        lines += crossover_report(cross, args)
     return "\n".join(lines) + "\n"
+
+
+def simple_per_request(preset: str, n: float, prompt: int, output: int) -> float:
+    """The first-cut formula: every iteration carries ``n / I`` prefills (own included),
+    ``I = L / tau``, no re-join gap: ``tau / (a + b n + c_kv K + (n / I) t_pre)``."""
+    p = PRESETS[preset]
+    iters = output / p.tau
+    t = step_time(p, n, n * (prompt + output / 2)) + n / iters * prefill_time(p, prompt)
+    return p.tau / t
+
+
+def crossing(ns: list[int], diff: list[float]) -> float | None:
+    """First sign change of ``diff`` (positive to negative), linearly interpolated."""
+    for (n0, d0), (n1, d1) in itertools.pairwise(zip(ns, diff, strict=True)):
+        if d0 > 0 >= d1:
+            return n0 + (n1 - n0) * d0 / (d0 - d1)
+    return None
+
+
+def model_crossing(f: Callable[[str, float], float], hi: float = 20.0) -> float | None:
+    lo, top = 1.0, hi
+    if f("eagle3", lo) <= f("baseline", lo):
+        return None
+    while f("eagle3", lo + 0.01) > f("baseline", lo + 0.01) and lo < top:
+        lo += 0.01
+    return lo
+
+
+def crossover_report(points: list[Point], args: argparse.Namespace) -> list[str]:
+    p_in, out, scale = args.crossover_prompt, args.crossover_output, args.crossover_scale
+    by = {(p.preset, p.concurrency): p for p in points}
+    ns = sorted({p.concurrency for p in points})
+    lines = [
+        "",
+        f"## Where the presets cross: prompt {p_in}, output {out}, time scale {scale:g}",
+        "",
+        "Per-request decode tok/s (`(L-1)/(t_last-t_first)`) and tok/s per client (total / C, "
+        "time to first token and queueing included), model vs measured, at model speed "
+        "(measured rates times the time scale).",
+        "",
+        "| C | eagle3 per-request model | measured | baseline per-request model | measured "
+        "| eagle3 per-client model | measured | baseline per-client model | measured |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n in ns:
+        e, b = by[("eagle3", n)], by[("baseline", n)]
+        vals = [
+            e.model_per_request,
+            e.per_request,
+            b.model_per_request,
+            b.per_request,
+            e.model_client,
+            e.client,
+            b.model_client,
+            b.client,
+        ]
+        lines.append(f"| {n} | " + " | ".join(f"{v * scale:.2f}" for v in vals) + " |")
+
+    def fmt(x: float | None) -> str:
+        return "none" if x is None else f"{x:.2f}"
+
+    measured_per = crossing(
+        ns, [by[("eagle3", n)].per_request - by[("baseline", n)].per_request for n in ns]
+    )
+    measured_client = crossing(
+        ns, [by[("eagle3", n)].client - by[("baseline", n)].client for n in ns]
+    )
+    simple = model_crossing(lambda q, n: simple_per_request(q, n, p_in, out))
+    lines += [
+        "",
+        "| crossing | per-request decode | per client |",
+        "|---|---|---|",
+        f"| measured (interpolated) | {fmt(measured_per)} | {fmt(measured_client)} |",
+        f"| `model.crossover` | {fmt(crossover(PRESETS['eagle3'], PRESETS['baseline'], p_in, out))}"
+        f" | {fmt(crossover(PRESETS['eagle3'], PRESETS['baseline'], p_in, out, metric='client'))}"
+        " |",
+        f"| first-cut formula (own prefill in the decode rate, no re-join gap) | {fmt(simple)} "
+        "| - |",
+    ]
+    return lines
 
 
 async def run(args: argparse.Namespace) -> list[Point]:
@@ -219,20 +322,55 @@ async def run(args: argparse.Namespace) -> list[Point]:
     return points
 
 
+async def run_crossover(args: argparse.Namespace) -> list[Point]:
+    points = []
+    scale = args.crossover_scale
+    for preset in ("eagle3", "baseline"):
+        proc, url = start_sim(preset, scale, args.seed, args.sim_cpu)
+        try:
+            for n in args.crossover_concurrency:
+                p = await measure(
+                    url,
+                    proc.pid,
+                    scale,
+                    preset,
+                    n,
+                    args.crossover_prompt,
+                    args.crossover_output,
+                    window=240.0,
+                )
+                print(
+                    f"crossover {preset:8s} C={n:3d}  per-request {p.per_request:8.2f} "
+                    f"({p.err_per_request:+.1f}%)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                points.append(p)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=15)
+    return points
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 0.1])
+    parser.add_argument("--scales", type=float, nargs="*", default=[1.0, 0.1])
     parser.add_argument("--presets", nargs="+", default=["eagle3", "baseline"])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--output", type=int, default=256)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--sim-cpu", type=int, default=0)
+    parser.add_argument("--crossover-scale", type=float, default=0.05)
+    parser.add_argument("--crossover-prompt", type=int, default=1024)
+    parser.add_argument("--crossover-output", type=int, default=64)
+    parser.add_argument("--crossover-concurrency", type=int, nargs="*", default=[4, 5, 6, 7, 8])
     parser.add_argument("--out", help="write the Markdown report here")
     args = parser.parse_args()
     command = "taskset -c 1 python bench/sim_fidelity.py " + " ".join(sys.argv[1:])
     points = asyncio.run(run(args))
-    text = report(points, args, command.strip())
+    cross = asyncio.run(run_crossover(args)) if args.crossover_concurrency else []
+    text = report(points, cross, args, command.strip())
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
