@@ -102,10 +102,13 @@ class CrossoverKeeper:
         )
 
     def _accept_length(self) -> float | None:
+        # (an idle engine reports 0: no speculation happened, not an acceptance of 0)
         values = [
             seen.accept_length
             for url, seen in self.router.engine.items()
-            if self.tracker.pool_of.get(url) == SPECULATIVE and seen.accept_length is not None
+            if self.tracker.pool_of.get(url) == SPECULATIVE
+            and seen.accept_length is not None
+            and seen.accept_length >= 1.0
         ]
         return sum(values) / len(values) if values else None
 

@@ -35,6 +35,18 @@ def sims() -> Iterator[dict[str, Proc]]:
         base.stop()
 
 
+@pytest.fixture
+def own_sims() -> Iterator[dict[str, Proc]]:
+    """A fresh pair, for tests that kill or reconfigure them."""
+    procs = {"speculative": spawn(sim_args("eagle3", "--time-scale", TIME_SCALE))}
+    try:
+        procs["baseline"] = spawn(sim_args("baseline", "--time-scale", TIME_SCALE))
+        yield procs
+    finally:
+        for proc in procs.values():
+            proc.stop()
+
+
 def router_env(spec_url: str, base_url: str, **settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_ROUTER_")}
     env.update(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -26,18 +25,6 @@ from tests.support.processes import Proc, free_port, sim_args, sim_on, spawn
 pytestmark = pytest.mark.anyio
 
 CHAT = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture
-def own_sims() -> Iterator[dict[str, Proc]]:
-    """A fresh pair, for tests that kill or reconfigure them."""
-    procs = {
-        "speculative": spawn(sim_args("eagle3", "--time-scale", TIME_SCALE)),
-        "baseline": spawn(sim_args("baseline", "--time-scale", TIME_SCALE)),
-    }
-    yield procs
-    for proc in procs.values():
-        proc.stop()
 
 
 def configure(sim_url: str, **config: object) -> None:

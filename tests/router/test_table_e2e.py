@@ -1,0 +1,184 @@
+"""The crossover table in the running router: load, pin, replace, persist, learn."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from router import crossover as tables
+from router.app import RouterApp
+from router.loadgen import run_closed_loop
+from router.settings import Settings
+from router.sim.model import BASELINE, EAGLE3, crossover
+from tests.conftest import RouterFactory, router_env
+from tests.support.http import router_status, wait_for
+from tests.support.processes import Proc
+from tests.support.tables import model_table
+
+pytestmark = pytest.mark.anyio
+
+
+def write(path: Path, table: tables.Table) -> Path:
+    tables.save(table, path)
+    return path
+
+
+def test_table_sets_the_crossover_and_explicit_crossover_wins(
+    start_router: RouterFactory, tmp_path: Path
+) -> None:
+    path = write(tmp_path / "t.json", model_table(32, 64, crossover=5))
+    router = start_router(table_path=str(path))
+    status = router_status(router.url)
+    assert (status["crossover"], status["crossover_source"]) == (5, "calibrated")
+    pinned = start_router(table_path=str(path), crossover="3")
+    status = router_status(pinned.url)
+    assert (status["crossover"], status["crossover_source"]) == (3, "configured")
+    text = httpx.get(f"{pinned.url}/metrics").text
+    assert "spec_router_crossover 3.0" in text
+    assert 'spec_router_crossover_source_info{source="configured"} 1.0' in text
+
+
+def test_corrupt_table_is_refused_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text('{"version": 1, "crossover": "seven"}')
+    env = router_env("http://127.0.0.1:9", "http://127.0.0.1:10", table_path=str(path))
+    done = subprocess.run(
+        [sys.executable, "-m", "router", "serve", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "SPEC_ROUTER_TABLE_PATH" in lines[0] and "crossover" in lines[0]
+
+
+async def test_put_table_needs_the_admin_token_and_validates(tmp_path: Path) -> None:
+    settings = Settings(admin_token="s3cret", table_path=tmp_path / "t.json")
+    app = RouterApp(settings)
+    transport = httpx.ASGITransport(app=app)
+    good = tables.to_json(model_table(32, 64, crossover=4))
+    async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+        assert (await client.put("/router/table", json=good)).status_code == 401
+        auth = {"authorization": "Bearer s3cret"}
+        r = await client.put("/router/table", json=good, headers=auth)
+        assert r.status_code == 200 and r.json() == {
+            "crossover": 4,
+            "crossover_source": "calibrated",
+        }
+        assert app.router.crossover == 4
+        assert tables.load(tmp_path / "t.json").crossover == 4  # persisted at once
+
+        for bad in (
+            {**good, "version": 99},
+            {**good, "crossover": -1},
+            [1, 2],
+            {**good, "speculative": {"points": [{"concurrency": 1}]}},
+        ):
+            r = await client.put("/router/table", json=bad, headers=auth)
+            assert r.status_code == 400, bad
+            assert r.json()["error"]["code"] == "invalid_table" and r.json()["error"]["message"]
+        r = await client.put("/router/table", content=b"{nope", headers=auth)
+        assert r.status_code == 400
+        assert app.router.crossover == 4  # the old table stays
+        shown = (await client.get("/router/table")).json()
+        assert shown["crossover"] == 4 and shown["version"] == tables.TABLE_VERSION
+    no_admin = RouterApp(Settings())
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=no_admin), base_url="http://r"
+    ) as client:
+        assert (await client.put("/router/table", json=good)).status_code == 403
+
+
+async def test_learned_table_survives_a_restart(
+    start_router: RouterFactory, tmp_path: Path
+) -> None:
+    # a table whose crossover is far too high: learning pulls it down step by step
+    path = write(tmp_path / "t.json", model_table(32, 64, crossover=14))
+    settings = {
+        "table_path": str(path),
+        "learn_interval": "0.1",
+        "persist_interval": "0.2",
+        "learn_min_samples": "5",
+        "policy": "round_robin",
+    }
+    router = start_router(**settings)
+    await run_closed_loop(
+        f"{router.url}/v1", concurrency=8, prompt_tokens=32, output_tokens=64, duration=2.0
+    )
+    moved = wait_for(
+        lambda: (s := router_status(router.url))["crossover_source"] == "learned" and s
+    )
+    assert moved["crossover"] < 14
+    samples = moved["learning"]["samples"]
+    assert samples["speculative"] >= 5 and samples["baseline"] >= 5
+    router.stop()
+    saved = tables.load(path)
+    assert saved.source == "learned" and saved.crossover <= moved["crossover"]
+    again = start_router(**settings)
+    status = router_status(again.url)
+    assert (status["crossover"], status["crossover_source"]) == (saved.crossover, "learned")
+    shown = httpx.get(f"{again.url}/router/table").json()
+    assert sum(p["samples"] for p in shown["speculative"]["points"]) >= sum(
+        p.samples for p in saved.speculative.points
+    )
+
+
+async def test_acceptance_collapse_moves_the_crossover_and_back(
+    start_router: RouterFactory, own_sims: dict[str, Proc], tmp_path: Path
+) -> None:
+    prompt, output = 1024, 2048
+    table = model_table(prompt, output)
+    expected = {
+        tau: crossover(EAGLE3.replace(tau=tau), BASELINE, prompt, output) for tau in (2.8, 2.2)
+    }
+    assert table.crossover == math.ceil(expected[2.8])  # type: ignore[arg-type]
+    spec, base = own_sims["speculative"], own_sims["baseline"]
+    path = write(tmp_path / "t.json", table)
+    router = start_router(
+        spec.url, base.url, table_path=str(path), learn_interval="0.2", health_interval="0.1"
+    )
+    load = asyncio.create_task(
+        run_closed_loop(
+            f"{router.url}/v1",
+            concurrency=3,
+            prompt_tokens=prompt,
+            output_tokens=output,
+            duration=30.0,
+        )
+    )
+    try:
+        await asyncio.to_thread(
+            wait_for,
+            lambda: (
+                abs((router_status(router.url)["learning"]["acceptance_length"] or 0) - 2.8) < 0.2
+            ),
+        )
+        for tau in (2.2, 2.8):
+            httpx.post(f"{spec.url}/sim/config", json={"tau": tau}).raise_for_status()
+            began = time.monotonic()
+            status = await asyncio.to_thread(
+                wait_for,
+                lambda t=tau: (
+                    (s := router_status(router.url))
+                    and abs(s["crossover"] - expected[t]) <= 1
+                    and s
+                ),  # type: ignore[operator]
+                15.0,
+            )
+            print(
+                f"acceptance -> {tau}: crossover {status['crossover']} (analytic {expected[tau]:.2f}) after {time.monotonic() - began:.1f} s"
+            )
+            assert status["crossover_source"] == "learned"
+    finally:
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)

@@ -1,0 +1,115 @@
+"""The online learner against the simulated engines' analytic curves (no sockets)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from router.crossover import Point, PoolCurve, Table, fit_points
+from router.learning import LearnConfig, Learner
+from router.sim.model import BASELINE, EAGLE3, closed_loop, crossover
+
+PROMPT, OUTPUT = 1024, 2048
+
+
+def spt(preset: object, n: int, tau: float | None = None) -> float:
+    point = closed_loop(preset, n, PROMPT, OUTPUT, tau=tau)  # type: ignore[arg-type]
+    return 1.0 / point.per_request_tps
+
+
+def feed(
+    learner: Learner, pool: str, levels: range, tau: float | None = None, rounds: int = 5
+) -> None:
+    preset = EAGLE3 if pool == "speculative" else BASELINE
+    for _ in range(rounds):
+        for n in levels:
+            learner.record(pool, float(n), spt(preset, n, tau), 0.1, 10.0)
+
+
+def analytic(tau: float | None = None) -> float:
+    fast = EAGLE3 if tau is None else EAGLE3.replace(tau=tau)
+    value = crossover(fast, BASELINE, PROMPT, OUTPUT)
+    assert value is not None
+    return value
+
+
+def test_learns_the_crossover_from_served_requests() -> None:
+    learner = Learner(LearnConfig(min_samples=10), None)
+    learner.observe_accept(2.8)
+    feed(learner, "speculative", range(1, 9))
+    feed(learner, "baseline", range(4, 33))
+    target = learner.target()
+    assert target is not None and abs(target - analytic()) <= 1
+
+
+def test_acceptance_collapse_moves_the_target_before_any_slow_request() -> None:
+    learner = Learner(LearnConfig(min_samples=10), None)
+    learner.observe_accept(2.8)
+    feed(learner, "speculative", range(1, 9))
+    feed(learner, "baseline", range(4, 33))
+    before = learner.target()
+    learner.observe_accept(2.2)
+    after = learner.target()
+    assert before is not None and after is not None
+    assert abs(after - analytic(2.2)) <= 1 and after < before
+    learner.observe_accept(2.8)
+    assert learner.target() == before
+
+
+def test_moves_are_bounded_and_need_samples() -> None:
+    learner = Learner(LearnConfig(min_samples=50, max_step=1), None)
+    learner.observe_accept(2.8)
+    feed(learner, "speculative", range(1, 9), rounds=1)
+    feed(learner, "baseline", range(4, 33), rounds=1)
+    assert learner.step(20, tau_changed=False) is None  # too few speculative samples yet
+    assert learner.step(20, tau_changed=True) == 19  # acceptance news may move it, one step
+    feed(learner, "speculative", range(1, 9), rounds=10)
+    assert learner.step(20, tau_changed=False) is None  # baseline: 29 of 50 samples
+    feed(learner, "baseline", range(4, 33), rounds=1)
+    assert learner.step(20, tau_changed=False) == 19
+
+
+def test_calibrated_prior_gives_a_slope_to_a_pool_seen_at_one_concurrency() -> None:
+    def points(preset: object, levels: list[int]) -> tuple[Point, ...]:
+        return tuple(
+            Point(n, 1 / spt(preset, n), 0.1, 0.2, 10.0, n / spt(preset, n), 20) for n in levels
+        )
+
+    levels = [1, 2, 4, 8, 16, 32]
+    spec_points, base_points = points(EAGLE3, levels), points(BASELINE, levels)
+    table = Table(
+        crossover=7,
+        source="calibrated",
+        speculative=PoolCurve(spec_points, fit_points(spec_points, tau=2.8)),
+        baseline=PoolCurve(base_points, fit_points(base_points)),
+    )
+    learner = Learner(LearnConfig(), table)
+    assert learner.ref_tau == 2.8
+    target = learner.target()
+    assert target is not None and abs(target - analytic()) <= 1
+    # a quiet period: every speculative sample at concurrency 1 keeps the slope from the prior
+    for _ in range(300):
+        learner.record("speculative", 1.0, spt(EAGLE3, 1), 0.1, 10.0)
+    assert learner.target() == target
+
+
+def test_gain_prefers_the_split_that_maximises_total_speed() -> None:
+    # decode-only presets: 4 users are best split 2 + 2 (issue numbers: 56.8 tok/s mean)
+    learner = Learner(LearnConfig(), None)
+    learner.observe_accept(2.8)
+    for n in range(1, 40):
+        learner.record("speculative", float(n), (27.27e-3 + 7.341e-3 * n) / 2.8, 0.0, 1.0)
+        learner.record("baseline", float(n), 18.71e-3 + 1.294e-3 * n, 0.0, 1.0)
+    loads = {"speculative": 0, "baseline": 0}
+    for _ in range(4):
+        pool = max(loads, key=lambda p: learner.gain(p, loads[p]) or -math.inf)
+        loads[pool] += 1
+    assert loads == {"speculative": 2, "baseline": 2}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, 0.0])
+def test_bad_samples_are_ignored(bad: float) -> None:
+    learner = Learner(LearnConfig(), None)
+    learner.record("speculative", 2.0, bad, 0.0, 1.0)
+    assert learner.pools["speculative"].samples == 0
