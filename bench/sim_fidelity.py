@@ -137,7 +137,8 @@ async def measure(
 ) -> Point:
     await wait_idle(url)
     warmup, default_window = windows(preset, n, prompt, output)
-    warmup, window = warmup * scale, (window or default_window) * scale
+    # Opening n connections and sending the first requests takes real time at any scale.
+    warmup, window = warmup * scale + 0.005 * n, (window or default_window) * scale
     before = get_json(url + "/sim/config")["engine"]
     t0 = time.monotonic()
     c0_sim, c0_gen = cpu_seconds(pid), time.process_time()
@@ -178,7 +179,13 @@ async def measure(
     )
 
 
-def report(points: list[Point], cross: list[Point], args: argparse.Namespace, command: str) -> str:
+def report(
+    points: list[Point],
+    cross: list[Point],
+    saturation: list[Point],
+    args: argparse.Namespace,
+    command: str,
+) -> str:
     e1, e48 = decode_bound_tps(PRESETS["eagle3"], 1), decode_bound_tps(PRESETS["eagle3"], 48)
     lines = [
         "# Simulator fidelity: measured over HTTP vs the analytic model",
@@ -215,9 +222,40 @@ def report(points: list[Point], cross: list[Point], args: argparse.Namespace, co
         f"request at C=1, {e48[1]:.1f} tok/s total at its 48-request saturation; baseline "
         f"total tends to 1/b = {1 / PRESETS['baseline'].b:.0f} tok/s as C grows.",
     ]
+    if saturation:
+        lines += saturation_report(saturation)
     if cross:
         lines += crossover_report(cross, args)
     return "\n".join(lines) + "\n"
+
+
+def saturation_report(points: list[Point]) -> list[str]:
+    lines = [
+        "",
+        "## Saturation, decode-bound: prompt 1 token, output 4096 tokens",
+        "",
+        "Long outputs make prefill stalls negligible, so the totals approach the decode-bound "
+        "numbers the presets were fitted to.",
+        "",
+        "| scale | preset | C | total model | decode-bound | measured | err vs model "
+        "| err vs decode-bound |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        bound = decode_bound_tps(PRESETS[p.preset], p.concurrency)[1] / p.scale
+        lines.append(
+            f"| {p.scale:g} | {p.preset} | {p.concurrency} | {p.model_total:.1f} | "
+            f"{bound:.1f} | {p.total:.1f} | {p.err_total:+.1f}% | "
+            f"{100 * (p.total / bound - 1):+.1f}% |"
+        )
+    asymptote = 1 / PRESETS["baseline"].b
+    lines += [
+        "",
+        f"The baseline's 1/b = {asymptote:.0f} tok/s is an asymptote: at its max_running of "
+        f"256 the decode-bound total is {decode_bound_tps(PRESETS['baseline'], 256)[1]:.0f} "
+        f"tok/s ({100 * decode_bound_tps(PRESETS['baseline'], 256)[1] / asymptote:.1f}% of it).",
+    ]
+    return lines
 
 
 def simple_per_request(preset: str, n: float, prompt: int, output: int) -> float:
@@ -300,48 +338,26 @@ def crossover_report(points: list[Point], args: argparse.Namespace) -> list[str]
     return lines
 
 
-async def run(args: argparse.Namespace) -> list[Point]:
+async def sweep(
+    args: argparse.Namespace,
+    label: str,
+    scale: float,
+    plan: list[tuple[str, list[int]]],
+    prompt: int,
+    output: int,
+    window: float | None = None,
+) -> list[Point]:
+    """Measure each (preset, concurrencies) of ``plan`` against one sim per preset."""
     points = []
-    for scale in args.scales:
-        for preset in args.presets:
-            proc, url = start_sim(preset, scale, args.seed, args.sim_cpu)
-            try:
-                for n in args.concurrency:
-                    point = await measure(url, proc.pid, scale, preset, n, args.prompt, args.output)
-                    print(
-                        f"scale {scale:g} {preset:8s} C={n:3d}  per-request "
-                        f"{point.per_request:8.2f} ({point.err_per_request:+.1f}%)  total "
-                        f"{point.total:8.1f} ({point.err_total:+.1f}%)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    points.append(point)
-            finally:
-                proc.terminate()
-                proc.wait(timeout=15)
-    return points
-
-
-async def run_crossover(args: argparse.Namespace) -> list[Point]:
-    points = []
-    scale = args.crossover_scale
-    for preset in ("eagle3", "baseline"):
+    for preset, concurrencies in plan:
         proc, url = start_sim(preset, scale, args.seed, args.sim_cpu)
         try:
-            for n in args.crossover_concurrency:
-                p = await measure(
-                    url,
-                    proc.pid,
-                    scale,
-                    preset,
-                    n,
-                    args.crossover_prompt,
-                    args.crossover_output,
-                    window=240.0,
-                )
+            for n in concurrencies:
+                p = await measure(url, proc.pid, scale, preset, n, prompt, output, window)
                 print(
-                    f"crossover {preset:8s} C={n:3d}  per-request {p.per_request:8.2f} "
-                    f"({p.err_per_request:+.1f}%)",
+                    f"{label} scale {scale:g} {preset:8s} C={n:3d}  per-request "
+                    f"{p.per_request:8.2f} ({p.err_per_request:+.1f}%)  total "
+                    f"{p.total:8.1f} ({p.err_total:+.1f}%)",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -350,6 +366,32 @@ async def run_crossover(args: argparse.Namespace) -> list[Point]:
             proc.terminate()
             proc.wait(timeout=15)
     return points
+
+
+async def run(args: argparse.Namespace) -> tuple[list[Point], list[Point], list[Point]]:
+    main: list[Point] = []
+    for scale in args.scales:
+        plan = [(preset, args.concurrency) for preset in args.presets]
+        main += await sweep(args, "table", scale, plan, args.prompt, args.output)
+    cross: list[Point] = []
+    if args.crossover_concurrency:
+        plan = [(p, args.crossover_concurrency) for p in ("eagle3", "baseline")]
+        cross = await sweep(
+            args,
+            "crossover",
+            args.crossover_scale,
+            plan,
+            args.crossover_prompt,
+            args.crossover_output,
+            window=240.0,
+        )
+    saturation: list[Point] = []
+    if args.saturation:
+        plan = [("eagle3", [48]), ("baseline", [256])]
+        saturation = await sweep(
+            args, "saturation", args.saturation_scale, plan, 1, 4096, window=20.0
+        )
+    return main, cross, saturation
 
 
 def main() -> int:
@@ -365,12 +407,13 @@ def main() -> int:
     parser.add_argument("--crossover-prompt", type=int, default=1024)
     parser.add_argument("--crossover-output", type=int, default=64)
     parser.add_argument("--crossover-concurrency", type=int, nargs="*", default=[4, 5, 6, 7, 8])
+    parser.add_argument("--saturation", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--saturation-scale", type=float, default=1.0)
     parser.add_argument("--out", help="write the Markdown report here")
     args = parser.parse_args()
     command = "taskset -c 1 python bench/sim_fidelity.py " + " ".join(sys.argv[1:])
-    points = asyncio.run(run(args))
-    cross = asyncio.run(run_crossover(args)) if args.crossover_concurrency else []
-    text = report(points, cross, args, command.strip())
+    points, cross, saturation = asyncio.run(run(args))
+    text = report(points, cross, saturation, args, command.strip())
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
