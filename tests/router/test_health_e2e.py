@@ -20,7 +20,7 @@ from router.health import State
 from router.settings import Settings
 from tests.conftest import TIME_SCALE, RouterFactory
 from tests.support.http import metric_value, router_ready, router_status, sim_running, wait_for
-from tests.support.processes import Proc, free_port, sim_args, sim_on, spawn
+from tests.support.processes import Proc, free_port, sim_on, spawn
 
 pytestmark = pytest.mark.anyio
 
