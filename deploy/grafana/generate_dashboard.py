@@ -169,7 +169,10 @@ USABLE_MAPPINGS = [
         },
     }
 ]
-USABLE_THRESHOLDS = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
+USABLE_THRESHOLDS: list[dict[str, Any]] = [
+    {"color": "red", "value": None},
+    {"color": "green", "value": 1},
+]
 
 
 def row(title: str) -> dict[str, Any]:

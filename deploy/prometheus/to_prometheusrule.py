@@ -40,7 +40,7 @@ def document() -> dict[str, Any]:
     }
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]  # (no stubs for PyYAML here)
     pass
 
 
@@ -53,7 +53,8 @@ _Dumper.add_representer(str, _str)
 
 
 def render() -> str:
-    return HEADER + yaml.dump(document(), Dumper=_Dumper, sort_keys=False, width=100)
+    body: str = yaml.dump(document(), Dumper=_Dumper, sort_keys=False, width=100)
+    return HEADER + body
 
 
 if __name__ == "__main__":

@@ -1,0 +1,197 @@
+"""deploy/docker-compose.yml and deploy/Dockerfile: schema, structure, and the `sim` profile run.
+
+Docker cannot run here, so the `sim` profile is exercised by starting its services' own
+commands as local processes (tests/deploy/stack.py) and routing through them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+import subprocess
+import sys
+from importlib import resources
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+import yaml
+from openai import OpenAI
+
+from router.serving import uvicorn_config
+from tests.deploy.load import drive
+from tests.deploy.queries import DEPLOY, PROMETHEUS_YML, ROOT
+from tests.deploy.stack import (
+    COMPOSE,
+    host_names,
+    load_compose,
+    services_in_profile,
+    start_sim_profile,
+)
+from tests.support.http import router_ready, wait_for
+
+DOCKERFILE = DEPLOY / "Dockerfile"
+SPEC_FLAGS = {
+    "--speculative-algorithm": "EAGLE3",
+    "--speculative-num-steps": "3",
+    "--speculative-eagle-topk": "1",
+    "--speculative-num-draft-tokens": "4",
+}
+
+
+def compose_schema() -> dict[str, Any]:
+    """The Compose Specification's JSON schema, as vendored by check-jsonschema."""
+    pytest.importorskip("check_jsonschema", reason="needs check-jsonschema (dev extra)")
+    vendor = resources.files("check_jsonschema.builtin_schemas.vendor")
+    return json.loads(vendor.joinpath("compose-spec.json").read_text())  # type: ignore[no-any-return]
+
+
+def option(cmd: list[str], flag: str) -> str | None:
+    return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+
+def test_compose_file_validates_against_the_compose_spec() -> None:
+    schema = compose_schema()
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    data = yaml.safe_load(COMPOSE.read_text())
+    errors = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(data)]
+    assert not errors, "\n".join(errors)
+    # The schema has teeth: a misspelt key is rejected.
+    broken = copy.deepcopy(data)
+    broken["services"]["spec-router"]["enviroment"] = {}
+    assert list(validator.iter_errors(broken))
+
+
+def test_gpu_profile_runs_one_model_with_and_without_eagle3() -> None:
+    gpu = services_in_profile(load_compose(), "gpu")
+    spec, base = gpu["sglang-eagle3"]["command"], gpu["sglang-baseline"]["command"]
+    for cmd in (spec, base):
+        assert cmd[:3] == ["python3", "-m", "sglang.launch_server"]
+        assert option(cmd, "--host") == "0.0.0.0"
+        assert "--enable-metrics" in cmd  # the router's engine signals and the engine panels
+    for flag in ("--model-path", "--served-model-name", "--tp", "--port"):
+        assert option(spec, flag) == option(base, flag), flag
+    for flag, value in SPEC_FLAGS.items():
+        assert option(spec, flag) == value, flag
+    assert option(spec, "--speculative-draft-model-path")
+    assert not [a for a in base if a.startswith("--speculative")]
+    for name in ("sglang-eagle3", "sglang-baseline"):
+        (device,) = gpu[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
+    assert "sim-eagle3" not in gpu and "spec-router" in gpu
+
+
+def test_both_profiles_answer_under_the_names_the_router_and_prometheus_use() -> None:
+    compose = load_compose()
+    router_env = compose["services"]["spec-router"]["environment"]
+    wanted = {
+        m.group(1) + ":" + m.group(2)
+        for key in ("SPEC_ROUTER_SPECULATIVE_URLS", "SPEC_ROUTER_BASELINE_URLS")
+        for m in re.finditer(r"http://([^:/,]+):(\d+)", router_env[key])
+    }
+    prom = yaml.safe_load(PROMETHEUS_YML.read_text())
+    targets = {
+        t for job in prom["scrape_configs"] for s in job["static_configs"] for t in s["targets"]
+    }
+    for profile in ("gpu", "sim"):
+        provided = set()
+        for name, svc in services_in_profile(compose, profile).items():
+            port = option(svc.get("command") or [], "--port") or {
+                "spec-router": "8000",
+                "prometheus": "9090",
+                "grafana": "3000",
+            }.get(name)
+            provided |= {f"{host}:{port}" for host in host_names(name, svc)}
+        assert wanted <= provided, (profile, wanted - provided)
+        assert targets <= provided, (profile, targets - provided)
+
+
+def test_router_service_settings() -> None:
+    router = load_compose()["services"]["spec-router"]
+    assert router["command"] == ["spec-router", "serve", "--host", "0.0.0.0", "--port", "8000"]
+    assert all(k.startswith("SPEC_ROUTER_") for k in router["environment"])
+    grace = float(router["stop_grace_period"].removesuffix("s"))
+    assert grace > uvicorn_config(None).timeout_graceful_shutdown  # type: ignore[operator]
+
+
+def healthcheck_code(dockerfile: str) -> str:
+    cmd = re.search(r"HEALTHCHECK[^\n]*\\\n\s*CMD (\[.*\])", dockerfile)
+    assert cmd, "no exec-form HEALTHCHECK"
+    args = json.loads(cmd.group(1))
+    assert args[:2] == ["python", "-c"]
+    return str(args[2])
+
+
+def test_dockerfile() -> None:
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
+    assert re.search(r"^RUN pip install \.", text, re.M)
+    user = re.findall(r"^USER (\S+)$", text, re.M)
+    assert user and user[-1] not in ("root", "0"), "must run as a non-root user"
+    cmd = re.search(r"^CMD (\[.*\])$", text, re.M)
+    assert cmd and json.loads(cmd.group(1)) == [
+        "spec-router", "serve", "--host", "0.0.0.0", "--port", "8000"
+    ]  # fmt: skip
+    assert "/health" in healthcheck_code(text)
+    for src in re.findall(r"^COPY (.+) \S+$", text, re.M):
+        for path in src.split():
+            assert (ROOT / path).exists(), f"COPY {path}: missing"
+    # Every file the package needs is in the build context the .dockerignore leaves.
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text()
+    assert "!router/**" in ignore and "!pyproject.toml" in ignore and "!README.md" in ignore
+
+
+def test_sim_profile_serves_through_both_simulated_engines() -> None:
+    """The `sim` profile's commands, started as they are, make a working stack."""
+    with start_sim_profile({"SIM_TIME_SCALE": "0.1"}) as stack:
+        router = stack.router.url
+        wait_for(lambda: router_ready(router), timeout=15)
+        spec = stack.engine("sglang-eagle3").url
+        base = stack.engine("sglang-baseline").url
+
+        status = httpx.get(f"{router}/router/status").json()
+        assert [b["url"] for b in status["pools"]["speculative"]["backends"]] == [spec]
+        assert [b["url"] for b in status["pools"]["baseline"]["backends"]] == [base]
+        wait_for(
+            lambda: all(
+                b["engine"] and b["engine"]["flavor"] == "sglang"
+                for p in httpx.get(f"{router}/router/status").json()["pools"].values()
+                for b in p["backends"]
+            )
+        )
+
+        # A client speaks OpenAI to the router; both answers come from the engines.
+        with OpenAI(base_url=f"{router}/v1", api_key="unused", max_retries=0) as client:
+            assert [m.id for m in client.models.list()] == ["default"]
+            whole = client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=8
+            )
+            assert whole.choices[0].message.content and whole.usage
+            pieces = client.chat.completions.create(
+                model="default",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=8,
+                stream=True,
+            )
+            text = "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
+            assert text
+
+        # Past the crossover (7 per speculative engine), requests spill to the baseline.
+        result = asyncio.run(drive(router, seconds=1.5, workers=12, trouble=False))
+        assert set(result.codes) == {200}, result
+        assert result.pools["speculative"] and result.pools["baseline"], result
+
+        # The images' health checks work against these processes.
+        checks = [(healthcheck_code(DOCKERFILE.read_text()), "127.0.0.1:8000", router)]
+        compose = load_compose()
+        for name in ("sim-eagle3", "sim-baseline"):
+            test = compose["services"][name]["healthcheck"]["test"]
+            assert test[:3] == ["CMD", "python", "-c"]
+            checks.append((test[3], "127.0.0.1:30000", stack.procs[name].url))
+        for code, address, url in checks:
+            code = code.replace(address, url.removeprefix("http://"))
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=10)
+            assert done.returncode == 0, (url, done.stderr)
