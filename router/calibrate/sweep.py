@@ -1,0 +1,297 @@
+"""Driving the pools: each level's closed loop, the engines' own counters, the progress bar.
+
+The pools are driven directly (no router in between) and one at a time, since they may share
+GPUs. ``sweep`` runs every level of the speculative pool, then of the baseline pool, turns each
+into a ``Point`` with ``router.calibrate.levels`` and stops with ``CalibrationError`` at the
+first level that cannot be trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import httpx
+
+from router import engine_metrics
+from router.calibrate.levels import (
+    CANCELLED,
+    CalibrationError,
+    LevelRun,
+    disturbance,
+    point_from_run,
+    refusal,
+    requests_per_level,
+)
+from router.calibrate.workload import RequestSource
+from router.crossover import Point
+from router.loadgen import RequestResult, send_one
+
+POOLS = ("speculative", "baseline")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to sweep: the value object ``router.calibrate.cli`` builds from its arguments."""
+
+    urls: dict[str, str]  # pool -> base URL (no /v1)
+    levels: tuple[int, ...]
+    output_tokens: float  # mean requested output, for the default requests per level
+    requests_per_level: int | None = None
+    min_samples: int = 8
+    retries: int = 2
+    time_scale: float = 1.0
+    level_timeout: float = 1800.0
+    api_key: str | None = None
+    discover_model: bool = True
+
+
+@dataclass
+class Sweep:
+    """What a sweep measured, in model units."""
+
+    points: dict[str, list[Point]] = field(default_factory=lambda: {p: [] for p in POOLS})
+    tau: float = 1.0
+    tau_source: str = "not measured"
+    counts: list[int] = field(default_factory=list)  # measured requests asked for, per level
+    disturbed: list[str] = field(default_factory=list)  # levels kept despite their engine load
+
+
+# -- progress --------------------------------------------------------------------------------------
+
+
+class Progress:
+    """A one-line bar redrawn in place on a terminal; one plain line per level otherwise."""
+
+    WIDTH = 24
+
+    def __init__(self, stream: TextIO, levels: int, tty: bool | None = None) -> None:
+        self.stream, self.levels = stream, levels
+        self.tty = stream.isatty() if tty is None else tty
+        self.index = 0
+        self.label = ""
+        self.wanted = 1
+        self.began = time.monotonic()
+        self._drawn = 0.0
+
+    def start(self, pool: str, concurrency: int, wanted: int, attempt: int = 0) -> None:
+        self.index += attempt == 0
+        again = f" (again, {attempt + 1})" if attempt else ""
+        self.label = f"[{self.index}/{self.levels}] {pool:<11} c={concurrency:<3}{again}"
+        self.wanted = wanted
+        self.update(0, force=True)
+
+    def update(self, done: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.tty or (not force and now - self._drawn < 0.1 and done < self.wanted):
+            return
+        self._drawn = now
+        filled = self.WIDTH * done // max(1, self.wanted)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        elapsed = _clock(now - self.began)
+        self.stream.write(f"\r\x1b[2K{self.label} {bar} {done}/{self.wanted}  {elapsed}")
+        self.stream.flush()
+
+    def finish(self, point: Point, seconds: float, load: float | None = None) -> None:
+        engine = "" if load is None else f"  engine load {load:5.1f}"
+        line = (
+            f"{self.label} decode p50 {point.decode_tps_p50:7.1f} tok/s  "
+            f"total {point.total_tps:8.1f} tok/s  TTFT p50 {point.ttft_p50:7.3f} s  "
+            f"e2e p50 {point.e2e_p50:7.2f} s  n={point.samples}{engine}  ({seconds:.1f} s)"
+        )
+        self.say(line)
+
+    def say(self, line: str) -> None:
+        self.stream.write(("\r\x1b[2K" if self.tty else "") + line + "\n")
+        self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
+# -- driving one pool -----------------------------------------------------------------------------
+
+
+async def run_level(
+    client: httpx.AsyncClient,
+    url: str,
+    source: RequestSource,
+    pool: str,
+    concurrency: int,
+    wanted: int,
+    *,
+    timeout: float,
+    headers: dict[str, str],
+    progress: Progress,
+    load_interval: float = 0.1,
+) -> LevelRun:
+    """One closed-loop level: warm-up request per worker, ``wanted`` measured ones, fillers."""
+    run = LevelRun(pool, concurrency, wanted)
+    handed_out = done = 0
+    finished = asyncio.Event()
+    warm: list[float] = []
+
+    async def send(worker: int, seq: int, share: float) -> None:
+        nonlocal handed_out, done
+        path, body = source.next(share)
+        result = RequestResult(worker, seq, time.monotonic(), body["max_tokens"])
+        run.results.append(result)
+        measured = seq > 0 and handed_out < wanted
+        if measured:
+            handed_out += 1
+            run.measured.append(result)
+        await send_one(client, url + path, body, result, headers=headers)
+        if not result.ok and result.error != CANCELLED:
+            finished.set()  # an error ends the level at once: the sweep is refused anyway
+        if measured:
+            done += 1
+            progress.update(done)
+            if done >= wanted:
+                finished.set()
+
+    async def worker(i: int) -> None:
+        await send(i, 0, (i + 1) / concurrency)
+        warm.append(time.monotonic())
+        if len(warm) == concurrency:
+            run.warm_at = warm[-1]
+        seq = 1
+        while True:
+            await send(i, seq, 1.0)
+            seq += 1
+
+    async def sample_load() -> None:
+        while True:
+            sample = await scrape(client, url)
+            if sample is None or sample.flavor == "unknown":
+                return
+            run.engine_load.append((time.monotonic(), sample.running + sample.queued))
+            await asyncio.sleep(load_interval)
+
+    began = time.monotonic()
+    tasks = [asyncio.create_task(worker(i)) for i in range(concurrency)]
+    tasks.append(asyncio.create_task(sample_load()))
+    try:
+        await asyncio.wait_for(finished.wait(), timeout)
+    except TimeoutError:
+        run.timed_out = True
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    run.seconds = time.monotonic() - began
+    return run
+
+
+async def wait_idle(client: httpx.AsyncClient, url: str, timeout: float = 30.0) -> None:
+    """Best effort: wait until the engine reports nothing running or queued (the cancelled
+    fillers of the last level), so that a level does not start on a busy engine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sample = await scrape(client, url)
+        if sample is None or sample.flavor == "unknown" or sample.running + sample.queued <= 0:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def scrape(client: httpx.AsyncClient, url: str) -> engine_metrics.EngineSample | None:
+    try:
+        resp = await client.get(f"{url}/metrics", timeout=10)
+    except httpx.HTTPError:
+        return None
+    return engine_metrics.parse(resp.text) if resp.status_code == 200 else None
+
+
+async def acceptance(
+    client: httpx.AsyncClient,
+    url: str,
+    before: engine_metrics.EngineSample | None,
+    after: engine_metrics.EngineSample | None,
+) -> tuple[float, str]:
+    """The speculative engine's acceptance length over the sweep, and where it came from."""
+    if after is not None and before is not None and after.accept_length is None:
+        interval = engine_metrics.interval_accept_length(before, after)  # vLLM's counters
+        if interval is not None and interval >= 1.0:
+            return interval, "vllm spec_decode counters over the sweep"
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            resp = await client.get(url + path, timeout=10)
+            info: Any = resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            info = None
+        if isinstance(info, dict):
+            states = info.get("internal_states") or [{}]
+            value = info.get("avg_spec_accept_length") or (
+                states[0].get("avg_spec_accept_length") if isinstance(states[0], dict) else None
+            )
+            if isinstance(value, int | float) and value >= 1.0:
+                return float(value), f"avg_spec_accept_length from {path}"
+    if after is not None and after.accept_length is not None and after.accept_length >= 1.0:
+        return after.accept_length, "sglang:spec_accept_length from /metrics"
+    return 1.0, "the engine reports no acceptance length"
+
+
+async def discover_model(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> str:
+    """The first model the pool serves (``/v1/models``); vLLM refuses any other name."""
+    try:
+        resp = await client.get(f"{url}/v1/models", headers=headers, timeout=30)
+        return str(resp.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return "default"
+
+
+async def sweep(plan: Plan, sources: dict[str, RequestSource], progress: Progress) -> Sweep:
+    """Both pools, one after the other; raises ``CalibrationError`` at the first bad level.
+
+    A level during which the engine's own count of running and queued requests strayed from
+    the concurrency driven (other traffic on the pool, or this machine too busy to keep the
+    load up) is measured again, up to ``plan.retries`` times, then kept and named in the notes.
+    """
+    headers = {"authorization": f"Bearer {plan.api_key}"} if plan.api_key else {}
+    top = max(plan.levels)
+    result = Sweep()
+    limits = httpx.Limits(max_connections=top + 8, max_keepalive_connections=top + 8)
+    timeout = httpx.Timeout(connect=30.0, read=None, write=60.0, pool=None)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        for pool in POOLS:
+            url = plan.urls[pool]
+            if plan.discover_model:
+                sources[pool].model = await discover_model(client, url, headers)
+            before = await scrape(client, url)
+            for n in plan.levels:
+                wanted = requests_per_level(n, plan.output_tokens, plan.requests_per_level)
+                for attempt in range(plan.retries + 1):
+                    await wait_idle(client, url)
+                    progress.start(pool, n, wanted, attempt)
+                    run = await run_level(
+                        client,
+                        url,
+                        sources[pool],
+                        pool,
+                        n,
+                        wanted,
+                        timeout=plan.level_timeout,
+                        headers=headers,
+                        progress=progress,
+                    )
+                    point = point_from_run(run, plan.time_scale)
+                    progress.finish(point, run.seconds, run.mean_engine_load())
+                    why = refusal(run, point, plan.min_samples)
+                    if why is not None:
+                        raise CalibrationError(why)
+                    upset = disturbance(run)
+                    if upset is None:
+                        break
+                    then = "measuring again" if attempt < plan.retries else "keeping it"
+                    progress.say(f"  {pool} c={n}: {upset}; {then}")
+                else:
+                    result.disturbed.append(f"{pool} at {n}")
+                result.points[pool].append(point)
+                result.counts.append(wanted)
+            if pool == "speculative":
+                after = await scrape(client, url)
+                result.tau, result.tau_source = await acceptance(client, url, before, after)
+    return result
