@@ -143,8 +143,9 @@ def refusal(run: LevelRun, point: Point, min_samples: int) -> str | None:
     failed = run.failures()
     if failed:
         first = (failed[0].error or f"HTTP {failed[0].status}").strip()
+        ended = [r for r in run.results if r.error != CANCELLED]
         return (
-            f"{where}: {len(failed)} of {len(run.results)} requests failed "
+            f"{where}: {len(failed)} of {len(ended)} requests failed "
             f"(first: {first[:200]}); a table is not written from a sweep with errors"
         )
     if point.samples < min_samples:

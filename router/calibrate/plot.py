@@ -3,6 +3,7 @@
 Left: per-request decode tok/s against concurrency, measured points joined by solid lines, the
 fitted curves dashed. The speculative pool is above the baseline at low concurrency; the
 vertical line is the table's crossover, from which the router sends requests to the baseline.
+The shaded span left of it is where the router prefers the speculative pool.
 Middle: total output tok/s of each pool (what the pool delivers as a whole). Right: time to
 first token, median (solid) and p99 (dotted).
 """
@@ -45,8 +46,11 @@ def plot(table: Table, path: Path) -> None:
         ax_total.plot(xs, [p.total_tps for p in pts], "o-", color=color, label=pool)
         ax_ttft.plot(xs, [p.ttft_p50 for p in pts], "o-", color=color, label=f"{pool} p50")
         ax_ttft.plot(xs, [p.ttft_p99 for p in pts], ":", color=color, label=f"{pool} p99")
+    low = min(levels) if levels else 1
     for a in (ax, ax_total, ax_ttft):
         a.axvline(table.crossover, color="black", linestyle="-.", linewidth=1)
+        if table.crossover > low:  # where the router prefers the speculative pool
+            a.axvspan(low, table.crossover, color=COLORS["speculative"], alpha=0.07)
         a.set_xscale("log", base=2)
         ticks = sorted(levels | {table.crossover})
         a.set_xticks(ticks)
@@ -60,7 +64,6 @@ def plot(table: Table, path: Path) -> None:
     ax_total.set_ylabel("output tok/s, whole pool")
     ax_total.set_title("total throughput")
     ax_ttft.set_ylabel("seconds")
-    ax_ttft.set_yscale("log")
     ax_ttft.set_title("time to first token")
     ax.legend(fontsize=8)
     ax_total.legend(fontsize=8)

@@ -278,10 +278,11 @@ async def sweep(plan: Plan, sources: dict[str, RequestSource], progress: Progres
                         progress=progress,
                     )
                     point = point_from_run(run, plan.time_scale)
-                    progress.finish(point, run.seconds, run.mean_engine_load())
                     why = refusal(run, point, plan.min_samples)
                     if why is not None:
+                        progress.say(f"{progress.label} stopped")
                         raise CalibrationError(why)
+                    progress.finish(point, run.seconds, run.mean_engine_load())
                     upset = disturbance(run)
                     if upset is None:
                         break

@@ -1,0 +1,157 @@
+"""``python -m router calibrate`` as a process against the eagle3 and baseline sims."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from router.crossover import from_json
+from router.sim.model import BASELINE, EAGLE3, crossover
+from tests.support.processes import Proc, free_port, sim_args, spawn
+
+SCALE = "0.1"
+
+
+@pytest.fixture(scope="module")
+def pools() -> Iterator[dict[str, str]]:
+    """Sims of our own: other tests change the session sims' settings (tau, faults)."""
+    spec = spawn(sim_args("eagle3", "--time-scale", SCALE, "--seed", "1"))
+    base: Proc | None = None
+    try:
+        base = spawn(sim_args("baseline", "--time-scale", SCALE, "--seed", "2"))
+        yield {"speculative": spec.url, "baseline": base.url}
+    finally:
+        spec.stop()
+        if base is not None:
+            base.stop()
+
+
+def calibrate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "router", "calibrate", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_finds_the_analytic_crossover(pools: dict[str, str], tmp_path: Path) -> None:
+    # Short prompts and outputs keep it quick; the levels bracket the crossing, where the
+    # curves differ by 4-9% a level, so the speculative pool's noise (about 2% here) cannot
+    # move the answer by more than one.
+    prompt, output = 32, 64
+    out, png = tmp_path / "table.json", tmp_path / "curves.png"
+    done = calibrate(
+        "--speculative", pools["speculative"],
+        "--baseline", pools["baseline"] + "/v1",
+        "--concurrency", "5,7,9",
+        "--prompt-tokens", str(prompt),
+        "--output-tokens", str(output),
+        "--requests-per-level", "32",
+        "--time-scale", SCALE,
+        "--out", str(out),
+        "--plot", str(png),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = from_json(json.loads(out.read_text()))
+    analytic = crossover(EAGLE3, BASELINE, prompt, output)
+    assert analytic is not None
+    # The table's crossover is a whole number of requests (the lowest from which the baseline
+    # is as good); the model's is where the curves cross, 6.7 here, i.e. 7 requests.
+    assert abs(table.crossover - math.ceil(analytic)) <= 1, (table.crossover, analytic)
+    assert table.source == "calibrated" and table.objective == "tpot"
+    assert table.measured_at.endswith("Z")
+    assert (table.workload.prompt_tokens, table.workload.output_tokens) == (prompt, output)
+    for pool in (table.speculative, table.baseline):
+        assert [p.concurrency for p in pool.points] == [5, 7, 9]
+        assert all(p.samples == 32 and p.errors == 0 for p in pool.points)
+        assert pool.fit is not None
+    # In model time (x 0.1 undone): the model says 39.1 and 36.0 tok/s at 5; generous bounds.
+    assert 30 < table.speculative.points[0].decode_tps_p50 < 48
+    assert 28 < table.baseline.points[0].decode_tps_p50 < 44
+    assert table.speculative.fit is not None and 2.5 < table.speculative.fit.tau < 3.1
+    assert "--time-scale 0.1" in table.notes
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "[6/6] baseline    c=9" in done.stderr  # progress, plain lines off a terminal
+    assert f"crossover: {table.crossover}" in done.stdout
+
+
+def test_dataset_against_both_endpoints(pools: dict[str, str], tmp_path: Path) -> None:
+    dataset = tmp_path / "mix.jsonl"
+    dataset.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "a b c"}], "temperature": 0})
+        + "\n"
+        + json.dumps({"prompt": "once upon a time", "max_tokens": 12, "temperature": 0})
+        + "\n"
+    )
+    out = tmp_path / "table.json"
+    done = calibrate(
+        "--speculative", pools["speculative"],
+        "--baseline", pools["baseline"],
+        "--concurrency", "1,2",
+        "--dataset", str(dataset),
+        "--output-tokens", "8",
+        "--requests-per-level", "8",
+        "--time-scale", SCALE,
+        "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = from_json(json.loads(out.read_text()))
+    assert table.workload.dataset == "mix.jsonl" and table.workload.output_tokens == 10
+
+
+def test_refuses_a_sweep_with_errors(pools: dict[str, str], tmp_path: Path) -> None:
+    config = pools["baseline"] + "/sim/config"
+    httpx.post(config, json={"fault": "status=503,p=0.3"}).raise_for_status()
+    try:
+        out = tmp_path / "table.json"
+        done = calibrate(
+            "--speculative", pools["speculative"],
+            "--baseline", pools["baseline"],
+            "--concurrency", "2",
+            "--prompt-tokens", "8",
+            "--output-tokens", "8",
+            "--requests-per-level", "8",
+            "--out", str(out),
+        )  # fmt: skip
+    finally:
+        httpx.post(config, json={"fault": None}).raise_for_status()
+    assert done.returncode == 1
+    assert f"not writing {out}: baseline pool at concurrency 2: " in done.stderr
+    assert "requests failed (first: HTTP 503" in done.stderr
+    assert not out.exists()
+
+
+def test_refuses_when_a_pool_is_down(pools: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "table.json"
+    done = calibrate(
+        "--speculative", f"http://127.0.0.1:{free_port()}",
+        "--baseline", pools["baseline"],
+        "--concurrency", "1,4",
+        "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "speculative pool at concurrency 1: 1 of 1 requests failed (first: ConnectError" in (
+        done.stderr
+    )
+    assert not out.exists()
+
+
+def test_bad_dataset_is_a_usage_error(tmp_path: Path) -> None:
+    dataset = tmp_path / "bad.jsonl"
+    dataset.write_text('{"prompt": "x", "max_tokens": 4}\n{"input": 1}\n')
+    done = calibrate(
+        "--speculative", "http://127.0.0.1:1",
+        "--baseline", "http://127.0.0.1:1",
+        "--dataset", str(dataset),
+        "--out", str(tmp_path / "t.json"),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "bad.jsonl: dataset line 2 has neither messages nor prompt" in done.stderr
