@@ -232,8 +232,8 @@ def panels() -> list[dict[str, Any]]:
         ),
         stat(
             "Crossover source",
-            "Where the crossover came from: default, configured (setting or admin API) or a "
-            "calibrated table.",
+            "Where the crossover came from: default, configured (pinned by a setting or the "
+            "admin API), calibrated (a table) or learned online.",
             [
                 target(
                     f"max by (source) (spec_router_crossover_source_info{{{R}}})",

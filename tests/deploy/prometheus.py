@@ -33,6 +33,17 @@ def binary(name: str) -> str | None:
     return shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
 
 
+def missing_reason(name: str) -> str | None:
+    """Why a test needing ``name`` cannot run, or None. In CI (CI=true) a missing binary is
+    an error, not a skip: scripts/ensure-prometheus.sh must have installed it."""
+    if binary(name) is not None:
+        return None
+    reason = f"{name} is not installed: run scripts/ensure-prometheus.sh"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        raise RuntimeError(reason)
+    return reason
+
+
 def local_config(addresses: Mapping[str, str], interval: str = "1s") -> dict[str, Any]:
     """deploy/prometheus/prometheus.yml with its targets moved to local addresses.
 

@@ -7,13 +7,16 @@ simulated engines and the router), and starts their own commands as subprocesses
 names (service name and network aliases) and container port to the local URL; the router's
 ``SPEC_ROUTER_*_URLS`` are rewritten through it, so a URL that names no `sim` service fails
 the test, as it would fail to resolve under Compose. Prometheus and Grafana run other images;
-tests/deploy/prometheus.py runs a real Prometheus with the same prometheus.yml instead.
+tests/deploy/prometheus.py runs a real Prometheus with the same prometheus.yml instead. Paths
+on the router's volumes (the learned crossover table) move to scratch directories.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -111,6 +114,7 @@ class Stack:
     # "host:port" as containers see each other -> "127.0.0.1:port" here
     addresses: dict[str, str] = field(default_factory=dict)
     router_service: str = ""
+    scratch: list[str] = field(default_factory=list)  # directories standing in for volumes
 
     @property
     def router(self) -> Proc:
@@ -127,6 +131,8 @@ class Stack:
     def close(self) -> None:
         for proc in self.procs.values():
             proc.stop()
+        for path in self.scratch:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def rewrite_urls(value: str, addresses: Mapping[str, str]) -> str:
@@ -166,6 +172,14 @@ def start_sim_profile(
         env.update(
             {k: rewrite_urls(str(v), stack.addresses) for k, v in svc["environment"].items()}
         )
+        # Paths on the service's volumes move to scratch directories of the test's own.
+        for volume in svc.get("volumes", []):
+            target = volume.split(":")[1]
+            local = tempfile.mkdtemp(prefix="spec-router-volume-")
+            stack.scratch.append(local)
+            env.update(
+                {k: v.replace(target, local, 1) for k, v in env.items() if v.startswith(target)}
+            )
         env.update(router_overlay or {})
         proc = spawn(local_args(svc["command"]), env=env)
         stack.procs[name] = proc

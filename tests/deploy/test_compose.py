@@ -115,6 +115,12 @@ def test_router_service_settings() -> None:
     assert all(k.startswith("SPEC_ROUTER_") for k in router["environment"])
     grace = float(router["stop_grace_period"].removesuffix("s"))
     assert grace > uvicorn_config(None).timeout_graceful_shutdown  # type: ignore[operator]
+    # The learned crossover table outlives the container: it is on a volume the image declares.
+    table = router["environment"]["SPEC_ROUTER_TABLE_PATH"]
+    targets = [v.split(":")[1] for v in router["volumes"]]
+    assert any(table.startswith(t + "/") for t in targets)
+    declared = re.findall(r"^VOLUME (\S+)$", DOCKERFILE.read_text(), re.M)
+    assert any(table.startswith(t + "/") for t in declared)
 
 
 def healthcheck_code(dockerfile: str) -> str:

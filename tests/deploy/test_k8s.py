@@ -169,3 +169,9 @@ def test_config_map_is_a_valid_router_configuration(
     # Several pods (replicas > 1) need the engines' view of the load.
     if one("Deployment")["spec"]["replicas"] > 1:
         assert settings.load_signal in ("engine", "max")
+    # The learned table is written to a writable volume, not into the read-only ConfigMap.
+    if settings.table_path is not None:
+        (state,) = [
+            m for m in c["volumeMounts"] if Path(m["mountPath"]) == settings.table_path.parent
+        ]
+        assert not state.get("readOnly")

@@ -45,9 +45,8 @@ from tests.deploy.queries import (
 from tests.deploy.stack import Stack, start_sim_profile
 from tests.support.http import router_ready, wait_for
 
-pytestmark = pytest.mark.skipif(
-    prom_mod.binary("prometheus") is None, reason="prometheus missing: scripts/ensure-prometheus.sh"
-)
+_MISSING = prom_mod.missing_reason("prometheus")
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
 
 COMPOSE_VARIABLES = {"SIM_TIME_SCALE": "0.5"}
 ROUTER_OVERLAY = {

@@ -12,9 +12,8 @@ from tests.deploy import prometheus as prom_mod
 from tests.deploy.queries import ALERTS, DEPLOY, PROMETHEUS_YML, RECORDING, ROOT
 
 PROMTOOL = prom_mod.binary("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool missing: scripts/ensure-prometheus.sh"
-)
+_MISSING = prom_mod.missing_reason("promtool")
+needs_promtool = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
 UNIT_TESTS = Path(__file__).with_name("alerts_test.yml")
 
 
