@@ -59,10 +59,13 @@ class Point:
 
 
 @contextmanager
-def process(args: Sequence[str], env: dict[str, str] | None = None) -> Iterator[str]:
-    """Run ``python -m <args>``; yield the URL it announces; stop it by PID on exit."""
+def process(
+    args: Sequence[str], env: dict[str, str] | None = None, prefix: Sequence[str] = ()
+) -> Iterator[str]:
+    """Run ``python -m <args>`` (after ``prefix``, e.g. taskset); yield the URL it announces;
+    stop it by PID on exit."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", *args],
+        [*prefix, sys.executable, "-m", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

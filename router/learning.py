@@ -2,93 +2,71 @@
 
 Every finished request that streamed at least two tokens becomes a sample: its pool, the mean
 number of requests in flight on its backend while it decoded, and its seconds per output token.
-Each pool keeps an exponentially weighted least-squares line of seconds per *iteration*
-(``spt * tau``, see ``router.crossover``) against concurrency, in which recent samples weigh
-more; the calibrated table, if any, is the prior and never fades below a floor, so a pool that
-only ever runs at one concurrency still has a slope. Per-concurrency bins keep the learned curve
-readable in ``GET /router/table``.
+Samples are kept per pool in bins by concurrency, in seconds per *iteration* (``spt * tau``: for a
+speculative engine, time per token times the acceptance length at the time), as decayed means in
+which recent samples weigh more. The calibrated table seeds the bins; a bin that never sees a new
+sample keeps its calibrated value, so a pool that runs only at low concurrency still knows what
+high concurrency costs.
 
-The speculative line is in iterations, so the engine-reported acceptance length rescales it at
-once: when acceptance collapses, the target crossover drops on the next update, before enough
-slow requests have been seen. The crossover moves toward the target by at most ``max_step`` per
-update. All of it is plain data and arithmetic; the app's lifespan calls ``update()`` on a timer.
+A pool's curve is the piecewise-linear interpolation of its bins (extended past the ends with the
+end segments' slopes). Because the speculative curve is in iterations, the engine-reported
+acceptance length rescales it at once: when acceptance collapses, the target crossover drops on
+the next update, before enough slow requests have been seen. The crossover moves toward the
+target by at most ``max_step`` per update. Plain data and arithmetic; ``router.tuning`` drives it.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from router.crossover import (
-    Fit,
-    Line,
-    Point,
-    PoolCurve,
-    Table,
-    Workload,
-    crossover_from_fits,
-)
+from router.crossover import Fit, Point, PoolCurve, Table, Workload, fit_line
 from router.inflight import BASELINE, POOLS, SPECULATIVE
 
 
-@dataclass(slots=True)
-class _Sums:
-    """Decaying weighted sums for a least-squares line."""
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """Seconds per iteration against concurrency, interpolated between measured points."""
 
-    w: float = 0.0
-    x: float = 0.0
-    y: float = 0.0
-    xx: float = 0.0
-    xy: float = 0.0
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]  # seconds per iteration
+    tau: float = 1.0  # tokens per iteration now
 
-    def add(self, x: float, y: float, weight: float) -> None:
-        self.w += weight
-        self.x += weight * x
-        self.y += weight * y
-        self.xx += weight * x * x
-        self.xy += weight * x * y
+    def spi(self, n: float) -> float:
+        xs, ys = self.xs, self.ys
+        if len(xs) == 1:
+            return ys[0]
+        i = bisect_left(xs, n)
+        if i == 0:
+            return ys[0]  # below the first point: no cheaper than it
+        if i >= len(xs):
+            i = len(xs) - 1  # extend the last segment
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(1e-9, y0 + (y1 - y0) * (n - x0) / (x1 - x0))
 
-    def scale(self, factor: float) -> None:
-        self.w *= factor
-        self.x *= factor
-        self.y *= factor
-        self.xx *= factor
-        self.xy *= factor
+    def spt(self, n: float) -> float:
+        """Seconds per output token of one request at concurrency ``n``."""
+        return self.spi(max(1.0, n)) / self.tau
 
-    def merged(self, other: _Sums) -> _Sums:
-        return _Sums(
-            self.w + other.w,
-            self.x + other.x,
-            self.y + other.y,
-            self.xx + other.xx,
-            self.xy + other.xy,
-        )
-
-    def line(self) -> Line | None:
-        if self.w <= 0:
-            return None
-        mx, my = self.x / self.w, self.y / self.w
-        sxx = self.xx - self.w * mx * mx
-        if sxx <= 1e-9 * max(1.0, self.w):
-            return None  # no spread in concurrency: no slope to be had
-        beta = (self.xy - self.w * mx * my) / sxx
-        return Line(my - beta * mx, beta)
+    def total_tps(self, n: float) -> float:
+        return n / self.spt(n) if n > 0 else 0.0
 
 
 @dataclass(slots=True)
 class _Bin:
-    """A learned point: weighted means at one concurrency."""
+    """Decayed means at one concurrency."""
 
     weight: float = 0.0
     samples: int = 0
-    tps: float = 0.0
+    spi: float = 0.0  # seconds per iteration
     ttft: float = 0.0
     e2e: float = 0.0
 
-    def add(self, tps: float, ttft: float, e2e: float, keep: float) -> None:
+    def add(self, spi: float, ttft: float, e2e: float, keep: float) -> None:
         self.weight = self.weight * keep + 1.0
         k = 1.0 / self.weight
-        self.tps += (tps - self.tps) * k
+        self.spi += (spi - self.spi) * k
         self.ttft += (ttft - self.ttft) * k
         self.e2e += (e2e - self.e2e) * k
         self.samples += 1
@@ -96,32 +74,32 @@ class _Bin:
 
 @dataclass(slots=True)
 class PoolLearner:
-    decay: float  # weight kept per new sample, e.g. 0.99: ~100 samples of memory
-    prior: _Sums = field(default_factory=_Sums)
-    recent: _Sums = field(default_factory=_Sums)
+    decay: float  # weight a bin keeps per new sample, e.g. 0.99: ~100 samples of memory
     bins: dict[int, _Bin] = field(default_factory=dict)
     samples: int = 0
 
-    def add(self, n: float, spi: float, tps: float, ttft: float, e2e: float) -> None:
-        self.recent.scale(self.decay)
-        self.recent.add(n, spi, 1.0)
-        self.bins.setdefault(max(1, round(n)), _Bin()).add(tps, ttft, e2e, self.decay)
+    def add(self, n: float, spi: float, ttft: float, e2e: float) -> None:
+        self.bins.setdefault(max(1, round(n)), _Bin()).add(spi, ttft, e2e, self.decay)
         self.samples += 1
 
-    def line(self) -> Line | None:
-        return self.prior.merged(self.recent).line()
+    def curve(self, tau: float) -> Curve | None:
+        if len(self.bins) < 2:
+            return None  # one concurrency says nothing about the slope
+        ns = sorted(self.bins)
+        return Curve(tuple(float(n) for n in ns), tuple(self.bins[n].spi for n in ns), tau)
 
-    def points(self) -> tuple[Point, ...]:
+    def points(self, tau: float) -> tuple[Point, ...]:
         return tuple(
-            Point(n, b.tps, b.ttft, b.ttft, b.e2e, b.tps * n, b.samples)
+            Point(n, tau / b.spi, b.ttft, b.ttft, b.e2e, n * tau / b.spi, b.samples)
             for n, b in sorted(self.bins.items())
+            if b.spi > 0
         )
 
 
 @dataclass(frozen=True, slots=True)
 class LearnConfig:
     decay: float = 0.99
-    prior_weight: float = 30.0  # pseudo-samples the calibrated curve counts for, in all
+    prior_weight: float = 10.0  # pseudo-samples each calibrated point counts for
     max_step: int = 1
     min_samples: int = 20  # per pool, before samples (not acceptance alone) move the crossover
     limit: int = 256
@@ -131,8 +109,9 @@ class Learner:
     def __init__(self, cfg: LearnConfig, table: Table | None) -> None:
         self.cfg = cfg
         self.pools = {pool: PoolLearner(cfg.decay) for pool in POOLS}
-        self.ref_tau = 1.0  # acceptance length the speculative prior was measured at
+        self.ref_tau = 1.0  # acceptance length the speculative points were measured at
         self.tau: float | None = None  # latest engine-reported acceptance length
+        self.seeded = False
         self.workload = Workload()
         self.objective = "tpot"
         if table is not None:
@@ -141,26 +120,24 @@ class Learner:
     def _seed(self, table: Table) -> None:
         self.workload = table.workload
         self.objective = table.objective
+        fit = table.speculative.fit
+        if fit is not None:
+            self.ref_tau = fit.tau
         for pool in POOLS:
-            curve = table.pool(pool)
-            learner = self.pools[pool]
-            if curve.fit is not None:
-                if pool == SPECULATIVE:
-                    self.ref_tau = curve.fit.tau
-                levels = [p.concurrency for p in curve.points] or [1, 8, 32]
-                weight = self.cfg.prior_weight / len(levels)
-                for n in levels:
-                    learner.prior.add(float(n), curve.fit.line.at(n), weight)
-            for p in curve.points:
-                learner.bins[p.concurrency] = _Bin(
-                    float(p.samples), p.samples, p.decode_tps_p50, p.ttft_p50, p.e2e_p50
-                )
+            tau = self.ref_tau if pool == SPECULATIVE else 1.0
+            bins = self.pools[pool].bins
+            for p in table.pool(pool).points:
+                if p.decode_tps_p50 > 0:
+                    weight = min(float(max(1, p.samples)), self.cfg.prior_weight)
+                    spi = tau / p.decode_tps_p50
+                    bins[p.concurrency] = _Bin(weight, p.samples, spi, p.ttft_p50, p.e2e_p50)
+                    self.seeded = True
 
     # -- input ----------------------------------------------------------------------------------
     def observe_accept(self, tau: float | None) -> None:
         if tau is not None and math.isfinite(tau) and tau >= 1.0:
-            if self.tau is None and self.pools[SPECULATIVE].prior.w == 0:
-                self.ref_tau = tau  # no calibrated prior: the first reading is the reference
+            if self.tau is None and not self.seeded:
+                self.ref_tau = tau  # no calibrated table: the first reading is the reference
             self.tau = tau
 
     def record(self, pool: str, concurrency: float, spt: float, ttft: float, e2e: float) -> None:
@@ -168,24 +145,26 @@ class Learner:
         if not (spt > 0 and math.isfinite(spt) and concurrency >= 1):
             return
         tau = (self.tau or self.ref_tau) if pool == SPECULATIVE else 1.0
-        self.pools[pool].add(concurrency, spt * tau, 1.0 / spt, ttft, e2e)
+        self.pools[pool].add(concurrency, spt * tau, ttft, e2e)
 
     # -- output ---------------------------------------------------------------------------------
-    def fits(self) -> dict[str, Fit] | None:
-        lines = {pool: self.pools[pool].line() for pool in POOLS}
-        if any(line is None for line in lines.values()):
+    def curves(self) -> dict[str, Curve] | None:
+        spec = self.pools[SPECULATIVE].curve(self.tau or self.ref_tau)
+        base = self.pools[BASELINE].curve(1.0)
+        if spec is None or base is None:
             return None
-        spec_tau = self.tau or self.ref_tau
-        return {
-            SPECULATIVE: Fit(lines[SPECULATIVE], spec_tau),  # type: ignore[arg-type]
-            BASELINE: Fit(lines[BASELINE], 1.0),  # type: ignore[arg-type]
-        }
+        return {SPECULATIVE: spec, BASELINE: base}
 
     def target(self) -> int | None:
-        fits = self.fits()
-        if fits is None:
+        """Lowest concurrency at which the baseline is at least as fast per request."""
+        curves = self.curves()
+        if curves is None:
             return None
-        return crossover_from_fits(fits[SPECULATIVE], fits[BASELINE], limit=self.cfg.limit)
+        spec, base = curves[SPECULATIVE], curves[BASELINE]
+        for n in range(1, self.cfg.limit + 1):
+            if base.spt(n) <= spec.spt(n):
+                return n
+        return self.cfg.limit
 
     def enough_samples(self) -> bool:
         return all(self.pools[p].samples >= self.cfg.min_samples for p in POOLS)
@@ -202,26 +181,31 @@ class Learner:
 
     def gain(self, pool: str, load: int) -> float | None:
         """Extra total decode tok/s from one more request on a replica running ``load``."""
-        fits = self.fits()
-        if fits is None:
+        curves = self.curves()
+        if curves is None:
             return None
-        fit = fits[pool]
-        return fit.total_tps(load + 1) - fit.total_tps(load)
+        curve = curves[pool]
+        return curve.total_tps(load + 1) - curve.total_tps(load)
 
     def table(self, crossover: int, source: str, measured_at: str) -> Table:
-        fits = self.fits()
-        curves = {
-            pool: PoolCurve(self.pools[pool].points(), None if fits is None else fits[pool])
-            for pool in POOLS
-        }
+        pools = {}
+        for pool in POOLS:
+            tau = self.ref_tau if pool == SPECULATIVE else 1.0
+            points = self.pools[pool].points(tau)
+            # the fit carries the acceptance length the points are at, for the next start
+            xs = [float(p.concurrency) for p in points]
+            ys = [tau / p.decode_tps_p50 for p in points]
+            fit = Fit(fit_line(xs, ys), tau) if points else None
+            pools[pool] = PoolCurve(points, fit)
         return Table(
             crossover=crossover,
             source=source,
             objective="tpot" if self.objective != "e2e" else "e2e",
             measured_at=measured_at,
             workload=self.workload,
-            speculative=curves[SPECULATIVE],
-            baseline=curves[BASELINE],
-            notes="learned online: points are decayed means of served requests (decode tok/s); "
-            "fits are seconds per iteration against concurrency",
+            speculative=pools[SPECULATIVE],
+            baseline=pools[BASELINE],
+            notes="learned online: points are decayed means of served requests' decode speed "
+            "(speculative at the acceptance length in its fit); fits are least-squares lines "
+            "of seconds per iteration against concurrency, for reference",
         )

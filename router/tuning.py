@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from router import crossover as tables
-from router.crossover import Fit, Table
+from router.crossover import Table
 from router.inflight import SPECULATIVE, InflightTracker
-from router.learning import LearnConfig, Learner
+from router.learning import Curve, LearnConfig, Learner
 from router.proxy import Outcome
 from router.routing import Router
 from router.settings import Settings
@@ -30,14 +30,14 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def make_gain(fits: dict[str, Fit] | None) -> Callable[[str, int], float] | None:
-    """The predictive policy's marginal gain from fixed fits (cheap per decision)."""
-    if fits is None:
+def make_gain(curves: dict[str, Curve] | None) -> Callable[[str, int], float] | None:
+    """The predictive policy's marginal gain from fixed curves (cheap per decision)."""
+    if curves is None:
         return None
 
     def gain(pool: str, load: int) -> float:
-        fit = fits[pool]
-        return fit.total_tps(load + 1) - fit.total_tps(load)
+        curve = curves[pool]
+        return curve.total_tps(load + 1) - curve.total_tps(load)
 
     return gain
 
@@ -72,7 +72,7 @@ class CrossoverKeeper:
         return Learner(cfg, table)
 
     def _publish_gain(self) -> None:
-        self.router.gain = make_gain(self.learner.fits())
+        self.router.gain = make_gain(self.learner.curves())
 
     # -- input ----------------------------------------------------------------------------------
     def observe(self, out: Outcome) -> None:
