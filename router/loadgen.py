@@ -22,6 +22,7 @@ import asyncio
 import itertools
 import json
 import math
+import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -183,6 +184,8 @@ async def run_closed_loop(
     duration: float | None = None,
     requests: int | None = None,
     desync: bool = True,
+    output_jitter: float = 0.0,
+    seed: int = 0,
     stop: Literal["cancel", "drain"] = "cancel",
     endpoint: Literal["chat", "completions"] = "chat",
     model: str = "default",
@@ -202,7 +205,16 @@ async def run_closed_loop(
     tokens (at least 2), so requests end, and their successors join the engine's batch, evenly
     spread from the start instead of in lock-step. Without it a deterministic engine keeps all
     requests in phase forever and every prefill lands in the same iteration.
+
+    ``output_jitter``: each later request asks for a length drawn uniformly from
+    ``output_tokens * (1 +- output_jitter)`` (seeded by ``seed``). With identical lengths, a
+    deterministic engine and a client whose round trip sometimes outlasts a short iteration,
+    requests drift into lock-step over time (once two join in the same iteration they stay
+    together); varied lengths keep them apart. Rates that are linear in the length (all of
+    ``router.sim.model``'s, to first order) keep their mean-length values.
     """
+    if not 0 <= output_jitter < 1:
+        raise ValueError("output_jitter must be in [0, 1)")
     if duration is None and requests is None:
         raise ValueError("give a duration, a request count, or both")
     work = Workload(
@@ -222,12 +234,15 @@ async def run_closed_loop(
     deadline = math.inf if duration is None else time.monotonic() + duration
 
     async def worker(i: int) -> None:
+        rng = random.Random(f"{seed}:{i}")
+        lo = max(2, round(output_tokens * (1 - output_jitter)))
+        hi = max(lo, round(output_tokens * (1 + output_jitter)))
         for seq in itertools.count():
             if next(tickets) >= (requests if requests is not None else math.inf):
                 return
             if time.monotonic() >= deadline:
                 return
-            length = output_tokens
+            length = rng.randint(lo, hi) if output_jitter else output_tokens
             if desync and seq == 0:
                 length = max(2, round(output_tokens * (i + 1) / concurrency))
             result = RequestResult(i, seq, time.monotonic(), length)

@@ -92,6 +92,11 @@ class _DropSimulatedReset(logging.Filter):
         return not isinstance(exc, SimulatedReset)
 
 
+def _report_engine_death(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logging.getLogger("uvicorn.error").error("engine loop died", exc_info=task.exception())
+
+
 def reset_connection(send: Send) -> None:
     """Drop the client's TCP connection with an RST, mid-body if need be.
 
@@ -182,6 +187,7 @@ class SimServer:
                 delay = self.settings.startup_delay * self.settings.time_scale
                 self._ready_at = time.monotonic() + delay
                 self._task = asyncio.get_running_loop().create_task(self.engine.run())
+                self._task.add_done_callback(_report_engine_death)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self._task is not None:

@@ -111,3 +111,33 @@ def test_duration_cancels_in_flight(baseline: Proc) -> None:
     )
     assert len(results) == 2 and all(r.error == "cancelled" for r in results)
     assert all(len(r.chunk_times) > 5 for r in results)  # partial streams are kept
+
+
+def test_output_jitter(baseline: Proc) -> None:
+    results = asyncio.run(
+        run_closed_loop(
+            baseline.url + "/v1",
+            concurrency=2,
+            prompt_tokens=1,
+            output_tokens=10,
+            requests=12,
+            output_jitter=0.5,
+            seed=5,
+            desync=False,
+        )
+    )
+    lengths = [r.output_tokens for r in results]
+    assert all(r.ok for r in results) and all(5 <= n <= 15 for n in lengths)  # type: ignore[operator]
+    assert len(set(lengths)) > 3
+    assert [r.max_tokens for r in results] == lengths
+    with pytest.raises(ValueError):
+        asyncio.run(
+            run_closed_loop(
+                "http://x",
+                concurrency=1,
+                prompt_tokens=1,
+                output_tokens=2,
+                requests=1,
+                output_jitter=1.0,
+            )
+        )
