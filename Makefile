@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
+	bash scripts/ensure-prometheus.sh
 	$(BIN)/python -m pytest -q
 
 check: $(STAMP)

@@ -17,7 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from router.health import State
-from router.inflight import POOLS
+from router.inflight import POOLS, SPECULATIVE
 
 if TYPE_CHECKING:
     from router.proxy import Outcome
@@ -98,11 +98,12 @@ class RouterMetrics:
         self.duration.labels(pool).observe(out.ended - out.started)
         if out.client_gone:
             self.disconnects.labels(pool).inc()
-        for kind in out.retry_kinds:
-            self.retries.labels(pool, kind).inc()
-        if out.error is not None and out.backend is not None:
-            self.upstream_errors.labels(pool, out.backend, out.error).inc()
-        if out.first_byte is not None and out.status < 400:
+        for failed_pool, backend, kind in out.failures:
+            self.upstream_errors.labels(failed_pool, backend, kind).inc()
+        for left, kind in out.retries:
+            self.retries.labels(left, kind).inc()
+        if out.stream and out.first_byte is not None and out.status < 400:
+            # (a non-streamed answer's first byte is the whole generation: not a TTFT)
             self.ttft.labels(pool).observe(out.first_byte - out.started)
         usage = out.usage
         if usage is not None:
@@ -184,7 +185,7 @@ class StateCollector(Collector):
             pool = router.tracker.pool_of[url]
             running.add_metric([pool, url], seen.running)
             queued.add_metric([pool, url], seen.queued)
-            if seen.accept_length is not None:
+            if seen.accept_length is not None and pool == SPECULATIVE:
                 accept.add_metric([pool, url], seen.accept_length)
         yield running
         yield queued

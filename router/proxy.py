@@ -65,16 +65,17 @@ class Outcome:
     status: int = 0
     load_at_start: int = 0  # the chosen pool's load (this request excluded) when it was routed
     attempts: int = 0
-    retries: int = 0
     first_byte: float | None = None
     area_first: float | None = None  # the backend's in-flight integral at the first byte
     ended: float = 0.0
-    error: str | None = None  # upstream error kind, if any
+    error: str | None = None  # the upstream error that ended the request, if any
     client_gone: bool = False
     usage: Usage | None = None
     max_tokens: int | None = None
     temperature: float | None = None
-    retry_kinds: list[str] = field(default_factory=list)
+    # every failed upstream attempt (pool, backend, kind) and every retry (pool left, kind)
+    failures: list[tuple[str, str, str]] = field(default_factory=list)
+    retries: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -242,60 +243,45 @@ class Proxy:
             payload = upstream_body(
                 info, body, self.settings.pool_model_map(decision.pool), ask_usage
             )
-            retry_kind: str | None = None
             try:
                 conn = await self.clients[decision.backend].request(
                     method, target, headers, payload, self.timeouts
                 )
             except UpstreamError as exc:
-                out.error = exc.kind
+                out.failures.append((decision.pool, decision.backend, exc.kind))
                 if exc.kind == "first_byte_timeout":
+                    out.error = exc.kind
                     raise UpstreamTimeout(f"upstream did not answer within {exc}") from None
-                if exc.kind in RETRYABLE_KINDS or (
-                    exc.kind == "reset" and not exc.response_started
+                if not (
+                    exc.kind in RETRYABLE_KINDS
+                    or (exc.kind == "reset" and not exc.response_started)
                 ):
-                    self.health.eject(decision.backend, self.clock(), str(exc))
-                    retry_kind = exc.kind
-                else:
+                    out.error = exc.kind
                     raise UpstreamUnavailable(str(exc)) from None
-                if out.attempts >= max_attempts:
+                # refused, or closed before answering: out for a while, and safe to retry
+                self.health.eject(decision.backend, self.clock(), str(exc))
+                alt = None if out.attempts >= max_attempts else self.router.retry(decision, tried)
+                if alt is None:
+                    out.error = exc.kind
                     raise self._exhausted(exc) from None
+                kind = exc.kind
             else:
                 status = conn.status
                 if status >= 500:
+                    out.failures.append((decision.pool, decision.backend, f"http_{status}"))
                     self.health.eject(decision.backend, self.clock(), f"HTTP {status}")
                 elif status < 400:
                     self.health.served(decision.backend, self.clock())
                 if status not in RETRY_STATUSES or out.attempts >= max_attempts:
                     return conn, decision
-                retry_kind = f"http_{status}"
+                alt = self.router.retry(decision, tried)
+                if alt is None:
+                    return conn, decision  # nowhere else to go: the refusal goes to the client
+                kind = f"http_{status}"
                 conn.release()  # aborts: the body of a refusal is not worth reading
-            alt = self.router.retry(decision, tried)
-            if alt is None:
-                if retry_kind.startswith("http_"):
-                    # Nowhere else to go: the refusal goes to the client as the engine sent it.
-                    return await self._last_try(method, target, headers, payload, decision)
-                raise self._exhausted(None)
-            out.retries += 1
-            out.retry_kinds.append(retry_kind)
+            out.retries.append((decision.pool, kind))
             lease.move(alt.backend)
             decision = alt
-
-    async def _last_try(
-        self,
-        method: bytes,
-        target: bytes,
-        headers: list[tuple[bytes, bytes]],
-        payload: bytes,
-        decision: Decision,
-    ) -> tuple[Connection, Decision]:
-        try:
-            conn = await self.clients[decision.backend].request(
-                method, target, headers, payload, self.timeouts
-            )
-        except UpstreamError as exc:
-            raise self._exhausted(exc) from None
-        return conn, decision
 
     def _exhausted(self, exc: UpstreamError | None) -> RouterError:
         detail = f" (last error: {exc})" if exc else ""
@@ -340,6 +326,7 @@ class Proxy:
                 data = await conn.read()
             except UpstreamError as exc:
                 out.error = exc.kind
+                out.failures.append((decision.pool, decision.backend, exc.kind))
                 if exc.kind != "idle_timeout":
                     self.health.eject(decision.backend, self.clock(), str(exc))
                 await self._break_stream(send, exc, is_sse)
@@ -393,6 +380,7 @@ class Proxy:
                 data = await conn.read()
             except UpstreamError as exc:
                 out.error = exc.kind
+                out.failures.append((decision.pool, decision.backend, exc.kind))
                 raise UpstreamUnavailable(f"upstream failed: {exc}") from None
             if not data:
                 break

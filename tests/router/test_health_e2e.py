@@ -200,9 +200,18 @@ def test_refusal_before_any_byte_is_retried_on_the_other_pool(
         "baseline",
         "failover",
     )
-    assert (
-        metric_value(metrics(router.url), "spec_router_retries_total", kind=f"http_{status}") == 1
+    text = metrics(router.url)
+    # the retry and the error belong to the speculative pool, not the baseline that answered
+    retried = metric_value(
+        text, "spec_router_retries_total", pool="speculative", kind=f"http_{status}"
     )
+    assert retried == 1
+    assert metric_value(text, "spec_router_retries_total", pool="baseline") == 0
+    errors = metric_value(
+        text, "spec_router_upstream_errors_total", pool="speculative", backend=spec.url
+    )
+    assert errors == (1 if status >= 500 else 0)
+    assert metric_value(text, "spec_router_upstream_errors_total", pool="baseline") == 0
     assert_clean(router.url, spec.url, base.url)
 
 
