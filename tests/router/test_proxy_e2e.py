@@ -190,3 +190,36 @@ async def test_headers_pass_through_and_forwarded_for(start_router: RouterFactor
         or response.headers["transfer-encoding"] == "chunked"
     )
     assert response.headers["x-spec-router-reason"] == "below_crossover"
+
+
+def _normalise(body: bytes) -> bytes:
+    """Blank the per-call fields (`id`, `created`) that differ between any two engine calls."""
+    import re
+
+    body = re.sub(rb'"id":"[^"]*"', b'"id":"-"', body)
+    return re.sub(rb'"created":\d+', b'"created":0', body)
+
+
+@pytest.mark.parametrize("endpoint", ["chat/completions", "completions"])
+async def test_stream_without_usage_is_what_the_engine_sends_and_is_counted(
+    start_router: RouterFactory, sims: dict[str, Proc], endpoint: str
+) -> None:
+    # crossover 0: everything to the baseline sim, whose chunking is deterministic
+    router = start_router(crossover="0")
+    body = {"model": "sim", "max_tokens": 17, "stream": True}
+    body |= {"messages": MESSAGES} if endpoint.startswith("chat") else {"prompt": "once upon"}
+    direct = httpx.post(f"{sims['baseline'].url}/v1/{endpoint}", json=body)
+    routed = httpx.post(f"{router.url}/v1/{endpoint}", json=body)
+    assert routed.headers["x-spec-router-pool"] == "baseline"
+    assert b'"usage":{' not in routed.content  # the client did not ask for it
+    assert _normalise(routed.content) == _normalise(direct.content)
+    text = httpx.get(f"{router.url}/metrics").text
+    assert metric_value(text, "spec_router_output_tokens_total", pool="baseline") == 17
+    assert metric_value(text, "spec_router_prompt_tokens_total", pool="baseline") > 0
+    # a client that asks for usage gets it, counted once more
+    asked = httpx.post(
+        f"{router.url}/v1/{endpoint}", json={**body, "stream_options": {"include_usage": True}}
+    )
+    assert b'"completion_tokens":17' in asked.content
+    text = httpx.get(f"{router.url}/metrics").text
+    assert metric_value(text, "spec_router_output_tokens_total", pool="baseline") == 34
