@@ -19,9 +19,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router import crossover as tables
-from router.errors import BadRequest, NoBackend, RouterError, error_body
+from router.errors import BadRequest, NoBackend, RouterError, Unauthorized, error_body
 from router.health import usable
 from router.inflight import POOLS
+from router.request import has_api_key
 from router.upstream import Timeouts, UpstreamError
 
 if TYPE_CHECKING:
@@ -219,8 +220,12 @@ def build_control_app(app: RouterApp) -> FastAPI:
     async def status() -> dict[str, Any]:
         return status_document(app)
 
+    api_keys = [k.get_secret_value().encode() for k in app.settings.api_keys]
+
     @api.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
+        if api_keys and not has_api_key(request.scope["headers"], api_keys):
+            raise Unauthorized("invalid or missing API key")
         return await list_models(app)
 
     @api.put("/router/crossover")

@@ -10,7 +10,6 @@ cancellation of the handler, which aborts the upstream connection, so the engine
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -30,7 +29,14 @@ from router.errors import (
 from router.health import HealthRegistry
 from router.inflight import InflightTracker, Lease
 from router.policy import Decision
-from router.request import RequestInfo, forward_headers, inspect, response_headers, upstream_body
+from router.request import (
+    RequestInfo,
+    forward_headers,
+    has_api_key,
+    inspect,
+    response_headers,
+    upstream_body,
+)
 from router.routing import Router
 from router.settings import Settings
 from router.stream import BodyTap, SseTap, Usage
@@ -180,17 +186,7 @@ class Proxy:
 
     # -- request side -----------------------------------------------------------------------
     def _authorize(self, headers: list[tuple[bytes, bytes]]) -> None:
-        if not self._api_keys:
-            return
-        given = next((v for k, v in headers if k == b"authorization"), b"")
-        token = given[7:].strip() if given[:7].lower() == b"bearer " else b""
-        if not token:
-            token = next((v for k, v in headers if k == b"x-api-key"), b"")
-        # compare against every key so timing does not reveal which prefix matched
-        ok = False
-        for key in self._api_keys:
-            ok |= hmac.compare_digest(token, key)
-        if not ok:
+        if self._api_keys and not has_api_key(headers, self._api_keys):
             raise Unauthorized("invalid or missing API key")
 
     async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:

@@ -7,6 +7,7 @@ handful of fields are picked out. ``upstream_body`` re-encodes only when the bod
 
 from __future__ import annotations
 
+import hmac
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,18 @@ class RequestInfo:
 
 
 EMPTY = RequestInfo()
+
+
+def has_api_key(headers: list[tuple[bytes, bytes]], keys: list[bytes]) -> bool:
+    """Whether the request presents one of ``keys`` (``Authorization: Bearer`` or ``x-api-key``)."""
+    given = next((v for k, v in headers if k == b"authorization"), b"")
+    token = given[7:].strip() if given[:7].lower() == b"bearer " else b""
+    if not token:
+        token = next((v for k, v in headers if k == b"x-api-key"), b"")
+    ok = False
+    for key in keys:  # compare with every key: the time taken reveals nothing
+        ok |= hmac.compare_digest(token, key)
+    return ok
 
 
 def _is_json(content_type: bytes | None) -> bool:

@@ -223,3 +223,23 @@ async def test_stream_without_usage_is_what_the_engine_sends_and_is_counted(
     assert b'"completion_tokens":17' in asked.content
     text = httpx.get(f"{router.url}/metrics").text
     assert metric_value(text, "spec_router_output_tokens_total", pool="baseline") == 34
+
+
+def test_api_keys_are_required_when_configured(start_router: RouterFactory) -> None:
+    router = start_router(api_keys="k-one,k-two")
+    url = f"{router.url}/v1/chat/completions"
+    body = {"model": "sim", "messages": MESSAGES, "max_tokens": 2}
+    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "k-one"}):
+        r = httpx.post(url, json=body, headers=headers)
+        assert r.status_code == 401, headers
+        assert r.json()["error"]["type"] == "authentication_error"
+        assert r.headers["www-authenticate"] == "Bearer"
+    assert httpx.post(url, json=body, headers={"authorization": "Bearer k-two"}).status_code == 200
+    assert httpx.post(url, json=body, headers={"x-api-key": "k-one"}).status_code == 200
+    client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="k-one", max_retries=0)
+    assert (
+        client.completions.create(model="sim", prompt="hi", max_tokens=2).usage.completion_tokens
+        == 2
+    )  # type: ignore[union-attr]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{router.url}/v1", api_key="bad", max_retries=0).models.list()
