@@ -41,7 +41,10 @@ class Curve:
         if i == 0:
             return ys[0]  # below the first point: no cheaper than it
         if i >= len(xs):
-            i = len(xs) - 1  # extend the last segment
+            # past the last point: extend the last segment, never downhill (more load is
+            # never cheaper; a noisy pair of points must not promise free capacity)
+            x0, x1, y0, y1 = xs[-2], xs[-1], ys[-2], ys[-1]
+            return y1 + max(0.0, (y1 - y0) / (x1 - x0)) * (n - x1)
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return max(1e-9, y0 + (y1 - y0) * (n - x0) / (x1 - x0))
 

@@ -113,3 +113,14 @@ def test_bad_samples_are_ignored(bad: float) -> None:
     learner = Learner(LearnConfig(), None)
     learner.record("speculative", 2.0, bad, 0.0, 1.0)
     assert learner.pools["speculative"].samples == 0
+
+
+def test_curve_interpolates_and_never_extrapolates_downhill() -> None:
+    from router.learning import Curve
+
+    c = Curve((1.0, 3.0), (0.030, 0.050), tau=2.0)
+    assert c.spi(0.5) == 0.030 and abs(c.spi(2.0) - 0.040) < 1e-12
+    assert abs(c.spi(5.0) - 0.070) < 1e-12  # the last slope carries on
+    assert abs(c.spt(1.0) - 0.015) < 1e-12
+    noisy = Curve((1.0, 2.0), (0.050, 0.040))
+    assert noisy.spi(10.0) == 0.040  # flat, not cheaper and cheaper
