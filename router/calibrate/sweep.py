@@ -186,13 +186,29 @@ async def run_level(
     return run
 
 
-async def wait_idle(client: httpx.AsyncClient, url: str, timeout: float = 30.0) -> None:
+async def wait_idle(
+    client: httpx.AsyncClient, url: str, timeout: float = 10.0, stale: float = 2.0
+) -> None:
     """Best effort: wait until the engine reports nothing running or queued (the cancelled
-    fillers of the last level), so that a level does not start on a busy engine."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    fillers of the last level), so that a level does not start on a busy engine.
+
+    Gives up after ``timeout``, or once the count has not changed for ``stale`` seconds: some
+    engines only refresh these gauges while they decode, so an idle one may go on reporting
+    its last batch.
+    """
+    began = time.monotonic()
+    last: float | None = None
+    since = began
+    while (now := time.monotonic()) - began < timeout:
         sample = await scrape(client, url)
-        if sample is None or sample.flavor == "unknown" or sample.running + sample.queued <= 0:
+        if sample is None or sample.flavor == "unknown":
+            return
+        load = sample.running + sample.queued
+        if load <= 0:
+            return
+        if load != last:
+            last, since = load, now
+        elif now - since >= stale:
             return
         await asyncio.sleep(0.05)
 

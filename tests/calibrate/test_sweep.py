@@ -1,0 +1,118 @@
+"""The engine-facing helpers against canned answers (``httpx.MockTransport``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+import httpx
+
+from router import engine_metrics
+from router.calibrate.sweep import acceptance, discover_model, scrape, wait_idle
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+SGLANG = """# HELP sglang:num_running_reqs x
+sglang:num_running_reqs{{model_name="m"}} {running}
+sglang:num_queue_reqs{{model_name="m"}} {queued}
+sglang:spec_accept_length{{model_name="m"}} {accept}
+"""
+VLLM = """vllm:num_requests_running{{model_name="m"}} 0
+vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {accepted}
+vllm:spec_decode_num_drafts_total{{model_name="m"}} {drafts}
+"""
+
+
+def run(handler: Handler, coro: Callable[[httpx.AsyncClient], object]) -> object:
+    async def go() -> object:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await coro(client)  # type: ignore[misc]
+
+    return asyncio.run(go())
+
+
+def test_wait_idle_returns_when_the_engine_drains() -> None:
+    loads = iter([3, 1, 0, 5])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=SGLANG.format(running=next(loads), queued=0, accept=0))
+
+    run(handler, lambda c: wait_idle(c, "http://e"))
+    assert next(loads) == 5  # stopped at the 0
+
+
+def test_wait_idle_gives_up_on_a_gauge_that_does_not_move() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return httpx.Response(200, text=SGLANG.format(running=4, queued=0, accept=0))
+
+    run(handler, lambda c: wait_idle(c, "http://e", timeout=5.0, stale=0.2))
+    assert 3 <= calls < 20
+
+
+def test_wait_idle_and_scrape_without_metrics() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404)
+
+    run(handler, lambda c: wait_idle(c, "http://e"))
+    assert run(handler, lambda c: scrape(c, "http://e")) is None
+
+
+def test_acceptance_prefers_server_info() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/server_info":
+            states = [{"avg_spec_accept_length": 2.65}]
+            return httpx.Response(200, json={"internal_states": states})
+        return httpx.Response(404)
+
+    assert run(handler, lambda c: acceptance(c, "http://e", None, None)) == (
+        2.65,
+        "avg_spec_accept_length from /server_info",
+    )
+
+
+def test_acceptance_from_vllm_counters_over_the_sweep() -> None:
+    before = engine_metrics.parse(VLLM.format(accepted=100, drafts=100))
+    after = engine_metrics.parse(VLLM.format(accepted=280, drafts=200))
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404)
+
+    tau, source = run(handler, lambda c: acceptance(c, "http://e", before, after))  # type: ignore[misc]
+    assert tau == 1.0 + 180 / 100 and "vllm" in source
+
+
+def test_acceptance_falls_back_to_the_gauge_then_to_one() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=SGLANG.format(running=0, queued=0, accept=2.4))
+        return httpx.Response(500)
+
+    async def go(client: httpx.AsyncClient) -> object:
+        after = await scrape(client, "http://e")
+        return await acceptance(client, "http://e", None, after)
+
+    assert run(handler, go) == (2.4, "sglang:spec_accept_length from /metrics")
+
+    def nothing(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=SGLANG.format(running=0, queued=0, accept=0))
+
+    tau, source = run(nothing, lambda c: acceptance(c, "http://e", None, None))  # type: ignore[misc]
+    assert tau == 1.0 and "no acceptance length" in source
+
+
+def test_discover_model() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.headers["authorization"] == "Bearer k"
+        return httpx.Response(200, content=json.dumps({"data": [{"id": "llama"}]}))
+
+    assert run(handler, lambda c: discover_model(c, "http://e", {"authorization": "Bearer k"})) == (
+        "llama"
+    )
+    assert run(lambda r: httpx.Response(404), lambda c: discover_model(c, "http://e", {})) == (
+        "default"
+    )
