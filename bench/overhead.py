@@ -474,6 +474,9 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     )
                     runs.append({"rep": rep, "target": name, "scenario": scenario, **result})
                     log(_progress(rep, args.reps, scenario, name, result))
+                    # A checkpoint, so an interrupted run still leaves its measurements.
+                    args.out.mkdir(parents=True, exist_ok=True)
+                    (args.out / "overhead.partial.json").write_text(json.dumps(runs) + "\n")
                     time.sleep(args.settle)
     finally:
         for proc in procs.values():
@@ -568,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overhead.json").write_text(json.dumps(report, indent=1) + "\n")
     (args.out / "overhead.md").write_text(render_markdown(report))
+    (args.out / "overhead.partial.json").unlink(missing_ok=True)
     log(f"wrote {args.out / 'overhead.md'} and overhead.json")
     return 0
 
