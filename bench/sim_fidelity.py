@@ -125,11 +125,15 @@ def windows(preset: str, n: int, prompt: int, output: int) -> tuple[float, float
     point = closed_loop(p, n, prompt, output)
     request_time = output / point.per_request_tps
     # The first iteration takes everybody's prefill at once; after it, joins are spread
-    # (desync). Skip that burst and a quarter of a request's life.
+    # (desync). Skip that burst and a quarter of a request's life. Beyond max_running only
+    # the first requests of max_running workers run at first, and their spread lengths end
+    # faster than steady-state requests do: skip most of a request's life there.
     burst = min(n, p.max_running) * prefill_time(p, prompt) + 2 * point.iteration_time
-    warmup = burst + min(0.25 * request_time, 5.0)
-    # eagle3's acceptance draws are random: measure longer where few requests run.
-    window = 30.0 if (PRESETS[preset].spec_k and n == 1) else 15.0
+    queued = n > p.max_running
+    warmup = burst + (min(0.75 * request_time, 25.0) if queued else min(0.25 * request_time, 5.0))
+    # eagle3's acceptance draws and the prefill stalls of rejoining requests are random:
+    # measure longer where few requests run, or where each window holds few iterations.
+    window = 30.0 if (p.spec_k and (n == 1 or n >= 32)) else 15.0
     return warmup, window
 
 
