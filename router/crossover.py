@@ -309,6 +309,13 @@ def save(table: Table, path: Path) -> None:
     data = json.dumps(to_json(table), indent=2, sort_keys=False) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        # mkstemp makes the file 0600; keep the mode of the table we replace, else 0644, so a
+        # router running as another user (a container, a service account) can still read it.
+        try:
+            mode = os.stat(path).st_mode & 0o777
+        except OSError:
+            mode = 0o644
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as fh:
             fh.write(data)
             fh.flush()

@@ -176,6 +176,19 @@ def disturbance(run: LevelRun, tolerance: float = 0.15) -> str | None:
     return f"the engine held {load:.1f} requests on average while {n} were driven"
 
 
+def out_of_line(points: Sequence[Point], tolerance: float = 0.10) -> list[int]:
+    """Levels to measure again: both of two neighbours where per-request decode speed rose by
+    more than ``tolerance`` with concurrency. A batching engine only slows down as its batch
+    grows (and stays flat once requests queue), so such a rise means one of the two was
+    measured while the engine ran slower or faster than it does."""
+    pts = sorted(points, key=lambda p: p.concurrency)
+    odd: set[int] = set()
+    for low, high in zip(pts, pts[1:], strict=False):
+        if high.decode_tps_p50 > low.decode_tps_p50 * (1 + tolerance):
+            odd.update((low.concurrency, high.concurrency))
+    return sorted(odd)
+
+
 # -- the table ------------------------------------------------------------------------------------
 
 
@@ -206,8 +219,9 @@ def describe(
     ]
     if disturbed:
         notes.append(
-            "Levels where the engine's running + queued count strayed from the concurrency "
-            f"driven even after retries: {', '.join(disturbed)}."
+            "Levels that failed a check even when measured again (the engine's running + "
+            "queued count off the concurrency driven, or decode speed rising with "
+            f"concurrency): {', '.join(disturbed)}."
         )
     if not ignore_eos:
         notes.append("Requests could stop at end-of-sequence (ignore_eos off).")

@@ -21,6 +21,7 @@ from router.calibrate.levels import (
     CalibrationError,
     LevelRun,
     disturbance,
+    out_of_line,
     point_from_run,
     refusal,
     requests_per_level,
@@ -78,7 +79,7 @@ class Progress:
 
     def start(self, pool: str, concurrency: int, wanted: int, attempt: int = 0) -> None:
         self.index += attempt == 0
-        again = f" (again, {attempt + 1})" if attempt else ""
+        again = " (again)" if attempt else ""
         self.label = f"[{self.index}/{self.levels}] {pool:<11} c={concurrency:<3}{again}"
         self.wanted = wanted
         self.update(0, force=True)
@@ -171,9 +172,16 @@ async def run_level(
             run.engine_load.append((time.monotonic(), sample.running + sample.queued))
             await asyncio.sleep(load_interval)
 
+    async def tick() -> None:  # keep the clock moving while long requests run
+        while True:
+            await asyncio.sleep(1.0)
+            progress.update(done, force=True)
+
     began = time.monotonic()
     tasks = [asyncio.create_task(worker(i)) for i in range(concurrency)]
     tasks.append(asyncio.create_task(sample_load()))
+    if progress.tty:
+        tasks.append(asyncio.create_task(tick()))
     try:
         await asyncio.wait_for(finished.wait(), timeout)
     except TimeoutError:
@@ -259,12 +267,63 @@ async def discover_model(client: httpx.AsyncClient, url: str, headers: dict[str,
         return "default"
 
 
+@dataclass
+class _Pool:
+    """One pool's half of a sweep: where it is and how to talk to it."""
+
+    name: str
+    url: str
+    source: RequestSource
+    client: httpx.AsyncClient
+    headers: dict[str, str]
+
+
+async def measure(
+    plan: Plan, pool: _Pool, n: int, progress: Progress, again: bool = False
+) -> tuple[Point, bool]:
+    """One level, measured again while the engine's own load says it did not run as driven
+    (up to ``plan.retries`` times): the point, and whether the last attempt ran as driven.
+    Raises ``CalibrationError`` if the level must not be used at all."""
+    wanted = requests_per_level(n, plan.output_tokens, plan.requests_per_level)
+    for attempt in range(plan.retries + 1):
+        await wait_idle(pool.client, pool.url)
+        progress.start(pool.name, n, wanted, attempt + again)
+        run = await run_level(
+            pool.client,
+            pool.url,
+            pool.source,
+            pool.name,
+            n,
+            wanted,
+            timeout=plan.level_timeout,
+            headers=pool.headers,
+            progress=progress,
+        )
+        point = point_from_run(run, plan.time_scale)
+        why = refusal(run, point, plan.min_samples)
+        if why is not None:
+            progress.say(f"{progress.label} stopped")
+            raise CalibrationError(why)
+        progress.finish(point, run.seconds, run.mean_engine_load())
+        upset = disturbance(run)
+        if upset is None:
+            return point, True
+        then = "measuring again" if attempt < plan.retries else "keeping it"
+        progress.say(f"  {pool.name} c={n}: {upset}; {then}")
+    return point, False
+
+
 async def sweep(plan: Plan, sources: dict[str, RequestSource], progress: Progress) -> Sweep:
     """Both pools, one after the other; raises ``CalibrationError`` at the first bad level.
 
-    A level during which the engine's own count of running and queued requests strayed from
-    the concurrency driven (other traffic on the pool, or this machine too busy to keep the
-    load up) is measured again, up to ``plan.retries`` times, then kept and named in the notes.
+    Two checks catch a level that did not run as it should. During the level: the engine's
+    own count of running and queued requests must match the concurrency driven (else other
+    traffic shares the pool, or this machine is too busy to keep the load up); such a level
+    is measured again, up to ``plan.retries`` times. After the pool's sweep: per-request decode
+    speed must not rise with concurrency (a batching engine only slows down as its batch
+    grows), so two neighbouring levels where it does are both measured once more, which
+    catches an engine that was slowed down or sped up for a moment. What still fails a check
+    is kept and named in the table's notes.
     """
     headers = {"authorization": f"Bearer {plan.api_key}"} if plan.api_key else {}
     top = max(plan.levels)
@@ -272,43 +331,29 @@ async def sweep(plan: Plan, sources: dict[str, RequestSource], progress: Progres
     limits = httpx.Limits(max_connections=top + 8, max_keepalive_connections=top + 8)
     timeout = httpx.Timeout(connect=30.0, read=None, write=60.0, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        for pool in POOLS:
-            url = plan.urls[pool]
+        for name in POOLS:
+            pool = _Pool(name, plan.urls[name], sources[name], client, headers)
             if plan.discover_model:
-                sources[pool].model = await discover_model(client, url, headers)
-            before = await scrape(client, url)
+                pool.source.model = await discover_model(client, pool.url, headers)
+            before = await scrape(client, pool.url)
+            points: dict[int, Point] = {}
+            calm: dict[int, bool] = {}
             for n in plan.levels:
-                wanted = requests_per_level(n, plan.output_tokens, plan.requests_per_level)
-                for attempt in range(plan.retries + 1):
-                    await wait_idle(client, url)
-                    progress.start(pool, n, wanted, attempt)
-                    run = await run_level(
-                        client,
-                        url,
-                        sources[pool],
-                        pool,
-                        n,
-                        wanted,
-                        timeout=plan.level_timeout,
-                        headers=headers,
-                        progress=progress,
-                    )
-                    point = point_from_run(run, plan.time_scale)
-                    why = refusal(run, point, plan.min_samples)
-                    if why is not None:
-                        progress.say(f"{progress.label} stopped")
-                        raise CalibrationError(why)
-                    progress.finish(point, run.seconds, run.mean_engine_load())
-                    upset = disturbance(run)
-                    if upset is None:
-                        break
-                    then = "measuring again" if attempt < plan.retries else "keeping it"
-                    progress.say(f"  {pool} c={n}: {upset}; {then}")
-                else:
-                    result.disturbed.append(f"{pool} at {n}")
-                result.points[pool].append(point)
-                result.counts.append(wanted)
-            if pool == "speculative":
-                after = await scrape(client, url)
-                result.tau, result.tau_source = await acceptance(client, url, before, after)
+                points[n], calm[n] = await measure(plan, pool, n, progress)
+                result.counts.append(
+                    requests_per_level(n, plan.output_tokens, plan.requests_per_level)
+                )
+            odd = out_of_line(list(points.values()))
+            if odd:
+                around = ", ".join(map(str, odd))
+                progress.say(f"  {name}: decode speed rose with concurrency at {around}; again")
+                for n in odd:
+                    points[n], calm[n] = await measure(plan, pool, n, progress, again=True)
+            doubtful = {n for n, ok in calm.items() if not ok}
+            doubtful.update(out_of_line(list(points.values())))
+            result.points[name] = [points[n] for n in plan.levels]
+            result.disturbed += [f"{name} at {n}" for n in sorted(doubtful)]
+            if name == "speculative":
+                after = await scrape(client, pool.url)
+                result.tau, result.tau_source = await acceptance(client, pool.url, before, after)
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -12,11 +13,12 @@ from router.calibrate.levels import (
     build_table,
     describe,
     disturbance,
+    out_of_line,
     point_from_run,
     refusal,
     requests_per_level,
 )
-from router.crossover import Point, Workload, from_json, to_json
+from router.crossover import Point, Workload, from_json, load, save, to_json
 from router.loadgen import RequestResult
 
 
@@ -136,6 +138,16 @@ def test_disturbance_compares_engine_load_after_warm_up_with_concurrency() -> No
     assert disturbance(run) is not None
 
 
+def test_out_of_line_names_both_neighbours_of_a_rise() -> None:
+    levels = [1, 2, 4, 8, 10]
+    assert out_of_line(points([80.0, 60.0, 40.0, 20.0, 19.0], levels)) == []
+    assert out_of_line(points([80.0, 60.0, 40.0, 20.0, 21.0], levels)) == []  # noise: 5%
+    # A level measured while the engine was slowed down: too slow against the next one.
+    assert out_of_line(points([80.0, 60.0, 40.0, 10.0, 19.0], levels)) == [8, 10]
+    # ... or sped up: too fast against the previous one.
+    assert out_of_line(points([80.0, 90.0, 40.0, 20.0, 19.0], levels)) == [1, 2]
+
+
 def points(rates: list[float], levels: list[int]) -> list[Point]:
     return [
         Point(n, r, 0.1, 0.2, 64 / r, n * r, samples=16) for n, r in zip(levels, rates, strict=True)
@@ -175,3 +187,20 @@ def test_e2e_objective_uses_latency() -> None:
     # against 1.9 s).
     assert table.crossover == 2
     assert table.speculative.fit is not None and table.speculative.fit.tau == 1.0  # tau >= 1
+
+
+def test_saved_table_is_readable_by_others_and_keeps_an_existing_mode(tmp_path: Path) -> None:
+    table = build_table(
+        points([80.0, 20.0], [1, 8]),
+        points([50.0, 24.0], [1, 8]),
+        objective="tpot",
+        workload=Workload(1024, 64),
+        measured_at="",
+    )
+    path = tmp_path / "table.json"
+    save(table, path)
+    assert path.stat().st_mode & 0o777 == 0o644
+    path.chmod(0o640)
+    save(table, path)
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert load(path) == table
