@@ -9,7 +9,7 @@ a versioned JSON table (``router.crossover``) that the router loads from
 and how to read its plot.
 
 * ``cli`` — the command line: arguments in, table and plot out.
-* ``sweep`` — the I/O: each level's closed loop, the engines' counters, the progress bar.
+* ``sweep`` — the I/O: each level's closed loop, the engines' counters; ``progress`` — the bar.
 * ``levels`` — pure: what a level measured, whether to trust it, the table.
 * ``workload`` — pure: the synthetic workload and the JSONL dataset format.
 * ``plot`` — the PNG (needs matplotlib, the ``plot`` extra).

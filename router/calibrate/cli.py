@@ -21,7 +21,8 @@ from router.calibrate.levels import (
     build_table,
     describe,
 )
-from router.calibrate.sweep import POOLS, Plan, Progress, sweep
+from router.calibrate.progress import Progress
+from router.calibrate.sweep import POOLS, Plan, sweep
 from router.calibrate.workload import (
     DatasetError,
     RequestSource,

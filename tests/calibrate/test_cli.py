@@ -7,7 +7,7 @@ import io
 import pytest
 
 from router.calibrate.cli import base_url, parse_args, report
-from router.calibrate.sweep import Progress
+from router.calibrate.progress import Progress
 from router.crossover import Point, PoolCurve, Table
 
 REQUIRED = ["--speculative", "http://a", "--baseline", "http://b", "--out", "t.json"]
