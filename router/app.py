@@ -100,6 +100,7 @@ class RouterApp:
     async def running(self) -> AsyncIterator[RouterApp]:
         """Start the upstream clients and the poller; stop them on exit."""
         s = self.settings
+        _ensure_logging(s.log_level)
         for pool in POOLS:
             for url in self.pools[pool]:
                 self.clients[url] = OriginPool(
@@ -162,6 +163,16 @@ class RouterApp:
             await self._lifespan(receive, send)
         elif kind == "websocket":
             await send({"type": "websocket.close", "code": 1003})
+
+
+def _ensure_logging(level: str) -> None:
+    """Under ``uvicorn router.app:app`` nothing configures our loggers: give them a handler."""
+    ours = logging.getLogger("spec_router")
+    if not ours.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        ours.addHandler(handler)
+    ours.setLevel(level.upper())
 
 
 def load_table(settings: Settings) -> tables.Table | None:
