@@ -38,6 +38,7 @@ from router.sim.model import (
 )
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+RETRIES = 3
 
 
 def cpu_seconds(pid: int) -> float:
@@ -107,6 +108,7 @@ class Point:
     sim_cpu: float  # fraction of one core over the point
     gen_cpu: float
     other_cpu: float  # cores' worth used by other processes: interference
+    attempts: int = 1
     model_client: float = 0.0  # tok/s one client gets (total / C), queueing included
     client: float = 0.0
 
@@ -217,8 +219,8 @@ def report(
         "CPU 1. Rates are as measured at the given time scale (model rate / scale).",
         "",
         "| scale | preset | C | per-request model | measured | err | total model | measured "
-        "| err | reqs | tau seen | late ms | lag resets | sim CPU | gen CPU | other CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| err | reqs | tau seen | late ms | lag resets | sim CPU | gen CPU | other CPU | tries |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         tau = f"{p.tau_realised:.3f}" if p.tau_realised else "-"
@@ -227,7 +229,7 @@ def report(
             f"{p.per_request:.2f} | {p.err_per_request:+.1f}% | {p.model_total:.1f} | "
             f"{p.total:.1f} | {p.err_total:+.1f}% | {p.requests} | {tau} | "
             f"{p.late_mean_ms:.2f} | {p.lag_resets} | {100 * p.sim_cpu:.0f}% | "
-            f"{100 * p.gen_cpu:.0f}% | {100 * p.other_cpu:.0f}% |"
+            f"{100 * p.gen_cpu:.0f}% | {100 * p.other_cpu:.0f}% | {p.attempts} |"
         )
     worst = max((max(abs(p.err_per_request), abs(p.err_total)) for p in points), default=0.0)
     lines += [
@@ -286,7 +288,8 @@ METHOD = """
   more than 100 ms behind and dropped the debt (0 means the model clock was kept). CPU: share
   of one core used by the sim and by the load generator during the point; "other": cores'
   worth used by anything else on the machine at the same time (interference: the machine is
-  shared).
+  shared); `tries`: a point that missed 5% while others used more than 30% of a core was
+  measured again (up to 3 times) and the attempt with the least interference is shown.
 """.splitlines()
 
 
@@ -410,14 +413,30 @@ async def sweep(
     output: int,
     window: float | None = None,
     jitter: float = 0.0,
+    retry: bool = True,
 ) -> list[Point]:
-    """Measure each (preset, concurrencies) of ``plan`` against one sim per preset."""
+    """Measure each (preset, concurrencies) of ``plan`` against one sim per preset.
+
+    This machine is shared. A point that misses the 5% target while other processes used more
+    than 30% of a core is measured again, up to ``RETRIES`` times in all, and the attempt with
+    the least interference is kept (chosen by interference, not by result).
+    """
     points = []
     for preset, concurrencies in plan:
         proc, url = start_sim(preset, scale, args.seed, args.sim_cpu)
         try:
             for n in concurrencies:
-                p = await measure(url, proc.pid, scale, preset, n, prompt, output, window, jitter)
+                attempts: list[Point] = []
+                while len(attempts) < (RETRIES if retry else 1):
+                    p = await measure(
+                        url, proc.pid, scale, preset, n, prompt, output, window, jitter
+                    )
+                    attempts.append(p)
+                    missed = max(abs(p.err_per_request), abs(p.err_total)) > 5.0
+                    if not (missed and p.other_cpu > 0.3):
+                        break
+                p = min(attempts, key=lambda a: a.other_cpu)
+                p.attempts = len(attempts)
                 print(
                     f"{label} scale {scale:g} {preset:8s} C={n:3d}  per-request "
                     f"{p.per_request:8.2f} ({p.err_per_request:+.1f}%)  total "
@@ -449,6 +468,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Point], list[Point], list[
             args.crossover_output,
             window=240.0,
             jitter=args.crossover_jitter,
+            retry=False,
         )
     saturation: list[Point] = []
     if args.saturation:
