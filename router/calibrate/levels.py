@@ -162,12 +162,14 @@ def refusal(run: LevelRun, point: Point, min_samples: int) -> str | None:
     return None
 
 
-def disturbance(run: LevelRun, tolerance: float = 0.15) -> str | None:
+def disturbance(run: LevelRun, tolerance: float = 0.10) -> str | None:
     """Why the engine's own load says the level did not run as driven, or None.
 
     In a closed loop the engine holds about ``concurrency`` requests (running or queued) all
-    the time. Clearly fewer means the requests did not reach it in time (this machine was too
-    busy); clearly more means other traffic shared the pool. Either skews every number.
+    the time (a little less with short outputs: a finished client's next request needs a
+    moment to arrive). Clearly fewer means the requests did not reach it in time (this machine
+    was too busy); clearly more means other traffic shared the pool. Either skews every number:
+    with fewer requests in its batch the engine decodes each faster.
     """
     load = run.mean_engine_load()
     n = run.concurrency
