@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.loadgen import run_closed_loop, window_stats
@@ -108,7 +108,7 @@ class Point:
     sim_cpu: float  # fraction of one core over the point
     gen_cpu: float
     other_cpu: float  # cores' worth used by other processes: interference
-    attempts: int = 1
+    earlier: list[str] = field(default_factory=list)  # errors of discarded attempts
     model_client: float = 0.0  # tok/s one client gets (total / C), queueing included
     client: float = 0.0
 
@@ -218,8 +218,8 @@ def report(
         "temperature 0, streamed chat completions. Sim pinned to CPU 0, load generator to "
         "CPU 1. Rates are as measured at the given time scale (model rate / scale).",
         "",
-        "| scale | preset | C | per-request model | measured | err | total model | measured "
-        "| err | reqs | tau seen | late ms | lag resets | sim CPU | gen CPU | other CPU | tries |",
+        "| scale | preset | C | per-request model | measured | err | total model | measured | err "
+        "| reqs | tau seen | late ms | lag resets | sim CPU | gen CPU | other CPU | retried |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
@@ -229,7 +229,7 @@ def report(
             f"{p.per_request:.2f} | {p.err_per_request:+.1f}% | {p.model_total:.1f} | "
             f"{p.total:.1f} | {p.err_total:+.1f}% | {p.requests} | {tau} | "
             f"{p.late_mean_ms:.2f} | {p.lag_resets} | {100 * p.sim_cpu:.0f}% | "
-            f"{100 * p.gen_cpu:.0f}% | {100 * p.other_cpu:.0f}% | {p.attempts} |"
+            f"{100 * p.gen_cpu:.0f}% | {100 * p.other_cpu:.0f}% | {', '.join(p.earlier) or '-'} |"
         )
     worst = max((max(abs(p.err_per_request), abs(p.err_total)) for p in points), default=0.0)
     lines += [
@@ -288,8 +288,9 @@ METHOD = """
   more than 100 ms behind and dropped the debt (0 means the model clock was kept). CPU: share
   of one core used by the sim and by the load generator during the point; "other": cores'
   worth used by anything else on the machine at the same time (interference: the machine is
-  shared); `tries`: a point that missed 5% while others used more than 30% of a core was
-  measured again (up to 3 times) and the attempt with the least interference is shown.
+  shared); `retried`: a point that missed 5% while others used more than 30% of a core was
+  measured again (up to 3 attempts); the last attempt is shown and the per-request/total
+  errors of the discarded ones are listed here.
 """.splitlines()
 
 
@@ -418,8 +419,8 @@ async def sweep(
     """Measure each (preset, concurrencies) of ``plan`` against one sim per preset.
 
     This machine is shared. A point that misses the 5% target while other processes used more
-    than 30% of a core is measured again, up to ``RETRIES`` times in all, and the attempt with
-    the least interference is kept (chosen by interference, not by result).
+    than 30% of a core is measured again, up to ``RETRIES`` times in all; the last attempt is
+    kept and the errors of the earlier ones are reported with it.
     """
     points = []
     for preset, concurrencies in plan:
@@ -435,8 +436,8 @@ async def sweep(
                     missed = max(abs(p.err_per_request), abs(p.err_total)) > 5.0
                     if not (missed and p.other_cpu > 0.3):
                         break
-                p = min(attempts, key=lambda a: a.other_cpu)
-                p.attempts = len(attempts)
+                p = attempts[-1]
+                p.earlier = [f"{a.err_per_request:+.1f}/{a.err_total:+.1f}%" for a in attempts[:-1]]
                 print(
                     f"{label} scale {scale:g} {preset:8s} C={n:3d}  per-request "
                     f"{p.per_request:8.2f} ({p.err_per_request:+.1f}%)  total "
