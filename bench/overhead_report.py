@@ -92,6 +92,10 @@ def summarize(runs: list[Run], targets: list[str], scenarios: list[str]) -> dict
             s["errors"] = sum(r.get("errors", 0) for r in mine.values())
             s["not_drained"] = sum(r.get("not_drained", 0) for r in mine.values())
             s["cpu_us_per_req"] = _median([_cpu_per_request_us(r) for r in mine.values()])
+            s["other_load_max"] = max(
+                (r["other_load"] for r in mine.values() if r.get("other_load") is not None),
+                default=None,
+            )
             s["core1"] = _median(
                 [
                     r["cpu_backend"] + r["cpu_loadgen"]
@@ -354,9 +358,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         "## Is the load generator the bottleneck?",
         "",
         f"CPU {cfg['load_core']} runs the fake backend and the load generator. Its use (cores, "
-        'median) per scenario, and direct req/s against the best proxy\'s. "Other" is the CPU '
+        'median) per scenario, and direct req/s against the best proxy\'s. "Other" is the most CPU '
         "that processes outside the benchmark used on the two cores during the measured "
-        "window (the machine may be shared); a run with more than "
+        "window of any repetition (the machine may be shared); a run with more than "
         f"{cfg.get('max_other_load', 0.1):.2f} cores of it was repeated up to "
         f"{cfg.get('retries', 0)} times and the least disturbed attempt kept.",
         "",
@@ -367,10 +371,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         rows.append(
             [t]
             + [_f(sc(t, s).get("core1"), 2) for s in scen]
-            + [_f(sc(t, s).get("other_load"), 2) for s in scen]
+            + [_f(sc(t, s).get("other_load_max"), 2) for s in scen]
         )
     out += _table(
-        ["stack", "CPU 1, c=1", "streaming", "c=64", "other, c=1", "streaming", "c=64"], rows
+        ["stack", "CPU 1, c=1", "streaming", "c=64", "other (max), c=1", "streaming", "c=64"], rows
     )
     out += [""] + _headroom(summary, cfg)
 
@@ -434,6 +438,19 @@ def _findings(summary: dict[str, Any]) -> list[str]:
     )
     compare("asgi_aiohttp", "router", "The best off-the-shelf Python stack against the router")
     compare("router", "nginx", "The router against nginx")
+    httpx = _get(summary, "asgi_httpx", "c64", "cpu_us_per_req")
+    aiohttp = _get(summary, "asgi_aiohttp", "c64", "cpu_us_per_req")
+    if httpx and aiohttp:
+        lines += [
+            "",
+            f"Why the router's hot path does not use httpx: under the same raw ASGI handler, "
+            f"httpx costs ×{httpx / aiohttp:.0f} the CPU per request of aiohttp (whose response "
+            "parser is in C) and collapses under 256 concurrent streams (see the table above). "
+            "The router forwards with its own small HTTP/1.1 client on asyncio and httptools' "
+            "C parser (router/upstream.py), the parser uvicorn already brings, rather than add "
+            "aiohttp as a second client library; httpx remains only in the tools around it "
+            "(demo, calibration, load generator), where nothing is hot.",
+        ]
     return lines or ["- (too few stacks measured to compare)"]
 
 
@@ -447,7 +464,7 @@ def _headroom(summary: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
         best = max(((v, t) for t, v in proxies.items() if v), default=None)
         if direct and best:
             lines.append(
-                f"- {label}: direct {direct:,.0f} req/s; best Python stack ({best[1]}) "
+                f"- {label}: direct {direct:,.0f} req/s; best Python proxy ({best[1]}) "
                 f"{best[0]:,.0f} req/s, {best[0] / direct:.0%} of direct."
             )
     length_s = (cfg["chunks"] - 1) * cfg["interval_ms"] / 1e3
