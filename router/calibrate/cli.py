@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument(
         "--prompt-tokens",
         type=int,
+        metavar="N",
         help=f"synthetic prompt length (default {DEFAULT_PROMPT_TOKENS})",
     )
     what.add_argument(
@@ -66,10 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--output-tokens",
         type=int,
+        metavar="N",
         help=f"synthetic output length (default {DEFAULT_OUTPUT_TOKENS}); with --dataset, the "
         "default for lines without max_tokens",
     )
-    parser.add_argument("--temperature", type=float, default=0.0, help="synthetic requests only")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, metavar="T", help="synthetic requests only"
+    )
     parser.add_argument(
         "--endpoint",
         choices=("chat", "completions"),
@@ -86,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--min-samples",
         type=int,
+        metavar="N",
         default=DEFAULT_MIN_SAMPLES,
         help="refuse to write the table if a level measured fewer requests (default: %(default)s)",
     )
@@ -96,8 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="what 'at least as good' means: per-request decode speed (tpot) or end-to-end "
         "latency (default: %(default)s)",
     )
-    parser.add_argument("--model", help="model name to send (default: each pool's /v1/models)")
-    parser.add_argument("--api-key", help="sent to both pools as a bearer token")
+    parser.add_argument(
+        "--model", metavar="NAME", help="model name to send (default: each pool's /v1/models)"
+    )
+    parser.add_argument("--api-key", metavar="KEY", help="sent to both pools as a bearer token")
     parser.add_argument(
         "--ignore-eos",
         action=argparse.BooleanOptionalAction,
@@ -107,9 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--retries",
         type=int,
+        metavar="N",
         default=2,
         help="measure a level again this often when the engine's own running + queued count "
-        "strayed from the concurrency driven (default: %(default)s)",
+        "strayed from the concurrency driven, and once more two neighbouring levels where decode "
+        "speed rose with concurrency (default: %(default)s)",
     )
     parser.add_argument(
         "--level-timeout",
@@ -121,12 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--time-scale",
         type=float,
+        metavar="X",
         default=1.0,
         help="the pools are `spec-router sim`s run at this --time-scale: convert what is "
         "measured to model time (default: 1)",
     )
-    parser.add_argument("--out", type=Path, required=True, help="the table (JSON) to write")
-    parser.add_argument("--plot", type=Path, help="a PNG of both curves to write")
+    parser.add_argument(
+        "--out", type=Path, required=True, metavar="FILE.json", help="the table (JSON) to write"
+    )
+    parser.add_argument(
+        "--plot", type=Path, metavar="FILE.png", help="a PNG of both curves to write"
+    )
     return parser
 
 
