@@ -117,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         default=2,
         help="measure a level again this often when the engine's own running + queued count "
-        "strayed from the concurrency driven, and once more two neighbouring levels where decode "
-        "speed rose with concurrency (default: %(default)s)",
+        "strayed from the concurrency driven, and (unless 0) once more two neighbouring levels "
+        "where decode speed rose with concurrency (default: %(default)s)",
     )
     parser.add_argument(
         "--level-timeout",

@@ -291,7 +291,7 @@ async def sweep(plan: Plan, sources: dict[str, RequestSource], progress: Progres
                     requests_per_level(n, plan.output_tokens, plan.requests_per_level)
                 )
             odd = out_of_line(list(points.values()))
-            if odd:
+            if odd and plan.retries > 0:
                 around = ", ".join(map(str, odd))
                 progress.say(f"  {name}: decode speed rose with concurrency at {around}; again")
                 for n in odd:
