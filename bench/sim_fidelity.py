@@ -266,8 +266,15 @@ METHOD = """
   the initial prefill burst plus a quarter of a request's life. Requests in flight when the run
   stops are abandoned; their chunks inside the window still count.
 - **Client.** `router.loadgen` (httpx, one keep-alive connection per worker), pinned to the
-  other core. It keeps up with every point here; it tops out near 7,000 chunks/s on one core,
-  where it starts to delay re-joins by an iteration (see the notes in the report to issue 2).
+  other core, keeps up with every point of the main table. Measured apart: at 256 streams and
+  time scale 0.1 (about 6,500 chunks/s) it used 70-80% of its core and the total came out 3%
+  low, because re-joins slipped an iteration; at time scale 0.05 it managed 3,900 of the
+  13,000 chunks/s asked for. The sim itself served 17,000 SSE events/s over 256 streams with
+  40% of its core (driven by the raw httptools client in `bench/loadgen_raw.py`).
+- **Short iterations.** At time scale 0.05 (the crossover section) an iteration without a
+  prefill lasts 1-2 ms, about a client round trip, so a finished client's next request
+  sometimes joins two iterations later instead of one: batches run a little smaller, so
+  per-client rates come out 1-3% low and per-request rates a few % high, for both presets.
 - **Noise.** eagle3's acceptance draws are random (seeded, so runs repeat); with few requests
   in flight a window holds a few hundred iterations, so a +-1-2% spread is sampling, not timing.
   With 1K-token prompts the per-request decode speed is dominated by how many of the others'
@@ -437,7 +444,11 @@ async def sweep(
                     if not (missed and p.other_cpu > 0.3):
                         break
                 p = attempts[-1]
-                p.earlier = [f"{a.err_per_request:+.1f}/{a.err_total:+.1f}%" for a in attempts[:-1]]
+                p.earlier = [
+                    f"{a.err_per_request:+.1f}/{a.err_total:+.1f}% (other {100 * a.other_cpu:.0f}%"
+                    f", lag resets {a.lag_resets})"
+                    for a in attempts[:-1]
+                ]
                 print(
                     f"{label} scale {scale:g} {preset:8s} C={n:3d}  per-request "
                     f"{p.per_request:8.2f} ({p.err_per_request:+.1f}%)  total "
