@@ -10,7 +10,7 @@ on counters, labels limited to pool, backend, reason, code, kind, state.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
@@ -84,34 +84,57 @@ class RouterMetrics:
             p + "client_disconnects", "Requests whose client went away before the end.",
             ["pool"], registry=registry,
         )  # fmt: skip
+        self._cache: dict[tuple[str, str, int], tuple[Any, ...]] = {}
         for pool in POOLS:
             self.output_tokens.labels(pool)
             self.prompt_tokens.labels(pool)
             self.disconnects.labels(pool)
 
+    def _children(self, pool: str, reason: str, code: int) -> tuple[Any, ...]:
+        """The labelled series one request touches, looked up once per label set:
+        ``labels()`` takes a lock and builds keys, too dear for every request."""
+        key = (pool, reason, code)
+        found = self._cache.get(key)
+        if found is None:
+            found = (
+                self.requests.labels(pool, reason, str(code or 499)),
+                self.decisions.labels(pool, reason),
+                self.duration.labels(pool),
+                self.ttft.labels(pool),
+                self.tpot.labels(pool),
+                self.output_tokens.labels(pool),
+                self.prompt_tokens.labels(pool),
+                self.disconnects.labels(pool),
+            )
+            self._cache[key] = found
+        return found
+
     def observe(self, out: Outcome) -> None:
         pool = out.pool or "none"
-        self.requests.labels(pool, out.reason, str(out.status or 499)).inc()
+        requests, decisions, duration, ttft, tpot, output, prompt, gone = self._children(
+            pool, out.reason, out.status
+        )
+        requests.inc()
         if out.pool is None:
             return
-        self.decisions.labels(pool, out.reason).inc()
-        self.duration.labels(pool).observe(out.ended - out.started)
+        decisions.inc()
+        duration.observe(out.ended - out.started)
         if out.client_gone:
-            self.disconnects.labels(pool).inc()
+            gone.inc()
         for failed_pool, backend, kind in out.failures:
             self.upstream_errors.labels(failed_pool, backend, kind).inc()
         for left, kind in out.retries:
             self.retries.labels(left, kind).inc()
         if out.stream and out.first_byte is not None and out.status < 400:
             # (a non-streamed answer's first byte is the whole generation: not a TTFT)
-            self.ttft.labels(pool).observe(out.first_byte - out.started)
+            ttft.observe(out.first_byte - out.started)
         usage = out.usage
         if usage is not None:
-            self.output_tokens.labels(pool).inc(usage.completion_tokens)
-            self.prompt_tokens.labels(pool).inc(usage.prompt_tokens)
+            output.inc(usage.completion_tokens)
+            prompt.inc(usage.prompt_tokens)
             if out.stream and out.first_byte is not None and usage.completion_tokens > 1:
                 decode = out.ended - out.first_byte
-                self.tpot.labels(pool).observe(decode / (usage.completion_tokens - 1))
+                tpot.observe(decode / (usage.completion_tokens - 1))
 
 
 class StateCollector(Collector):

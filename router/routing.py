@@ -86,31 +86,27 @@ class Router:
         engine = seen.running + seen.queued + (self.tracker.started[url] - seen.started_at_scrape)
         return engine if self.load_signal == "engine" else max(local, engine)
 
+    def _view(self, name: str, now: float) -> PoolView:
+        health, load = self.health, self.backend_load
+        return PoolView(
+            name,
+            tuple(
+                [
+                    BackendView(url, load(url), health.usable(url, now), health.weight(url, now))
+                    for url in self.pools[name]
+                ]
+            ),
+        )
+
     def snapshot(self) -> Snapshot:
         now = self.clock()
-        health = self.health
-
-        def view(name: str) -> PoolView:
-            return PoolView(
-                name,
-                tuple(
-                    BackendView(
-                        url,
-                        self.backend_load(url),
-                        health.usable(url, now),
-                        health.weight(url, now),
-                    )
-                    for url in self.pools[name]
-                ),
-            )
-
         return Snapshot(
-            speculative=view(SPECULATIVE),
-            baseline=view(BASELINE),
-            crossover=self.crossover,
-            hysteresis=self.hysteresis,
-            state=self.state,
-            gain=self.gain,
+            self._view(SPECULATIVE, now),
+            self._view(BASELINE, now),
+            self.crossover,
+            self.hysteresis,
+            self.state,
+            self.gain,
         )
 
     def decide(self) -> Decision | None:

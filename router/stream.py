@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
-_MAX_CARRY = 1 << 20  # a "partial event" this large is not SSE as we know it: stop tapping
+_MAX_CARRY = 1 << 20
+_DECODER = json.JSONDecoder()  # a "partial event" this large is not SSE as we know it: stop tapping
 
 
 @dataclass(slots=True)
@@ -117,10 +118,15 @@ class BodyTap:
     def usage(self) -> Usage | None:
         if not self._parts or self._size > self._limit:
             return None
-        body = b"".join(self._parts)
-        if not _has_usage(body):
+        body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+        # Decode only the usage object (engines put it last), not the whole answer.
+        at = body.rfind(b'"usage"')
+        if at < 0:
             return None
+        colon = body.find(b":", at + 7)
         try:
-            return _usage_of(json.loads(body))
-        except ValueError:
+            text = body[colon + 1 :].decode()
+            obj, _ = _DECODER.raw_decode(text, len(text) - len(text.lstrip()))
+        except (ValueError, UnicodeDecodeError):
             return None
+        return _usage_of({"usage": obj})

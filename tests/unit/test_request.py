@@ -99,3 +99,14 @@ def test_response_headers() -> None:
     raw = [(b"content-length", b"5"), (b"transfer-encoding", b"chunked"), (b"x-a", b"1")]
     assert response_headers(raw, keep_length=True) == [(b"content-length", b"5"), (b"x-a", b"1")]
     assert response_headers(raw, keep_length=False) == [(b"x-a", b"1")]
+
+
+def test_usage_request_is_spliced_into_the_bytes_and_stays_valid_json() -> None:
+    raw = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi}"}]}  \n'
+    info = inspect("/v1/chat/completions", raw, b"application/json")
+    out = upstream_body(info, raw, {}, ask_usage=True)
+    assert json.loads(out) == {**json.loads(raw), "stream_options": {"include_usage": True}}
+    # with options already there (but no usage), the body is re-encoded instead
+    raw2 = b'{"model":"m","stream":true,"stream_options":{"x":1}}'
+    out2 = upstream_body(inspect("/v1/completions", raw2, None), raw2, {}, ask_usage=True)
+    assert json.loads(out2)["stream_options"] == {"x": 1, "include_usage": True}
