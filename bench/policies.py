@@ -122,11 +122,11 @@ async def static_split(spec: str, base: str, k: int, n: int, a: Args) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--time-scale", type=float, default=0.2)
-    parser.add_argument("--duration", type=float, default=12.0)
+    parser.add_argument("--time-scale", type=float, default=0.1)
+    parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--levels", default="1,2,4,8,16,32,64")
     parser.add_argument("--prompt-tokens", type=int, default=16)
-    parser.add_argument("--output-tokens", type=int, default=512)
+    parser.add_argument("--output-tokens", type=int, default=256)
     parser.add_argument("--out", type=Path, default=RESULTS / "policies.md")
     ns = parser.parse_args()
     a = Args(

@@ -57,4 +57,16 @@ run bench/overhead.py "$@"
 #    It pins the sim to CPU 0 itself and runs its load generator where it is started: CPU 1.
 run --cpu 1 bench/sim_fidelity.py --out bench/results/sim-fidelity.md
 
+# 3. Calibration against the sims for 64-, 256- and 2048-token outputs (issue 6):
+#    bench/results/calibration.md, tables and plots. About 6 minutes.
+run bench/calibration.py
+
+# 4. Every policy against the best static split over real HTTP (issue 6):
+#    bench/results/policies.md. About 12 minutes.
+run bench/policies.py
+
+# 5. The learned crossover following an acceptance collapse and recovery (issue 6):
+#    bench/results/learning.md. About 2 minutes.
+run bench/learning.py
+
 # Later benchmarks go here, one `run bench/<name>.py` line each.
