@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, help="seed of the acceptance draws (reproducible)")
     parser.add_argument("--model", default="default", help="served model name")
+    parser.add_argument(
+        "--strict-model",
+        action="store_true",
+        help="answer 404 to other model names (as vLLM does; SGLang accepts any)",
+    )
+    parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/*")
     parser.add_argument("--default-max-tokens", type=int, default=128)
     parser.add_argument("--context-length", type=int, default=131072)
     parser.add_argument("--log-level", default="warning")
@@ -108,6 +114,8 @@ def main(argv: list[str]) -> int:
         startup_delay=delay if args.startup_mode == "503" else 0.0,
         default_max_tokens=args.default_max_tokens,
         context_length=args.context_length,
+        api_key=args.api_key,
+        strict_model=args.strict_model,
     )
     if args.startup_mode == "refuse" and delay > 0:
         wait = delay * args.time_scale

@@ -41,10 +41,11 @@ def count_words(text: str) -> int:
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.status = status
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
@@ -75,6 +76,7 @@ class Limits:
     served_model: str
     default_max_tokens: int = 128
     context_length: int = 131072
+    strict_model: bool = False  # unknown model names get a 404, as vLLM answers
 
 
 def _int(body: dict[str, Any], key: str) -> int | None:
@@ -179,6 +181,8 @@ def parse_job(kind: Kind, raw: bytes, limits: Limits) -> Job:
     model = body.get("model", limits.served_model)
     if not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
+    if limits.strict_model and model != limits.served_model:
+        raise BadRequest(f"The model `{model}` does not exist.", "model", status=404)
     return Job(
         kind=kind,
         model=model,

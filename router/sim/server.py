@@ -53,6 +53,8 @@ class SimSettings:
     startup_delay: float = 0.0  # model seconds, stretched by time_scale like everything else
     default_max_tokens: int = 128
     context_length: int = 131072
+    api_key: str | None = None  # like SGLang's --api-key: /v1/* needs `Bearer <key>`
+    strict_model: bool = False
 
 
 class SimServer:
@@ -61,7 +63,13 @@ class SimServer:
     def __init__(self, settings: SimSettings) -> None:
         self.settings = settings
         self.engine = Engine(settings.preset, time_scale=settings.time_scale, seed=settings.seed)
-        self.limits = Limits(settings.model, settings.default_max_tokens, settings.context_length)
+        self.limits = Limits(
+            settings.model,
+            settings.default_max_tokens,
+            settings.context_length,
+            settings.strict_model,
+        )
+        self._auth = None if settings.api_key is None else f"Bearer {settings.api_key}".encode()
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(
             SglangCollector(settings.model, self.engine.stats, self.engine.gauges)
@@ -121,11 +129,16 @@ class SimServer:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         handler = self._routes.get((scope["method"], scope["path"]))
+        if self._auth is not None and scope["path"].startswith("/v1/"):
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if given != self._auth:
+                await respond(send, 401, error_body(401, "invalid API key"))
+                return
         if handler is not None:
             try:
                 await handler(scope, receive, send)
             except BadRequest as exc:
-                await respond(send, 400, error_body(400, exc.message, exc.param))
+                await respond(send, exc.status, error_body(exc.status, exc.message, exc.param))
             except ClientGone:
                 pass
         elif any(path == scope["path"] for _, path in self._routes):
