@@ -128,10 +128,14 @@ def status_document(app: RouterApp) -> dict[str, Any]:
     }
 
 
-async def _fetch_json(app: RouterApp, url: str, path: bytes) -> Any:
+async def _fetch_json(app: RouterApp, url: str, pool: str, path: bytes) -> Any:
     s = app.settings
     timeouts = Timeouts(s.connect_timeout, s.health_timeout * 5, s.health_timeout * 5)
-    conn = await app.clients[url].request(b"GET", path, [], b"", timeouts)
+    key = s.pool_api_key(pool)
+    headers = (
+        [] if key is None else [(b"authorization", b"Bearer " + key.get_secret_value().encode())]
+    )
+    conn = await app.clients[url].request(b"GET", path, headers, b"", timeouts)
     try:
         parts = []
         while chunk := await conn.read():
@@ -150,7 +154,7 @@ async def list_models(app: RouterApp) -> dict[str, Any]:
     for pool in POOLS:
         url = next((u for u in app.pools[pool] if app.health.usable(u, now)), None)
         if url is not None:
-            tasks.append((pool, _fetch_json(app, url, b"/v1/models")))
+            tasks.append((pool, _fetch_json(app, url, pool, b"/v1/models")))
     if not tasks:
         raise NoBackend(
             "no backend can list models right now", max(1, round(app.settings.health_interval))

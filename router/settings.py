@@ -84,7 +84,9 @@ class Settings(BaseSettings):
     baseline_model_map: NameMap = Field(default_factory=dict)
 
     # -- routing ------------------------------------------------------------------------------
-    policy: PolicyName = "spillover"
+    # predictive won every level in bench/results/policies.md; without curves (no table, nothing
+    # learned yet) it decides exactly as spillover does.
+    policy: PolicyName = "predictive"
     crossover: int | None = Field(default=None, ge=0)
     hysteresis: int = Field(default=1, ge=0)
 

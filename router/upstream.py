@@ -250,7 +250,12 @@ class Connection(asyncio.Protocol):
             if self._complete:
                 self._cancel_timer()
                 return b""
-            await self._wait()
+            # (inlined _wait(): one coroutine object less per chunk)
+            waiter = self._waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
         if len(self._body) == 1:
             data = self._body.popleft()
         else:

@@ -313,6 +313,8 @@ async def test_engine_load_signal_makes_two_routers_agree(
     ]
     pools = []
     async with contextlib.AsyncExitStack() as stack:
+        for client in clients:
+            await stack.enter_async_context(client)
         for i in range(8):
             router, client = routers[i % 2], clients[i % 2]
             other = routers[(i + 1) % 2]

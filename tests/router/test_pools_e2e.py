@@ -26,7 +26,9 @@ def named_sims() -> Iterator[dict[str, Proc]]:
         "speculative": spawn(sim_args("eagle3", *strict, "--model", "m-eagle", "--api-key", "sk")),
     }
     try:
-        procs["baseline"] = spawn(sim_args("baseline", *strict, "--model", "m-base", "--api-key", "bk"))
+        procs["baseline"] = spawn(
+            sim_args("baseline", *strict, "--model", "m-base", "--api-key", "bk")
+        )
         yield procs
     finally:
         for proc in procs.values():
@@ -50,25 +52,35 @@ async def test_public_name_and_client_key_in_pool_names_and_keys_out(
 ) -> None:
     spec, base = named_sims["speculative"], named_sims["baseline"]
     router = start_router(spec.url, base.url, **settings())
-    client = openai.AsyncOpenAI(base_url=f"{router.url}/v1", api_key="client-key", max_retries=0)
-    assert [m.id for m in (await client.models.list()).data] == ["m"]
     async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(
+            openai.AsyncOpenAI(base_url=f"{router.url}/v1", api_key="client-key", max_retries=0)
+        )
+        assert [m.id for m in (await client.models.list()).data] == ["m"]
         # first stream: speculative (below crossover 1); it stays open
         first = await stack.enter_async_context(
             client.chat.completions.with_streaming_response.create(
-                model="m", messages=MESSAGES, max_tokens=3000, stream=True  # type: ignore[arg-type]
+                model="m",
+                messages=MESSAGES,
+                max_tokens=3000,
+                stream=True,  # type: ignore[arg-type]
             )
         )
         assert first.headers["x-spec-router-pool"] == "speculative"
         # second: baseline, under its own name and key, answered under the public name
         raw = await client.chat.completions.with_raw_response.create(
-            model="m", messages=MESSAGES, max_tokens=4  # type: ignore[arg-type]
+            model="m",
+            messages=MESSAGES,
+            max_tokens=4,  # type: ignore[arg-type]
         )
         assert raw.headers["x-spec-router-pool"] == "baseline"
         completion = raw.parse()
         assert completion.model == "m" and completion.usage is not None
         stream = await client.chat.completions.create(
-            model="m", messages=MESSAGES, max_tokens=5, stream=True  # type: ignore[arg-type]
+            model="m",
+            messages=MESSAGES,
+            max_tokens=5,
+            stream=True,  # type: ignore[arg-type]
         )
         models = {chunk.model async for chunk in stream}
         assert models == {"m"}

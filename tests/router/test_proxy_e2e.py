@@ -52,7 +52,7 @@ async def test_lone_request_goes_speculative_streaming_and_not(start_router: Rou
 
 async def _open_streams(url: str, n: int, stack: contextlib.AsyncExitStack) -> list[str]:
     """Open ``n`` long streams one after another; return the pool each went to."""
-    client = async_sdk(url)
+    client = await stack.enter_async_context(async_sdk(url))
     pools = []
     for _ in range(n):
         response = await stack.enter_async_context(
