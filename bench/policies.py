@@ -128,6 +128,9 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--output-tokens", type=int, default=256)
     parser.add_argument("--out", type=Path, default=RESULTS / "policies.md")
+    parser.add_argument(
+        "--learn", action="store_true", help="leave online learning and exploration on"
+    )
     ns = parser.parse_args()
     a = Args(
         ns.time_scale,
@@ -164,8 +167,8 @@ def main() -> int:
                 "SPEC_ROUTER_BASELINE_URLS": base,
                 "SPEC_ROUTER_POLICY": policy,
                 "SPEC_ROUTER_TABLE_PATH": str(Path(tmp) / f"{policy}.json"),
-                "SPEC_ROUTER_LEARN": "false",
-                "SPEC_ROUTER_EXPLORE_SHARE": "0",
+                "SPEC_ROUTER_LEARN": "true" if ns.learn else "false",
+                "SPEC_ROUTER_EXPLORE_SHARE": "0.02" if ns.learn else "0",
                 "SPEC_ROUTER_HYSTERESIS": "0",
                 "SPEC_ROUTER_LOG_LEVEL": "warning",
             }

@@ -104,6 +104,10 @@ class Table:
     baseline: PoolCurve = field(default_factory=PoolCurve)
     version: int = TABLE_VERSION
     notes: str = ""
+    # Durations here are the engines' model time; the engines the table describes run at this
+    # time scale (1 for real engines; e.g. 0.1 for sims started with --time-scale 0.1), so the
+    # router divides what it measures by it before learning.
+    time_scale: float = 1.0
 
     def pool(self, name: str) -> PoolCurve:
         return self.speculative if name == "speculative" else self.baseline
@@ -276,10 +280,17 @@ def from_json(raw: Any) -> Table:
         )
     except (TypeError, ValueError) as exc:
         raise TableError(f"bad workload: {exc}") from None
+    try:
+        time_scale = float(raw.get("time_scale", 1.0))
+    except (TypeError, ValueError):
+        raise TableError("time_scale must be a number") from None
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise TableError("time_scale must be positive")
     return Table(
         crossover=crossover,
         source=source,
         objective=objective,
+        time_scale=time_scale,
         measured_at=str(raw.get("measured_at", "")),
         workload=workload,
         speculative=_pool(raw.get("speculative"), "speculative"),

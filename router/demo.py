@@ -1,10 +1,12 @@
 """``spec-router demo``: the whole idea in about a minute, on the built-in simulated engines.
 
 Starts an EAGLE-3-like and a baseline sim on free ports, a router with the default policy and
-one with ``round_robin`` in front of them, then ramps a closed-loop load through concurrency
-1, 2, 4, ... 64 against each router and against each pool alone. For every level it prints the
-share of requests sent to the speculative pool, the per-request decode speed and the median
-time to first token, and it draws the same as a PNG.
+one with ``round_robin`` in front of them. It ramps a closed-loop load through concurrency
+1, 2, 4, ... 64 against each pool alone -- which is also a calibration: the table is built as
+``spec-router calibrate`` builds it and loaded into the router with ``PUT /router/table``, as an
+operator would -- then through each router. For every level it prints the share of requests
+sent to the speculative pool, the per-request decode speed and the median time to first token,
+and it draws the same as a PNG.
 
 The sims run ``--time-scale`` times faster than the model (default 0.1, i.e. 10x): every
 number printed is converted back to model time (measured tok/s x time-scale; seconds / scale),
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import math
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,10 +28,13 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 
+from router.calibrate.levels import LevelRun, build_table, point_from_run
+from router.crossover import Table, Workload, to_json
 from router.loadgen import RequestResult, percentile, run_closed_loop, window_stats
 from router.serving import LISTENING_PREFIX
 
@@ -116,7 +122,9 @@ def wait_ready(url: str, timeout: float = 30.0) -> None:
     raise RuntimeError(f"router at {url} never became ready")
 
 
-def router_env(spec: str, base: str, policy: str | None) -> dict[str, str]:
+def router_env(
+    spec: str, base: str, policy: str | None, admin: str | None = None
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_ROUTER_")}
     env.update(
         SPEC_ROUTER_SPECULATIVE_URLS=spec,
@@ -126,6 +134,8 @@ def router_env(spec: str, base: str, policy: str | None) -> dict[str, str]:
     )
     if policy:
         env["SPEC_ROUTER_POLICY"] = policy
+    if admin:
+        env["SPEC_ROUTER_ADMIN_TOKEN"] = admin
     return env
 
 
@@ -159,28 +169,43 @@ def measure(
     )
 
 
-async def run_level(
-    urls: dict[str, str],
-    concurrency: int,
-    duration: float,
-    output_tokens: int,
-    prompt_tokens: int,
-    scale: float,
-) -> list[Point]:
-    points = []
-    for target in TARGETS:
-        started = time.monotonic()
-        results = await run_closed_loop(
-            f"{urls[target]}/v1",
-            concurrency=concurrency,
-            prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens,
-            duration=duration,
-        )
-        points.append(
-            measure(target, results, started, duration, duration * 0.3, concurrency, scale)
-        )
-    return points
+async def run_target(
+    url: str, target: str, concurrency: int, args: argparse.Namespace
+) -> tuple[Point, LevelRun]:
+    """Closed-loop load on one target; its point and, for calibration, the raw run."""
+    started = time.monotonic()
+    warmup = args.duration * 0.3
+    results = await run_closed_loop(
+        f"{url}/v1",
+        concurrency=concurrency,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        duration=args.duration,
+    )
+    point = measure(target, results, started, args.duration, warmup, concurrency, args.time_scale)
+    measured = [r for r in results if r.ok and r.start >= started + warmup]
+    run = LevelRun(target, concurrency, len(measured), results, measured, started + warmup)
+    return point, run
+
+
+def calibrated_table(
+    runs: dict[str, list[LevelRun]], args: argparse.Namespace, tau: float
+) -> Table:
+    """What `spec-router calibrate` would write, from the pool-alone runs the demo made anyway."""
+    points = {
+        pool: [point_from_run(run, args.time_scale) for run in pool_runs]
+        for pool, pool_runs in runs.items()
+    }
+    return build_table(
+        points["speculative"],
+        points["baseline"],
+        objective="tpot",
+        workload=Workload(args.prompt_tokens, args.output_tokens),
+        measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        spec_tau=tau,
+        notes="measured by spec-router demo against its simulated engines",
+        time_scale=args.time_scale,
+    )
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -250,28 +275,45 @@ def main(argv: list[str]) -> int:
     scale = args.time_scale
     began = time.monotonic()
     sim = ["router.sim", "--port", "0", "--time-scale", str(scale)]
+    token = secrets.token_hex(8)
     with ExitStack() as stack:
         spec = stack.enter_context(process([*sim, "--preset", "eagle3", "--seed", "1"]))
         base = stack.enter_context(process([*sim, "--preset", "baseline", "--seed", "2"]))
         serve = ["router", "serve", "--port", "0"]
-        router = stack.enter_context(process(serve, router_env(spec, base, args.policy)))
+        router = stack.enter_context(process(serve, router_env(spec, base, args.policy, token)))
         rr = stack.enter_context(process(serve, router_env(spec, base, "round_robin")))
         for url in (router, rr):
             wait_ready(url)
-        policy = httpx.get(f"{router}/router/status").json()
-        label = f"{policy['policy']}, crossover {policy['crossover']}"
         urls = {"router": router, "round_robin": rr, "speculative": spec, "baseline": base}
         print(
-            f"spec-router demo: eagle3 sim {spec}, baseline sim {base}, router {router} ({label}),"
-            f" round-robin router {rr}; time scale {scale} (numbers below are in model time)\n"
+            f"spec-router demo: eagle3 sim {spec}, baseline sim {base}, router {router}, "
+            f"round-robin router {rr}; time scale {scale} (numbers below are in model time)\n"
         )
         points: list[Point] = []
+        # 1. Each pool alone at every level: the comparison curves, and a calibration.
+        runs: dict[str, list[LevelRun]] = {"speculative": [], "baseline": []}
         for n in levels:
-            level = asyncio.run(
-                run_level(urls, n, args.duration, args.output_tokens, args.prompt_tokens, scale)
-            )
-            points.extend(level)
-            print(format_level(level, label), flush=True)
+            for pool in runs:
+                point, run = asyncio.run(run_target(urls[pool], pool, n, args))
+                points.append(point)
+                runs[pool].append(run)
+            print(f"calibrating: concurrency {n} measured on each pool alone", flush=True)
+        info = httpx.get(f"{spec}/server_info").json()
+        table = calibrated_table(runs, args, float(info.get("avg_spec_accept_length") or 1.0))
+        put = httpx.put(
+            f"{router}/router/table",
+            json=to_json(table),
+            headers={"authorization": f"Bearer {token}"},
+        )
+        put.raise_for_status()
+        status = httpx.get(f"{router}/router/status").json()
+        label = f"{status['policy']}, crossover {status['crossover']}"
+        print(f"table loaded into the router (PUT /router/table): {label}\n", flush=True)
+        # 2. The same load through the router and through round-robin.
+        for n in levels:
+            for target in ("router", "round_robin"):
+                points.append(asyncio.run(run_target(urls[target], target, n, args))[0])
+            print(format_level([p for p in points if p.concurrency == n], label), flush=True)
     plot(points, args.plot, label)
     print(f"\nplot written to {args.plot}; finished in {time.monotonic() - began:.0f} s")
     return 0

@@ -115,6 +115,7 @@ class Learner:
         self.ref_tau = 1.0  # acceptance length the speculative points were measured at
         self.tau: float | None = None  # latest engine-reported acceptance length
         self.seeded = False
+        self.time_scale = 1.0  # of the engines: samples are divided by it (see Table)
         self.workload = Workload()
         self.objective = "tpot"
         if table is not None:
@@ -122,6 +123,7 @@ class Learner:
 
     def _seed(self, table: Table) -> None:
         self.workload = table.workload
+        self.time_scale = table.time_scale
         self.objective = table.objective
         fit = table.speculative.fit
         if fit is not None:
@@ -148,7 +150,8 @@ class Learner:
         if not (spt > 0 and math.isfinite(spt) and concurrency >= 1):
             return
         tau = (self.tau or self.ref_tau) if pool == SPECULATIVE else 1.0
-        self.pools[pool].add(concurrency, spt * tau, ttft, e2e)
+        scale = self.time_scale
+        self.pools[pool].add(concurrency, spt * tau / scale, ttft / scale, e2e / scale)
 
     # -- output ---------------------------------------------------------------------------------
     def curves(self) -> dict[str, Curve] | None:
@@ -208,6 +211,7 @@ class Learner:
             workload=self.workload,
             speculative=pools[SPECULATIVE],
             baseline=pools[BASELINE],
+            time_scale=self.time_scale,
             notes="learned online: points are decayed means of served requests' decode speed "
             "(speculative at the acceptance length in its fit); fits are least-squares lines "
             "of seconds per iteration against concurrency, for reference",

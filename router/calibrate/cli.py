@@ -265,6 +265,7 @@ def main(argv: Sequence[str]) -> int:
         measured_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         spec_tau=measured.tau,
         notes=notes,
+        time_scale=args.time_scale,
     )
     save(table, args.out)
     print(report(table))

@@ -244,6 +244,7 @@ def build_table(
     measured_at: str,
     spec_tau: float = 1.0,
     notes: str = "",
+    time_scale: float = 1.0,
 ) -> Table:
     """The calibrated table: both curves, their fits, and the crossover from the points."""
     spec = sorted(spec, key=lambda p: p.concurrency)
@@ -257,4 +258,5 @@ def build_table(
         speculative=PoolCurve(tuple(spec), fit_points(spec, tau=max(1.0, spec_tau))),
         baseline=PoolCurve(tuple(base), fit_points(base)),
         notes=notes,
+        time_scale=time_scale,
     )

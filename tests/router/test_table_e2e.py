@@ -17,7 +17,7 @@ from router.app import RouterApp
 from router.loadgen import run_closed_loop
 from router.settings import Settings
 from router.sim.model import BASELINE, EAGLE3, crossover
-from tests.conftest import RouterFactory, router_env
+from tests.conftest import TIME_SCALE, RouterFactory, router_env
 from tests.support.http import router_status, wait_for
 from tests.support.processes import Proc
 from tests.support.tables import model_table
@@ -102,7 +102,9 @@ async def test_learned_table_survives_a_restart(
     start_router: RouterFactory, tmp_path: Path
 ) -> None:
     # a table whose crossover is far too high: learning pulls it down step by step
-    path = write(tmp_path / "t.json", model_table(32, 64, crossover=14))
+    path = write(
+        tmp_path / "t.json", model_table(32, 64, crossover=14, time_scale=float(TIME_SCALE))
+    )
     settings = {
         "table_path": str(path),
         "learn_interval": "0.1",
@@ -137,7 +139,7 @@ async def test_acceptance_collapse_moves_the_crossover_and_back(
     start_router: RouterFactory, own_sims: dict[str, Proc], tmp_path: Path
 ) -> None:
     prompt, output = 1024, 2048
-    table = model_table(prompt, output)
+    table = model_table(prompt, output, time_scale=float(TIME_SCALE))
     expected = {
         tau: crossover(EAGLE3.replace(tau=tau), BASELINE, prompt, output) for tau in (2.8, 2.2)
     }
@@ -181,3 +183,40 @@ async def test_acceptance_collapse_moves_the_crossover_and_back(
     finally:
         load.cancel()
         await asyncio.gather(load, return_exceptions=True)
+
+
+async def test_learning_keeps_the_tables_units_against_time_scaled_engines(
+    start_router: RouterFactory, tmp_path: Path
+) -> None:
+    """Sims at time scale 0.1 run 10x faster than the model-time table says: what the router
+    learns must be divided back, or its curves would be 10x off and predictive would drift."""
+    table = model_table(16, 256, levels=[1, 2, 4, 8, 16, 32], time_scale=float(TIME_SCALE))
+    path = write(tmp_path / "t.json", table)
+    router = start_router(table_path=str(path), learn_interval="0.2", learn_min_samples="5")
+    await run_closed_loop(
+        f"{router.url}/v1", concurrency=10, prompt_tokens=16, output_tokens=256, duration=4.0
+    )
+    learned = httpx.get(f"{router.url}/router/table").json()
+    assert learned["time_scale"] == float(TIME_SCALE)
+    model = {p.concurrency: p.decode_tps_p50 for p in table.baseline.points}
+    for pool in ("speculative", "baseline"):
+        new = [
+            p for p in learned[pool]["points"] if p["samples"] > 50 or p["concurrency"] not in model
+        ]
+        assert new, pool
+        for p in new:
+            # within 35% of the model curve interpolated at that concurrency: same units
+            ref = [q for q in table.pool(pool).points]
+            lo = max(
+                (q for q in ref if q.concurrency <= p["concurrency"]), key=lambda q: q.concurrency
+            )
+            hi = min(
+                (q for q in ref if q.concurrency >= p["concurrency"]),
+                key=lambda q: q.concurrency,
+                default=lo,
+            )
+            assert (
+                min(hi.decode_tps_p50, lo.decode_tps_p50) * 0.65
+                <= p["decode_tps_p50"]
+                <= max(hi.decode_tps_p50, lo.decode_tps_p50) * 1.35
+            ), (pool, p)

@@ -19,7 +19,11 @@ def model_points(preset: Preset, levels: list[int], prompt: int, output: int) ->
 
 
 def model_table(
-    prompt: int, output: int, levels: list[int] | None = None, crossover: int | None = None
+    prompt: int,
+    output: int,
+    levels: list[int] | None = None,
+    crossover: int | None = None,
+    time_scale: float = 1.0,
 ) -> Table:
     levels = levels or [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
     spec = model_points(EAGLE3, levels, prompt, output)
@@ -34,4 +38,5 @@ def model_table(
         speculative=PoolCurve(spec, fit_points(spec, tau=EAGLE3.tau)),
         baseline=PoolCurve(base, fit_points(base)),
         notes="from the analytic model of the simulated presets",
+        time_scale=time_scale,
     )
