@@ -193,7 +193,7 @@ def main() -> int:
             rows.append(row)
             print(format_row(row), flush=True)
     elapsed = time.monotonic() - began
-    write(ns.out, rows, a, crossover, elapsed, " ".join(sys.argv))
+    write(ns.out, rows, a, crossover, elapsed, " ".join(sys.argv), ns.learn)
     return 0
 
 
@@ -224,7 +224,7 @@ def write(
         f"time scale {a.time_scale} (numbers converted to model time). {a.duration:g} s per "
         "measurement, the first 30% discarded. Routers pinned to core 0; sims, load generator "
         "and calibrator on core 1. Every router uses the same calibrated table (crossover "
-        f"{crossover}); learning and exploration off.",
+        f"{crossover}); learning and exploration {'on' if learn else 'off'}.",
         "",
         "Figure of merit: mean per-request decode speed, tok/s (decode tokens / decode time "
         "over all users in the window, i.e. total decode tok/s / N). *Best static* is the best "
