@@ -210,7 +210,13 @@ def format_row(row: dict[str, object]) -> str:
 
 
 def write(
-    path: Path, rows: list[dict[str, object]], a: Args, crossover: int, elapsed: float, command: str
+    path: Path,
+    rows: list[dict[str, object]],
+    a: Args,
+    crossover: int,
+    elapsed: float,
+    command: str,
+    learn: bool = False,
 ) -> None:
     machine = platform.processor() or platform.machine()
     lines = [
