@@ -88,7 +88,7 @@ def inspect(path: str, body: bytes, content_type: bytes | None) -> RequestInfo:
     if not needs_model and not _is_json(content_type):
         return EMPTY  # e.g. multipart audio uploads: forwarded untouched
     try:
-        obj = json.loads(body)
+        obj = json.loads(body.decode("utf-8-sig"))  # (a str skips json's encoding sniffing)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(obj, dict):

@@ -53,6 +53,9 @@ def uvicorn_config(
         # Upstream responses carry their own Date/Server headers; do not add a second pair.
         server_header=False,
         date_header=False,
+        # The router appends X-Forwarded-For itself; uvicorn's rewrite of the client address
+        # from it is a per-request middleware the proxy does not need.
+        proxy_headers=False,
         # On SIGTERM, give streams this long to finish, then cancel them (their leases are
         # released by the proxy's own finally).
         # (uvicorn hints int, but it only ever hands the value to asyncio as a timeout)
