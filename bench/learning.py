@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,13 +30,17 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from router.demo import process, wait_ready  # noqa: E402
+from router.demo import wait_ready  # noqa: E402
 from router.loadgen import run_closed_loop  # noqa: E402
+from router.processes import running  # noqa: E402
 from router.sim.model import BASELINE, EAGLE3, crossover  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 TABLE = RESULTS / "calibration-1024-2048.json"
 PROMPT, OUTPUT = 1024, 2048
+
+
+SERVE = ["-m", "router", "serve", "--port", "0"]
 
 
 def pinned(core: int) -> list[str]:
@@ -122,30 +127,27 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "learning.md")
     a = parser.parse_args()
     began = time.monotonic()
-    sim = ["router.sim", "--port", "0", "--time-scale", str(a.time_scale)]
+
+    scaled = ["--time-scale", str(a.time_scale)]
+
+    def sim_cmd(preset: str, seed: str) -> list[str]:
+        return ["-m", "router.sim", "--port", "0", "--preset", preset, "--seed", seed, *scaled]
+
     log: list[str] = []
     with contextlib.ExitStack() as stack:
-        import tempfile
-
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         table = tmp / "table.json"
         # the calibrated table is in model time; these sims run at our own time scale
         table.write_text(json.dumps({**json.loads(TABLE.read_text()), "time_scale": a.time_scale}))
-        spec = stack.enter_context(
-            process([*sim, "--preset", "eagle3", "--seed", "1"], prefix=pinned(1))
-        )
-        base = stack.enter_context(
-            process([*sim, "--preset", "baseline", "--seed", "2"], prefix=pinned(1))
-        )
+        spec = stack.enter_context(running(sim_cmd("eagle3", "1"), prefix=pinned(1))).url
+        base = stack.enter_context(running(sim_cmd("baseline", "2"), prefix=pinned(1))).url
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_ROUTER_")} | {
             "SPEC_ROUTER_SPECULATIVE_URLS": spec,
             "SPEC_ROUTER_BASELINE_URLS": base,
             "SPEC_ROUTER_TABLE_PATH": str(table),
             "SPEC_ROUTER_LOG_LEVEL": "warning",
         }
-        router = stack.enter_context(
-            process(["router", "serve", "--port", "0"], env, prefix=pinned(0))
-        )
+        router = stack.enter_context(running(SERVE, env, prefix=pinned(0))).url
         wait_ready(router)
         rows = asyncio.run(scenario(spec, router, a, log))
     write(a, rows, log, time.monotonic() - began)

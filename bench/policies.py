@@ -31,12 +31,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from router.demo import process, wait_ready  # noqa: E402
+from router.demo import wait_ready  # noqa: E402
 from router.loadgen import run_closed_loop, window_stats  # noqa: E402
+from router.processes import running  # noqa: E402
 from router.sim.model import BASELINE, EAGLE3, closed_loop, decode_bound_tps  # noqa: E402
 
 POLICIES = ("spillover", "crossover", "round_robin", "predictive")
 RESULTS = ROOT / "bench" / "results"
+
+
+SERVE = ["-m", "router", "serve", "--port", "0"]
 
 
 def pinned(core: int) -> list[str]:
@@ -141,15 +145,16 @@ def main() -> int:
     )
     began = time.monotonic()
     scale = str(a.time_scale)
-    sim = ["router.sim", "--port", "0", "--time-scale", scale]
+
+    scaled = ["--time-scale", str(a.time_scale)]
+
+    def sim_cmd(preset: str, seed: str) -> list[str]:
+        return ["-m", "router.sim", "--port", "0", "--preset", preset, "--seed", seed, *scaled]
+
     rows = []
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        spec = stack.enter_context(
-            process([*sim, "--preset", "eagle3", "--seed", "1"], prefix=pinned(1))
-        )
-        base = stack.enter_context(
-            process([*sim, "--preset", "baseline", "--seed", "2"], prefix=pinned(1))
-        )
+        spec = stack.enter_context(running(sim_cmd("eagle3", "1"), prefix=pinned(1))).url
+        base = stack.enter_context(running(sim_cmd("baseline", "2"), prefix=pinned(1))).url
         table = Path(tmp) / "table.json"
         calibrate = [
             *pinned(1), sys.executable, "-m", "router", "calibrate",
@@ -173,9 +178,7 @@ def main() -> int:
                 "SPEC_ROUTER_LOG_LEVEL": "warning",
             }
             (Path(tmp) / f"{policy}.json").write_text(table.read_text())
-            routers[policy] = stack.enter_context(
-                process(["router", "serve", "--port", "0"], env, prefix=pinned(0))
-            )
+            routers[policy] = stack.enter_context(running(SERVE, env, prefix=pinned(0))).url
             wait_ready(routers[policy])
         for n in a.levels:
             row: dict[str, object] = {"n": n}

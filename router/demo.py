@@ -20,13 +20,9 @@ import asyncio
 import math
 import os
 import secrets
-import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,7 +32,7 @@ import httpx
 from router.calibrate.levels import LevelRun, build_table, point_from_run
 from router.crossover import Table, Workload, to_json
 from router.loadgen import RequestResult, percentile, run_closed_loop, window_stats
-from router.serving import LISTENING_PREFIX
+from router.processes import running
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64)
 TARGETS = ("router", "round_robin", "speculative", "baseline")
@@ -62,52 +58,6 @@ class Point:
 
 
 # -- processes ----------------------------------------------------------------------------------
-
-
-@contextmanager
-def process(
-    args: Sequence[str], env: dict[str, str] | None = None, prefix: Sequence[str] = ()
-) -> Iterator[str]:
-    """Run ``python -m <args>`` (after ``prefix``, e.g. taskset); yield the URL it announces;
-    stop it by PID on exit."""
-    proc = subprocess.Popen(
-        [*prefix, sys.executable, "-m", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    url: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-            if line.startswith(LISTENING_PREFIX) and not url:
-                url.append(line[len(LISTENING_PREFIX) :].strip())
-                ready.set()
-        ready.set()
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    try:
-        ready.wait(30)
-        if not url:
-            raise RuntimeError(f"{' '.join(args)} did not start:\n" + "\n".join(lines[-20:]))
-        yield url[0]
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        reader.join(5)
-        proc.stdout.close()
 
 
 def wait_ready(url: str, timeout: float = 30.0) -> None:
@@ -274,14 +224,14 @@ def main(argv: list[str]) -> int:
     levels = [int(x) for x in args.levels.split(",")]
     scale = args.time_scale
     began = time.monotonic()
-    sim = ["router.sim", "--port", "0", "--time-scale", str(scale)]
+    sim = ["-m", "router.sim", "--port", "0", "--time-scale", str(scale)]
     token = secrets.token_hex(8)
     with ExitStack() as stack:
-        spec = stack.enter_context(process([*sim, "--preset", "eagle3", "--seed", "1"]))
-        base = stack.enter_context(process([*sim, "--preset", "baseline", "--seed", "2"]))
-        serve = ["router", "serve", "--port", "0"]
-        router = stack.enter_context(process(serve, router_env(spec, base, args.policy, token)))
-        rr = stack.enter_context(process(serve, router_env(spec, base, "round_robin")))
+        spec = stack.enter_context(running([*sim, "--preset", "eagle3", "--seed", "1"])).url
+        base = stack.enter_context(running([*sim, "--preset", "baseline", "--seed", "2"])).url
+        serve = ["-m", "router", "serve", "--port", "0"]
+        router = stack.enter_context(running(serve, router_env(spec, base, args.policy, token))).url
+        rr = stack.enter_context(running(serve, router_env(spec, base, "round_robin"))).url
         for url in (router, rr):
             wait_ready(url)
         urls = {"router": router, "round_robin": rr, "speculative": spec, "baseline": base}
