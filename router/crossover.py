@@ -6,13 +6,11 @@ and kept current by the router's online learner. It holds, per pool, the measure
 each concurrency), the workload they were measured with, the objective, when, and the
 crossover: the lowest concurrency from which the baseline pool is at least as good.
 
-Besides the points, each pool carries a *fit*: seconds per output token as a straight line in
-concurrency, ``spt(n) = alpha + beta * n``. That is the shape of a batching engine (an iteration
-costs ``a + b * n`` and yields ``tau`` tokens per request, so ``spt = (a + b n) / tau``; prefill
-stalls add another term linear in ``n``), so the fit interpolates and extrapolates the curves
-sensibly from few or noisy points. For the speculative pool the fit is stored per *iteration*
-(``spt * tau``) together with the acceptance length it was measured at, so a change in the
-engine's reported acceptance length rescales the curve at once (``spt_now = line(n) / tau_now``).
+Besides the points, each pool carries a *fit*: seconds per iteration (``spt * tau``) as a
+straight line in concurrency, the shape of a batching engine (an iteration costs ``a + b * n``
+and yields ``tau`` tokens per request). The fit is a summary for plots and readers; what matters
+to the router is its ``tau``, the acceptance length the speculative points were measured at,
+which lets ``router.learning`` rescale the curve when the engine's acceptance length changes.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -74,9 +72,6 @@ class Fit:
 
     def per_request_tps(self, n: float, tau: float | None = None) -> float:
         return 1.0 / self.spt(n, tau)
-
-    def total_tps(self, n: float, tau: float | None = None) -> float:
-        return n / self.spt(n, tau) if n > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,16 +148,6 @@ def crossover_from_points(
         if _score(base, m, objective) >= _score(spec, m, objective):
             return n
     return top + 1
-
-
-def crossover_from_fits(
-    spec: Fit, base: Fit, spec_tau: float | None = None, limit: int = 1024
-) -> int:
-    """Lowest whole concurrency at which the baseline's fitted decode speed is at least as good."""
-    for n in range(1, limit + 1):
-        if base.spt(n) <= spec.spt(n, spec_tau):
-            return n
-    return limit
 
 
 def fit_line(
@@ -336,7 +321,3 @@ def save(table: Table, path: Path) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def with_crossover(table: Table, crossover: int, source: str) -> Table:
-    return replace(table, crossover=crossover, source=source)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from router.crossover import Fit, Point, PoolCurve, Table, Workload, fit_line
@@ -54,6 +55,19 @@ class Curve:
 
     def total_tps(self, n: float) -> float:
         return n / self.spt(n) if n > 0 else 0.0
+
+
+def marginal_gain(curves: dict[str, Curve] | None) -> Callable[[str, int], float] | None:
+    """The predictive policy's gain: extra total decode tok/s from one more request on a
+    replica of ``pool`` running ``load``, from curves fixed at the last update (cheap)."""
+    if curves is None:
+        return None
+
+    def gain(pool: str, load: int) -> float:
+        curve = curves[pool]
+        return curve.total_tps(load + 1) - curve.total_tps(load)
+
+    return gain
 
 
 @dataclass(slots=True)
@@ -184,14 +198,6 @@ class Learner:
             return None
         move = max(-self.cfg.max_step, min(self.cfg.max_step, goal - current))
         return current + move
-
-    def gain(self, pool: str, load: int) -> float | None:
-        """Extra total decode tok/s from one more request on a replica running ``load``."""
-        curves = self.curves()
-        if curves is None:
-            return None
-        curve = curves[pool]
-        return curve.total_tps(load + 1) - curve.total_tps(load)
 
     def table(self, crossover: int, source: str, measured_at: str) -> Table:
         pools = {}

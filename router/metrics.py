@@ -39,6 +39,12 @@ E2E_BUCKETS = (
 )  # fmt: skip
 
 
+# The router's own refusals, and the usual answers of a failing engine, by the usual reasons.
+ROUTER_CODES = ("400", "401", "413", "503")
+UPSTREAM_ERROR_CODES = ("500", "502", "503", "504")
+MAIN_REASONS = ("below_crossover", "above_crossover", "predicted_gain", "failover")
+
+
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -89,6 +95,14 @@ class RouterMetrics:
             self.output_tokens.labels(pool)
             self.prompt_tokens.labels(pool)
             self.disconnects.labels(pool)
+        # Error series exist from the start at 0: rate() cannot see a burst that creates its own
+        # series between two scrapes (seen in tests/deploy: 559 router 503s, a rate of 0).
+        for code in ROUTER_CODES:
+            self.requests.labels("none", "none", code)
+        for pool in POOLS:
+            for reason in MAIN_REASONS:
+                for code in UPSTREAM_ERROR_CODES:
+                    self.requests.labels(pool, reason, code)
 
     def _children(self, pool: str, reason: str, code: int) -> tuple[Any, ...]:
         """The labelled series one request touches, looked up once per label set:

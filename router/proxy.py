@@ -27,7 +27,7 @@ from router.errors import (
     sse_error_event,
 )
 from router.health import HealthRegistry
-from router.inflight import InflightTracker, Lease
+from router.inflight import POOLS, InflightTracker, Lease
 from router.policy import Decision
 from router.request import (
     RequestInfo,
@@ -69,7 +69,6 @@ class Outcome:
     backend: str | None = None
     reason: str = "none"
     status: int = 0
-    load_at_start: int = 0  # the chosen pool's load (this request excluded) when it was routed
     attempts: int = 0
     first_byte: float | None = None
     area_first: float | None = None  # the backend's in-flight integral at the first byte
@@ -77,8 +76,6 @@ class Outcome:
     error: str | None = None  # the upstream error that ended the request, if any
     client_gone: bool = False
     usage: Usage | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
     # every failed upstream attempt (pool, backend, kind) and every retry (pool left, kind)
     failures: list[tuple[str, str, str]] = field(default_factory=list)
     retries: list[tuple[str, str]] = field(default_factory=list)
@@ -114,7 +111,7 @@ class Proxy:
         self._api_keys = [k.get_secret_value().encode() for k in settings.api_keys]
         self._pool_auth = {
             pool: (b"Bearer " + key.get_secret_value().encode()) if key else None
-            for pool in ("speculative", "baseline")
+            for pool in POOLS
             for key in [settings.pool_api_key(pool)]
         }
 
@@ -145,7 +142,7 @@ class Proxy:
         except ClientGone:
             out.client_gone = True
             return
-        out.stream, out.max_tokens, out.temperature = info.stream, info.max_tokens, info.temperature
+        out.stream = info.stream
 
         decision = self.router.decide()
         if decision is None:
@@ -155,13 +152,12 @@ class Proxy:
             out.status = refusal.status
             await _send_error(send, refusal)
             return
-        out.load_at_start = self.router.backend_load(decision.backend)
-        lease = self.tracker.acquire(decision.backend)
-        flags = _Flags()
         task = asyncio.current_task()
         assert task is not None
+        flags = _Flags()
         watcher = asyncio.get_running_loop().create_task(_watch(receive, task, flags))
         conn: Connection | None = None
+        lease = self.tracker.acquire(decision.backend)  # released in the finally below
         try:
             conn, decision = await self._open(scope, body, info, decision, lease, out)
             out.status = conn.status
@@ -259,7 +255,10 @@ class Proxy:
                 alt = None if out.attempts >= max_attempts else self.router.retry(decision, tried)
                 if alt is None:
                     out.error = exc.kind
-                    raise self._exhausted(exc) from None
+                    raise NoBackend(
+                        f"no backend could take the request (last error: {exc})",
+                        _retry_after(self.settings),
+                    ) from None
                 kind = exc.kind
             else:
                 status = conn.status
@@ -278,12 +277,6 @@ class Proxy:
             out.retries.append((decision.pool, kind))
             lease.move(alt.backend)
             decision = alt
-
-    def _exhausted(self, exc: UpstreamError | None) -> RouterError:
-        detail = f" (last error: {exc})" if exc else ""
-        if exc is not None and exc.kind not in RETRYABLE_KINDS and exc.kind != "reset":
-            return UpstreamUnavailable(f"upstream failed{detail}")
-        return NoBackend(f"no backend could take the request{detail}", _retry_after(self.settings))
 
     # -- response side ----------------------------------------------------------------------
     async def _relay(

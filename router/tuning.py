@@ -15,7 +15,7 @@ from typing import Any
 from router import crossover as tables
 from router.crossover import Table
 from router.inflight import SPECULATIVE, InflightTracker
-from router.learning import Curve, LearnConfig, Learner
+from router.learning import LearnConfig, Learner, marginal_gain
 from router.proxy import Outcome
 from router.routing import Router
 from router.settings import Settings
@@ -28,18 +28,6 @@ TAU_CHANGE = 0.03
 
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def make_gain(curves: dict[str, Curve] | None) -> Callable[[str, int], float] | None:
-    """The predictive policy's marginal gain from fixed curves (cheap per decision)."""
-    if curves is None:
-        return None
-
-    def gain(pool: str, load: int) -> float:
-        curve = curves[pool]
-        return curve.total_tps(load + 1) - curve.total_tps(load)
-
-    return gain
 
 
 class CrossoverKeeper:
@@ -72,7 +60,7 @@ class CrossoverKeeper:
         return Learner(cfg, table)
 
     def _publish_gain(self) -> None:
-        self.router.gain = make_gain(self.learner.curves())
+        self.router.gain = marginal_gain(self.learner.curves())
 
     # -- input ----------------------------------------------------------------------------------
     def observe(self, out: Outcome) -> None:

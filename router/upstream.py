@@ -268,10 +268,6 @@ class Connection(asyncio.Protocol):
         return data
 
     @property
-    def complete(self) -> bool:
-        return self._complete and not self._body
-
-    @property
     def fresh_failure(self) -> bool:
         """Closed before a single response byte on a reused connection: a stale keep-alive."""
         return self.reused and not self._received_any

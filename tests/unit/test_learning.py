@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from router.crossover import Point, PoolCurve, Table, fit_points
-from router.learning import LearnConfig, Learner
+from router.learning import LearnConfig, Learner, marginal_gain
 from router.sim.model import BASELINE, EAGLE3, closed_loop, crossover
 
 PROMPT, OUTPUT = 1024, 2048
@@ -101,9 +99,11 @@ def test_gain_prefers_the_split_that_maximises_total_speed() -> None:
     for n in range(1, 40):
         learner.record("speculative", float(n), (27.27e-3 + 7.341e-3 * n) / 2.8, 0.0, 1.0)
         learner.record("baseline", float(n), 18.71e-3 + 1.294e-3 * n, 0.0, 1.0)
+    gain = marginal_gain(learner.curves())
+    assert gain is not None
     loads = {"speculative": 0, "baseline": 0}
     for _ in range(4):
-        pool = max(loads, key=lambda p: learner.gain(p, loads[p]) or -math.inf)
+        pool = max(loads, key=lambda p: gain(p, loads[p]))
         loads[pool] += 1
     assert loads == {"speculative": 2, "baseline": 2}
 
