@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--raw", type=Path, help="also keep py-spy's collapsed stacks here")
+    p.add_argument("--native", action="store_true", help="sample C frames too (py-spy --native)")
     args = p.parse_args(argv)
     pyspy = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
     if not os.path.exists(pyspy):
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             spy = subprocess.Popen(
                 ["taskset", "-c", "1", pyspy, "record", "--pid", str(router.popen.pid),
                  "--rate", str(args.rate), "--duration", str(args.seconds), "--format", "raw",
-                 "--output", str(out)],
+                 "--output", str(out), *(["--native"] if args.native else [])],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
             url = router.url + CHAT

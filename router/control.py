@@ -104,6 +104,7 @@ def status_document(app: RouterApp) -> dict[str, Any]:
         pools[pool] = {
             "usable": any(b["usable"] for b in backends),
             "in_flight": app.tracker.by_pool[pool],
+            "slow_clients": app.tracker.slow_clients[pool],
             "backends": backends,
         }
     keeper = app.keeper

@@ -36,6 +36,9 @@ class InflightTracker:
             self._since[url] = now
         self.by_pool: dict[str, int] = dict.fromkeys(POOLS, 0)
         self.total = 0
+        # of those in flight, responses held back by a client that reads slower than the
+        # engine writes (the router buffers a little, then stops reading from the engine)
+        self.slow_clients: dict[str, int] = dict.fromkeys(POOLS, 0)
 
     def area(self, backend: str, now: float) -> float:
         """The integral of ``by_backend[backend]`` over time, up to ``now``."""
@@ -58,12 +61,13 @@ class InflightTracker:
 class Lease:
     """One request's hold on the counts; moves with the request when it is retried."""
 
-    __slots__ = ("_tracker", "backend", "released")
+    __slots__ = ("_tracker", "backend", "released", "slow")
 
     def __init__(self, tracker: InflightTracker, backend: str) -> None:
         self._tracker = tracker
         self.backend = backend
         self.released = False
+        self.slow = False
         tracker.total += 1
         tracker._add(backend, 1)
         tracker.started[backend] += 1
@@ -71,6 +75,13 @@ class Lease:
     @property
     def pool(self) -> str:
         return self._tracker.pool_of[self.backend]
+
+    def mark_slow(self) -> None:
+        """The client fell behind: counted in ``slow_clients`` until the lease is released."""
+        if self.released or self.slow:
+            return
+        self.slow = True
+        self._tracker.slow_clients[self.pool] += 1
 
     def move(self, backend: str) -> None:
         if self.released or backend == self.backend:
@@ -89,4 +100,6 @@ class Lease:
         tracker = self._tracker
         tracker.total -= 1
         tracker._add(self.backend, -1)
+        if self.slow:
+            tracker.slow_clients[self.pool] -= 1
         return True

@@ -90,11 +90,19 @@ class RouterMetrics:
             p + "client_disconnects", "Requests whose client went away before the end.",
             ["pool"], registry=registry,
         )  # fmt: skip
+        self.slow_clients = Counter(
+            p + "slow_client_responses",
+            "Responses whose client read slower than the engine wrote, so the router buffered "
+            "(up to 256 KiB each) and then stopped reading from the engine until it caught up "
+            "(seen under uvicorn's httptools server, the default).",
+            ["pool"], registry=registry,
+        )  # fmt: skip
         self._cache: dict[tuple[str, str, int], tuple[Any, ...]] = {}
         for pool in POOLS:
             self.output_tokens.labels(pool)
             self.prompt_tokens.labels(pool)
             self.disconnects.labels(pool)
+            self.slow_clients.labels(pool)
         # Error series exist from the start at 0: rate() cannot see a burst that creates its own
         # series between two scrapes (seen in tests/deploy: 559 router 503s, a rate of 0).
         for code in ROUTER_CODES:
@@ -135,6 +143,8 @@ class RouterMetrics:
         duration.observe(out.ended - out.started)
         if out.client_gone:
             gone.inc()
+        if out.slow_client:
+            self.slow_clients.labels(pool).inc()
         for failed_pool, backend, kind in out.failures:
             self.upstream_errors.labels(failed_pool, backend, kind).inc()
         for left, kind in out.retries:
@@ -176,6 +186,14 @@ class StateCollector(Collector):
         for url, n in tracker.by_backend.items():
             b.add_metric([tracker.pool_of[url], url], n)
         yield b
+        slow = GaugeMetricFamily(
+            p + "slow_client_requests",
+            "Requests in flight whose client reads slower than the engine writes.",
+            labels=["pool"],
+        )
+        for pool in POOLS:
+            slow.add_metric([pool], tracker.slow_clients[pool])
+        yield slow
         yield GaugeMetricFamily(
             p + "crossover", "Current crossover (concurrent requests per speculative engine).",
             value=router.crossover,

@@ -38,6 +38,7 @@ from router.request import (
     upstream_body,
 )
 from router.routing import Router
+from router.serving import DirectSend, direct_send
 from router.settings import Settings
 from router.stream import BodyTap, SseTap, Usage
 from router.upstream import Connection, OriginPool, Timeouts, UpstreamError
@@ -75,6 +76,7 @@ class Outcome:
     ended: float = 0.0
     error: str | None = None  # the upstream error that ended the request, if any
     client_gone: bool = False
+    slow_client: bool = False  # the client could not take the body as fast as it came
     usage: Usage | None = None
     # every failed upstream attempt (pool, backend, kind) and every retry (pool left, kind)
     failures: list[tuple[str, str, str]] = field(default_factory=list)
@@ -105,6 +107,9 @@ class Proxy:
         self.clients = clients
         self.observers = observers
         self.clock = clock
+        # Made in the serving loop. Passed explicitly: asyncio's loop lookup calls getpid()
+        # on Python 3.11, a system call per request.
+        self.loop = asyncio.get_running_loop()
         self.timeouts = Timeouts(
             settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout
         )
@@ -152,16 +157,16 @@ class Proxy:
             out.status = refusal.status
             await _send_error(send, refusal)
             return
-        task = asyncio.current_task()
+        task = asyncio.current_task(self.loop)
         assert task is not None
         flags = _Flags()
-        watcher = asyncio.get_running_loop().create_task(_watch(receive, task, flags))
+        watcher = self.loop.create_task(_watch(receive, task, flags))
         conn: Connection | None = None
         lease = self.tracker.acquire(decision.backend)  # released in the finally below
         try:
             conn, decision = await self._open(scope, body, info, decision, lease, out)
             out.status = conn.status
-            await self._relay(conn, decision, info, send, flags, out)
+            await self._relay(conn, decision, info, send, flags, lease, out)
         except asyncio.CancelledError:
             if not flags.client_gone:
                 raise
@@ -286,6 +291,7 @@ class Proxy:
         info: RequestInfo,
         send: Send,
         flags: _Flags,
+        lease: Lease,
         out: Outcome,
     ) -> None:
         ctype = next((v for k, v in conn.headers if k == b"content-type"), b"")
@@ -307,13 +313,23 @@ class Proxy:
         headers = response_headers(conn.headers, keep_length)
         headers.append((b"x-spec-router-pool", decision.pool.encode()))
         headers.append((b"x-spec-router-reason", decision.reason.encode()))
-        await _send(
-            send, {"type": "http.response.start", "status": conn.status, "headers": headers}
-        )
+        start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         # The per-chunk loop: kept flat (no helper coroutines) because it runs for every chunk
-        # of every stream, and that is most of the router's CPU under load.
+        # of every stream, and that is most of the router's CPU under load. Under uvicorn's
+        # httptools server (``direct``) the start goes out with the body bytes that came with
+        # the upstream's headers in one write, and the rest of a chunked body skips the loop:
+        # the upstream connection writes it to the client from its socket callback
+        # (``_divert``), and ``read()`` returns only at the end, on an error, or when the
+        # client is too slow for that.
+        direct = direct_send(send)
         read, feed = conn.read, (tap.feed if tap is not None else None)
+        pending: list[dict[str, Any]] | None = [start]  # what waits for the first body bytes
+        last = b""
         try:
+            if not conn.has_body:
+                await _send_all(send, direct, [start])
+                pending = None
+                self._divert(conn, direct, feed, lease, out)
             while True:
                 data = await read()
                 if not data:
@@ -323,23 +339,65 @@ class Proxy:
                     out.area_first = self.tracker.area(decision.backend, now)
                 if feed is not None:
                     data = feed(data)
-                    if not data:
-                        continue
-                await send({"type": "http.response.body", "body": data, "more_body": True})
+                if conn.finished:  # the last bytes go out with the end of the response
+                    last = data
+                    break
+                if pending is not None:
+                    chunk = {"type": "http.response.body", "body": data, "more_body": True}
+                    await _send_all(send, direct, [*pending, chunk] if data else pending)
+                    pending = None
+                    self._divert(conn, direct, feed, lease, out)
+                elif data:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:
             out.error = exc.kind
             out.failures.append((decision.pool, decision.backend, exc.kind))
             if exc.kind != "idle_timeout":
                 self.health.eject(decision.backend, self.clock(), str(exc))
+            if pending is not None:  # nothing reached the client yet: an ordinary 502
+                raise UpstreamUnavailable(f"upstream failed: {exc}") from None
             await self._break_stream(send, exc, is_sse)
             return
         except OSError as exc:  # ASGI spec 2.4: the client is gone
             raise ClientGone() from exc
-        tail = tap.flush() if isinstance(tap, SseTap) else b""
+        if isinstance(tap, SseTap):
+            last += tap.flush()
         flags.done = True
-        await _send(send, {"type": "http.response.body", "body": tail, "more_body": False})
+        end = {"type": "http.response.body", "body": last, "more_body": False}
+        await _send_all(send, direct, [*pending, end] if pending else [end])
         if tap is not None:
             out.usage = tap.usage
+
+    def _divert(
+        self,
+        conn: Connection,
+        direct: DirectSend | None,
+        feed: Callable[[bytes], bytes] | None,
+        lease: Lease,
+        out: Outcome,
+    ) -> None:
+        """Let the upstream connection write the body's chunks straight to the client."""
+        if direct is None or not direct.chunked():
+            return
+        clock, area, backend = self.clock, self.tracker.area, lease.backend
+        ready, write = direct.ready, direct.write
+
+        def sink(data: bytes) -> bool:
+            if not ready():
+                if direct.slow():
+                    out.slow_client = True
+                    lease.mark_slow()
+                return False  # nothing consumed: read() gets these bytes
+            if out.first_byte is None:
+                out.first_byte = now = clock()
+                out.area_first = area(backend, now)
+            if feed is not None:
+                data = feed(data)
+            if data:
+                write(data)
+            return True
+
+        conn.divert(sink)
 
     async def _break_stream(self, send: Send, exc: UpstreamError, is_sse: bool) -> None:
         """The backend failed after the response started: the client must see a broken stream."""
@@ -349,7 +407,9 @@ class Proxy:
             # connection, which is the honest signal.
             raise ClientGone() from exc
         event = sse_error_event(f"upstream failed mid-stream: {exc}", "server_error", 502)
-        await _send(send, {"type": "http.response.body", "body": event, "more_body": False})
+        await _send_all(
+            send, None, [{"type": "http.response.body", "body": event, "more_body": False}]
+        )
 
     def _rename_for(self, pool: str, info: RequestInfo) -> tuple[bytes, bytes] | None:
         model_map = self.settings.pool_model_map(pool)
@@ -391,19 +451,23 @@ class Proxy:
             (b"x-spec-router-pool", decision.pool.encode()),
             (b"x-spec-router-reason", decision.reason.encode()),
         ]
-        await _send(
-            send, {"type": "http.response.start", "status": conn.status, "headers": headers}
-        )
-        await _send(send, {"type": "http.response.body", "body": body, "more_body": False})
+        start = {"type": "http.response.start", "status": conn.status, "headers": headers}
+        end = {"type": "http.response.body", "body": body, "more_body": False}
+        await _send_all(send, direct_send(send), [start, end])
 
 
 def _retry_after(settings: Settings) -> int:
     return max(1, round(settings.health_interval))
 
 
-async def _send(send: Send, message: dict[str, Any]) -> None:
+async def _send_all(send: Send, direct: DirectSend | None, messages: list[dict[str, Any]]) -> None:
+    """Send ``messages`` in order; through ``direct`` they leave in one write."""
     try:
-        await send(message)
+        if direct is not None:
+            await direct.send_together(messages)
+        else:
+            for message in messages:
+                await send(message)
     except OSError as exc:  # ASGI spec 2.4: sending on a closed connection raises OSError
         raise ClientGone() from exc
 

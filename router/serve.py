@@ -23,6 +23,13 @@ def main(argv: list[str]) -> int:
         "--port", type=int, default=8000, help="port (0 picks a free one; default 8000)"
     )
     parser.add_argument("--config", help="TOML settings file (same as SPEC_ROUTER_CONFIG)")
+    parser.add_argument(
+        "--http",
+        choices=["httptools", "h11"],
+        default="httptools",
+        help="uvicorn's HTTP implementation (default httptools: the router's fast path; h11 is "
+        "pure Python, several times slower, for debugging)",
+    )
     args = parser.parse_args(argv)
     if args.config:
         import os
@@ -43,4 +50,4 @@ def main(argv: list[str]) -> int:
     except SettingsError as exc:
         print(f"spec-router: {exc}", file=sys.stderr)
         return 2
-    return run(app, args.host, args.port, log_level=settings.log_level)
+    return run(app, args.host, args.port, log_level=settings.log_level, http=args.http)

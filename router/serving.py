@@ -39,12 +39,13 @@ def uvicorn_config(
     log_level: str = "warning",
     access_log: bool = False,
     graceful_shutdown: float | None = 30.0,
+    http: str = "httptools",
 ) -> uvicorn.Config:
     # uvloop + httptools: the fast server stack; lifespan "on" so start-up errors stop the process.
     return uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        http=http,
         lifespan="on",
         log_level=log_level,
         access_log=access_log,
@@ -76,17 +77,129 @@ class AnnouncingServer(uvicorn.Server):
             print(f"{LISTENING_PREFIX}{self.url}", flush=True)
 
 
-def run(app: Any, host: str, port: int, *, log_level: str = "warning") -> int:
+def run(
+    app: Any, host: str, port: int, *, log_level: str = "warning", http: str = "httptools"
+) -> int:
     """Serve ``app`` until SIGINT/SIGTERM; returns a process exit code."""
     try:
         sock = bind_socket(host, port)
     except OSError as exc:
         print(f"spec-router: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
         return 1
-    server = AnnouncingServer(uvicorn_config(app, log_level=log_level), socket_url(sock))
+    config = uvicorn_config(app, log_level=log_level, http=http)
+    server = AnnouncingServer(config, socket_url(sock))
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
     # uvicorn sets should_exit on signals; a failed lifespan start-up leaves started False.
     return 0 if server.started else 3
+
+
+class DirectSend:
+    """Fast paths through uvicorn's httptools server for one response (see ``direct_send``).
+
+    uvicorn's ``send`` writes every message to the socket on its own: the status line and
+    headers, then each body chunk. That is one write per message and, for a streamed body, one
+    task switch per chunk to reach ``send`` -- at thousands of streams a large share of the
+    router's CPU (bench/results/overhead.md). Two shortcuts, both leaving uvicorn's bookkeeping
+    (framing, keep-alive, completion) to uvicorn:
+
+    - ``send_together`` runs uvicorn's own ``send`` for several messages (the start and the
+      body bytes already at hand) and puts what it wrote on the wire in one write;
+    - ``write`` frames one chunk of a chunked body and writes it straight to the client's
+      transport, from the upstream connection's socket callback, but only while ``ready()``
+      says uvicorn's ``send`` would not have to wait (paused for a slow client, or gone).
+    """
+
+    __slots__ = ("_send", "_cycle", "_flow", "_transport")
+
+    def __init__(self, send: Any, cycle: Any) -> None:
+        self._send = send
+        self._cycle = cycle
+        self._flow = cycle.flow
+        self._transport = cycle.transport
+
+    async def send_together(self, messages: list[dict[str, Any]]) -> None:
+        cycle, real = self._cycle, self._transport
+        held = _Held(real)
+        cycle.transport = held
+        try:
+            for message in messages:
+                await self._send(message)
+        finally:
+            cycle.transport = real
+            if held.parts:
+                real.write(b"".join(held.parts))
+            if held.closed:
+                real.close()
+
+    def chunked(self) -> bool:
+        """Whether the response under way has a chunked body that ``write`` may add to."""
+        cycle = self._cycle
+        return bool(
+            cycle.response_started
+            and cycle.chunked_encoding
+            and not cycle.response_complete
+            and cycle.scope["method"] != "HEAD"
+        )
+
+    def ready(self) -> bool:
+        return not (
+            self._flow.write_paused or self._cycle.disconnected or self._transport.is_closing()
+        )
+
+    def slow(self) -> bool:
+        """Not ready because the client is not reading fast enough (rather than gone)."""
+        return bool(self._flow.write_paused and not self._cycle.disconnected)
+
+    def write(self, data: bytes) -> None:
+        self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+
+class _Held:
+    """Stands in for the client transport while uvicorn's ``send`` runs, keeping its writes."""
+
+    __slots__ = ("parts", "closed", "_real")
+
+    def __init__(self, real: Any) -> None:
+        self.parts: list[bytes] = []
+        self.closed = False
+        self._real = real
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def direct_send(send: Any) -> DirectSend | None:
+    """A ``DirectSend`` when ``send`` is uvicorn's httptools server before its response has
+    started; otherwise None, and the caller uses ``send`` as any ASGI app would."""
+    if _HTTPTOOLS_SEND is None or getattr(send, "__func__", None) is not _HTTPTOOLS_SEND:
+        return None
+    cycle: Any = send.__self__
+    try:
+        if cycle.response_started:
+            return None
+        direct = DirectSend(send, cycle)
+        direct.chunked()  # every attribute it relies on is there
+        direct.ready()
+    except (AttributeError, KeyError):  # another uvicorn than the one this was written for
+        return None
+    return direct
+
+
+def _httptools_send() -> Any:
+    try:
+        from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+    except ImportError:  # uvicorn without httptools: no direct path
+        return None
+    return RequestResponseCycle.send
+
+
+_HTTPTOOLS_SEND = _httptools_send()

@@ -8,9 +8,13 @@ idle gap) -- and leaves parsing to httptools, the C parser uvicorn already uses.
 
 Life of a response: ``OriginPool.request()`` returns a ``Connection`` once the response headers
 have arrived; the caller reads the body with ``read()`` until it returns ``b""`` and must call
-``release()`` exactly once, on every path. A connection whose response was read to the end goes
-back to the pool; any other is aborted, which is also how a cancelled request stops the engine
-(the engine sees the TCP connection close).
+``release()`` exactly once, on every path. A caller that can write to its client without
+waiting may ``divert()`` the body to a sink: each read's bytes then go out from the socket
+callback itself, with no task switch per chunk, and ``read()`` only returns at the end, on an
+error, or when the sink declines (the client is slow) and the bytes wait for ``read()`` again.
+
+A connection whose response was read to the end goes back to the pool; any other is aborted,
+which is also how a cancelled request stops the engine (it sees the TCP connection close).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -34,7 +39,8 @@ class UpstreamError(Exception):
 
     ``kind`` is one of ``connect`` (refused or unreachable), ``connect_timeout``, ``reset``
     (connection closed or reset before the response was complete), ``first_byte_timeout``,
-    ``idle_timeout``, ``protocol`` (unparseable response). ``response_started`` tells whether
+    ``idle_timeout``, ``protocol`` (unparseable response), ``relay`` (the sink given to
+    ``Connection.divert`` failed). ``response_started`` tells whether
     response headers had arrived, which decides whether a retry can still be safe.
     """
 
@@ -93,6 +99,7 @@ class Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.reused = False
         self.idle_since = 0.0
+        self._body: deque[bytes] = deque()
         self._reset_exchange()
 
     def _reset_exchange(self) -> None:
@@ -102,7 +109,7 @@ class Connection(asyncio.Protocol):
         self._complete = False
         self._framed = False  # content-length or chunked: a clean end is knowable
         self._keep_alive = False
-        self._body: deque[bytes] = deque()
+        self._body.clear()
         self._buffered = 0
         self._paused = False
         self._error: UpstreamError | None = None
@@ -111,6 +118,7 @@ class Connection(asyncio.Protocol):
         self._last_activity = 0.0
         self._received_any = False
         self._head_only = False
+        self._sink: Callable[[bytes], bool] | None = None
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -124,6 +132,35 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail("protocol", f"invalid response from {self._pool.origin.url}: {exc}")
             self._abort()
+            return
+        if self._sink is not None and self._body:
+            self._to_sink()
+
+    def _to_sink(self) -> None:
+        """Hand this read's body bytes to the sink; the last ones stay for ``read()``.
+
+        One sink call per socket read, however many chunks it held. Once the response is
+        complete the bytes are left for the reader, which sends them with the end of the
+        response in one write.
+        """
+        if self._complete or self._error is not None:
+            self._wake()
+            return
+        body = self._body
+        data = body.popleft() if len(body) == 1 else b"".join(body)
+        body.clear()
+        try:
+            taken = self._sink(data)  # type: ignore[misc]  # checked by the caller
+        except Exception as exc:
+            self._sink = None
+            self._fail("relay", f"relaying the response from {self._pool.origin.url}: {exc!r}")
+            self._abort()
+            return
+        if not taken:  # the client cannot take it now: back to read() for the rest
+            self._sink = None
+            body.append(data)
+            self._buffered = len(data)
+            self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -164,6 +201,8 @@ class Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
+        if self._sink is not None:
+            return  # data_received hands it on once the whole read is parsed
         self._buffered += len(body)
         if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
             self._paused = True
@@ -266,6 +305,24 @@ class Connection(asyncio.Protocol):
             self._paused = False
             self._transport.resume_reading()
         return data
+
+    def divert(self, sink: Callable[[bytes], bool]) -> None:
+        """Send body bytes to ``sink`` as they arrive, until it returns False (see module doc).
+
+        The sink runs inside the socket callback: it must not block, and returns False without
+        consuming anything when it cannot write now. Bytes already buffered stay for ``read()``.
+        """
+        self._sink = sink
+
+    @property
+    def has_body(self) -> bool:
+        """Body bytes are waiting: ``read()`` will return them without waiting."""
+        return bool(self._body)
+
+    @property
+    def finished(self) -> bool:
+        """The response is complete and every byte of it was handed out."""
+        return self._complete and not self._body and self._error is None
 
     @property
     def fresh_failure(self) -> bool:

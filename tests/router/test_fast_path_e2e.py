@@ -1,0 +1,191 @@
+"""The router's fast paths under uvicorn's httptools server, and the plain ASGI path under h11.
+
+Under httptools the router writes a response's start together with the body bytes at hand, and
+relays the rest of a chunked body from the upstream's socket callback while the client keeps up
+(``router.serving.DirectSend``). These tests hold it to what any ASGI path must do: a client
+that stops reading gets every byte, once, when it reads again; ``Connection: close`` is honoured;
+and the same router under h11 (no fast path) behaves the same.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import httptools
+import httpx
+import openai
+import pytest
+
+from tests.conftest import RouterFactory, router_env
+from tests.support.bulk_upstream import BulkUpstream
+from tests.support.http import metric_value, router_ready, router_status, wait_for
+from tests.support.processes import Proc, spawn
+
+MESSAGES = [{"role": "user", "content": "Tell me about speculative decoding."}]
+
+
+class Response:
+    """An HTTP/1.1 response read off a raw socket with httptools."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.headers: dict[bytes, bytes] = {}
+        self.body = bytearray()
+        self.complete = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.lower()] = value
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+    @property
+    def status(self) -> int:
+        return int(self.parser.get_status_code())
+
+
+def read_response(sock: socket.socket) -> Response:
+    response = Response()
+    while not response.complete:
+        data = sock.recv(1 << 16)
+        assert data, "the router closed the connection before the response was complete"
+        response.parser.feed_data(data)
+    return response
+
+
+def post(path: str, body: bytes, *extra: bytes) -> bytes:
+    head = b"POST %s HTTP/1.1\r\nhost: router\r\ncontent-type: application/json\r\n" % (
+        path.encode()
+    )
+    return head + b"".join(extra) + b"content-length: %d\r\n\r\n" % len(body) + body
+
+
+def metrics(url: str) -> str:
+    return httpx.get(f"{url}/metrics", timeout=5).text
+
+
+@pytest.fixture
+def bulk() -> Iterator[BulkUpstream]:
+    """The speculative pool's upstream; the baseline pool gets one too, and no traffic."""
+    # 8 MiB: more than the kernel can buffer between the router and a client that stops reading
+    with BulkUpstream(events=8192, size=1024).running() as upstream:
+        with BulkUpstream(events=1, size=10).running() as idle:
+            upstream.other_url = idle.url
+            yield upstream
+
+
+def test_a_client_that_stops_reading_gets_every_byte_once_it_reads_again(
+    start_router: RouterFactory, bulk: BulkUpstream
+) -> None:
+    router = start_router(bulk.url, bulk.other_url, scrape_metrics="false")
+    host, port = router.url.removeprefix("http://").split(":")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: tiny window
+        sock.connect((host, int(port)))
+        sock.sendall(post("/v1/chat/completions", b'{"model": "m", "stream": true}'))
+        # Not reading: the router's buffers fill, it says so, and it stops reading upstream.
+        wait_for(lambda: metric_value(metrics(router.url), "spec_router_slow_client_requests") == 1)
+        assert router_status(router.url)["pools"]["speculative"]["slow_clients"] == 1
+        response = read_response(sock)
+    assert response.status == 200
+    assert response.headers[b"x-spec-router-pool"] == b"speculative"
+    assert bytes(response.body) == bulk.body  # every byte, in order, once
+    assert bulk.posts == 1
+    wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=2)
+    text = metrics(router.url)
+    assert metric_value(text, "spec_router_slow_client_requests") == 0
+    assert metric_value(text, "spec_router_slow_client_responses_total", pool="speculative") == 1
+
+
+def test_clients_that_keep_up_or_leave_are_not_counted_slow(
+    start_router: RouterFactory,
+) -> None:
+    router = start_router()
+    client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+    for _ in range(4):  # read to the end
+        stream = client.chat.completions.create(
+            model="sim",
+            messages=MESSAGES,
+            max_tokens=64,
+            stream=True,  # type: ignore[arg-type]
+        )
+        assert sum(1 for _ in stream) > 1
+    for _ in range(4):  # gone after the first chunk
+        with client.chat.completions.create(
+            model="sim",
+            messages=MESSAGES,
+            max_tokens=400,
+            stream=True,  # type: ignore[arg-type]
+        ) as stream:
+            next(iter(stream))
+    wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=2)
+    text = metrics(router.url)
+    assert metric_value(text, "spec_router_client_disconnects_total") == 4
+    assert metric_value(text, "spec_router_slow_client_responses_total") == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_connection_close_is_honoured_after_a_complete_response(
+    start_router: RouterFactory, stream: bool
+) -> None:
+    router = start_router()
+    host, port = router.url.removeprefix("http://").split(":")
+    body = (
+        b'{"model": "sim", "max_tokens": 8, "stream": %s, "messages": [{"role": "user", '
+        % (b"true" if stream else b"false")
+        + b'"content": "hi"}]}'
+    )
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(post("/v1/chat/completions", body, b"connection: close\r\n"))
+        response = read_response(sock)
+        assert sock.recv(1) == b""  # and then the router closes the connection
+    assert response.status == 200
+    assert response.headers[b"connection"] == b"close"
+    if stream:
+        assert bytes(response.body).endswith(b"data: [DONE]\n\n")
+    else:
+        assert b'"usage"' in response.body
+
+
+@pytest.fixture
+def h11_router(sims: dict[str, Proc]) -> Iterator[Proc]:
+    env = router_env(sims["speculative"].url, sims["baseline"].url, crossover="2")
+    proc = spawn(["-m", "router", "serve", "--port", "0", "--http", "h11"], env=env)
+    try:
+        wait_for(lambda: router_ready(proc.url))
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_under_h11_the_plain_asgi_path_streams_and_releases(
+    h11_router: Proc, sims: dict[str, Proc]
+) -> None:
+    client = openai.OpenAI(base_url=f"{h11_router.url}/v1", api_key="unused", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="sim",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    assert raw.headers["x-spec-router-pool"] == "speculative"
+    chunks = list(raw.parse())
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
+    assert any(c.choices and c.choices[0].finish_reason == "length" for c in chunks)
+    # streams abandoned after their first chunk are released and stop the engines
+    for _ in range(6):
+        with client.chat.completions.create(
+            model="sim",
+            messages=MESSAGES,
+            max_tokens=400,
+            stream=True,  # type: ignore[arg-type]
+        ) as stream:
+            next(iter(stream))
+    wait_for(lambda: router_status(h11_router.url)["in_flight"]["total"] == 0, timeout=2)
+    text = metrics(h11_router.url)
+    assert metric_value(text, "spec_router_client_disconnects_total") == 6

@@ -1,0 +1,194 @@
+"""The upstream client over a real loopback socket: diverting a body to a sink, and back.
+
+The server is a scripted asyncio server in the test's own loop, so each test decides exactly
+which bytes arrive in which read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio
+import pytest
+
+from router.upstream import Connection, Origin, OriginPool, Timeouts, UpstreamError
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUTS = Timeouts(connect=2.0, first_byte=5.0, idle=5.0)
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+END = b"0\r\n\r\n"
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@dataclass
+class Script:
+    """What the server writes, one entry per write, each when the test releases it.
+
+    ``None`` ends the response (the server waits for the next request); ``b""`` closes the
+    connection there and then.
+    """
+
+    writes: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+    requests: int = 0
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[Script, OriginPool]]:
+    script = Script()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                await reader.readexactly(length)
+                script.requests += 1
+                while (data := await script.writes.get()) is not None:
+                    if not data:
+                        return
+                    writer.write(data)
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            script.closed.set()
+            writer.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    pool = OriginPool(
+        Origin.parse(f"http://127.0.0.1:{port}"),
+        max_connections=4,
+        max_idle=4,
+        keepalive_expiry=30.0,
+    )
+    try:
+        yield script, pool
+    finally:
+        pool.close()
+        srv.close()
+        await srv.wait_closed()
+
+
+async def request(pool: OriginPool) -> Connection:
+    return await pool.request(b"POST", b"/v1/chat/completions", [], b"{}", TIMEOUTS)
+
+
+async def until(check: object) -> None:
+    """Yield to the loop until ``check()`` holds (the server's writes arrive in callbacks)."""
+    for _ in range(10_000):
+        if check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+async def test_a_diverted_body_goes_to_the_sink_one_call_per_read_and_the_end_to_read(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    await script.writes.put(HEAD + chunk(b"first"))
+    conn = await request(pool)
+    assert conn.has_body  # the first chunk came with the headers
+    assert await conn.read() == b"first"
+    seen: list[bytes] = []
+    conn.divert(lambda data: seen.append(data) is None)
+    await script.writes.put(chunk(b"a") + chunk(b"b"))  # two chunks, one read
+    await until(lambda: seen)
+    assert seen == [b"ab"]
+    await script.writes.put(chunk(b"c"))
+    await until(lambda: len(seen) == 2)
+    await script.writes.put(chunk(b"last") + END)
+    await script.writes.put(None)
+    # the bytes that arrive with the end are left for read(), to go out with the end
+    assert await conn.read() == b"last"
+    assert conn.finished
+    assert await conn.read() == b""
+    assert seen == [b"ab", b"c"]
+    conn.release()
+    assert pool.idle_connections == 1  # read to the end: kept for the next request
+
+
+async def test_a_declining_sink_hands_the_rest_back_to_read_without_loss(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    await script.writes.put(HEAD)
+    conn = await request(pool)
+    assert not conn.has_body
+    taken: list[bytes] = []
+    offered: list[bytes] = []
+
+    def sink(data: bytes) -> bool:
+        offered.append(data)
+        if len(offered) == 2:
+            return False  # the client is slow: nothing of this call is consumed
+        taken.append(data)
+        return True
+
+    conn.divert(sink)
+    await script.writes.put(chunk(b"one"))
+    await until(lambda: offered)
+    await script.writes.put(chunk(b"two"))
+    assert await conn.read() == b"two"  # declined: read() wakes with those bytes
+    await script.writes.put(chunk(b"three"))
+    assert await conn.read() == b"three"  # and the sink is not asked again
+    await script.writes.put(END)
+    await script.writes.put(None)
+    assert await conn.read() == b""
+    assert taken == [b"one"]
+    assert offered == [b"one", b"two"]
+    conn.release()
+    assert pool.idle_connections == 1
+
+
+async def test_a_failing_sink_fails_the_response_and_drops_the_connection(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    await script.writes.put(HEAD)
+    conn = await request(pool)
+
+    def sink(data: bytes) -> bool:
+        raise RuntimeError("boom")
+
+    conn.divert(sink)
+    await script.writes.put(chunk(b"x"))
+    with pytest.raises(UpstreamError) as failed:
+        await conn.read()
+    assert failed.value.kind == "relay"
+    assert failed.value.response_started
+    conn.release()
+    await script.writes.put(None)  # the server goes back to reading: it finds the end
+    with anyio.fail_after(5):
+        await script.closed.wait()  # the engine sees the connection close: it stops generating
+    assert pool.open_connections == 0
+    assert pool.idle_connections == 0
+
+
+async def test_an_upstream_reset_while_diverted_reaches_read(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    await script.writes.put(HEAD)
+    conn = await request(pool)
+    seen: list[bytes] = []
+    conn.divert(lambda data: seen.append(data) is None)
+    await script.writes.put(chunk(b"x"))
+    await until(lambda: seen)
+    await script.writes.put(b"")  # the server closes mid-body
+    with pytest.raises(UpstreamError) as failed:
+        await conn.read()
+    assert failed.value.kind == "reset"
+    conn.release()
+    assert pool.open_connections == 0
