@@ -3,8 +3,10 @@
 A raw ASGI handler (no framework routing, no ``StreamingResponse``): the hot path is measured in
 bench/results/overhead.md. The in-flight lease is taken once the request is routed and released
 in this handler's own ``finally`` -- not in a background task or a generator's ``finally``, which
-a client disconnect can skip (see STYLE.md). A watcher task turns a client disconnect into a
-cancellation of the handler, which aborts the upstream connection, so the engine stops too.
+a client disconnect can skip (see STYLE.md). A client disconnect becomes a cancellation of
+the handler, which aborts the upstream connection, so the engine stops too: a watcher task
+blocked in ``receive()`` reports it, or under uvicorn's httptools server, uvicorn's own
+per-request event (``router.serving.DirectSend``, which also carries the relay's fast paths).
 """
 
 from __future__ import annotations
@@ -160,13 +162,18 @@ class Proxy:
         task = asyncio.current_task(self.loop)
         assert task is not None
         flags = _Flags()
-        watcher = self.loop.create_task(_watch(receive, task, flags))
+        direct = direct_send(send)
+        watcher = None
+        if direct is not None:  # uvicorn's httptools server tells without a task per request
+            direct.watch(lambda: _client_left(task, flags))
+        else:
+            watcher = self.loop.create_task(_watch(receive, task, flags))
         conn: Connection | None = None
         lease = self.tracker.acquire(decision.backend)  # released in the finally below
         try:
             conn, decision = await self._open(scope, body, info, decision, lease, out)
             out.status = conn.status
-            await self._relay(conn, decision, info, send, flags, lease, out)
+            await self._relay(conn, decision, info, send, direct, flags, lease, out)
         except asyncio.CancelledError:
             if not flags.client_gone:
                 raise
@@ -180,7 +187,10 @@ class Proxy:
                 await _send_error(send, exc)
         finally:
             flags.done = True
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            if direct is not None:
+                direct.unwatch()
             if conn is not None:
                 conn.release()
             lease.release()
@@ -290,6 +300,7 @@ class Proxy:
         decision: Decision,
         info: RequestInfo,
         send: Send,
+        direct: DirectSend | None,
         flags: _Flags,
         lease: Lease,
         out: Outcome,
@@ -308,7 +319,7 @@ class Proxy:
             tap = None
         keep_length = rename is None and not (is_sse and strip)
         if rename is not None and not is_sse:
-            await self._relay_rewritten(conn, decision, send, rename, out)
+            await self._relay_rewritten(conn, decision, send, direct, rename, out)
             return
         headers = response_headers(conn.headers, keep_length)
         headers.append((b"x-spec-router-pool", decision.pool.encode()))
@@ -321,7 +332,6 @@ class Proxy:
         # the upstream connection writes it to the client from its socket callback
         # (``_divert``), and ``read()`` returns only at the end, on an error, or when the
         # client is too slow for that.
-        direct = direct_send(send)
         read, feed = conn.read, (tap.feed if tap is not None else None)
         pending: list[dict[str, Any]] | None = [start]  # what waits for the first body bytes
         last = b""
@@ -424,6 +434,7 @@ class Proxy:
         conn: Connection,
         decision: Decision,
         send: Send,
+        direct: DirectSend | None,
         rename: tuple[bytes, bytes],
         out: Outcome,
     ) -> None:
@@ -453,7 +464,7 @@ class Proxy:
         ]
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         end = {"type": "http.response.body", "body": body, "more_body": False}
-        await _send_all(send, direct_send(send), [start, end])
+        await _send_all(send, direct, [start, end])
 
 
 def _retry_after(settings: Settings) -> int:
@@ -491,7 +502,11 @@ async def _watch(receive: Receive, task: asyncio.Task[Any], flags: _Flags) -> No
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            if not flags.done:
-                flags.client_gone = True
-                task.cancel()
+            _client_left(task, flags)
             return
+
+
+def _client_left(task: asyncio.Task[Any], flags: _Flags) -> None:
+    if not flags.done:
+        flags.client_gone = True
+        task.cancel()

@@ -7,8 +7,10 @@ of sleeping or polling a port they do not know yet.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -112,13 +114,14 @@ class DirectSend:
       says uvicorn's ``send`` would not have to wait (paused for a slow client, or gone).
     """
 
-    __slots__ = ("_send", "_cycle", "_flow", "_transport")
+    __slots__ = ("_send", "_cycle", "_flow", "_transport", "_event")
 
     def __init__(self, send: Any, cycle: Any) -> None:
         self._send = send
         self._cycle = cycle
         self._flow = cycle.flow
         self._transport = cycle.transport
+        self._event: _DisconnectEvent | None = None
 
     async def send_together(self, messages: list[dict[str, Any]]) -> None:
         cycle, real = self._cycle, self._transport
@@ -133,6 +136,26 @@ class DirectSend:
                 real.write(b"".join(held.parts))
             if held.closed:
                 real.close()
+
+    def watch(self, on_disconnect: Callable[[], None]) -> None:
+        """Call ``on_disconnect`` (once) if the client goes away before the response is done.
+
+        What a task blocked in ``receive()`` would learn, without the task: uvicorn marks the
+        request ``disconnected`` and sets its ``message_event`` when the connection is lost, so
+        the event is swapped for one that reports it. The request body must have been read.
+        """
+        cycle = self._cycle
+        cycle.message_event = self._event = _DisconnectEvent(cycle, on_disconnect)
+        if cycle.disconnected:
+            on_disconnect()
+
+    def unwatch(self) -> None:
+        """Drop the references ``watch`` made (the request is over): uvicorn's request object
+        and its event point at each other, and a cycle of them per request would be left to the
+        garbage collector -- measurably slower under load."""
+        if self._event is not None:
+            self._event.detach()
+            self._event = None
 
     def chunked(self) -> bool:
         """Whether the response under way has a chunked body that ``write`` may add to."""
@@ -155,6 +178,33 @@ class DirectSend:
 
     def write(self, data: bytes) -> None:
         self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+
+class _DisconnectEvent(asyncio.Event):
+    """uvicorn's per-request event, which also reports a lost connection as it is set."""
+
+    def __init__(self, cycle: Any, on_disconnect: Callable[[], None]) -> None:
+        super().__init__()
+        self._cycle = cycle
+        self._on_disconnect: Callable[[], None] | None = on_disconnect
+
+    def set(self) -> None:
+        super().set()
+        callback = self._on_disconnect
+        if callback is not None and self._cycle.disconnected:
+            self._on_disconnect = None
+            callback()
+
+    def detach(self) -> None:
+        self._cycle = _GONE
+        self._on_disconnect = None
+
+
+class _Gone:
+    disconnected = False
+
+
+_GONE = _Gone()
 
 
 class _Held:
@@ -189,6 +239,8 @@ def direct_send(send: Any) -> DirectSend | None:
         direct = DirectSend(send, cycle)
         direct.chunked()  # every attribute it relies on is there
         direct.ready()
+        if not isinstance(cycle.message_event, asyncio.Event):
+            return None
     except (AttributeError, KeyError):  # another uvicorn than the one this was written for
         return None
     return direct

@@ -332,6 +332,7 @@ class Connection(asyncio.Protocol):
     def release(self) -> None:
         """Give the connection back (response fully read) or abort it. Safe to call twice."""
         self._cancel_timer()
+        self._sink = None  # (it holds the client's side of the request: let that go now)
         if self._complete and not self._body and self._keep_alive and self._error is None:
             self._pool.put_back(self)
         else:
