@@ -27,8 +27,8 @@ def main(argv: list[str]) -> int:
         "--http",
         choices=["httptools", "h11"],
         default="httptools",
-        help="uvicorn's HTTP implementation (default httptools: the router's fast path; h11 is "
-        "pure Python, several times slower, for debugging)",
+        help="uvicorn's HTTP implementation (default httptools, which the router's fast paths "
+        "need; h11 is pure Python, for debugging)",
     )
     args = parser.parse_args(argv)
     if args.config:
