@@ -71,9 +71,10 @@ def metrics(url: str) -> str:
 @pytest.fixture
 def bulk() -> Iterator[BulkUpstream]:
     """The speculative pool's upstream; the baseline pool gets one too, and no traffic."""
-    # 8 MiB: more than the kernel can buffer between the router and a client that stops reading
-    with BulkUpstream(events=8192, size=1024).running() as upstream:
-        with BulkUpstream(events=1, size=10).running() as idle:
+    # open-ended: it streams until the test has seen the router hold back, however much the
+    # kernel buffers between the router and a client that stops reading
+    with BulkUpstream(size=1024).running() as upstream:
+        with BulkUpstream(size=10, events=1).running() as idle:
             upstream.other_url = idle.url
             yield upstream
 
@@ -90,6 +91,7 @@ def test_a_client_that_stops_reading_gets_every_byte_once_it_reads_again(
         # Not reading: the router's buffers fill, it says so, and it stops reading upstream.
         wait_for(lambda: metric_value(metrics(router.url), "spec_router_slow_client_requests") == 1)
         assert router_status(router.url)["pools"]["speculative"]["slow_clients"] == 1
+        bulk.finish()
         response = read_response(sock)
     assert response.status == 200
     assert response.headers[b"x-spec-router-pool"] == b"speculative"

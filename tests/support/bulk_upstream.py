@@ -3,8 +3,12 @@
 For tests of back-pressure: the simulated engines pace their tokens, this one does not, so a
 client that stops reading fills every buffer between it and the upstream within milliseconds.
 It runs on a thread of its own (its own event loop), so a test may block while it serves. GETs
-(health probes) get ``{}``. The body is known in advance (``body``), so a test can check that what
-reached its client is byte for byte what the upstream sent.
+(health probes) get ``{}``.
+
+With ``events`` the stream is that many events, known in advance. Without, it goes on until the
+test calls ``finish()``: how much the kernel buffers between two sockets differs from machine to
+machine (``net.ipv4.tcp_wmem``), so a test that must fill those buffers cannot size its stream in
+advance. Either way ``body`` is, once the stream has ended, byte for byte what the upstream sent.
 """
 
 from __future__ import annotations
@@ -15,31 +19,37 @@ import threading
 from collections.abc import Iterator
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+DONE = b"data: [DONE]\n\n"
+CAP = 1 << 30  # an open-ended stream ends here even if nobody calls finish()
 
 
-def sse_body(events: int, size: int) -> list[bytes]:
-    """``events`` SSE events of about ``size`` bytes each, every one different, then [DONE]."""
-    pad = "x" * max(0, size - 80)
-    out = [
-        b'data: {"object":"chat.completion.chunk","n":%d,"pad":"%s"}\n\n' % (i, pad.encode())
-        for i in range(events)
-    ]
-    out.append(b"data: [DONE]\n\n")
-    return out
+def sse_event(n: int, size: int) -> bytes:
+    """The ``n``th SSE event of about ``size`` bytes; every one is different."""
+    pad = b"x" * max(0, size - 80)
+    return b'data: {"object":"chat.completion.chunk","n":%d,"pad":"%s"}\n\n' % (n, pad)
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 class BulkUpstream:
-    def __init__(self, events: int, size: int) -> None:
-        self.events = sse_body(events, size)
-        self.body = b"".join(self.events)
+    def __init__(self, size: int, events: int | None = None) -> None:
+        self.size = size
+        self.events = events
+        self.body = b""
         self.url = ""
         self.other_url = ""  # (for a test's own use)
         self.posts = 0
+        self._finish = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event
-        self._writers: set[asyncio.StreamWriter] = set()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def finish(self) -> None:
+        """End an open-ended stream: [DONE] follows the next event the socket takes."""
+        self._finish.set()
 
     @contextlib.contextmanager
     def running(self) -> Iterator[BulkUpstream]:
@@ -49,6 +59,7 @@ class BulkUpstream:
         try:
             yield self
         finally:
+            self._finish.set()
             self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(10)
 
@@ -71,9 +82,28 @@ class BulkUpstream:
                 *asyncio.all_tasks() - {asyncio.current_task()}, return_exceptions=True
             )
 
+    def _done(self, n: int, sent: int) -> bool:
+        if self.events is not None:
+            return n >= self.events
+        return self._finish.is_set() or sent >= CAP
+
+    async def _stream(self, writer: asyncio.StreamWriter) -> None:
+        writer.write(HEAD)
+        sent: list[bytes] = []
+        total = n = 0
+        while not self._done(n, total):
+            event = sse_event(n, self.size)
+            writer.write(chunk(event))
+            sent.append(event)
+            total += len(event)
+            n += 1
+            if n % 64 == 0:
+                await writer.drain()  # blocks while the router has stopped reading
+        sent.append(DONE)
+        self.body = b"".join(sent)  # before the end goes out: a test reads it once it is there
+        writer.write(chunk(DONE) + b"0\r\n\r\n")
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        stream = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in self.events) + b"0\r\n\r\n"
-        self._writers.add(writer)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -84,15 +114,14 @@ class BulkUpstream:
                 await reader.readexactly(length)
                 if head.startswith(b"POST"):
                     self.posts += 1
-                    writer.write(HEAD + stream)
+                    await self._stream(writer)
                 else:
                     writer.write(
                         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                         b"content-length: 2\r\n\r\n{}"
                     )
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the client went, or the upstream is stopping
         finally:
-            self._writers.discard(writer)
             writer.close()
