@@ -333,13 +333,19 @@ class Proxy:
         # (``_divert``), and ``read()`` returns only at the end, on an error, or when the
         # client is too slow for that.
         read, feed = conn.read, (tap.feed if tap is not None else None)
+
+        def backlog() -> None:  # the client cannot take the body as fast as it comes
+            out.slow_client = True
+            lease.mark_slow()
+
+        conn.on_backlog = backlog
         pending: list[dict[str, Any]] | None = [start]  # what waits for the first body bytes
         last = b""
         try:
             if not conn.has_body:
                 await _send_all(send, direct, [start])
                 pending = None
-                self._divert(conn, direct, feed, lease, out)
+                self._divert(conn, direct, feed, lease, backlog, out)
             while True:
                 data = await read()
                 if not data:
@@ -356,7 +362,7 @@ class Proxy:
                     chunk = {"type": "http.response.body", "body": data, "more_body": True}
                     await _send_all(send, direct, [*pending, chunk] if data else pending)
                     pending = None
-                    self._divert(conn, direct, feed, lease, out)
+                    self._divert(conn, direct, feed, lease, backlog, out)
                 elif data:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:
@@ -384,6 +390,7 @@ class Proxy:
         direct: DirectSend | None,
         feed: Callable[[bytes], bytes] | None,
         lease: Lease,
+        backlog: Callable[[], None],
         out: Outcome,
     ) -> None:
         """Let the upstream connection write the body's chunks straight to the client."""
@@ -395,8 +402,7 @@ class Proxy:
         def sink(data: bytes) -> bool:
             if not ready():
                 if direct.slow():
-                    out.slow_client = True
-                    lease.mark_slow()
+                    backlog()
                 return False  # nothing consumed: read() gets these bytes
             if out.first_byte is None:
                 out.first_byte = now = clock()

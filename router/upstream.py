@@ -119,6 +119,9 @@ class Connection(asyncio.Protocol):
         self._received_any = False
         self._head_only = False
         self._sink: Callable[[bytes], bool] | None = None
+        # called when unread body bytes pass HIGH_WATER and reading stops: the reader (and so,
+        # behind it, the client) is slower than the upstream
+        self.on_backlog: Callable[[], None] | None = None
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -207,6 +210,8 @@ class Connection(asyncio.Protocol):
         if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
             self._paused = True
             self._transport.pause_reading()
+            if self.on_backlog is not None:
+                self.on_backlog()
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -332,7 +337,7 @@ class Connection(asyncio.Protocol):
     def release(self) -> None:
         """Give the connection back (response fully read) or abort it. Safe to call twice."""
         self._cancel_timer()
-        self._sink = None  # (it holds the client's side of the request: let that go now)
+        self._sink = self.on_backlog = None  # (they hold the request's side: let it go now)
         if self._complete and not self._body and self._keep_alive and self._error is None:
             self._pool.put_back(self)
         else:

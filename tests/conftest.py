@@ -73,12 +73,13 @@ def start_router(sims: dict[str, Proc]) -> Iterator[RouterFactory]:
         spec_url: str | None = None,
         base_url: str | None = None,
         ready: bool = True,
+        serve_args: tuple[str, ...] = (),
         **settings: str,
     ) -> Proc:
         env = router_env(
             spec_url or sims["speculative"].url, base_url or sims["baseline"].url, **settings
         )
-        proc = spawn(["-m", "router", "serve", "--port", "0"], env=env)
+        proc = spawn(["-m", "router", "serve", "--port", "0", *serve_args], env=env)
         started.append(proc)
         if ready:
             wait_for(lambda: router_ready(proc.url))

@@ -79,10 +79,13 @@ def bulk() -> Iterator[BulkUpstream]:
             yield upstream
 
 
+@pytest.mark.parametrize("http", ["httptools", "h11"])  # relayed from the socket callback, or not
 def test_a_client_that_stops_reading_gets_every_byte_once_it_reads_again(
-    start_router: RouterFactory, bulk: BulkUpstream
+    start_router: RouterFactory, bulk: BulkUpstream, http: str
 ) -> None:
-    router = start_router(bulk.url, bulk.other_url, scrape_metrics="false")
+    router = start_router(
+        bulk.url, bulk.other_url, serve_args=("--http", http), scrape_metrics="false"
+    )
     host, port = router.url.removeprefix("http://").split(":")
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: tiny window
