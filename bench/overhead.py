@@ -63,7 +63,8 @@ CANDIDATES = {
     "asgi_httpx": "raw ASGI handler + httpx",
     "asgi_aiohttp": "raw ASGI handler + aiohttp",
 }
-TARGETS = ["direct", "nginx", "router", *CANDIDATES]
+# router_no_busy_poll: the same router with SPEC_ROUTER_BUSY_POLL_US=0 (router/busypoll.py)
+TARGETS = ["direct", "nginx", "router", "router_no_busy_poll", *CANDIDATES]
 SCENARIOS = ["c1", "stream", "c64"]
 
 
@@ -406,15 +407,17 @@ def start_target(
     core = args.proxy_core
     if name == "nginx":
         return start_nginx(tmp / "nginx", backend.url, core, args.nginx)
-    if name == "router":
+    if name in ("router", "router_no_busy_poll"):
         # The router refuses one URL in both pools, so the baseline pool gets a second,
         # identical fake backend on the same core; its CPU is counted with the first's.
         env = {
             "SPEC_ROUTER_SPECULATIVE_URLS": backend.url,
             "SPEC_ROUTER_BASELINE_URLS": backend_b.url,
         }
+        if name == "router_no_busy_poll":
+            env["SPEC_ROUTER_BUSY_POLL_US"] = "0"
         cmd = [PY, "-m", "router", "serve", "--host", "127.0.0.1", "--port", "0"]
-        proc = spawn("router", cmd, core, env)
+        proc = spawn(name, cmd, core, env)
         wait_ready(proc.url)
         return proc
     script = str(HERE / "candidates" / f"{name}.py")

@@ -167,7 +167,9 @@ STACKS = {
     "nginx": "nginx, 1 worker, `proxy_buffering off`, HTTP/1.1 keep-alive upstream "
     "(bench/nginx.conf.template)",
     "router": "`python -m router serve` (the product: raw ASGI + router/upstream.py, "
-    "its own HTTP/1.1 client on asyncio + httptools)",
+    "its own HTTP/1.1 client on asyncio + httptools), default settings",
+    "router_no_busy_poll": "the same router with busy polling off "
+    "(`SPEC_ROUTER_BUSY_POLL_US=0`, router/busypoll.py)",
     "fastapi_httpx": "FastAPI + httpx, StreamingResponse: the typical pass-through",
     "fastapi_aiohttp": "FastAPI + aiohttp, StreamingResponse",
     "starlette_aiohttp": "Starlette routing + StreamingResponse + aiohttp",

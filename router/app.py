@@ -21,6 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from router import crossover as tables
+from router.busypoll import BusyPoll
 from router.control import build_control_app
 from router.health import HealthConfig, HealthRegistry
 from router.inflight import BASELINE, POOLS, SPECULATIVE, InflightTracker
@@ -113,6 +114,7 @@ class RouterApp:
         self.clients: dict[str, OriginPool] = {}
         self.proxy: Proxy | None = None
         self.poller: HealthPoller | None = None
+        self.busy: BusyPoll | None = None
         self.control = build_control_app(self)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -121,6 +123,9 @@ class RouterApp:
         """Start the upstream clients and the poller; stop them on exit."""
         s = self.settings
         _ensure_logging(s.log_level)
+        loop = asyncio.get_running_loop()
+        busy = self.busy = BusyPoll(loop, s.busy_poll_us / 1e6) if s.busy_poll_us else None
+        poke = busy.poke if busy is not None else None
         for pool in POOLS:
             for url in self.pools[pool]:
                 self.clients[url] = OriginPool(
@@ -128,15 +133,23 @@ class RouterApp:
                     max_connections=s.max_connections_per_backend,
                     max_idle=s.max_idle_per_backend,
                     keepalive_expiry=s.keepalive_expiry,
+                    poke=poke,
                 )
         self.proxy = Proxy(
-            s, self.router, self.tracker, self.health, self.clients, self.observers, self.clock
+            s,
+            self.router,
+            self.tracker,
+            self.health,
+            self.clients,
+            self.observers,
+            self.clock,
+            poke=poke,
         )
         self.poller = HealthPoller(
             self.router, s.health_interval, s.health_timeout, s.scrape_metrics
         )
         self.poller.start()
-        keeper_task = asyncio.get_running_loop().create_task(self.keeper.run())
+        keeper_task = loop.create_task(self.keeper.run())
         log.info(
             "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
             self.router.policy,
@@ -154,6 +167,8 @@ class RouterApp:
             await self.poller.stop()
             for client in self.clients.values():
                 client.close()
+            if busy is not None:
+                busy.stop()
             self.proxy = None
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

@@ -126,6 +126,11 @@ def status_document(app: RouterApp) -> dict[str, Any]:
         "load_signal": router.load_signal,
         "in_flight": app.tracker.snapshot(),
         "pools": pools,
+        "busy_poll": {
+            "window_us": app.settings.busy_poll_us,
+            "spinning": app.busy is not None and app.busy.running,
+            "turns": 0 if app.busy is None else app.busy.spins,
+        },
     }
 
 

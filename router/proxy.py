@@ -101,9 +101,11 @@ class Proxy:
         clients: dict[str, OriginPool],
         observers: list[Callable[[Outcome], None]],
         clock: Callable[[], float] = time.monotonic,
+        poke: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
+        self.poke = poke  # busy polling (router/busypoll.py): a request arrived or ended
         self.tracker = tracker
         self.health = health
         self.clients = clients
@@ -125,10 +127,15 @@ class Proxy:
     # -- entry ------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         out = Outcome(path=scope["path"], started=self.clock())
+        poke = self.poke
+        if poke is not None:
+            poke()
         try:
             await self._handle(scope, receive, send, out)
         finally:
             out.ended = self.clock()
+            if poke is not None:
+                poke()
             for observe in self.observers:
                 try:
                     observe(out)

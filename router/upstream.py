@@ -128,6 +128,9 @@ class Connection(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
+        poke = self._pool.poke
+        if poke is not None:
+            poke()
         self._received_any = True
         self._last_activity = self._loop.time()
         try:
@@ -360,8 +363,10 @@ class OriginPool:
         max_idle: int,
         keepalive_expiry: float,
         loop: asyncio.AbstractEventLoop | None = None,
+        poke: Callable[[], None] | None = None,
     ) -> None:
         self.origin = origin
+        self.poke = poke  # busy polling (router/busypoll.py): bytes arrived
         self._max_connections = max_connections
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self.loop = loop or asyncio.get_running_loop()
