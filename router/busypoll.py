@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 
 class BusyPoll:
-    __slots__ = ("_loop", "_window", "_clock", "_active", "_running", "_since", "spins")
+    __slots__ = ("_loop", "_window", "_clock", "_active", "_running", "_since", "_stopped", "spins")
 
     def __init__(
         self,
@@ -39,6 +39,7 @@ class BusyPoll:
         self._active = False  # poked since the last turn
         self._running = False  # a turn is scheduled
         self._since = 0.0  # when activity was last seen
+        self._stopped = False
         self.spins = 0  # turns taken (for tests and curiosity)
 
     @property
@@ -47,6 +48,8 @@ class BusyPoll:
 
     def poke(self) -> None:
         """Something happened: poll for another ``window`` before the loop may sleep."""
+        if self._stopped:
+            return
         if self._running:
             self._active = True  # the next turn restarts the window
         else:
@@ -55,7 +58,8 @@ class BusyPoll:
             self._loop.call_soon(self._turn)
 
     def stop(self) -> None:
-        """Let the loop sleep at the next turn (until the next poke)."""
+        """Let the loop sleep at the next turn, for good (the server is stopping)."""
+        self._stopped = True
         self._active = False
         self._since = float("-inf")
 

@@ -342,6 +342,8 @@ class Proxy:
         read, feed = conn.read, (tap.feed if tap is not None else None)
 
         def backlog() -> None:  # the client cannot take the body as fast as it comes
+            if flags.client_gone:  # (not slow: gone, and its cancellation is on its way)
+                return
             out.slow_client = True
             lease.mark_slow()
 

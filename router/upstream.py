@@ -252,6 +252,8 @@ class Connection(asyncio.Protocol):
             return
         if kind == "idle_timeout":
             # One timer per response, re-armed lazily: cheaper than a timer per chunk.
+            if self._paused:  # not reading for a slow client: the silence is ours, not the engine's
+                self._last_activity = self._loop.time()
             quiet = self._loop.time() - self._last_activity
             if quiet < delay:
                 self._timer = self._loop.call_later(delay - quiet, self._on_timer, delay, kind)

@@ -192,3 +192,30 @@ async def test_an_upstream_reset_while_diverted_reaches_read(
     assert failed.value.kind == "reset"
     conn.release()
     assert pool.open_connections == 0
+
+
+async def test_a_stream_held_back_for_a_slow_reader_is_not_timed_out_as_idle(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    big = b"x" * (300 * 1024)  # more than HIGH_WATER: the connection stops reading
+    await script.writes.put(HEAD + chunk(big))
+    backlogged: list[bool] = []
+    conn = await pool.request(
+        b"POST", b"/v1/chat/completions", [], b"{}", Timeouts(connect=2.0, first_byte=5.0, idle=0.2)
+    )
+    conn.on_backlog = lambda: backlogged.append(True)
+    await until(lambda: backlogged)
+    # The reader (a slow client) takes three idle timeouts to come back: that silence is the
+    # router's own, so the engine is not cut off for it. (Waiting is the point of this test.)
+    await anyio.sleep(0.6)
+    received = b""
+    while len(received) < len(big):
+        received += await conn.read()
+    assert received == big
+    await script.writes.put(END)
+    await script.writes.put(None)
+    assert await conn.read() == b""
+    assert backlogged == [True]
+    conn.release()
+    assert pool.idle_connections == 1

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 DONE = b"data: [DONE]\n\n"
-CAP = 1 << 30  # an open-ended stream ends here even if nobody calls finish()
+CAP = 64 << 20  # an open-ended stream ends here even if nobody calls finish()
 
 
 def sse_event(n: int, size: int) -> bytes:

@@ -47,7 +47,7 @@ def test_a_poke_keeps_the_loop_polling_for_the_window_then_lets_it_sleep() -> No
         clock.now += 10e-6
         loop.turn()
         assert len(loop.ready) == 1
-    clock.now += 10e-6  # 50 µs since the poke
+    clock.now += 11e-6  # 51 µs since the poke
     loop.turn()
     assert loop.ready == [] and not busy.running
     assert busy.spins == 4
@@ -79,10 +79,13 @@ def test_a_poke_after_sleeping_starts_a_new_spin() -> None:
     assert busy.running and len(loop.ready) == 1
 
 
-def test_stop_lets_the_loop_sleep_at_the_next_turn() -> None:
+def test_stop_lets_the_loop_sleep_at_the_next_turn_and_for_good() -> None:
     busy, loop, _ = make(10.0)
     busy.poke()
     loop.turn()
     busy.stop()
+    busy.poke()  # (a request cancelled at shutdown ends)
     loop.turn()
+    assert not busy.running and loop.ready == []
+    busy.poke()
     assert not busy.running and loop.ready == []
