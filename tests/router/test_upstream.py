@@ -199,13 +199,21 @@ async def test_a_stream_held_back_for_a_slow_reader_is_not_timed_out_as_idle(
 ) -> None:
     script, pool = server
     big = b"x" * (300 * 1024)  # more than HIGH_WATER: the connection stops reading
-    await script.writes.put(HEAD + chunk(big))
+    await script.writes.put(HEAD)
     backlogged: list[bool] = []
+    held_back = asyncio.Event()
     conn = await pool.request(
         b"POST", b"/v1/chat/completions", [], b"{}", Timeouts(connect=2.0, first_byte=5.0, idle=0.2)
     )
-    conn.on_backlog = lambda: backlogged.append(True)
-    await until(lambda: backlogged)
+
+    def on_backlog() -> None:
+        backlogged.append(True)
+        held_back.set()
+
+    conn.on_backlog = on_backlog
+    await script.writes.put(chunk(big))  # (only now: the callback is in place before it comes)
+    with anyio.fail_after(10):  # (300 KiB over loopback: however long a busy machine takes)
+        await held_back.wait()
     # The reader (a slow client) takes three idle timeouts to come back: that silence is the
     # router's own, so the engine is not cut off for it. (Waiting is the point of this test.)
     await anyio.sleep(0.6)
