@@ -189,7 +189,8 @@ HOT_PATH = [
     "body is framed and written to the client from the upstream socket's own callback, with no "
     "task switch, future or ASGI `send` per chunk, for as long as uvicorn's `send` would not "
     "have to wait. A client that falls behind sends the stream back to the plain ASGI path "
-    "with its back-pressure (counted in `spec_router_slow_client_*`). Client disconnects come "
+    "with its back-pressure (counted in `spec_router_slow_client_*` once 256 KiB wait for it, "
+    "as on any server). Client disconnects come "
     "from uvicorn's own per-request event instead of a watcher task per request. Any other "
     "server (or `spec-router serve --http h11`) gets the plain ASGI path.",
     "- System calls per stream are at the minimum, as for nginx: strace over 256 streams of 20 "
@@ -201,11 +202,13 @@ HOT_PATH = [
     "50,000 objects (router/app.py), because with CPython's default of 700 the collector ran "
     "~170 times in 8 s of 256 streams, 1-7 ms each, and found nothing to free.",
     "- Busy polling (router/busypoll.py, `SPEC_ROUTER_BUSY_POLL_US`, default 50 µs): after "
-    "activity the event loop keeps polling for the window before it may sleep. At c=1 strace "
-    "counts the minimum, 2 reads, 2 writes and 2 `epoll_wait` per request, so the rest of the "
+    "activity the event loop keeps polling for the window before it may sleep. At c=1 "
+    "`strace -c -f -p <router pid>` over 4 s (busy polling off) counted 5,617 reads, 5,617 "
+    "writes and 5,670 `epoll_pwait`: the minimum, 2 of each per request, so the rest of the "
     "gap to nginx was the core going idle twice per request and waking on cold caches: ~0.1 ms "
     "on this VM. `router_no_busy_poll` is the same router with it off, measured in the same "
-    "run; under load the loop is awake anyway and the two match.",
+    "run; under load the loop is awake anyway, and the two differ by less than this VM's "
+    "run-to-run noise (in an earlier 5-rep run busy polling was ahead on both).",
     "- Before the first two points (same method, same machine, same session): streaming p99 "
     "TTFC nginx +35 to +60 ms at 0.91-0.98 of the core (0.7-0.8 ms of CPU per stream); "
     "non-streaming c=64 4,900 req/s.",

@@ -93,8 +93,7 @@ class RouterMetrics:
         self.slow_clients = Counter(
             p + "slow_client_responses",
             "Responses whose client read slower than the engine wrote, so the router buffered "
-            "(up to 256 KiB each) and then stopped reading from the engine until it caught up "
-            "(seen under uvicorn's httptools server, the default).",
+            "(up to 256 KiB each) and then stopped reading from the engine until it caught up.",
             ["pool"], registry=registry,
         )  # fmt: skip
         self._cache: dict[tuple[str, str, int], tuple[Any, ...]] = {}

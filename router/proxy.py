@@ -341,7 +341,9 @@ class Proxy:
         # client is too slow for that.
         read, feed = conn.read, (tap.feed if tap is not None else None)
 
-        def backlog() -> None:  # the client cannot take the body as fast as it comes
+        # A slow client, on every server and path: the body waiting for it passed the upstream
+        # connection's high-water mark and the connection stopped reading from the engine.
+        def backlog() -> None:
             if flags.client_gone:  # (not slow: gone, and its cancellation is on its way)
                 return
             out.slow_client = True
@@ -354,7 +356,7 @@ class Proxy:
             if not conn.has_body:
                 await _send_all(send, direct, [start])
                 pending = None
-                self._divert(conn, direct, feed, lease, backlog, out)
+                self._divert(conn, direct, feed, lease, out)
             while True:
                 data = await read()
                 if not data:
@@ -371,7 +373,7 @@ class Proxy:
                     chunk = {"type": "http.response.body", "body": data, "more_body": True}
                     await _send_all(send, direct, [*pending, chunk] if data else pending)
                     pending = None
-                    self._divert(conn, direct, feed, lease, backlog, out)
+                    self._divert(conn, direct, feed, lease, out)
                 elif data:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:
@@ -399,7 +401,6 @@ class Proxy:
         direct: DirectSend | None,
         feed: Callable[[bytes], bytes] | None,
         lease: Lease,
-        backlog: Callable[[], None],
         out: Outcome,
     ) -> None:
         """Let the upstream connection write the body's chunks straight to the client."""
@@ -409,9 +410,7 @@ class Proxy:
         ready, write = direct.ready, direct.write
 
         def sink(data: bytes) -> bool:
-            if not ready():
-                if direct.slow():
-                    backlog()
+            if not ready():  # (one that stays behind is counted slow by _relay's ``backlog``)
                 return False  # nothing consumed: read() gets these bytes
             if out.first_byte is None:
                 out.first_byte = now = clock()

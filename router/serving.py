@@ -172,10 +172,6 @@ class DirectSend:
             self._flow.write_paused or self._cycle.disconnected or self._transport.is_closing()
         )
 
-    def slow(self) -> bool:
-        """Not ready because the client is not reading fast enough (rather than gone)."""
-        return bool(self._flow.write_paused and not self._cycle.disconnected)
-
     def write(self, data: bytes) -> None:
         self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 

@@ -64,6 +64,18 @@ def post(path: str, body: bytes, *extra: bytes) -> bytes:
     return head + b"".join(extra) + b"content-length: %d\r\n\r\n" % len(body) + body
 
 
+def abandon_streams(client: openai.OpenAI, n: int) -> None:
+    """``n`` long streams, each closed by its client after the first chunk."""
+    for _ in range(n):
+        with client.chat.completions.create(
+            model="sim",
+            messages=MESSAGES,
+            max_tokens=400,
+            stream=True,  # type: ignore[arg-type]
+        ) as stream:
+            next(iter(stream))
+
+
 def metrics(url: str) -> str:
     return httpx.get(f"{url}/metrics", timeout=5).text
 
@@ -119,14 +131,7 @@ def test_clients_that_keep_up_or_leave_are_not_counted_slow(
             stream=True,  # type: ignore[arg-type]
         )
         assert sum(1 for _ in stream) > 1
-    for _ in range(4):  # gone after the first chunk
-        with client.chat.completions.create(
-            model="sim",
-            messages=MESSAGES,
-            max_tokens=400,
-            stream=True,  # type: ignore[arg-type]
-        ) as stream:
-            next(iter(stream))
+    abandon_streams(client, 4)
     wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=2)
     text = metrics(router.url)
     assert metric_value(text, "spec_router_client_disconnects_total") == 4
@@ -183,14 +188,7 @@ def test_under_h11_the_plain_asgi_path_streams_and_releases(
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
     assert any(c.choices and c.choices[0].finish_reason == "length" for c in chunks)
     # streams abandoned after their first chunk are released and stop the engines
-    for _ in range(6):
-        with client.chat.completions.create(
-            model="sim",
-            messages=MESSAGES,
-            max_tokens=400,
-            stream=True,  # type: ignore[arg-type]
-        ) as stream:
-            next(iter(stream))
+    abandon_streams(client, 6)
     wait_for(lambda: router_status(h11_router.url)["in_flight"]["total"] == 0, timeout=2)
     text = metrics(h11_router.url)
     assert metric_value(text, "spec_router_client_disconnects_total") == 6

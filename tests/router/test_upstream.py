@@ -14,16 +14,12 @@ import anyio
 import pytest
 
 from router.upstream import Connection, Origin, OriginPool, Timeouts, UpstreamError
+from tests.support.bulk_upstream import HEAD, chunk, read_request
 
 pytestmark = pytest.mark.anyio
 
 TIMEOUTS = Timeouts(connect=2.0, first_byte=5.0, idle=5.0)
-HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 END = b"0\r\n\r\n"
-
-
-def chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 @dataclass
@@ -46,12 +42,7 @@ async def server() -> AsyncIterator[tuple[Script, OriginPool]]:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                await reader.readexactly(length)
+                await read_request(reader)
                 script.requests += 1
                 while (data := await script.writes.get()) is not None:
                     if not data:
@@ -80,8 +71,8 @@ async def server() -> AsyncIterator[tuple[Script, OriginPool]]:
         await srv.wait_closed()
 
 
-async def request(pool: OriginPool) -> Connection:
-    return await pool.request(b"POST", b"/v1/chat/completions", [], b"{}", TIMEOUTS)
+async def request(pool: OriginPool, timeouts: Timeouts = TIMEOUTS) -> Connection:
+    return await pool.request(b"POST", b"/v1/chat/completions", [], b"{}", timeouts)
 
 
 async def until(check: object) -> None:
@@ -202,9 +193,7 @@ async def test_a_stream_held_back_for_a_slow_reader_is_not_timed_out_as_idle(
     await script.writes.put(HEAD)
     backlogged: list[bool] = []
     held_back = asyncio.Event()
-    conn = await pool.request(
-        b"POST", b"/v1/chat/completions", [], b"{}", Timeouts(connect=2.0, first_byte=5.0, idle=0.2)
-    )
+    conn = await request(pool, Timeouts(connect=2.0, first_byte=5.0, idle=0.2))
 
     def on_backlog() -> None:
         backlogged.append(True)

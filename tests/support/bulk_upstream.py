@@ -33,6 +33,17 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """Read one request (head and ``Content-Length`` body) off ``reader``; returns the head."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    await reader.readexactly(length)
+    return head
+
+
 class BulkUpstream:
     def __init__(self, size: int, events: int | None = None) -> None:
         self.size = size
@@ -106,12 +117,7 @@ class BulkUpstream:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                await reader.readexactly(length)
+                head = await read_request(reader)
                 if head.startswith(b"POST"):
                     self.posts += 1
                     await self._stream(writer)
