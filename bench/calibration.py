@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from router.crossover import Table, from_json, to_json
-from router.serving import LISTENING_PREFIX
+from router.decide.table import Table, from_json, to_json
+from router.serve import LISTENING_PREFIX
 from router.sim.model import BASELINE, EAGLE3, closed_loop, crossover
 
 RESULTS = Path("bench/results")

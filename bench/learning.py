@@ -30,10 +30,10 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from router.demo import wait_ready  # noqa: E402
-from router.loadgen import run_closed_loop  # noqa: E402
-from router.processes import running  # noqa: E402
 from router.sim.model import BASELINE, EAGLE3, crossover  # noqa: E402
+from router.tools.demo import wait_ready  # noqa: E402
+from router.tools.loadgen import run_closed_loop  # noqa: E402
+from router.tools.processes import running  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 TABLE = RESULTS / "calibration-1024-2048.json"

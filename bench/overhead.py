@@ -63,7 +63,7 @@ CANDIDATES = {
     "asgi_httpx": "raw ASGI handler + httpx",
     "asgi_aiohttp": "raw ASGI handler + aiohttp",
 }
-# router_no_busy_poll: the same router with SPEC_ROUTER_BUSY_POLL_US=0 (router/busypoll.py)
+# router_no_busy_poll: the same router with SPEC_ROUTER_BUSY_POLL_US=0 (router/fastpath/busypoll.py)
 TARGETS = ["direct", "nginx", "router", "router_no_busy_poll", *CANDIDATES]
 SCENARIOS = ["c1", "stream", "c64"]
 

@@ -166,10 +166,10 @@ STACKS = {
     "direct": "no proxy: load generator → fake backend",
     "nginx": "nginx, 1 worker, `proxy_buffering off`, HTTP/1.1 keep-alive upstream "
     "(bench/nginx.conf.template)",
-    "router": "`python -m router serve` (the product: raw ASGI + router/upstream.py, "
+    "router": "`python -m router serve` (the product: raw ASGI + router/forward/upstream.py, "
     "its own HTTP/1.1 client on asyncio + httptools), default settings",
     "router_no_busy_poll": "the same router with busy polling off "
-    "(`SPEC_ROUTER_BUSY_POLL_US=0`, router/busypoll.py)",
+    "(`SPEC_ROUTER_BUSY_POLL_US=0`, router/fastpath/busypoll.py)",
     "fastapi_httpx": "FastAPI + httpx, StreamingResponse: the typical pass-through",
     "fastapi_aiohttp": "FastAPI + aiohttp, StreamingResponse",
     "starlette_aiohttp": "Starlette routing + StreamingResponse + aiohttp",
@@ -179,11 +179,13 @@ STACKS = {
 
 
 # How the router gets its numbers; the measurements behind each point are in the commit log
-# (git log -- router/serving.py router/upstream.py router/proxy.py) and bench/profile_router.py.
+# (git log -- router/serving.py router/upstream.py router/proxy.py, before the move to
+# router/forward/ and router/fastpath/) and bench/profile_router.py.
 HOT_PATH = [
     "- A raw ASGI handler and its own HTTP/1.1 client on asyncio + httptools "
-    "(router/upstream.py): no framework routing, no `StreamingResponse`, no httpx (see above).",
-    "- Under uvicorn's httptools server (the default), `router.serving.DirectSend`: the "
+    "(router/forward/upstream.py): no framework routing, no `StreamingResponse`, no httpx "
+    "(see above).",
+    "- Under uvicorn's httptools server (the default), `router.fastpath.uvicorn.DirectSend`: the "
     "response start goes out with the body bytes that came with the upstream's headers in one "
     "write, and the last body bytes with the end of the response; each later read of a chunked "
     "body is framed and written to the client from the upstream socket's own callback, with no "
@@ -201,7 +203,8 @@ HOT_PATH = [
     "- The garbage collector: start-up objects are frozen and young collections wait for "
     "50,000 objects (router/app.py), because with CPython's default of 700 the collector ran "
     "~170 times in 8 s of 256 streams, 1-7 ms each, and found nothing to free.",
-    "- Busy polling (router/busypoll.py, `SPEC_ROUTER_BUSY_POLL_US`, default 50 µs): after "
+    "- Busy polling (router/fastpath/busypoll.py, `SPEC_ROUTER_BUSY_POLL_US`, default 50 µs): "
+    "after "
     "activity the event loop keeps polling for the window before it may sleep. At c=1 "
     "`strace -c -f -p <router pid>` over 4 s (busy polling off) counted 5,617 reads, 5,617 "
     "writes and 5,670 `epoll_pwait`: the minimum, 2 of each per request, so the rest of the "
@@ -487,7 +490,8 @@ def _findings(summary: dict[str, Any]) -> list[str]:
             f"httpx costs ×{httpx / aiohttp:.0f} the CPU per request of aiohttp (whose response "
             "parser is in C) and collapses under 256 concurrent streams (see the table above). "
             "The router forwards with its own small HTTP/1.1 client on asyncio and httptools' "
-            "C parser (router/upstream.py), the parser uvicorn already brings, rather than add "
+            "C parser (router/forward/upstream.py), the parser uvicorn already brings, rather than "
+            "add "
             "aiohttp as a second client library; httpx remains only in the tools around it "
             "(demo, calibration, load generator), where nothing is hot.",
         ]

@@ -2,7 +2,7 @@
 
 For each time scale and preset this starts one ``router.sim`` process pinned to CPU 0
 (``taskset -c 0``), and from this process (pin it to CPU 1) runs the closed-loop load
-generator ``router.loadgen`` at each concurrency. Each point starts with desynchronised first
+generator ``router.tools.loadgen`` at each concurrency. Each point starts with desynchronised first
 requests, skips a warm-up and measures a steady window: total tok/s from the chunks that
 arrived in it, per-request decode tok/s from each request's chunk spans in it. Both are
 compared with ``router.sim.model.closed_loop`` divided by the time scale. Writes a Markdown
@@ -26,8 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.loadgen import run_closed_loop, window_stats
-from router.serving import LISTENING_PREFIX
+from router.serve import LISTENING_PREFIX
 from router.sim.model import (
     PRESETS,
     closed_loop,
@@ -36,6 +35,7 @@ from router.sim.model import (
     prefill_time,
     step_time,
 )
+from router.tools.loadgen import run_closed_loop, window_stats
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RETRIES = 3
@@ -265,7 +265,7 @@ METHOD = """
   requests end, and their successors join, spread evenly from the start; the window opens after
   the initial prefill burst plus a quarter of a request's life. Requests in flight when the run
   stops are abandoned; their chunks inside the window still count.
-- **Client.** `router.loadgen` (httpx, one keep-alive connection per worker), pinned to the
+- **Client.** `router.tools.loadgen` (httpx, one keep-alive connection per worker), pinned to the
   other core, keeps up with every point of the main table. Measured apart: at 256 streams and
   time scale 0.1 (about 6,500 chunks/s) it used 70-80% of its core and the total came out 3%
   low, because re-joins slipped an iteration; at time scale 0.05 it managed 3,900 of the

@@ -20,18 +20,18 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from router import crossover as tables
-from router.busypoll import BusyPoll
-from router.control import build_control_app
-from router.health import HealthConfig, HealthRegistry
-from router.inflight import BASELINE, POOLS, SPECULATIVE, InflightTracker
-from router.metrics import RouterMetrics, StateCollector
-from router.poller import HealthPoller
-from router.proxy import Outcome, Proxy
-from router.routing import Router
+from router.account.inflight import BASELINE, POOLS, SPECULATIVE, InflightTracker
+from router.account.keeper import CrossoverKeeper
+from router.account.metrics import RouterMetrics, StateCollector
+from router.control.app import build_control_app
+from router.decide import table as tables
+from router.decide.snapshot import Router
+from router.fastpath.busypoll import BusyPoll
+from router.forward.proxy import Outcome, Proxy
+from router.forward.upstream import Origin, OriginPool
+from router.health.poller import HealthPoller
+from router.health.state import HealthConfig, HealthRegistry
 from router.settings import DEFAULT_CROSSOVER, Settings, SettingsError, load_settings
-from router.tuning import CrossoverKeeper
-from router.upstream import Origin, OriginPool
 
 log = logging.getLogger("spec_router")
 

@@ -13,7 +13,10 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("router.serve", "run the router (same as `uvicorn router.app:app`)"),
     "sim": ("router.sim.cli", "run a simulated SGLang-like engine"),
-    "demo": ("router.demo", "start sims and the router, ramp load, print and plot the comparison"),
+    "demo": (
+        "router.tools.demo",
+        "start sims and the router, ramp load, print and plot the comparison",
+    ),
     "calibrate": ("router.calibrate", "measure both pools and write a crossover table"),
 }
 

@@ -23,7 +23,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from router.upstream import Origin
+from router.forward.upstream import Origin
 
 ENV_PREFIX = "SPEC_ROUTER_"
 CONFIG_ENV = "SPEC_ROUTER_CONFIG"

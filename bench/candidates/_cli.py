@@ -3,7 +3,7 @@
 Each candidate runs under the server settings the router uses (uvicorn with uvloop and
 httptools, one worker, lifespan on, access log off) and announces its URL on stdout in the
 router's one-line format, so the benchmark starts and waits for all of them the same way.
-Kept self-contained rather than importing ``router.serving`` so the candidates do not change
+Kept self-contained rather than importing ``router.serve`` so the candidates do not change
 when the router does.
 """
 

@@ -4,7 +4,7 @@ Drives the speculative pool, then the baseline pool, each directly (not through 
 alone, with a closed loop of N clients at each concurrency level; measures per-request decode
 tok/s, time to first token, end-to-end latency and total tok/s; and writes both curves, their
 fits and the crossover (the lowest concurrency from which the baseline is at least as good) as
-a versioned JSON table (``router.crossover``) that the router loads from
+a versioned JSON table (``router.decide.table``) that the router loads from
 ``SPEC_ROUTER_TABLE_PATH``. ``docs/calibration.md`` tells how to run it against real servers
 and how to read its plot.
 

@@ -30,7 +30,7 @@ from router.calibrate.workload import (
     dataset_workload,
     parse_dataset,
 )
-from router.crossover import Table, Workload, save
+from router.decide.table import Table, Workload, save
 
 DEFAULT_PROMPT_TOKENS = 1024
 DEFAULT_OUTPUT_TOKENS = 256

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from router.crossover import (
+from router.decide.table import (
     Objective,
     Point,
     PoolCurve,
@@ -23,7 +23,7 @@ from router.crossover import (
     crossover_from_points,
     fit_points,
 )
-from router.loadgen import RequestResult, decode_tps, percentile
+from router.tools.loadgen import RequestResult, decode_tps, percentile
 
 DEFAULT_LEVELS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_MIN_SAMPLES = 8

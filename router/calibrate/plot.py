@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from router.crossover import Table
+from router.decide.table import Table
 
 COLORS = {"speculative": "tab:orange", "baseline": "tab:blue"}
 

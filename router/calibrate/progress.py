@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TextIO
 
-from router.crossover import Point
+from router.decide.table import Point
 
 
 class Progress:

@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 
-from router import engine_metrics
 from router.calibrate.levels import (
     CANCELLED,
     CalibrationError,
@@ -28,8 +27,9 @@ from router.calibrate.levels import (
 )
 from router.calibrate.progress import Progress
 from router.calibrate.workload import RequestSource
-from router.crossover import Point
-from router.loadgen import RequestResult, send_one
+from router.decide.table import Point
+from router.health import engines as engine_metrics
+from router.tools.loadgen import RequestResult, send_one
 
 POOLS = ("speculative", "baseline")
 

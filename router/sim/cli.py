@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from router.serving import AnnouncingServer, bind_socket, socket_url, uvicorn_config
+from router.serve import AnnouncingServer, bind_socket, socket_url, uvicorn_config
 from router.sim.model import MS, PRESETS, Preset
 from router.sim.server import SimServer, SimSettings
 
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
 
 
 def serve(app: SimServer, host: str, port: int, log_level: str) -> int:
-    """``router.serving.run`` with a short graceful-shutdown timeout."""
+    """``router.serve.run`` with a short graceful-shutdown timeout."""
     try:
         sock = bind_socket(host, port)
     except OSError as exc:

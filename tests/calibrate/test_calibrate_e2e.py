@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from router.crossover import from_json
+from router.decide.table import from_json
 from router.sim.model import BASELINE, EAGLE3, crossover
 from tests.support.processes import Proc, free_port, sim_args, spawn
 

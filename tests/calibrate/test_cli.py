@@ -8,7 +8,7 @@ import pytest
 
 from router.calibrate.cli import base_url, parse_args, report
 from router.calibrate.progress import Progress
-from router.crossover import Point, PoolCurve, Table
+from router.decide.table import Point, PoolCurve, Table
 
 REQUIRED = ["--speculative", "http://a", "--baseline", "http://b", "--out", "t.json"]
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import httpx
 
-from router import engine_metrics
 from router.calibrate.sweep import acceptance, discover_model, scrape, wait_idle
+from router.health import engines as engine_metrics
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

@@ -1,5 +1,5 @@
 """Busy polling in a served router: it spins after traffic, parks when traffic stops, and is
-off with SPEC_ROUTER_BUSY_POLL_US=0 (router/busypoll.py)."""
+off with SPEC_ROUTER_BUSY_POLL_US=0 (router/fastpath/busypoll.py)."""
 
 from __future__ import annotations
 

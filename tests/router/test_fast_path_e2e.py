@@ -2,9 +2,9 @@
 
 Under httptools the router writes a response's start together with the body bytes at hand, and
 relays the rest of a chunked body from the upstream's socket callback while the client keeps up
-(``router.serving.DirectSend``). These tests hold it to what any ASGI path must do: a client
-that stops reading gets every byte, once, when it reads again; ``Connection: close`` is honoured;
-and the same router under h11 (no fast path) behaves the same.
+(``router.fastpath.uvicorn.DirectSend``). These tests hold it to what any ASGI path must do: a
+client that stops reading gets every byte, once, when it reads again; ``Connection: close`` is
+honoured; and the same router under h11 (no fast path) behaves the same.
 """
 
 from __future__ import annotations

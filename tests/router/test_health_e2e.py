@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from router.app import RouterApp
-from router.health import State
+from router.health.state import State
 from router.settings import Settings
 from tests.conftest import TIME_SCALE, RouterFactory
 from tests.support.http import metric_value, router_ready, router_status, sim_running, wait_for

@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from router import crossover as tables
 from router.app import RouterApp
-from router.loadgen import run_closed_loop
+from router.decide import table as tables
 from router.settings import Settings
 from router.sim.model import BASELINE, EAGLE3, crossover
+from router.tools.loadgen import run_closed_loop
 from tests.conftest import TIME_SCALE, RouterFactory, router_env
 from tests.support.http import router_status, wait_for
 from tests.support.processes import Proc

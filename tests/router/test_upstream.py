@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import anyio
 import pytest
 
-from router.upstream import Connection, Origin, OriginPool, Timeouts, UpstreamError
+from router.forward.upstream import Connection, Origin, OriginPool, Timeouts, UpstreamError
 from tests.support.bulk_upstream import HEAD, chunk, read_request
 
 pytestmark = pytest.mark.anyio

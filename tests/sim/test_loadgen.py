@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from router.loadgen import (
+from router.tools.loadgen import (
     RequestResult,
     decode_tps,
     percentile,

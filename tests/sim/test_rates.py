@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from router.loadgen import run_closed_loop, window_stats
 from router.sim.model import PRESETS, closed_loop
+from router.tools.loadgen import run_closed_loop, window_stats
 from tests.sim.conftest import SCALE
 from tests.support.processes import Proc
 

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import httpx
 
-from router import engine_metrics
+from router.health import engines as engine_metrics
 
 T = TypeVar("T")
 

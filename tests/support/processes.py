@@ -1,10 +1,10 @@
-"""Test helpers around ``router.processes``: sims on free ports, ports nothing listens on."""
+"""Test helpers around ``router.tools.processes``: sims on free ports, ports nothing listens on."""
 
 from __future__ import annotations
 
 import socket
 
-from router.processes import Proc, running, spawn
+from router.tools.processes import Proc, running, spawn
 
 __all__ = ["Proc", "free_port", "running", "sim_args", "sim_on", "spawn"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from router.crossover import Point, PoolCurve, Table, Workload, crossover_from_points, fit_points
+from router.decide.table import Point, PoolCurve, Table, Workload, crossover_from_points, fit_points
 from router.sim.model import BASELINE, EAGLE3, Preset, closed_loop
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from router.busypoll import BusyPoll
+from router.fastpath.busypoll import BusyPoll
 
 
 class FakeLoop:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.engine_metrics import interval_accept_length, parse
+from router.health.engines import interval_accept_length, parse
 
 SGLANG = """\
 # HELP sglang:num_running_reqs The number of running requests.

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from router.health import BackendHealth, HealthConfig, State, eject, probe, served, usable, weight
+from router.health.state import (
+    BackendHealth,
+    HealthConfig,
+    State,
+    eject,
+    probe,
+    served,
+    usable,
+    weight,
+)
 
 CFG = HealthConfig(
     startup_grace=100.0, fall=3, rise=2, eject_base=1.0, eject_max=8.0, ramp_seconds=10.0

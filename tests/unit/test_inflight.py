@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.inflight import InflightTracker
+from router.account.inflight import InflightTracker
 
 
 def tracker() -> InflightTracker:

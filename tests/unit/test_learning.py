@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.crossover import Point, PoolCurve, Table, fit_points
-from router.learning import LearnConfig, Learner, marginal_gain
+from router.decide.learner import LearnConfig, Learner, marginal_gain
+from router.decide.table import Point, PoolCurve, Table, fit_points
 from router.sim.model import BASELINE, EAGLE3, closed_loop, crossover
 
 PROMPT, OUTPUT = 1024, 2048
@@ -116,7 +116,7 @@ def test_bad_samples_are_ignored(bad: float) -> None:
 
 
 def test_curve_interpolates_and_never_extrapolates_downhill() -> None:
-    from router.learning import Curve
+    from router.decide.learner import Curve
 
     c = Curve((1.0, 3.0), (0.030, 0.050), tau=2.0)
     assert c.spi(0.5) == 0.030 and abs(c.spi(2.0) - 0.040) < 1e-12

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.policy import (
+from router.decide.policy import (
     BackendView,
     Decision,
     PoolView,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from router.errors import BadRequest
-from router.request import forward_headers, inspect, response_headers, upstream_body
+from router.forward.request import forward_headers, inspect, response_headers, upstream_body
 
 
 def test_inspect_reads_routing_fields() -> None:

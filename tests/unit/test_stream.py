@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from router.stream import BodyTap, SseTap
+from router.forward.stream import BodyTap, SseTap
 
 
 def event(obj: object) -> bytes:

@@ -18,12 +18,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from router import crossover as tables
+from router.account.inflight import POOLS
+from router.decide import table as tables
 from router.errors import BadRequest, NoBackend, RouterError, Unauthorized, error_body
-from router.health import usable
-from router.inflight import POOLS
-from router.request import has_api_key
-from router.upstream import Timeouts, UpstreamError
+from router.forward.request import has_api_key
+from router.forward.upstream import Timeouts, UpstreamError
+from router.health.state import usable
 
 if TYPE_CHECKING:
     from router.app import RouterApp

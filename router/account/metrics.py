@@ -16,12 +16,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from router.health import State
-from router.inflight import POOLS, SPECULATIVE
+from router.account.inflight import POOLS, SPECULATIVE
+from router.health.state import State
 
 if TYPE_CHECKING:
-    from router.proxy import Outcome
-    from router.routing import Router
+    from router.decide.snapshot import Router
+    from router.forward.proxy import Outcome
 
 # LLM-serving buckets, after vLLM's (TTFT, inter-token and end-to-end latency histograms),
 # extended downwards for fast engines and time-scaled simulations.

@@ -368,7 +368,7 @@ class OriginPool:
         poke: Callable[[], None] | None = None,
     ) -> None:
         self.origin = origin
-        self.poke = poke  # busy polling (router/busypoll.py): bytes arrived
+        self.poke = poke  # busy polling (router/fastpath/busypoll.py): bytes arrived
         self._max_connections = max_connections
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self.loop = loop or asyncio.get_running_loop()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container
 from typing import NamedTuple
 
-from router.inflight import BASELINE, SPECULATIVE
+from router.account.inflight import BASELINE, SPECULATIVE
 
 # Named tuples rather than frozen dataclasses: as immutable, and several times cheaper to build,
 # which matters because a snapshot is built for every request (bench/results/overhead.md).
@@ -150,7 +150,7 @@ def round_robin(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
 
 
 def predictive(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
-    """Where the request adds the most to the whole system (see ``router.crossover``).
+    """Where the request adds the most to the whole system (see ``router.decide.table``).
 
     ``snap.gain(pool, load)`` is the change in the objective when one more request joins a
     replica of ``pool`` already running ``load``; without curves it falls back to spillover.

@@ -6,7 +6,8 @@ in this handler's own ``finally`` -- not in a background task or a generator's `
 a client disconnect can skip (see STYLE.md). A client disconnect becomes a cancellation of
 the handler, which aborts the upstream connection, so the engine stops too: a watcher task
 blocked in ``receive()`` reports it, or under uvicorn's httptools server, uvicorn's own
-per-request event (``router.serving.DirectSend``, which also carries the relay's fast paths).
+per-request event (``router.fastpath.uvicorn.DirectSend``, which also carries the relay's fast
+paths).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.account.inflight import POOLS, InflightTracker, Lease
+from router.decide.policy import Decision
+from router.decide.snapshot import Router
 from router.errors import (
     NoBackend,
     PayloadTooLarge,
@@ -28,10 +32,8 @@ from router.errors import (
     UpstreamUnavailable,
     sse_error_event,
 )
-from router.health import HealthRegistry
-from router.inflight import POOLS, InflightTracker, Lease
-from router.policy import Decision
-from router.request import (
+from router.fastpath.uvicorn import DirectSend, direct_send
+from router.forward.request import (
     RequestInfo,
     forward_headers,
     has_api_key,
@@ -39,11 +41,10 @@ from router.request import (
     response_headers,
     upstream_body,
 )
-from router.routing import Router
-from router.serving import DirectSend, direct_send
+from router.forward.stream import BodyTap, SseTap, Usage
+from router.forward.upstream import Connection, OriginPool, Timeouts, UpstreamError
+from router.health.state import HealthRegistry
 from router.settings import Settings
-from router.stream import BodyTap, SseTap, Usage
-from router.upstream import Connection, OriginPool, Timeouts, UpstreamError
 
 log = logging.getLogger("spec_router.proxy")
 
@@ -105,7 +106,7 @@ class Proxy:
     ) -> None:
         self.settings = settings
         self.router = router
-        self.poke = poke  # busy polling (router/busypoll.py): a request arrived or ended
+        self.poke = poke  # busy polling (router/fastpath/busypoll.py): a request arrived or ended
         self.tracker = tracker
         self.health = health
         self.clients = clients

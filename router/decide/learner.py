@@ -12,7 +12,8 @@ A pool's curve is the piecewise-linear interpolation of its bins (extended past 
 end segments' slopes). Because the speculative curve is in iterations, the engine-reported
 acceptance length rescales it at once: when acceptance collapses, the target crossover drops on
 the next update, before enough slow requests have been seen. The crossover moves toward the
-target by at most ``max_step`` per update. Plain data and arithmetic; ``router.tuning`` drives it.
+target by at most ``max_step`` per update. Plain data and arithmetic;
+``router.account.keeper`` drives it.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from router.crossover import Fit, Point, PoolCurve, Table, Workload, fit_line
-from router.inflight import BASELINE, POOLS, SPECULATIVE
+from router.account.inflight import BASELINE, POOLS, SPECULATIVE
+from router.decide.table import Fit, Point, PoolCurve, Table, Workload, fit_line
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,8 @@ import time
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 
-from router.health import HealthRegistry
-from router.inflight import BASELINE, SPECULATIVE, InflightTracker
-from router.policy import (
+from router.account.inflight import BASELINE, SPECULATIVE, InflightTracker
+from router.decide.policy import (
     BackendView,
     Decision,
     PoolView,
@@ -27,6 +26,7 @@ from router.policy import (
     explore,
     reroute,
 )
+from router.health.state import HealthRegistry
 
 
 @dataclass(frozen=True, slots=True)

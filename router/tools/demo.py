@@ -30,9 +30,9 @@ from pathlib import Path
 import httpx
 
 from router.calibrate.levels import LevelRun, build_table, point_from_run
-from router.crossover import Table, Workload, to_json
-from router.loadgen import RequestResult, percentile, run_closed_loop, window_stats
-from router.processes import running
+from router.decide.table import Table, Workload, to_json
+from router.tools.loadgen import RequestResult, percentile, run_closed_loop, window_stats
+from router.tools.processes import running
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64)
 TARGETS = ("router", "round_robin", "speculative", "baseline")

@@ -1,6 +1,6 @@
 """Keeps the crossover current: feeds served requests to the learner, moves the crossover on a
 timer, persists the table, and swaps in a table an operator PUTs. The thin shell around
-``router.learning`` (pure) and ``router.crossover`` (pure, plus an atomic file write).
+``router.decide.learner`` (pure) and ``router.decide.table`` (pure, plus an atomic file write).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from router import crossover as tables
-from router.crossover import Table
-from router.inflight import SPECULATIVE, InflightTracker
-from router.learning import LearnConfig, Learner, marginal_gain
-from router.proxy import Outcome
-from router.routing import Router
+from router.account.inflight import SPECULATIVE, InflightTracker
+from router.decide import table as tables
+from router.decide.learner import LearnConfig, Learner, marginal_gain
+from router.decide.snapshot import Router
+from router.decide.table import Table
+from router.forward.proxy import Outcome
 from router.settings import Settings
 
 log = logging.getLogger("spec_router.tuning")

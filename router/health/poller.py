@@ -13,10 +13,10 @@ import logging
 import random
 from collections.abc import Callable
 
-from router import engine_metrics
-from router.engine_metrics import EngineSample
-from router.routing import EngineLoad, Router
-from router.upstream import Origin, OriginPool, Timeouts, UpstreamError
+from router.decide.snapshot import EngineLoad, Router
+from router.forward.upstream import Origin, OriginPool, Timeouts, UpstreamError
+from router.health import engines as engine_metrics
+from router.health.engines import EngineSample
 
 log = logging.getLogger("spec_router.health")
 
