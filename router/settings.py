@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from router.forward.upstream import Origin
+from router.pools import SPECULATIVE, Pool
 
 ENV_PREFIX = "SPEC_ROUTER_"
 CONFIG_ENV = "SPEC_ROUTER_CONFIG"
@@ -190,14 +191,20 @@ class Settings(BaseSettings):
             raise ValueError("eject_max must be at least eject_base")
         return self
 
-    def pool_urls(self, pool: str) -> list[str]:
-        return self.speculative_urls if pool == "speculative" else self.baseline_urls
+    def pool_api_key(self, pool: Pool) -> SecretStr | None:
+        return self.speculative_api_key if pool == SPECULATIVE else self.baseline_api_key
 
-    def pool_api_key(self, pool: str) -> SecretStr | None:
-        return self.speculative_api_key if pool == "speculative" else self.baseline_api_key
+    def pool_authorization(self, pool: Pool) -> bytes | None:
+        """The ``Authorization`` value for requests to ``pool`` (its own key), if it has one."""
+        key = self.pool_api_key(pool)
+        return None if key is None else b"Bearer " + key.get_secret_value().encode()
 
-    def pool_model_map(self, pool: str) -> dict[str, str]:
-        return self.speculative_model_map if pool == "speculative" else self.baseline_model_map
+    def pool_model_map(self, pool: Pool) -> dict[str, str]:
+        return self.speculative_model_map if pool == SPECULATIVE else self.baseline_model_map
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: about one health round."""
+        return max(1, round(self.health_interval))
 
 
 def _describe(exc: ValidationError) -> str:

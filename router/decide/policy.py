@@ -11,9 +11,10 @@ engines' reported running requests; see ``router.load``): the policies do not ca
 from __future__ import annotations
 
 from collections.abc import Callable, Container
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
-from router.account.inflight import BASELINE, SPECULATIVE
+from router.decide.learner import Gain
+from router.pools import BASELINE, SPECULATIVE, Pool, other
 
 # Named tuples rather than frozen dataclasses: as immutable, and several times cheaper to build,
 # which matters because a snapshot is built for every request (bench/results/overhead.md).
@@ -27,8 +28,20 @@ class BackendView(NamedTuple):
     weight: float = 1.0
 
 
+# Why a request went where it went (the ``x-spec-router-reason`` header, a metric label).
+Reason = Literal[
+    "below_crossover",
+    "above_crossover",
+    "predicted_gain",
+    "failover",
+    "retry",
+    "explore",
+    "round_robin",
+]
+
+
 class PoolView(NamedTuple):
-    name: str
+    name: Pool
     backends: tuple[BackendView, ...]
 
     @property
@@ -54,9 +67,9 @@ class Snapshot(NamedTuple):
     hysteresis: int = 0
     state: RoutingState = RoutingState()
     # Optional: a request's predicted effect per pool, for the `predictive` policy.
-    gain: Callable[[str, int], float] | None = None
+    gain: Gain | None = None
 
-    def pool(self, name: str) -> PoolView:
+    def pool(self, name: Pool) -> PoolView:
         return self.speculative if name == SPECULATIVE else self.baseline
 
     @property
@@ -65,13 +78,9 @@ class Snapshot(NamedTuple):
 
 
 class Decision(NamedTuple):
-    pool: str
+    pool: Pool
     backend: str
-    reason: str
-
-
-def other(pool: str) -> str:
-    return BASELINE if pool == SPECULATIVE else SPECULATIVE
+    reason: Reason
 
 
 def pick_backend(pool: PoolView, rr: int = 0, exclude: Container[str] = ()) -> BackendView | None:
@@ -94,7 +103,7 @@ def pick_backend(pool: PoolView, rr: int = 0, exclude: Container[str] = ()) -> B
 
 
 def _place(
-    snap: Snapshot, pool: str, reason: str, state: RoutingState
+    snap: Snapshot, pool: Pool, reason: Reason, state: RoutingState
 ) -> tuple[Decision | None, RoutingState]:
     """Put the request on ``pool``, or fail over to the other one if it has no usable backend."""
     chosen = pick_backend(snap.pool(pool), state.rr)
@@ -145,7 +154,7 @@ def round_robin(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     if not candidates:
         return None, snap.state
     chosen = candidates[snap.state.rr % len(candidates)]
-    pool = SPECULATIVE if chosen in snap.speculative.backends else BASELINE
+    pool: Pool = SPECULATIVE if chosen in snap.speculative.backends else BASELINE
     return Decision(pool, chosen.url, "round_robin"), snap.state._replace(rr=snap.state.rr + 1)
 
 

@@ -1,4 +1,9 @@
-"""The routing shell: turns live state into a policy ``Snapshot`` and keeps the policy's memory.
+"""The decision shell: turns live state into a policy ``Snapshot`` and keeps the policy's memory.
+
+It owns only what the policies remember between requests (round-robin position, hysteresis,
+exploration credit). Everything else it reads, through the interfaces of its owners: in-flight
+counts from the tracker, health from the registry, engine loads from the poller, the crossover
+and the curves from the keeper.
 
 Load signals (``LOAD_SIGNAL``):
 - ``local``: this router's own in-flight count per backend. Exact and instant, but blind to
@@ -12,10 +17,11 @@ Load signals (``LOAD_SIGNAL``):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Container
-from dataclasses import dataclass
+from collections.abc import Callable, Container, Mapping
+from typing import Protocol
 
-from router.account.inflight import BASELINE, SPECULATIVE, InflightTracker
+from router.account.inflight import InflightTracker
+from router.decide.learner import Gain
 from router.decide.policy import (
     BackendView,
     Decision,
@@ -26,32 +32,33 @@ from router.decide.policy import (
     explore,
     reroute,
 )
+from router.health.poller import EngineLoad
 from router.health.state import HealthRegistry
+from router.pools import BASELINE, SPECULATIVE, Pool
+from router.settings import LoadSignal, PolicyName
 
 
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """What a backend's /metrics said at one scrape."""
+class Tuning(Protocol):
+    """What routing reads from the crossover's owner (``router.account.keeper``)."""
 
-    running: int
-    queued: int
-    accept_length: float | None
-    scraped_at: float
-    started_at_scrape: int  # this replica's `started` count for the backend at that moment
-    flavor: str  # "sglang" or "vllm"
+    @property
+    def crossover(self) -> int: ...
+
+    @property
+    def gain(self) -> Gain | None: ...
 
 
-class Router:
+class Decider:
     def __init__(
         self,
-        pools: dict[str, list[str]],
+        pools: Mapping[Pool, list[str]],
         tracker: InflightTracker,
         health: HealthRegistry,
-        policy: str,
-        crossover: int,
-        crossover_source: str,
+        tuning: Tuning,
+        loads: Mapping[str, EngineLoad],
+        policy: PolicyName,
         hysteresis: int,
-        load_signal: str = "local",
+        load_signal: LoadSignal = "local",
         clock: Callable[[], float] = time.monotonic,
         explore_share: float = 0.0,
         explore_band: int = 2,
@@ -59,34 +66,28 @@ class Router:
         self.pools = pools
         self.tracker = tracker
         self.health = health
-        self.policy = policy
-        self.crossover = crossover
-        self.crossover_source = crossover_source
+        self.tuning = tuning
+        self.loads = loads
+        self.policy: PolicyName = policy
         self.hysteresis = hysteresis
-        self.load_signal = load_signal
+        self.load_signal: LoadSignal = load_signal
         self.clock = clock
-        self.state = RoutingState()
-        self.engine: dict[str, EngineLoad] = {}
-        self.gain: Callable[[str, int], float] | None = None
         self.explore_share = explore_share
         self.explore_band = explore_band
+        self._state = RoutingState()
         self._explore_credit = 0.0
-
-    def set_crossover(self, value: int, source: str) -> None:
-        self.crossover = value
-        self.crossover_source = source
 
     def backend_load(self, url: str) -> int:
         local = self.tracker.by_backend[url]
         if self.load_signal == "local":
             return local
-        seen = self.engine.get(url)
+        seen = self.loads.get(url)
         if seen is None:
             return local
         engine = seen.running + seen.queued + (self.tracker.started[url] - seen.started_at_scrape)
         return engine if self.load_signal == "engine" else max(local, engine)
 
-    def _view(self, name: str, now: float) -> PoolView:
+    def _view(self, name: Pool, now: float) -> PoolView:
         health, load = self.health, self.backend_load
         return PoolView(
             name,
@@ -100,18 +101,19 @@ class Router:
 
     def snapshot(self) -> Snapshot:
         now = self.clock()
+        tuning = self.tuning
         return Snapshot(
             self._view(SPECULATIVE, now),
             self._view(BASELINE, now),
-            self.crossover,
+            tuning.crossover,
             self.hysteresis,
-            self.state,
-            self.gain,
+            self._state,
+            tuning.gain,
         )
 
     def decide(self) -> Decision | None:
         snap = self.snapshot()
-        decision, self.state = choose(self.policy, snap)
+        decision, self._state = choose(self.policy, snap)
         if decision is not None and self.explore_share > 0 and self.policy != "round_robin":
             decision = self._maybe_explore(snap, decision)
         return decision
@@ -132,10 +134,6 @@ class Router:
     def retry(self, failed: Decision, tried: Container[str]) -> Decision | None:
         return reroute(self.snapshot(), failed, tried)
 
-    def any_usable(self) -> bool:
-        now = self.clock()
-        return any(self.health.usable(url, now) for urls in self.pools.values() for url in urls)
-
-    def pool_usable(self, pool: str) -> bool:
+    def pool_usable(self, pool: Pool) -> bool:
         now = self.clock()
         return any(self.health.usable(url, now) for url in self.pools[pool])

@@ -27,7 +27,9 @@ from typing import Any, Literal
 
 TABLE_VERSION = 1
 Objective = Literal["tpot", "e2e"]
-SOURCES = ("default", "configured", "calibrated", "learned")
+# Where a crossover came from.
+Source = Literal["default", "configured", "calibrated", "learned"]
+SOURCES: tuple[Source, ...] = ("default", "configured", "calibrated", "learned")
 
 
 class TableError(ValueError):
@@ -91,7 +93,7 @@ class PoolCurve:
 @dataclass(frozen=True, slots=True)
 class Table:
     crossover: int
-    source: str
+    source: Source
     objective: Objective = "tpot"
     measured_at: str = ""
     workload: Workload = field(default_factory=Workload)
@@ -247,8 +249,8 @@ def from_json(raw: Any) -> Table:
     crossover = raw.get("crossover")
     if type(crossover) is not int or crossover < 0:
         raise TableError("crossover must be a non-negative integer")
-    source = raw.get("source", "calibrated")
-    if source not in SOURCES:
+    source = next((s for s in SOURCES if s == raw.get("source", "calibrated")), None)
+    if source is None:
         raise TableError(f"source must be one of {', '.join(SOURCES)}")
     objective = raw.get("objective", "tpot")
     if objective not in ("tpot", "e2e"):

@@ -17,12 +17,13 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from router.account.inflight import POOLS, InflightTracker, Lease
+from router.account.inflight import InflightTracker, Lease
+from router.account.outcome import Outcome
 from router.decide.policy import Decision
-from router.decide.snapshot import Router
+from router.decide.snapshot import Decider
 from router.errors import (
     NoBackend,
     PayloadTooLarge,
@@ -41,9 +42,10 @@ from router.forward.request import (
     response_headers,
     upstream_body,
 )
-from router.forward.stream import BodyTap, SseTap, Usage
+from router.forward.stream import BodyTap, SseTap
 from router.forward.upstream import Connection, OriginPool, Timeouts, UpstreamError
 from router.health.state import HealthRegistry
+from router.pools import POOLS, Pool
 from router.settings import Settings
 
 log = logging.getLogger("spec_router.proxy")
@@ -63,30 +65,6 @@ class ClientGone(Exception):
 
 
 @dataclass(slots=True)
-class Outcome:
-    """What happened to one request: the record every observer (metrics, learning) reads."""
-
-    path: str
-    started: float
-    stream: bool = False
-    pool: str | None = None
-    backend: str | None = None
-    reason: str = "none"
-    status: int = 0
-    attempts: int = 0
-    first_byte: float | None = None
-    area_first: float | None = None  # the backend's in-flight integral at the first byte
-    ended: float = 0.0
-    error: str | None = None  # the upstream error that ended the request, if any
-    client_gone: bool = False
-    slow_client: bool = False  # the client could not take the body as fast as it came
-    usage: Usage | None = None
-    # every failed upstream attempt (pool, backend, kind) and every retry (pool left, kind)
-    failures: list[tuple[str, str, str]] = field(default_factory=list)
-    retries: list[tuple[str, str]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
 class _Flags:
     done: bool = False
     client_gone: bool = False
@@ -96,7 +74,7 @@ class Proxy:
     def __init__(
         self,
         settings: Settings,
-        router: Router,
+        decider: Decider,
         tracker: InflightTracker,
         health: HealthRegistry,
         clients: dict[str, OriginPool],
@@ -105,7 +83,7 @@ class Proxy:
         poke: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
-        self.router = router
+        self.decider = decider
         self.poke = poke  # busy polling (router/fastpath/busypoll.py): a request arrived or ended
         self.tracker = tracker
         self.health = health
@@ -119,11 +97,7 @@ class Proxy:
             settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout
         )
         self._api_keys = [k.get_secret_value().encode() for k in settings.api_keys]
-        self._pool_auth = {
-            pool: (b"Bearer " + key.get_secret_value().encode()) if key else None
-            for pool in POOLS
-            for key in [settings.pool_api_key(pool)]
-        }
+        self._pool_auth = {pool: settings.pool_authorization(pool) for pool in POOLS}
 
     # -- entry ------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -159,10 +133,10 @@ class Proxy:
             return
         out.stream = info.stream
 
-        decision = self.router.decide()
+        decision = self.decider.decide()
         if decision is None:
             refusal = NoBackend(
-                "no backend can take requests right now", _retry_after(self.settings)
+                "no backend can take requests right now", self.settings.retry_after()
             )
             out.status = refusal.status
             await _send_error(send, refusal)
@@ -275,12 +249,12 @@ class Proxy:
                     raise UpstreamUnavailable(str(exc)) from None
                 # refused, or closed before answering: out for a while, and safe to retry
                 self.health.eject(decision.backend, self.clock(), str(exc))
-                alt = None if out.attempts >= max_attempts else self.router.retry(decision, tried)
+                alt = None if out.attempts >= max_attempts else self.decider.retry(decision, tried)
                 if alt is None:
                     out.error = exc.kind
                     raise NoBackend(
                         f"no backend could take the request (last error: {exc})",
-                        _retry_after(self.settings),
+                        self.settings.retry_after(),
                     ) from None
                 kind = exc.kind
             else:
@@ -292,7 +266,7 @@ class Proxy:
                     self.health.served(decision.backend, self.clock())
                 if status not in RETRY_STATUSES or out.attempts >= max_attempts:
                     return conn, decision
-                alt = self.router.retry(decision, tried)
+                alt = self.decider.retry(decision, tried)
                 if alt is None:
                     return conn, decision  # nowhere else to go: the refusal goes to the client
                 kind = f"http_{status}"
@@ -436,7 +410,7 @@ class Proxy:
             send, None, [{"type": "http.response.body", "body": event, "more_body": False}]
         )
 
-    def _rename_for(self, pool: str, info: RequestInfo) -> tuple[bytes, bytes] | None:
+    def _rename_for(self, pool: Pool, info: RequestInfo) -> tuple[bytes, bytes] | None:
         model_map = self.settings.pool_model_map(pool)
         if info.model is None or info.model not in model_map:
             return None
@@ -480,10 +454,6 @@ class Proxy:
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         end = {"type": "http.response.body", "body": body, "more_body": False}
         await _send_all(send, direct, [start, end])
-
-
-def _retry_after(settings: Settings) -> int:
-    return max(1, round(settings.health_interval))
 
 
 async def _send_all(send: Send, direct: DirectSend | None, messages: list[dict[str, Any]]) -> None:

@@ -316,6 +316,13 @@ class Connection(asyncio.Protocol):
             self._transport.resume_reading()
         return data
 
+    async def read_all(self) -> bytes:
+        """The rest of the body, whole (for small answers: health, metrics, model lists)."""
+        parts = []
+        while chunk := await self.read():
+            parts.append(chunk)
+        return b"".join(parts)
+
     def divert(self, sink: Callable[[bytes], bool]) -> None:
         """Send body bytes to ``sink`` as they arrive, until it returns False (see module doc).
 

@@ -74,7 +74,7 @@ async def test_put_table_needs_the_admin_token_and_validates(tmp_path: Path) -> 
             "crossover": 4,
             "crossover_source": "calibrated",
         }
-        assert app.router.crossover == 4
+        assert app.keeper.crossover == 4
         assert tables.load(tmp_path / "t.json").crossover == 4  # persisted at once
 
         for bad in (
@@ -88,7 +88,7 @@ async def test_put_table_needs_the_admin_token_and_validates(tmp_path: Path) -> 
             assert r.json()["error"]["code"] == "invalid_table" and r.json()["error"]["message"]
         r = await client.put("/router/table", content=b"{nope", headers=auth)
         assert r.status_code == 400
-        assert app.router.crossover == 4  # the old table stays
+        assert app.keeper.crossover == 4  # the old table stays
         shown = (await client.get("/router/table")).json()
         assert shown["crossover"] == 4 and shown["version"] == tables.TABLE_VERSION
     no_admin = RouterApp(Settings())
