@@ -34,6 +34,7 @@ from router.errors import (
     sse_error_event,
 )
 from router.fastpath.uvicorn import DirectSend, direct_send
+from router.forward import verdicts
 from router.forward.request import (
     RequestInfo,
     forward_headers,
@@ -44,6 +45,7 @@ from router.forward.request import (
 )
 from router.forward.stream import BodyTap, SseTap
 from router.forward.upstream import Connection, OriginPool, Timeouts, UpstreamError
+from router.forward.verdicts import Verdict
 from router.health.state import HealthRegistry
 from router.pools import POOLS, Pool
 from router.settings import Settings
@@ -56,8 +58,6 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 # Paths whose streams carry token usage the router can ask for.
 USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-RETRY_STATUSES = frozenset({429, 503})
-RETRYABLE_KINDS = frozenset({"connect", "connect_timeout"})
 
 
 class ClientGone(Exception):
@@ -232,48 +232,41 @@ class Proxy:
             payload = upstream_body(
                 info, body, self.settings.pool_model_map(decision.pool), ask_usage
             )
+            conn: Connection | None = None
+            error: UpstreamError | None = None
             try:
                 conn = await self.clients[decision.backend].request(
                     method, target, headers, payload, self.timeouts
                 )
             except UpstreamError as exc:
-                out.failures.append((decision.pool, decision.backend, exc.kind))
-                if exc.kind == "first_byte_timeout":
-                    out.error = exc.kind
-                    raise UpstreamTimeout(f"upstream did not answer within {exc}") from None
-                if not (
-                    exc.kind in RETRYABLE_KINDS
-                    or (exc.kind == "reset" and not exc.response_started)
-                ):
-                    out.error = exc.kind
-                    raise UpstreamUnavailable(str(exc)) from None
-                # refused, or closed before answering: out for a while, and safe to retry
-                self.health.eject(decision.backend, self.clock(), str(exc))
-                alt = None if out.attempts >= max_attempts else self.decider.retry(decision, tried)
-                if alt is None:
-                    out.error = exc.kind
-                    raise NoBackend(
-                        f"no backend could take the request (last error: {exc})",
-                        self.settings.retry_after(),
-                    ) from None
-                kind = exc.kind
+                error = exc
+                verdict = verdicts.after_error(exc.kind, exc.response_started)
             else:
-                status = conn.status
-                if status >= 500:
-                    out.failures.append((decision.pool, decision.backend, f"http_{status}"))
-                    self.health.eject(decision.backend, self.clock(), f"HTTP {status}")
-                elif status < 400:
-                    self.health.served(decision.backend, self.clock())
-                if status not in RETRY_STATUSES or out.attempts >= max_attempts:
-                    return conn, decision
+                verdict = verdicts.after_status(conn.status)
+            self._judge(verdict, decision, out, str(error) if error else f"HTTP {verdict.kind[5:]}")
+            alt = None
+            if verdict.retry and out.attempts < max_attempts:
                 alt = self.decider.retry(decision, tried)
-                if alt is None:
-                    return conn, decision  # nowhere else to go: the refusal goes to the client
-                kind = f"http_{status}"
+            if alt is None:
+                if conn is not None:
+                    return conn, decision  # the answer, or a refusal with nowhere else to go
+                assert error is not None
+                out.error = error.kind
+                raise _refusal(error, verdict.retry, self.settings.retry_after())
+            if conn is not None:
                 conn.release()  # aborts: the body of a refusal is not worth reading
-            out.retries.append((decision.pool, kind))
+            out.retries.append((decision.pool, verdict.kind))
             lease.move(alt.backend)
             decision = alt
+
+    def _judge(self, verdict: Verdict, decision: Decision, out: Outcome, detail: str) -> None:
+        """Apply what an attempt said about its backend: a failure, an ejection, a good answer."""
+        if verdict.failed:
+            out.failures.append((decision.pool, decision.backend, verdict.kind))
+        if verdict.eject:
+            self.health.eject(decision.backend, self.clock(), detail)
+        elif verdict.served:
+            self.health.served(decision.backend, self.clock())
 
     # -- response side ----------------------------------------------------------------------
     async def _relay(
@@ -353,9 +346,7 @@ class Proxy:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:
             out.error = exc.kind
-            out.failures.append((decision.pool, decision.backend, exc.kind))
-            if exc.kind != "idle_timeout":
-                self.health.eject(decision.backend, self.clock(), str(exc))
+            self._judge(verdicts.mid_response(exc.kind), decision, out, str(exc))
             if pending is not None:  # nothing reached the client yet: an ordinary 502
                 raise UpstreamUnavailable(f"upstream failed: {exc}") from None
             await self._break_stream(send, exc, is_sse)
@@ -434,7 +425,7 @@ class Proxy:
                 data = await conn.read()
             except UpstreamError as exc:
                 out.error = exc.kind
-                out.failures.append((decision.pool, decision.backend, exc.kind))
+                self._judge(verdicts.mid_response(exc.kind), decision, out, str(exc))
                 raise UpstreamUnavailable(f"upstream failed: {exc}") from None
             if not data:
                 break
@@ -454,6 +445,15 @@ class Proxy:
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         end = {"type": "http.response.body", "body": body, "more_body": False}
         await _send_all(send, direct, [start, end])
+
+
+def _refusal(error: UpstreamError, retried_out: bool, retry_after: int) -> RouterError:
+    answer = verdicts.refusal(error.kind, retried_out)
+    if answer == "timeout":
+        return UpstreamTimeout(f"upstream did not answer within {error}")
+    if answer == "no_backend":
+        return NoBackend(f"no backend could take the request (last error: {error})", retry_after)
+    return UpstreamUnavailable(str(error))
 
 
 async def _send_all(send: Send, direct: DirectSend | None, messages: list[dict[str, Any]]) -> None:
