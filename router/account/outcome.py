@@ -1,6 +1,7 @@
 """What happened to one request: the record the proxy fills in and every observer reads.
 
-Observers (metrics, the learner) run once per finished request, never per chunk.
+The proxy records through the methods below, one per event of a request's life; observers
+(metrics, the learner) read the fields once the request is over, never per chunk.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class Outcome:
     stream: bool = False
     pool: Pool | None = None
     backend: str | None = None
-    reason: str = "none"
+    reason: str = "none"  # a policy Reason once routed
     status: int = 0
     attempts: int = 0
     first_byte: float | None = None
@@ -31,5 +32,51 @@ class Outcome:
     slow_client: bool = False  # the client could not take the body as fast as it came
     usage: Usage | None = None
     # every failed upstream attempt (pool, backend, kind) and every retry (pool left, kind)
-    failures: list[tuple[str, str, str]] = field(default_factory=list)
-    retries: list[tuple[str, str]] = field(default_factory=list)
+    failures: list[tuple[Pool, str, str]] = field(default_factory=list)
+    retries: list[tuple[Pool, str]] = field(default_factory=list)
+
+    def read(self, stream: bool) -> None:
+        """The request was read: whether it asked for a stream."""
+        self.stream = stream
+
+    def attempt(self, pool: Pool, backend: str, reason: str) -> None:
+        """The request is (re)sent to ``backend``."""
+        self.attempts += 1
+        self.pool, self.backend, self.reason = pool, backend, reason
+
+    def attempt_failed(self, kind: str) -> None:
+        """The current attempt's backend failed (counted against it, whatever happens next)."""
+        assert self.pool is not None and self.backend is not None
+        self.failures.append((self.pool, self.backend, kind))
+
+    def retried(self, kind: str) -> None:
+        """The current attempt is abandoned for another backend; ``attempt`` follows."""
+        assert self.pool is not None
+        self.retries.append((self.pool, kind))
+
+    def answered(self, status: int) -> None:
+        """The status the client was (or is being) sent."""
+        self.status = status
+
+    def first_bytes(self, now: float, area: float) -> None:
+        """The first response body bytes arrived; ``area``: the backend's in-flight integral."""
+        if self.first_byte is None:
+            self.first_byte, self.area_first = now, area
+
+    def broke(self, kind: str) -> None:
+        """An upstream error ended the request."""
+        self.error = kind
+
+    def client_left(self) -> None:
+        self.client_gone = True
+
+    def fell_behind(self) -> None:
+        """The client could not take the body as fast as the engine sent it."""
+        self.slow_client = True
+
+    def counted(self, usage: Usage | None) -> None:
+        """The token usage the engine reported, once the whole body passed."""
+        self.usage = usage
+
+    def finish(self, now: float) -> None:
+        self.ended = now

@@ -108,7 +108,7 @@ class Proxy:
         try:
             await self._handle(scope, receive, send, out)
         finally:
-            out.ended = self.clock()
+            out.finish(self.clock())
             if poke is not None:
                 poke()
             for observe in self.observers:
@@ -125,20 +125,20 @@ class Proxy:
             content_type = next((v for k, v in headers if k == b"content-type"), None)
             info = inspect(scope["path"], body, content_type)
         except RouterError as exc:
-            out.status = exc.status
+            out.answered(exc.status)
             await _send_error(send, exc)
             return
         except ClientGone:
-            out.client_gone = True
+            out.client_left()
             return
-        out.stream = info.stream
+        out.read(info.stream)
 
         decision = self.decider.decide()
         if decision is None:
             refusal = NoBackend(
                 "no backend can take requests right now", self.settings.retry_after()
             )
-            out.status = refusal.status
+            out.answered(refusal.status)
             await _send_error(send, refusal)
             return
         task = asyncio.current_task(self.loop)
@@ -154,17 +154,17 @@ class Proxy:
         lease = self.tracker.acquire(decision.backend)  # released in the finally below
         try:
             conn, decision = await self._open(scope, body, info, decision, lease, out)
-            out.status = conn.status
+            out.answered(conn.status)
             await self._relay(conn, decision, info, send, direct, flags, lease, out)
         except asyncio.CancelledError:
             if not flags.client_gone:
                 raise
             task.uncancel()
-            out.client_gone = True
+            out.client_left()
         except ClientGone:
-            out.client_gone = True
+            out.client_left()
         except RouterError as exc:
-            out.status = exc.status
+            out.answered(exc.status)
             if not flags.done:
                 await _send_error(send, exc)
         finally:
@@ -222,8 +222,7 @@ class Proxy:
         tried: list[str] = []
         max_attempts = self.settings.max_attempts
         while True:
-            out.attempts += 1
-            out.pool, out.backend, out.reason = decision.pool, decision.backend, decision.reason
+            out.attempt(decision.pool, decision.backend, decision.reason)
             tried.append(decision.backend)
             pool_key = self._pool_auth[decision.pool]
             headers = forward_headers(
@@ -251,18 +250,18 @@ class Proxy:
                 if conn is not None:
                     return conn, decision  # the answer, or a refusal with nowhere else to go
                 assert error is not None
-                out.error = error.kind
+                out.broke(error.kind)
                 raise _refusal(error, verdict.retry, self.settings.retry_after())
             if conn is not None:
                 conn.release()  # aborts: the body of a refusal is not worth reading
-            out.retries.append((decision.pool, verdict.kind))
+            out.retried(verdict.kind)
             lease.move(alt.backend)
             decision = alt
 
     def _judge(self, verdict: Verdict, decision: Decision, out: Outcome, detail: str) -> None:
         """Apply what an attempt said about its backend: a failure, an ejection, a good answer."""
         if verdict.failed:
-            out.failures.append((decision.pool, decision.backend, verdict.kind))
+            out.attempt_failed(verdict.kind)
         if verdict.eject:
             self.health.eject(decision.backend, self.clock(), detail)
         elif verdict.served:
@@ -314,7 +313,7 @@ class Proxy:
         def backlog() -> None:
             if flags.client_gone:  # (not slow: gone, and its cancellation is on its way)
                 return
-            out.slow_client = True
+            out.fell_behind()
             lease.mark_slow()
 
         conn.on_backlog = backlog
@@ -330,8 +329,8 @@ class Proxy:
                 if not data:
                     break
                 if out.first_byte is None:
-                    out.first_byte = now = self.clock()
-                    out.area_first = self.tracker.area(decision.backend, now)
+                    now = self.clock()
+                    out.first_bytes(now, self.tracker.area(decision.backend, now))
                 if feed is not None:
                     data = feed(data)
                 if conn.finished:  # the last bytes go out with the end of the response
@@ -345,7 +344,7 @@ class Proxy:
                 elif data:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:
-            out.error = exc.kind
+            out.broke(exc.kind)
             self._judge(verdicts.mid_response(exc.kind), decision, out, str(exc))
             if pending is not None:  # nothing reached the client yet: an ordinary 502
                 raise UpstreamUnavailable(f"upstream failed: {exc}") from None
@@ -359,7 +358,7 @@ class Proxy:
         end = {"type": "http.response.body", "body": last, "more_body": False}
         await _send_all(send, direct, [*pending, end] if pending else [end])
         if tap is not None:
-            out.usage = tap.usage
+            out.counted(tap.usage)
 
     def _divert(
         self,
@@ -379,8 +378,8 @@ class Proxy:
             if not ready():  # (one that stays behind is counted slow by _relay's ``backlog``)
                 return False  # nothing consumed: read() gets these bytes
             if out.first_byte is None:
-                out.first_byte = now = clock()
-                out.area_first = area(backend, now)
+                now = clock()
+                out.first_bytes(now, area(backend, now))
             if feed is not None:
                 data = feed(data)
             if data:
@@ -424,18 +423,19 @@ class Proxy:
             try:
                 data = await conn.read()
             except UpstreamError as exc:
-                out.error = exc.kind
+                out.broke(exc.kind)
                 self._judge(verdicts.mid_response(exc.kind), decision, out, str(exc))
                 raise UpstreamUnavailable(f"upstream failed: {exc}") from None
             if not data:
                 break
             if out.first_byte is None:
-                out.first_byte = self.clock()
+                now = self.clock()
+                out.first_bytes(now, self.tracker.area(decision.backend, now))
             parts.append(data)
         body = b"".join(parts).replace(*rename)
         tap = BodyTap()
         tap.feed(body)
-        out.usage = tap.usage
+        out.counted(tap.usage)
         headers = response_headers(conn.headers, keep_length=False)
         headers += [
             (b"content-length", str(len(body)).encode()),
