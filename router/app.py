@@ -244,14 +244,19 @@ class RouterApp:
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         message = await receive()
         assert message["type"] == "lifespan.startup"
+        started = False
         try:
             async with self.running():
                 _tune_gc()
                 await send({"type": "lifespan.startup.complete"})
+                started = True
                 message = await receive()
                 assert message["type"] == "lifespan.shutdown"
         except BaseException as exc:
-            await send({"type": "lifespan.startup.failed", "message": str(exc)})
+            # After start-up completed, a failure is a shutdown failure (as Starlette does):
+            # uvicorn asserts against a late startup.failed, and the real error would be lost.
+            failed = "lifespan.shutdown.failed" if started else "lifespan.startup.failed"
+            await send({"type": failed, "message": f"{type(exc).__name__}: {exc}"})
             raise
         await send({"type": "lifespan.shutdown.complete"})
 
