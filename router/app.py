@@ -154,6 +154,11 @@ class RouterApp:
             decider=self.decider,
             connections=self._connections,
             extra={
+                "fast_path": (
+                    self.proxy.responders.status()
+                    if self.proxy is not None
+                    else {"direct_responses": 0, "plain_responses": 0}
+                ),
                 "busy_poll": {
                     "window_us": self.settings.busy_poll_us,
                     "spinning": busy is not None and busy.running,

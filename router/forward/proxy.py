@@ -4,10 +4,9 @@ A raw ASGI handler (no framework routing, no ``StreamingResponse``): the hot pat
 bench/results/overhead.md. The in-flight lease is taken once the request is routed and released
 in this handler's own ``finally`` -- not in a background task or a generator's ``finally``, which
 a client disconnect can skip (see STYLE.md). A client disconnect becomes a cancellation of
-the handler, which aborts the upstream connection, so the engine stops too: a watcher task
-blocked in ``receive()`` reports it, or under uvicorn's httptools server, uvicorn's own
-per-request event (``router.fastpath.uvicorn.DirectSend``, which also carries the relay's fast
-paths).
+the handler, which aborts the upstream connection, so the engine stops too. The response goes
+out through a ``Responder`` (``router.fastpath``): plain ASGI, or under uvicorn's httptools
+server the fast paths of ``router.fastpath.uvicorn``.
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ from router.errors import (
     UpstreamUnavailable,
     sse_error_event,
 )
-from router.fastpath.uvicorn import DirectSend, direct_send
+from router.fastpath import Responders
+from router.fastpath.responder import Responder
 from router.forward import verdicts
 from router.forward.request import (
     RequestInfo,
@@ -93,6 +93,7 @@ class Proxy:
         # Made in the serving loop. Passed explicitly: asyncio's loop lookup calls getpid()
         # on Python 3.11, a system call per request.
         self.loop = asyncio.get_running_loop()
+        self.responders = Responders(self.loop)
         self.timeouts = Timeouts(
             settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout
         )
@@ -144,18 +145,14 @@ class Proxy:
         task = asyncio.current_task(self.loop)
         assert task is not None
         flags = _Flags()
-        direct = direct_send(send)
-        watcher = None
-        if direct is not None:  # uvicorn's httptools server tells without a task per request
-            direct.watch(lambda: _client_left(task, flags))
-        else:
-            watcher = self.loop.create_task(_watch(receive, task, flags))
+        responder = self.responders(receive, send)
+        responder.watch(lambda: _client_left(task, flags))
         conn: Connection | None = None
         lease = self.tracker.acquire(decision.backend)  # released in the finally below
         try:
             conn, decision = await self._open(scope, body, info, decision, lease, out)
             out.answered(conn.status)
-            await self._relay(conn, decision, info, send, direct, flags, lease, out)
+            await self._relay(conn, decision, info, send, responder, flags, lease, out)
         except asyncio.CancelledError:
             if not flags.client_gone:
                 raise
@@ -169,10 +166,7 @@ class Proxy:
                 await _send_error(send, exc)
         finally:
             flags.done = True
-            if watcher is not None:
-                watcher.cancel()
-            if direct is not None:
-                direct.unwatch()
+            responder.unwatch()
             if conn is not None:
                 conn.release()
             lease.release()
@@ -274,7 +268,7 @@ class Proxy:
         decision: Decision,
         info: RequestInfo,
         send: Send,
-        direct: DirectSend | None,
+        responder: Responder,
         flags: _Flags,
         lease: Lease,
         out: Outcome,
@@ -293,7 +287,7 @@ class Proxy:
             tap = None
         keep_length = rename is None and not (is_sse and strip)
         if rename is not None and not is_sse:
-            await self._relay_rewritten(conn, decision, send, direct, rename, out)
+            await self._relay_rewritten(conn, decision, responder, rename, out)
             return
         headers = response_headers(conn.headers, keep_length)
         headers.append((b"x-spec-router-pool", decision.pool.encode()))
@@ -321,9 +315,9 @@ class Proxy:
         last = b""
         try:
             if not conn.has_body:
-                await _send_all(send, direct, [start])
+                await _send_all(responder, [start])
                 pending = None
-                self._divert(conn, direct, feed, lease, out)
+                self._divert(conn, responder, feed, lease, out)
             while True:
                 data = await read()
                 if not data:
@@ -338,9 +332,9 @@ class Proxy:
                     break
                 if pending is not None:
                     chunk = {"type": "http.response.body", "body": data, "more_body": True}
-                    await _send_all(send, direct, [*pending, chunk] if data else pending)
+                    await _send_all(responder, [*pending, chunk] if data else pending)
                     pending = None
-                    self._divert(conn, direct, feed, lease, out)
+                    self._divert(conn, responder, feed, lease, out)
                 elif data:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:
@@ -356,23 +350,24 @@ class Proxy:
             last += tap.flush()
         flags.done = True
         end = {"type": "http.response.body", "body": last, "more_body": False}
-        await _send_all(send, direct, [*pending, end] if pending else [end])
+        await _send_all(responder, [*pending, end] if pending else [end])
         if tap is not None:
             out.counted(tap.usage)
 
     def _divert(
         self,
         conn: Connection,
-        direct: DirectSend | None,
+        responder: Responder,
         feed: Callable[[bytes], bytes] | None,
         lease: Lease,
         out: Outcome,
     ) -> None:
         """Let the upstream connection write the body's chunks straight to the client."""
-        if direct is None or not direct.chunked():
+        writer = responder.body_writer()
+        if writer is None:
             return
         clock, area, backend = self.clock, self.tracker.area, lease.backend
-        ready, write = direct.ready, direct.write
+        ready, write = writer
 
         def sink(data: bytes) -> bool:
             if not ready():  # (one that stays behind is counted slow by _relay's ``backlog``)
@@ -396,9 +391,10 @@ class Proxy:
             # connection, which is the honest signal.
             raise ClientGone() from exc
         event = sse_error_event(f"upstream failed mid-stream: {exc}", "server_error", 502)
-        await _send_all(
-            send, None, [{"type": "http.response.body", "body": event, "more_body": False}]
-        )
+        try:
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+        except OSError as exc:
+            raise ClientGone() from exc
 
     def _rename_for(self, pool: Pool, info: RequestInfo) -> tuple[bytes, bytes] | None:
         model_map = self.settings.pool_model_map(pool)
@@ -412,8 +408,7 @@ class Proxy:
         self,
         conn: Connection,
         decision: Decision,
-        send: Send,
-        direct: DirectSend | None,
+        responder: Responder,
         rename: tuple[bytes, bytes],
         out: Outcome,
     ) -> None:
@@ -444,7 +439,7 @@ class Proxy:
         ]
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         end = {"type": "http.response.body", "body": body, "more_body": False}
-        await _send_all(send, direct, [start, end])
+        await _send_all(responder, [start, end])
 
 
 def _refusal(error: UpstreamError, retried_out: bool, retry_after: int) -> RouterError:
@@ -456,14 +451,10 @@ def _refusal(error: UpstreamError, retried_out: bool, retry_after: int) -> Route
     return UpstreamUnavailable(str(error))
 
 
-async def _send_all(send: Send, direct: DirectSend | None, messages: list[dict[str, Any]]) -> None:
-    """Send ``messages`` in order; through ``direct`` they leave in one write."""
+async def _send_all(responder: Responder, messages: list[dict[str, Any]]) -> None:
+    """Send ``messages`` in order (under uvicorn's httptools server, in one write)."""
     try:
-        if direct is not None:
-            await direct.send_together(messages)
-        else:
-            for message in messages:
-                await send(message)
+        await responder.send_all(messages)
     except OSError as exc:  # ASGI spec 2.4: sending on a closed connection raises OSError
         raise ClientGone() from exc
 
@@ -480,15 +471,6 @@ async def _send_error(send: Send, exc: RouterError) -> None:
         await send({"type": "http.response.body", "body": body, "more_body": False})
     except OSError:
         pass
-
-
-async def _watch(receive: Receive, task: asyncio.Task[Any], flags: _Flags) -> None:
-    """Cancel the handler when the client goes away before the response is finished."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            _client_left(task, flags)
-            return
 
 
 def _client_left(task: asyncio.Task[Any], flags: _Flags) -> None:

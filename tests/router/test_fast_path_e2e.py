@@ -192,3 +192,27 @@ def test_under_h11_the_plain_asgi_path_streams_and_releases(
     wait_for(lambda: router_status(h11_router.url)["in_flight"]["total"] == 0, timeout=2)
     text = metrics(h11_router.url)
     assert metric_value(text, "spec_router_client_disconnects_total") == 6
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_the_fast_path_is_engaged_under_httptools_and_only_there(
+    start_router: RouterFactory, http: str
+) -> None:
+    """Fails when uvicorn's httptools server no longer matches what router.fastpath.uvicorn
+    relies on: the router would quietly answer everything through plain ASGI."""
+    router = start_router(serve_args=("--http", http))
+    client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+    for stream in (True, False, True):
+        answer = client.chat.completions.create(
+            model="sim",
+            messages=MESSAGES,
+            max_tokens=8,
+            stream=stream,  # type: ignore[call-overload]
+        )
+        if stream:
+            assert sum(1 for _ in answer) > 1
+    fast = router_status(router.url)["fast_path"]
+    expected = {"direct_responses": 3, "plain_responses": 0}
+    if http == "h11":
+        expected = {"direct_responses": 0, "plain_responses": 3}
+    assert fast == expected
