@@ -59,18 +59,6 @@ class Unauthorized(RouterError):
         super().__init__(message, headers=[(b"www-authenticate", b"Bearer")])
 
 
-class NotFound(RouterError):
-    status = 404
-    type_ = "invalid_request_error"
-    code = "not_found"
-
-
-class MethodNotAllowed(RouterError):
-    status = 405
-    type_ = "invalid_request_error"
-    code = "method_not_allowed"
-
-
 class NoBackend(RouterError):
     """No pool can take the request right now."""
 

@@ -62,7 +62,6 @@ class CrossoverKeeper:
         self._gain: Gain | None = None
         self._tau_used: float | None = None
         self._last_persist = clock()
-        self.updates = 0
         self._publish_gain()
 
     # -- what routing reads -----------------------------------------------------------------------
@@ -164,7 +163,6 @@ class CrossoverKeeper:
     # -- the timer ------------------------------------------------------------------------------
     def update(self) -> int | None:
         """One learning step; returns the new crossover if it moved."""
-        self.updates += 1
         tau = self._accept_length()
         self.learner.observe_accept(tau)
         changed = (
