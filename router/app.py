@@ -120,6 +120,8 @@ class RouterApp:
             clock=clock,
             explore_share=settings.explore_share if settings.learn else 0.0,
             explore_band=settings.explore_band,
+            slo_ttft=settings.slo_ttft_ms / 1000,
+            slo_tpot=settings.slo_tpot_ms / 1000,
         )
         self.metrics = RouterMetrics(self.registry)
         self.registry.register(

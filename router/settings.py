@@ -29,7 +29,7 @@ from router.pools import SPECULATIVE, Pool
 ENV_PREFIX = "SPEC_ROUTER_"
 CONFIG_ENV = "SPEC_ROUTER_CONFIG"
 
-PolicyName = Literal["spillover", "crossover", "round_robin", "predictive"]
+PolicyName = Literal["slo", "spillover", "crossover", "round_robin", "predictive"]
 LoadSignal = Literal["local", "engine", "max"]
 CsvList = Annotated[list[str], NoDecode]
 NameMap = Annotated[dict[str, str], NoDecode]
@@ -85,9 +85,15 @@ class Settings(BaseSettings):
     baseline_model_map: NameMap = Field(default_factory=dict)
 
     # -- routing ------------------------------------------------------------------------------
-    # predictive won every level in bench/results/policies.md; without curves (no table, nothing
-    # learned yet) it decides exactly as spillover does.
-    policy: PolicyName = "predictive"
+    # slo: each request where it adds the most goodput under the SLO below, predicted from the
+    # engines' curves, its prompt, length and temperature (bench/results/traffic.md); without
+    # curves yet it decides as predictive, which without curves decides as spillover.
+    policy: PolicyName = "slo"
+    # The service-level objective the slo policy routes for, in wall-clock milliseconds: time to
+    # first token and mean time per output token after it. A request may set its own with the
+    # x-slo-ttft-ms / x-slo-tpot-ms headers. The policy also values a relaxed tier of 3x / 2x.
+    slo_ttft_ms: float = Field(default=1000.0, gt=0)
+    slo_tpot_ms: float = Field(default=25.0, gt=0)
     crossover: int | None = Field(default=None, ge=0)
     hysteresis: int = Field(default=1, ge=0)
 

@@ -20,9 +20,12 @@ from router.account.inflight import InflightTracker
 from router.account.outcome import Outcome
 from router.decide import table as tables
 from router.decide.learner import Gain, LearnConfig, Learner, marginal_gain
+from router.decide.models import EngineModels, Sample
+from router.decide.predict import PoolModel
+from router.decide.snapshot import Traffic
 from router.decide.table import Source, Table
 from router.health.poller import EngineLoad
-from router.pools import SPECULATIVE
+from router.pools import SPECULATIVE, Pool
 from router.settings import DEFAULT_CROSSOVER, Settings
 
 log = logging.getLogger("spec_router.tuning")
@@ -59,7 +62,9 @@ class CrossoverKeeper:
         self.table_path = settings.table_path
         self.learning = settings.learn
         self.learner = self._learner(table)
+        self.engines = EngineModels(table, settings.learn_decay)
         self._gain: Gain | None = None
+        self._models: dict[Pool, PoolModel] | None = None
         self._tau_used: float | None = None
         self._last_persist = clock()
         self._publish_gain()
@@ -76,6 +81,16 @@ class CrossoverKeeper:
     @property
     def gain(self) -> Gain | None:
         return self._gain
+
+    @property
+    def models(self) -> Mapping[Pool, PoolModel] | None:
+        """The slo policy's view of both pools, fixed at the last update (cheap to read)."""
+        return self._models
+
+    @property
+    def traffic(self) -> Traffic:
+        e = self.engines
+        return Traffic(e.mean_output.value, e.tokens_per_char.value)
 
     def status(self) -> dict[str, Any]:
         learner = self.learner
@@ -97,36 +112,55 @@ class CrossoverKeeper:
 
     def _publish_gain(self) -> None:
         self._gain = marginal_gain(self.learner.curves())
+        self._models = self.engines.models()
 
     def _set(self, value: int, source: Source) -> None:
         self._crossover, self._source = value, source
 
     # -- input ----------------------------------------------------------------------------------
     def observe(self, out: Outcome) -> None:
-        """Outcome observer: a finished, complete stream becomes a learning sample."""
+        """Outcome observer: a finished, complete answer becomes a learning sample."""
         usage = out.usage
-        first = out.first_byte
         if (
             not self.learning
             or out.backend is None
             or out.pool is None
             or usage is None
-            or first is None
-            or out.area_first is None
             or out.status != 200
             or out.client_gone
             or out.error is not None
-            or not out.stream
-            or usage.completion_tokens < 2
-            or out.ended <= first
         ):
             return
-        decode = out.ended - first
-        concurrency = (self.tracker.area(out.backend, out.ended) - out.area_first) / decode
-        spt = decode / (usage.completion_tokens - 1)
-        self.learner.record(
-            out.pool, concurrency, spt, first - out.started, out.ended - out.started
+        first = out.first_byte
+        decode = spt = concurrency = 0.0
+        scale = self.learner.time_scale
+        if (
+            out.stream
+            and first is not None
+            and out.area_first is not None
+            and usage.completion_tokens >= 2
+            and out.ended > first
+        ):
+            decode = out.ended - first
+            concurrency = (self.tracker.area(out.backend, out.ended) - out.area_first) / decode
+            spt = decode / (usage.completion_tokens - 1)
+            self.learner.record(
+                out.pool, concurrency, spt, first - out.started, out.ended - out.started
+            )
+        ttft = (first - out.started) / scale if out.stream and first is not None else 0.0
+        sample = Sample(
+            out.pool,
+            concurrency,
+            spt / scale,
+            ttft,
+            out.sampling,
+            usage.prompt_tokens,
+            out.prompt_chars,
+            usage.completion_tokens,
+            out.load_at_start,
+            out.prefill_share,
         )
+        self.engines.record(sample, self.learner.tau)
 
     def _accept_length(self) -> float | None:
         # (an idle engine reports 0: no speculation happened, not an acceptance of 0)
@@ -153,6 +187,7 @@ class CrossoverKeeper:
         """
         table = tables.from_json(raw)
         self.learner = self._learner(table)
+        self.engines = EngineModels(table, self.settings.learn_decay)
         self._tau_used = None
         self.pinned = False
         self._set(table.crossover, table.source)

@@ -32,17 +32,27 @@ class Outcome:
     slow_client: bool = False  # the client could not take the body as fast as it came
     usage: Usage | None = None
     # every failed upstream attempt (pool, backend, kind) and every retry (pool left, kind)
+    sampling: bool = True
+    prompt_chars: int = 0
+    load_at_start: int = 0  # requests in flight on its backend when it was routed there
+    prefill_share: float = 0.0  # that backend's recent prefill share then (slo policy)
     failures: list[tuple[Pool, str, str]] = field(default_factory=list)
     retries: list[tuple[Pool, str]] = field(default_factory=list)
 
-    def read(self, stream: bool) -> None:
-        """The request was read: whether it asked for a stream."""
+    def read(self, stream: bool, sampling: bool = True, prompt_chars: int = 0) -> None:
+        """The request was read: whether it asked for a stream, sampled (temperature > 0) and
+        how many characters of prompt text it sent."""
         self.stream = stream
+        self.sampling = sampling
+        self.prompt_chars = prompt_chars
 
-    def attempt(self, pool: Pool, backend: str, reason: str) -> None:
-        """The request is (re)sent to ``backend``."""
+    def attempt(
+        self, pool: Pool, backend: str, reason: str, load: int = 0, prefill_share: float = 0.0
+    ) -> None:
+        """The request is (re)sent to ``backend``, which had ``load`` requests in flight."""
         self.attempts += 1
         self.pool, self.backend, self.reason = pool, backend, reason
+        self.load_at_start, self.prefill_share = load, prefill_share
 
     def attempt_failed(self, kind: str) -> None:
         """The current attempt's backend failed (counted against it, whatever happens next)."""

@@ -16,9 +16,10 @@ Load signals (``LOAD_SIGNAL``):
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Container, Mapping
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from router.account.inflight import InflightTracker
 from router.decide.learner import Gain
@@ -32,10 +33,18 @@ from router.decide.policy import (
     explore,
     reroute,
 )
+from router.decide.predict import PoolModel, Request, predict
+from router.forward.request import RequestInfo
 from router.health.poller import EngineLoad
 from router.health.state import HealthRegistry
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import LoadSignal, PolicyName
+
+# The window (model seconds) over which a backend's recent prefill share and arrival rate are
+# averaged: about a request's lifetime, so that predictions see the traffic it will live with.
+RECENT_WINDOW = 5.0
+SAMPLING_KEEP = 0.02  # weight of each request in the sampling share
+STAY_KEEP = 0.1  # weight of each request in a backend's mean predicted stay
 
 
 class Tuning(Protocol):
@@ -46,6 +55,40 @@ class Tuning(Protocol):
 
     @property
     def gain(self) -> Gain | None: ...
+
+    @property
+    def models(self) -> Mapping[Pool, PoolModel] | None: ...
+
+    @property
+    def traffic(self) -> Traffic: ...
+
+
+class Traffic(NamedTuple):
+    """What the keeper knows of recent requests, for sizing one that does not say."""
+
+    mean_output: float = 200.0
+    tokens_per_char: float = 0.25
+
+
+class _Recent:
+    """A backend's recent traffic, decayed over ``window`` seconds: the prefill time sent to it
+    (as a share of the time) and its arrival rate, with the time its requests are predicted to
+    stay (Little's law gives the load they will keep it at)."""
+
+    __slots__ = ("prefill", "arrivals", "at", "stay")
+
+    def __init__(self, now: float) -> None:
+        self.prefill = 0.0
+        self.arrivals = 0.0
+        self.at = now
+        self.stay = 0.0
+
+    def decay(self, now: float, window: float) -> float:
+        keep = math.exp(-(now - self.at) / window) if now > self.at else 1.0
+        self.prefill *= keep
+        self.arrivals *= keep
+        self.at = now
+        return keep
 
 
 class Decider:
@@ -62,6 +105,8 @@ class Decider:
         clock: Callable[[], float] = time.monotonic,
         explore_share: float = 0.0,
         explore_band: int = 2,
+        slo_ttft: float = 1.0,
+        slo_tpot: float = 0.025,
     ) -> None:
         self.pools = pools
         self.tracker = tracker
@@ -74,8 +119,14 @@ class Decider:
         self.clock = clock
         self.explore_share = explore_share
         self.explore_band = explore_band
+        self.slo_ttft = slo_ttft  # seconds, wall clock
+        self.slo_tpot = slo_tpot
         self._state = RoutingState()
         self._explore_credit = 0.0
+        now = clock()
+        self._recent = {url: _Recent(now) for urls in pools.values() for url in urls}
+        self._sampling = 0.5  # share of recent requests at temperature > 0
+        self.extrapolated = 0  # decisions that predicted beyond the measured batch sizes
 
     def backend_load(self, url: str) -> int:
         local = self.tracker.by_backend[url]
@@ -87,36 +138,106 @@ class Decider:
         engine = seen.running + seen.queued + (self.tracker.started[url] - seen.started_at_scrape)
         return engine if self.load_signal == "engine" else max(local, engine)
 
-    def _view(self, name: Pool, now: float) -> PoolView:
+    def _view(self, name: Pool, now: float, window: float | None) -> PoolView:
         health, load = self.health, self.backend_load
-        return PoolView(
-            name,
-            tuple(
-                [
-                    BackendView(url, load(url), health.usable(url, now), health.weight(url, now))
-                    for url in self.pools[name]
-                ]
-            ),
-        )
+        if window is None:
+            return PoolView(
+                name,
+                tuple(
+                    [
+                        BackendView(
+                            url, load(url), health.usable(url, now), health.weight(url, now)
+                        )
+                        for url in self.pools[name]
+                    ]
+                ),
+            )
+        views = []
+        for url in self.pools[name]:
+            r = self._recent[url]
+            r.decay(now, window)
+            views.append(
+                BackendView(
+                    url,
+                    load(url),
+                    health.usable(url, now),
+                    health.weight(url, now),
+                    r.prefill / window,
+                    r.arrivals / window * r.stay,
+                )
+            )
+        return PoolView(name, tuple(views))
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, request: Request | None = None) -> Snapshot:
         now = self.clock()
         tuning = self.tuning
+        models = tuning.models if request is not None else None
+        window = None if models is None else RECENT_WINDOW * models[SPECULATIVE].scale
         return Snapshot(
-            self._view(SPECULATIVE, now),
-            self._view(BASELINE, now),
+            self._view(SPECULATIVE, now, window),
+            self._view(BASELINE, now, window),
             tuning.crossover,
             self.hysteresis,
             self._state,
             tuning.gain,
+            request,
+            models,
+            tuning.traffic.mean_output,
+            self._sampling,
         )
 
-    def decide(self) -> Decision | None:
-        snap = self.snapshot()
+    def request(
+        self, info: RequestInfo, slo_ttft: float | None = None, slo_tpot: float | None = None
+    ) -> Request | None:
+        """What the ``slo`` policy needs to know of a request (None under other policies)."""
+        if self.policy != "slo":
+            return None
+        traffic = self.tuning.traffic
+        tokens = info.prompt_tokens
+        if tokens is None:
+            tokens = round(info.prompt_chars * traffic.tokens_per_char)
+        output = info.max_tokens if info.max_tokens else traffic.mean_output
+        return Request(
+            float(tokens),
+            float(output),
+            info.sampling,
+            self.slo_ttft if slo_ttft is None else slo_ttft,
+            self.slo_tpot if slo_tpot is None else slo_tpot,
+        )
+
+    def decide(self, request: Request | None = None) -> Decision | None:
+        snap = self.snapshot(request)
         decision, self._state = choose(self.policy, snap)
         if decision is not None and self.explore_share > 0 and self.policy != "round_robin":
             decision = self._maybe_explore(snap, decision)
+        if decision is not None and request is not None and snap.models is not None:
+            decision = self._sent(snap, decision, request, snap.models)
         return decision
+
+    def _sent(
+        self, snap: Snapshot, decision: Decision, req: Request, models: Mapping[Pool, PoolModel]
+    ) -> Decision:
+        """Note what the chosen backend was sent; the decision carries the state it saw."""
+        self._sampling += (float(req.sampling) - self._sampling) * SAMPLING_KEEP
+        view = next(b for b in snap.pool(decision.pool).backends if b.url == decision.backend)
+        model = models[decision.pool]
+        p = predict(
+            model,
+            view.load,
+            view.prefill_share,
+            req,
+            snap.mean_output,
+            snap.sampling_share,
+            view.load_avg,
+        )
+        if p.extrapolated:
+            self.extrapolated += 1
+        r = self._recent[decision.backend]
+        r.prefill += model.prefill(req.prompt_tokens) * model.scale
+        r.arrivals += 1.0
+        stay = p.ttft + max(0.0, req.output_tokens - 1) * p.tpot
+        r.stay = stay if r.stay == 0 else r.stay + (stay - r.stay) * STAY_KEEP
+        return decision._replace(load=view.load, prefill_share=view.prefill_share)
 
     def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:
         """Send a bounded share of requests near the crossover the other way (see learning)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -132,9 +133,11 @@ class Proxy:
         except ClientGone:
             out.client_left()
             return
-        out.read(info.stream)
+        out.read(info.stream, info.sampling, info.prompt_chars)
 
-        decision = self.decider.decide()
+        decider = self.decider
+        request = decider.request(info, *_slo_headers(headers)) if decider.policy == "slo" else None
+        decision = decider.decide(request)
         if decision is None:
             refusal = NoBackend(
                 "no backend can take requests right now", self.settings.retry_after()
@@ -216,7 +219,13 @@ class Proxy:
         tried: list[str] = []
         max_attempts = self.settings.max_attempts
         while True:
-            out.attempt(decision.pool, decision.backend, decision.reason)
+            out.attempt(
+                decision.pool,
+                decision.backend,
+                decision.reason,
+                decision.load,
+                decision.prefill_share,
+            )
             tried.append(decision.backend)
             pool_key = self._pool_auth[decision.pool]
             headers = forward_headers(
@@ -440,6 +449,26 @@ class Proxy:
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         end = {"type": "http.response.body", "body": body, "more_body": False}
         await _send_all(responder, [start, end])
+
+
+def _slo_headers(headers: list[tuple[bytes, bytes]]) -> tuple[float | None, float | None]:
+    """A request's own SLO (``x-slo-ttft-ms`` / ``x-slo-tpot-ms``), in seconds; None: unset or
+    not a positive number."""
+    ttft = tpot = None
+    for name, value in headers:
+        if name == b"x-slo-ttft-ms":
+            ttft = _ms(value)
+        elif name == b"x-slo-tpot-ms":
+            tpot = _ms(value)
+    return ttft, tpot
+
+
+def _ms(value: bytes) -> float | None:
+    try:
+        ms = float(value)
+    except ValueError:
+        return None
+    return ms / 1000.0 if math.isfinite(ms) and ms > 0 else None
 
 
 def _refusal(error: UpstreamError, retried_out: bool, retry_after: int) -> RouterError:
