@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -52,8 +53,9 @@ def served(router: str) -> int:
     return int(total)
 
 
-def status(router: str) -> dict:  # type: ignore[type-arg]
-    return httpx.get(f"{router}/router/status").json()  # type: ignore[no-any-return]
+def status(router: str) -> dict[str, Any]:
+    doc: dict[str, Any] = httpx.get(f"{router}/router/status").json()
+    return doc
 
 
 async def follow(router: str, target: float, timeout: float, log: list[str]) -> dict[str, float]:

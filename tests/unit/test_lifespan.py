@@ -55,21 +55,21 @@ def fail(*args: Any) -> None:
     raise Boom("the poller failed")
 
 
-async def test_a_shutdown_failure_is_reported_as_one() -> None:
+async def test_a_shutdown_failure_is_reported_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
     app = RouterApp(settings())
 
     async def stop() -> None:
         fail()
 
-    app.poller.stop = stop  # type: ignore[method-assign]
+    monkeypatch.setattr(app.poller, "stop", stop)
     sent = await drive(app)
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.failed"]
     assert "the poller failed" in sent[-1]["message"]
 
 
-async def test_a_startup_failure_is_reported_as_one() -> None:
+async def test_a_startup_failure_is_reported_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
     app = RouterApp(settings())
-    app.poller.start = fail  # type: ignore[method-assign]
+    monkeypatch.setattr(app.poller, "start", fail)
     sent = await drive(app)
     assert [m["type"] for m in sent] == ["lifespan.startup.failed"]
     assert "the poller failed" in sent[-1]["message"]
