@@ -32,8 +32,9 @@ from router.decide.policy import (
     Snapshot,
     choose,
 )
-from router.decide.predict import Request, predict
+from router.decide.predict import PoolModel, Request, predict
 from router.pools import BASELINE, SPECULATIVE, Pool
+from router.settings import PolicyName
 from router.sim.model import (
     BASELINE as BASE_PRESET,
 )
@@ -191,7 +192,7 @@ def lognormal(rng: random.Random, median: float, sigma: float, lo: int, hi: int)
 
 def poisson(rate: float, duration: float, seed: int, sampling_share: float = 0.5) -> list[Arrival]:
     rng = random.Random(seed)
-    t, out = 0.0, []
+    t, out = 0.0, list[Arrival]()
     while True:
         t += rng.expovariate(rate)
         if t > duration:
@@ -319,7 +320,10 @@ class SloSnapshot:
     (a decayed sum of the prefill time sent to it, as the router's decider keeps it)."""
 
     def __init__(self, window: float = 5.0, ttft: float = 1.0, tpot: float = 0.025) -> None:
-        self.models = {SPECULATIVE: preset_model(EAGLE3), BASELINE: preset_model(BASE_PRESET)}
+        self.models: dict[Pool, PoolModel] = {
+            SPECULATIVE: preset_model(EAGLE3),
+            BASELINE: preset_model(BASE_PRESET),
+        }
         self.window = window
         self.share: dict[str, tuple[float, float]] = {}  # url -> (value, at)
         self.slo = (ttft, tpot)
@@ -389,9 +393,9 @@ def slo_policy(snaps: SloSnapshot) -> Chooser:
     return decide
 
 
-def named(policy: str) -> Chooser:
+def named(policy: PolicyName) -> Chooser:
     def decide(snap: Snapshot, a: Arrival) -> Decision | None:
-        return choose(policy, snap)[0]  # type: ignore[arg-type]
+        return choose(policy, snap)[0]
 
     return decide
 

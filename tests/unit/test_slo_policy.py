@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from router.decide.policy import BackendView, PoolView, Snapshot, choose
-from router.decide.predict import Request, meets, predict, value
-from router.pools import BASELINE, SPECULATIVE
+from router.decide.predict import PoolModel, Request, meets, predict, value
+from router.pools import BASELINE, SPECULATIVE, Pool
 from router.sim.model import BASELINE as BASE_PRESET
 from router.sim.model import EAGLE3, prefill_time, step_time
 from tests.support.models import preset_model
 
 SPEC = preset_model(EAGLE3)
 BASE = preset_model(BASE_PRESET)
-MODELS = {SPECULATIVE: SPEC, BASELINE: BASE}
+MODELS: dict[Pool, PoolModel] = {SPECULATIVE: SPEC, BASELINE: BASE}
 
 
 def req(prompt: float = 100, output: float = 200, sampling: bool = False) -> Request:

@@ -6,6 +6,7 @@ Real ``InflightTracker`` and ``HealthRegistry``, a plain stand-in for the keeper
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pytest
@@ -13,7 +14,8 @@ import pytest
 from router.account.inflight import InflightTracker, Lease
 from router.decide.learner import Gain
 from router.decide.policy import Decision
-from router.decide.snapshot import Decider
+from router.decide.predict import PoolModel
+from router.decide.snapshot import Decider, Traffic
 from router.health.poller import EngineLoad
 from router.health.state import HealthConfig, HealthRegistry
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
@@ -37,6 +39,8 @@ class Tuning:
 
     crossover: int = 4
     gain: Gain | None = None
+    models: Mapping[Pool, PoolModel] | None = None
+    traffic: Traffic = Traffic()
 
 
 @dataclass
