@@ -156,6 +156,7 @@ class RouterApp:
             decider=self.decider,
             connections=self._connections,
             extra={
+                "slo": self.decider.status() if self.decider.policy == "slo" else None,
                 "fast_path": (
                     self.proxy.responders.status()
                     if self.proxy is not None

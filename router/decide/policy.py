@@ -233,8 +233,7 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         return None, snap.state
     limit = max(req.slo_ttft * RELAXED_TTFT, BALANCE * min(o[1] for o in options))
     eligible = [o for o in options if o[1] <= limit]
-    top = max(1e-9, max(o[0].gain for o in eligible))
-    scored = [(value(o[0], req, o[3].load, top), o) for o in eligible]
+    scored = [(value(o[0], req, o[3].load), o) for o in eligible]
     worth, best = max(scored, key=lambda vo: vo[0])
     dump = max(models, key=lambda name: models[name].capacity())
     if worth <= NOTHING and best[2] != dump and failing(best[0], req):

@@ -81,7 +81,6 @@ class Prediction(NamedTuple):
     others_tpot: float  # the requests already there: their TPOT now (wall, mean class)
     others_delta: float  # ... and how much this request adds to it
     extrapolated: bool  # the batch size is beyond the measured range
-    gain: float  # tokens/s the engine's total output grows by with this request (model time)
 
 
 def predict(
@@ -117,16 +116,12 @@ def predict(
     overlap = min(1.0, max(1.0, req.output_tokens) / max(1.0, mean_output))
     delta = prefill / max(1.0, mean_output - 1) + (t_next - t_now) * stretch / tau_mix * overlap
     s = model.scale
-    # (at the lifetime batch size, so that a load falling towards its mean is not a loss)
-    base = run_next - 1
-    gain = tau_mix * (run_next / t_next - (base / model.iteration(base) if base else 0.0))
     return Prediction(
         ttft * s,
         tpot * s,
         others * s,
         delta * s if run_now else 0.0,
         run_next > max(1, model.measured),
-        gain / stretch,
     )
 
 
@@ -144,15 +139,15 @@ def meets(value: float, target: float, width: float = 0.1) -> float:
 # counts for something (the same factors as the strict and relaxed goodput of the traffic
 # benchmark: TTFT 1 s -> 3 s, TPOT 25 ms -> 50 ms).
 RELAXED_TTFT, RELAXED_TPOT = 3.0, 2.0
-TIE_WEIGHT = 0.01
+# The strict tier counts half as much as the relaxed one: a request past its SLO but within the
+# relaxed tier is still served well enough for most clients, and protecting that tier keeps
+# more requests usable when the engines are busy (bench/policy_lab.py).
 STRICT_WEIGHT = 0.5
-# Plan against this share of each target: a backend run right at its SLO's edge misses it with
-# the next burst (predictions are of the mean; arrivals are not).
-HEADROOM = 1.0
+# Among placements that add as much goodput, the faster one: a small pull towards lower latency.
+TIE_WEIGHT = 0.01
 
 
 def _tier(p: Prediction, ttft: float, tpot: float, others: int) -> float:
-    ttft, tpot = ttft * HEADROOM, tpot * HEADROOM
     own = meets(p.ttft, ttft) * meets(p.tpot, tpot)
     if not others or p.others_delta <= 0:
         return own
@@ -163,7 +158,7 @@ def _tier(p: Prediction, ttft: float, tpot: float, others: int) -> float:
 
 def chance(p: Prediction, req: Request) -> float:
     """The request's own chance to meet the relaxed SLO with this prediction."""
-    ttft, tpot = req.slo_ttft * RELAXED_TTFT * HEADROOM, req.slo_tpot * RELAXED_TPOT * HEADROOM
+    ttft, tpot = req.slo_ttft * RELAXED_TTFT, req.slo_tpot * RELAXED_TPOT
     return meets(p.ttft, ttft) * meets(p.tpot, tpot)
 
 
@@ -172,13 +167,12 @@ def failing(p: Prediction, req: Request) -> bool:
     return p.others_tpot > req.slo_tpot * RELAXED_TPOT
 
 
-def value(
-    p: Prediction, req: Request, others: int, best_gain: float, tie: float = TIE_WEIGHT
-) -> float:
+def value(p: Prediction, req: Request, others: int, tie: float = TIE_WEIGHT) -> float:
     """Expected goodput this placement adds, at the request's SLO and at a relaxed one: its own
     chance to meet each, minus the chance it takes from the ``others`` in flight there (their
     TPOT target taken to be this request's); and a small pull towards the lower latency to
     break ties (under overload, where nothing meets either, it spreads the excess by latency)."""
     strict = _tier(p, req.slo_ttft, req.slo_tpot, others)
     relaxed = _tier(p, req.slo_ttft * RELAXED_TTFT, req.slo_tpot * RELAXED_TPOT, others)
-    return STRICT_WEIGHT * strict + relaxed + tie * p.gain / best_gain
+    latency = p.ttft / req.slo_ttft + p.tpot / req.slo_tpot
+    return STRICT_WEIGHT * strict + relaxed - tie * latency

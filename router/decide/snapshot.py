@@ -153,17 +153,21 @@ class Decider:
                 ),
             )
         views = []
+        local = self.tracker.by_backend
         for url in self.pools[name]:
             r = self._recent[url]
             r.decay(now, window)
+            n = load(url)
+            # what this router's own traffic will keep it at, plus what others put there
+            expected = r.arrivals / window * r.stay + max(0, n - local[url])
             views.append(
                 BackendView(
                     url,
-                    load(url),
+                    n,
                     health.usable(url, now),
                     health.weight(url, now),
                     r.prefill / window,
-                    r.arrivals / window * r.stay,
+                    expected,
                 )
             )
         return PoolView(name, tuple(views))
@@ -254,6 +258,46 @@ class Decider:
 
     def retry(self, failed: Decision, tried: Container[str]) -> Decision | None:
         return reroute(self.snapshot(), failed, tried)
+
+    def status(self) -> dict[str, object]:
+        """The slo policy's state, for /router/status."""
+        models = self.tuning.models
+        traffic = self.tuning.traffic
+        pools: dict[str, object] = {}
+        recent: dict[str, object] = {}
+        if models is not None:
+            window = RECENT_WINDOW * models[SPECULATIVE].scale
+            now = self.clock()
+            for pool, urls in self.pools.items():
+                m = models[pool]
+                pools[pool] = {
+                    "measured_up_to": m.measured,
+                    "tau_greedy": round(m.tau_greedy, 3),
+                    "tau_sampling": round(m.tau_sampling, 3),
+                    "prefill_base_s": round(m.prefill_base, 5),
+                    "prefill_per_token_s": m.prefill_per_token,
+                    "time_scale": m.scale,
+                }
+                for url in urls:
+                    r = self._recent[url]
+                    keep = math.exp(-(now - r.at) / window) if now > r.at else 1.0
+                    load = self.backend_load(url)
+                    recent[url] = {
+                        "prefill_share": round(r.prefill * keep / window, 4),
+                        "expected_load": round(r.arrivals * keep / window * r.stay, 2),
+                        # a prediction for the next request here would extrapolate the curve
+                        "beyond_measured": load + 1 > max(1, m.measured),
+                    }
+        return {
+            "slo_ttft_ms": self.slo_ttft * 1000,
+            "slo_tpot_ms": self.slo_tpot * 1000,
+            "models": pools or None,
+            "backends": recent,
+            "extrapolated_decisions": self.extrapolated,
+            "sampling_share": round(self._sampling, 3),
+            "mean_output_tokens": round(traffic.mean_output, 1),
+            "tokens_per_char": round(traffic.tokens_per_char, 4),
+        }
 
     def pool_usable(self, pool: Pool) -> bool:
         now = self.clock()

@@ -94,8 +94,8 @@ def test_meets_is_a_soft_step() -> None:
 def test_harm_to_others_lowers_the_value() -> None:
     r = req()
     p = predict(SPEC, 3, 0.0, r, 200)
-    alone = value(p, r, 0, best_gain=1.0)
-    crowded = value(p._replace(others_tpot=0.025, others_delta=0.003), r, 3, best_gain=1.0)
+    alone = value(p, r, 0)
+    crowded = value(p._replace(others_tpot=0.025, others_delta=0.003), r, 3)
     assert crowded < alone
 
 
