@@ -1,0 +1,319 @@
+"""``spec-router replay``: send a workload open-loop and score it under TTFT/TPOT SLOs.
+
+Each arrival is sent at its own time, whether or not earlier requests have been answered (real
+traffic does not wait), as a streamed completion asking for exactly its output length
+(``max_tokens`` plus ``ignore_eos``, which SGLang and vLLM accept) and carrying a prompt of
+exactly its prompt length: that many words for chat (what ``router.sim`` counts), or that many
+token ids with ``--endpoint completions`` (exact on real SGLang / vLLM). Every request becomes a
+``router.tools.goodput.Result``; the run is written as JSON (every result) and markdown (the
+summary).
+
+The sender keeps no per-chunk state beyond three instants and parses only what it needs, so
+one Python process keeps up with hundreds of concurrent streams; the report shows how late it
+sent requests (``lateness``), which is the check that it did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from router.tools import goodput, traffic
+from router.tools.goodput import Result
+from router.tools.replay_report import Progress, run_meta, write_json, write_report
+from router.tools.traffic import Arrival
+
+Endpoint = Literal["chat", "completions"]
+POOL_HEADER = "x-spec-router-pool"
+REASON_HEADER = "x-spec-router-reason"
+# Token ids for --endpoint completions: a range every common vocabulary (32k and up) has.
+TOKEN_IDS = (1000, 30000)
+
+
+def request_body(arrival: Arrival, index: int, endpoint: Endpoint, model: str) -> dict[str, Any]:
+    """The body of one request; a first word / token unique to the request keeps engines'
+    prefix caches from making its prompt free."""
+    n = max(1, arrival.prompt_tokens)
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": arrival.output_tokens,
+        "ignore_eos": True,
+        "temperature": arrival.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if endpoint == "chat":
+        words = " ".join([f"r{index}", *(["hello"] * (n - 1))])
+        body["messages"] = [{"role": "user", "content": words}]
+    else:
+        rng = random.Random(index)
+        body["prompt"] = [rng.randrange(*TOKEN_IDS) for _ in range(n)]
+    return body
+
+
+@dataclass
+class Timing:
+    """What one request measured, in ``time.monotonic()`` seconds."""
+
+    sent: float | None = None
+    status: int | None = None
+    first: float | None = None
+    last: float | None = None
+    end: float | None = None
+    output_tokens: int | None = None
+    pool: str | None = None
+    reason: str | None = None
+    error: str | None = None
+
+
+def _on_event(event: bytes, now: float, t: Timing) -> None:
+    for line in event.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return
+        chunk = json.loads(payload)
+        if "error" in chunk:
+            message = (chunk["error"] or {}).get("message", "")
+            t.error = f"stream error: {message}"
+        if usage := chunk.get("usage"):
+            t.output_tokens = usage.get("completion_tokens")
+        for choice in chunk.get("choices") or ():
+            if (choice.get("delta") or {}).get("content") or choice.get("text"):
+                if t.first is None:
+                    t.first = now
+                t.last = now
+
+
+async def send(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], t: Timing
+) -> None:
+    """Send one streamed request and fill in ``t`` as the answer arrives."""
+    t.sent = time.monotonic()
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as resp:
+            t.status = resp.status_code
+            t.pool = resp.headers.get(POOL_HEADER)
+            t.reason = resp.headers.get(REASON_HEADER)
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                t.error = f"HTTP {resp.status_code}: {text[:200]}"
+                return
+            buffer = b""
+            async for data in resp.aiter_raw():
+                now = time.monotonic()
+                buffer += data.replace(b"\r\n", b"\n")
+                *events, buffer = buffer.split(b"\n\n")
+                for event in events:
+                    _on_event(event, now, t)
+    except asyncio.CancelledError:
+        t.error = "unfinished: still running when the replay ended"
+        raise
+    except (httpx.HTTPError, OSError, ValueError) as exc:
+        t.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        t.end = time.monotonic()
+
+
+def default_client() -> httpx.AsyncClient:
+    """No read timeout (a queued request may wait long for its first token) and room for
+    thousands of concurrent streams (httpx's default pool holds 100)."""
+    return httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=4096, max_keepalive_connections=1024),
+        timeout=httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None),
+    )
+
+
+@dataclass
+class State:
+    """Counters for the progress display."""
+
+    total: int
+    sent: int = 0
+    done: int = 0
+    worst_late: float = 0.0  # model seconds
+
+
+async def replay(
+    arrivals: Sequence[Arrival],
+    url: str,
+    *,
+    endpoint: Endpoint = "chat",
+    model: str = "default",
+    headers: dict[str, str] | None = None,
+    time_scale: float = 1.0,
+    drain: float = 120.0,
+    client: httpx.AsyncClient | None = None,
+    watch: Callable[[State], Coroutine[Any, Any, None]] | None = None,
+) -> list[Result]:
+    """Send every arrival at ``start + at * time_scale`` (wall clock) to ``url`` (a base URL,
+    with or without ``/v1``); after the last one, wait up to ``drain`` model seconds for the
+    rest, then cancel them (recorded as unfinished)."""
+    base = url.rstrip("/").removesuffix("/v1")
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    timings = [Timing() for _ in arrivals]
+    state = State(len(arrivals))
+    http = client or default_client()
+    tasks: list[asyncio.Task[None]] = []
+
+    def finished(_: object) -> None:
+        state.done += 1
+
+    watcher = asyncio.create_task(watch(state)) if watch else None
+    start = time.monotonic() + 0.05  # a moment to set up before the first request is due
+    try:
+        for i, (arrival, t) in enumerate(zip(arrivals, timings, strict=True)):
+            delay = start + arrival.at * time_scale - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            body = request_body(arrival, i, endpoint, model)
+            task = asyncio.create_task(send(http, base + path, body, headers or {}, t))
+            task.add_done_callback(finished)
+            tasks.append(task)
+            state.sent += 1
+            lag = (time.monotonic() - start) / time_scale - arrival.at
+            state.worst_late = max(state.worst_late, lag)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=drain * time_scale)
+            for task in pending:
+                task.cancel()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        if client is None:
+            await http.aclose()
+    return [
+        goodput.timed_result(
+            a,
+            start=start,
+            sent=t.sent,
+            status=t.status,
+            first_token=t.first,
+            last_token=t.last,
+            end=t.end,
+            output_tokens=t.output_tokens,
+            pool=t.pool,
+            reason=t.reason,
+            error=t.error if t.sent is not None else "not sent",
+            time_scale=time_scale,
+        )  # fmt: skip
+        for a, t in zip(arrivals, timings, strict=True)
+    ]
+
+
+# --- the command -------------------------------------------------------------------------------
+
+
+def workload(ns: argparse.Namespace) -> list[Arrival]:
+    """The arrivals the options describe (reads the trace file, if one is named)."""
+    if ns.trace:
+        arrivals = traffic.load_trace(ns.trace)
+        rate = ns.rate
+        if ns.scale == "compress" and rate is not None:
+            tail = traffic.window(arrivals, ns.start)
+            arrivals = traffic.window(traffic.compress(tail, rate), 0.0, ns.duration)
+        else:
+            arrivals = traffic.window(arrivals, ns.start, ns.duration)
+            if rate is not None:
+                arrivals = traffic.thin(arrivals, rate, ns.duration, seed=ns.seed)
+        if ns.temperature_share is not None:
+            arrivals = traffic.with_temperatures(arrivals, ns.temperature_share, ns.seed)
+    else:
+        prompt = traffic.Lengths(ns.prompt_median, ns.prompt_sigma, ns.prompt_min, ns.prompt_max)
+        output = traffic.Lengths(ns.output_median, ns.output_sigma, ns.output_min, ns.output_max)
+        common: dict[str, Any] = {
+            "temperature_share": ns.temperature_share or 0.0,
+            "seed": ns.seed,
+        }
+        rate, duration = ns.rate or 1.0, ns.duration or 60.0
+        if ns.synthetic == "poisson":
+            arrivals = traffic.poisson(rate, duration, prompt, output, **common)
+        elif ns.synthetic == "bursty":
+            arrivals = traffic.on_off(
+                rate, duration, prompt, output, burst=ns.burst, on_s=ns.on_s, off_s=ns.off_s,
+                **common,
+            )  # fmt: skip
+        else:
+            arrivals = traffic.diurnal(
+                rate, duration, prompt, output, period_s=ns.period_s, amplitude=ns.amplitude,
+                **common,
+            )  # fmt: skip
+    arrivals = traffic.cap_lengths(arrivals, ns.max_prompt, ns.max_output)
+    return traffic.window(arrivals, 0.0, None, ns.max_requests)
+
+
+def slos(ns: argparse.Namespace) -> list[goodput.SLO]:
+    out = list(goodput.DEFAULT_SLOS)
+    if ns.slo_ttft_ms is not None or ns.slo_tpot_ms is not None:
+        ttft = goodput.STRICT.ttft_s if ns.slo_ttft_ms is None else ns.slo_ttft_ms / 1000
+        tpot = goodput.STRICT.tpot_s if ns.slo_tpot_ms is None else ns.slo_tpot_ms / 1000
+        out.append(goodput.SLO("custom", ttft, tpot))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from router.tools.replay_args import build_parser
+
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.time_scale <= 0:
+        parser.error("--time-scale must be > 0")
+    try:
+        arrivals = workload(ns)
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"cannot build the workload: {exc}")
+    if not arrivals:
+        parser.error("the workload is empty (check --start, --duration and --rate)")
+    headers = dict(h.split(":", 1) for h in ns.header)
+    headers = {k.strip(): v.strip() for k, v in headers.items()}
+    if ns.api_key:
+        headers["Authorization"] = f"Bearer {ns.api_key}"
+    progress = Progress(sys.stderr, ns.time_scale)
+    began = time.time()
+    results = _run(
+        replay(
+            arrivals, ns.url, endpoint=ns.endpoint, model=ns.model, headers=headers,
+            time_scale=ns.time_scale, drain=ns.drain, watch=progress.watch,
+        )
+    )  # fmt: skip
+    chosen = slos(ns)
+    summary = goodput.summarize(goodput.scored(results, ns.warmup), chosen)
+    progress.done(summary)
+    meta = run_meta(ns, argv if argv is not None else sys.argv[1:], arrivals, chosen, began)
+    if ns.out:
+        write_json(ns.out, meta, summary, results)
+    if ns.report:
+        write_report(ns.report, meta, summary, chosen)
+    return 0
+
+
+def _run(coro: Awaitable[list[Result]]) -> list[Result]:
+    async def wrapped() -> list[Result]:
+        return await coro
+
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+        return asyncio.run(wrapped())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(wrapped())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
