@@ -223,7 +223,7 @@ def compress(arrivals: Sequence[Arrival], rate: float) -> Arrivals:
     factor = mean_rate(arrivals) / rate
     if not factor > 0:
         raise ValueError("need at least two arrivals at different times and a rate > 0")
-    return [replace(a, at=a.at / factor) for a in arrivals]
+    return [replace(a, at=a.at * factor) for a in arrivals]
 
 
 def thin(
