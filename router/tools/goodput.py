@@ -94,6 +94,8 @@ def timed_result(
     def model(seconds: float | None) -> float | None:
         return None if seconds is None else seconds / time_scale
 
+    if error is None and status is None:
+        error = "no response"
     if error is None and status == 200:
         if output_tokens is None:
             error = "no usage chunk"
