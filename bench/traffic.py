@@ -32,6 +32,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -153,6 +154,8 @@ def cases(ns: argparse.Namespace) -> list[Case]:
         f"{ns.time_scale:g}",
     ]
     window = traffic.window(traffic.load_trace(ns.trace), ns.trace_start, ns.duration)
+    if ns.trace_temperature_share:
+        window = traffic.with_temperatures(window, ns.trace_temperature_share, ns.seed)
     conv = traffic.describe(window)
     for load in ns.loads:
         rate = load * capacity(conv)
@@ -161,7 +164,9 @@ def cases(ns: argparse.Namespace) -> list[Case]:
                 f"bench: the trace window has {conv.count} requests in "
                 f"{ns.duration:g} s, fewer than {rate:.3f} req/s needs"
             )
+        hot = ["--temperature-share", f"{ns.trace_temperature_share:g}"]
         args = [
+            *(hot if ns.trace_temperature_share else []),
             "--trace",
             str(ns.trace),
             "--start",
@@ -288,20 +293,60 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--trace-start", type=float, default=600.0, help="skip the trace's first S s (it ramps up)"
     )
+    p.add_argument(
+        "--trace-temperature-share",
+        type=float,
+        default=0.0,
+        help="share of the trace's requests sent at temperature 1 (it records none)",
+    )
     p.add_argument("--table", type=Path, default=TABLE, help="crossover table for the policies")
     p.add_argument("--no-table", dest="table", action="store_const", const=None)
     p.add_argument("--out", type=Path, default=RESULTS / "traffic.md")
+    p.add_argument("--note", default="", help="a line for the report's header")
+    p.add_argument(
+        "--report", action="store_true", help="only write the markdown and PNG from the JSON"
+    )
     ns = p.parse_args()
     ns.policies = [x for x in ns.policies.split(",") if x]
     return ns
 
 
+def save(out: Path, meta: dict[str, Any], plan: list[Case], deps: list[Deployment],
+         runs: list[Run]) -> None:  # fmt: skip
+    """The markdown, the PNG and the JSON (from which ``--report`` writes the other two again)."""
+    write(out, meta, plan, deps, runs)
+    plot(out.with_suffix(".png"), plan, deps, runs)
+    doc = {
+        "meta": meta,
+        "cases": [asdict(c) for c in plan],
+        "deployments": [asdict(d) for d in deps],
+        "runs": [r.as_dict() for r in runs],
+    }
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+
+
+def load(path: Path) -> tuple[dict[str, Any], list[Case], list[Deployment], list[Run]]:
+    doc = json.loads(path.read_text())
+    plan = [Case(**c) for c in doc["cases"]]
+    deps = [Deployment(**{**d, "sims": tuple(d["sims"])}) for d in doc["deployments"]]
+    return doc["meta"], plan, deps, [Run.from_dict(r) for r in doc["runs"]]
+
+
 def main() -> int:
     ns = parse_args()
+    if ns.report:
+        save(ns.out, *load(ns.out.with_suffix(".json")))
+        print(f"written {ns.out} and {ns.out.with_suffix('.png')} from the JSON")
+        return 0
     command = shlex.join(["python", "bench/traffic.py", *sys.argv[1:]])
     plan, deps = cases(ns), deployments(ns.policies)
-    load_before = os.getloadavg()
     runs: list[Run] = []
+    table = None if ns.table is None else os.path.relpath(ns.table, ROOT)
+    meta: dict[str, Any] = {
+        "command": command, "loadavg_before": os.getloadavg(), "time_scale": ns.time_scale,
+        "duration": ns.duration, "warmup": ns.warmup, "drain": ns.drain, "repeat": ns.repeat,
+        "table": table, "note": ns.note,
+    }  # fmt: skip
     began = time.monotonic()
     total = ns.repeat * len(plan) * len(deps)
     with tempfile.TemporaryDirectory() as tmp:
@@ -324,23 +369,12 @@ def main() -> int:
                             f"  ({run.seconds:.0f} s)",
                             flush=True,
                         )
-                    elapsed = time.monotonic() - began
-                    meta = {
-                        "command": command,
-                        "seconds": elapsed,
-                        "loadavg_before": load_before,
+                    meta |= {
+                        "seconds": time.monotonic() - began,
                         "loadavg_after": os.getloadavg(),
-                        "time_scale": ns.time_scale,
-                        "duration": ns.duration,
-                        "warmup": ns.warmup,
-                        "drain": ns.drain,
-                        "repeat": ns.repeat,
-                        "table": str(ns.table) if ns.table else None,
+                        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     }
-                    write(ns.out, meta, plan, deps, runs)
-    plot(ns.out.with_suffix(".png"), plan, deps, runs)
-    doc = {"meta": meta, "cases": [asdict(c) for c in plan], "runs": [r.as_dict() for r in runs]}
-    ns.out.with_suffix(".json").write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+                    save(ns.out, meta, plan, deps, runs)  # after every run: partial results
     print(f"written {ns.out}, {ns.out.with_suffix('.png')}, {ns.out.with_suffix('.json')}")
     return 0
 

@@ -27,6 +27,14 @@ class Run:
     summary: Summary | None  # None: the replay failed
     seconds: float
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Run:
+        raw = d["summary"]
+        summary = None
+        if raw is not None:
+            summary = Summary(**{k: math.nan if v is None else v for k, v in raw.items()})
+        return cls(d["deployment"], d["workload"], d["load"], summary, d["seconds"])
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["summary"] = None if self.summary is None else _nan_free(asdict(self.summary))
@@ -108,12 +116,13 @@ def write(
         "",
         f"Command: `{meta['command']}` (from the repository root with `.venv/bin/python`; "
         f"{len(runs)} runs took {meta['seconds']:.0f} s; written "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).",
+        f"{meta.get('finished') or time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).",
         f"Machine: {os.cpu_count()} cores, {machine}, Python {platform.python_version()}; load "
         f"average {before} before and {after} after (other work shares this machine: a load "
         "above ~2 means the sims and the router competed for the cores, which shows up as "
         "TTFT/TPOT noise; compare rows of one table, which ran minutes apart).",
         "",
+        *([meta["note"], ""] if meta.get("note") else []),
         "Every run starts fresh engines (so queues start empty) and a fresh router; "
         f"`spec-router replay` sends the workload open-loop. Sims at time scale "
         f"{meta['time_scale']:g}; every number is model time. Each run: {meta['duration']:g} s "
@@ -138,7 +147,9 @@ def write(
         "output lengths and mean acceptance length), summed over the eagle3 and the baseline "
         "engine. It is a throughput limit, well past where TPOT SLOs hold: the loads locate "
         "each run relative to what the pair can process at all. The two-of-a-kind "
-        "references get the same request rates.",
+        "references get the same request rates. The Azure trace records no temperature; "
+        "its requests go out at the share of temperature 1 shown below (0% by default, "
+        "`--trace-temperature-share`).",
         "",
     ]
     for name, c in caps.items():
@@ -200,7 +211,7 @@ def plot(
             if row == 0:
                 ax.set_title(w)
             if label.startswith("TTFT"):
-                ax.set_yscale("log")
+                ax.set_ylim(bottom=0)
             else:
                 ax.set_ylim(0, 100)
             ax.grid(alpha=0.3)

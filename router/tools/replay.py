@@ -16,7 +16,6 @@ sent requests (``lateness``), which is the check that it did.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -28,8 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from router.forward.upstream import Origin, OriginPool, Timeouts, UpstreamError
-from router.tools import goodput, traffic
+from router.tools import goodput
 from router.tools.goodput import Result
+from router.tools.replay_args import build_parser, slos, workload
 from router.tools.replay_report import Progress, run_meta, write_json, write_report
 from router.tools.traffic import Arrival
 
@@ -227,56 +227,7 @@ async def replay(
 # --- the command -------------------------------------------------------------------------------
 
 
-def workload(ns: argparse.Namespace) -> list[Arrival]:
-    """The arrivals the options describe (reads the trace file, if one is named)."""
-    if ns.trace:
-        arrivals = traffic.load_trace(ns.trace)
-        rate = ns.rate
-        if ns.scale == "compress" and rate is not None:
-            tail = traffic.window(arrivals, ns.start)
-            arrivals = traffic.window(traffic.compress(tail, rate), 0.0, ns.duration)
-        else:
-            arrivals = traffic.window(arrivals, ns.start, ns.duration)
-            if rate is not None:
-                arrivals = traffic.thin(arrivals, rate, ns.duration, seed=ns.seed)
-        if ns.temperature_share is not None:
-            arrivals = traffic.with_temperatures(arrivals, ns.temperature_share, ns.seed)
-    else:
-        prompt = traffic.Lengths(ns.prompt_median, ns.prompt_sigma, ns.prompt_min, ns.prompt_max)
-        output = traffic.Lengths(ns.output_median, ns.output_sigma, ns.output_min, ns.output_max)
-        common: dict[str, Any] = {
-            "temperature_share": ns.temperature_share or 0.0,
-            "seed": ns.seed,
-        }
-        rate, duration = ns.rate or 1.0, ns.duration or 60.0
-        if ns.synthetic == "poisson":
-            arrivals = traffic.poisson(rate, duration, prompt, output, **common)
-        elif ns.synthetic == "bursty":
-            arrivals = traffic.on_off(
-                rate, duration, prompt, output, burst=ns.burst, on_s=ns.on_s, off_s=ns.off_s,
-                **common,
-            )  # fmt: skip
-        else:
-            arrivals = traffic.diurnal(
-                rate, duration, prompt, output, period_s=ns.period_s, amplitude=ns.amplitude,
-                **common,
-            )  # fmt: skip
-    arrivals = traffic.cap_lengths(arrivals, ns.max_prompt, ns.max_output)
-    return traffic.window(arrivals, 0.0, None, ns.max_requests)
-
-
-def slos(ns: argparse.Namespace) -> list[goodput.SLO]:
-    out = list(goodput.DEFAULT_SLOS)
-    if ns.slo_ttft_ms is not None or ns.slo_tpot_ms is not None:
-        ttft = goodput.STRICT.ttft_s if ns.slo_ttft_ms is None else ns.slo_ttft_ms / 1000
-        tpot = goodput.STRICT.tpot_s if ns.slo_tpot_ms is None else ns.slo_tpot_ms / 1000
-        out.append(goodput.SLO("custom", ttft, tpot))
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
-    from router.tools.replay_args import build_parser
-
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.time_scale <= 0:

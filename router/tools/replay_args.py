@@ -1,8 +1,13 @@
-"""The options of ``spec-router replay`` (kept apart from the sender so it stays readable)."""
+"""The options of ``spec-router replay`` and the workload and SLOs they describe (kept apart
+from the sender so that it stays readable)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from router.tools import goodput, traffic
+from router.tools.traffic import Arrival
 
 EXAMPLES = """\
 examples:
@@ -94,3 +99,50 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--out", help="write every result as JSON here")
     score.add_argument("--report", help="write a markdown report here")
     return p
+
+
+def workload(ns: argparse.Namespace) -> list[Arrival]:
+    """The arrivals the options describe (reads the trace file, if one is named)."""
+    if ns.trace:
+        arrivals = traffic.load_trace(ns.trace)
+        rate = ns.rate
+        if ns.scale == "compress" and rate is not None:
+            tail = traffic.window(arrivals, ns.start)
+            arrivals = traffic.window(traffic.compress(tail, rate), 0.0, ns.duration)
+        else:
+            arrivals = traffic.window(arrivals, ns.start, ns.duration)
+            if rate is not None:
+                arrivals = traffic.thin(arrivals, rate, ns.duration, seed=ns.seed)
+        if ns.temperature_share is not None:
+            arrivals = traffic.with_temperatures(arrivals, ns.temperature_share, ns.seed)
+    else:
+        prompt = traffic.Lengths(ns.prompt_median, ns.prompt_sigma, ns.prompt_min, ns.prompt_max)
+        output = traffic.Lengths(ns.output_median, ns.output_sigma, ns.output_min, ns.output_max)
+        common: dict[str, Any] = {
+            "temperature_share": ns.temperature_share or 0.0,
+            "seed": ns.seed,
+        }
+        rate, duration = ns.rate or 1.0, ns.duration or 60.0
+        if ns.synthetic == "poisson":
+            arrivals = traffic.poisson(rate, duration, prompt, output, **common)
+        elif ns.synthetic == "bursty":
+            arrivals = traffic.on_off(
+                rate, duration, prompt, output, burst=ns.burst, on_s=ns.on_s, off_s=ns.off_s,
+                **common,
+            )  # fmt: skip
+        else:
+            arrivals = traffic.diurnal(
+                rate, duration, prompt, output, period_s=ns.period_s, amplitude=ns.amplitude,
+                **common,
+            )  # fmt: skip
+    arrivals = traffic.cap_lengths(arrivals, ns.max_prompt, ns.max_output)
+    return traffic.window(arrivals, 0.0, None, ns.max_requests)
+
+
+def slos(ns: argparse.Namespace) -> list[goodput.SLO]:
+    out = list(goodput.DEFAULT_SLOS)
+    if ns.slo_ttft_ms is not None or ns.slo_tpot_ms is not None:
+        ttft = goodput.STRICT.ttft_s if ns.slo_ttft_ms is None else ns.slo_ttft_ms / 1000
+        tpot = goodput.STRICT.tpot_s if ns.slo_tpot_ms is None else ns.slo_tpot_ms / 1000
+        out.append(goodput.SLO("custom", ttft, tpot))
+    return out
