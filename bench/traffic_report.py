@@ -32,7 +32,8 @@ class Run:
         raw = d["summary"]
         summary = None
         if raw is not None:
-            summary = Summary(**{k: math.nan if v is None else v for k, v in raw.items()})
+            fields: dict[str, Any] = {k: math.nan if v is None else v for k, v in raw.items()}
+            summary = Summary(**fields)
         return cls(d["deployment"], d["workload"], d["load"], summary, d["seconds"])
 
     def as_dict(self) -> dict[str, Any]:
