@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from router.decide.learner import PoolLearner, _Bin
-from router.decide.predict import MAX_PREFILL_SHARE, PoolModel
+from router.decide.predict import MAX_PREFILL_SHARE, PoolModel, peak_throughput
 from router.decide.table import Table
 from router.pools import POOLS, SPECULATIVE, Pool
 
@@ -118,7 +118,7 @@ def build_model(
     scale: float,
     cap: int | None = None,
 ) -> PoolModel:
-    return PoolModel(
+    model = PoolModel(
         spi,
         tau_greedy=max(1.0, tau_greedy),
         tau_sampling=max(1.0, tau_sampling),
@@ -128,6 +128,7 @@ def build_model(
         measured=measured,
         scale=scale,
     )
+    return model._replace(peak=peak_throughput(model))
 
 
 def decode_only_spi(spi: float, n: int, output_tokens: int, tau: float, prefill: float) -> float:

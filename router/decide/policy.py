@@ -20,6 +20,7 @@ from router.decide.predict import (
     PoolModel,
     Prediction,
     Request,
+    chance,
     failing,
     predict,
     value,
@@ -52,6 +53,7 @@ Reason = Literal[
     "explore",
     "round_robin",
     "predicted_slo",
+    "overflow",
 ]
 
 
@@ -243,7 +245,10 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         # pool with the most throughput instead (in practice the baseline).
         pool = [o for o in eligible if o[2] == dump] or eligible
         best = min(pool, key=lambda o: o[1])
-    decision = Decision(best[2], best[3].url, "predicted_slo")
+    # "overflow": it cannot meet even the relaxed SLO anywhere (a router-side queue, when
+    # configured, holds such requests until one can)
+    overflow = all(chance(o[0], req) < NOTHING for o in eligible)
+    decision = Decision(best[2], best[3].url, "overflow" if overflow else "predicted_slo")
     return decision, snap.state._replace(rr=snap.state.rr + 1)
 
 

@@ -42,6 +42,7 @@ class PoolModel(NamedTuple):
     cap: int | None = None  # running requests the engine admits; more wait in its queue
     measured: int = 0  # largest batch size the curve was measured at (0: none)
     scale: float = 1.0  # wall seconds per model second
+    peak: float = 0.0  # most output tokens/s one engine gives (``peak_throughput``); 0: unknown
 
     def iteration(self, batch: int) -> float:
         """Model seconds per iteration with ``batch`` running (past the table: linear)."""
@@ -54,15 +55,19 @@ class PoolModel(NamedTuple):
 
     def capacity(self) -> float:
         """Most output tokens per second (model time) one engine gives, at any admitted batch."""
-        top = min(len(self.spi) - 1, self.cap or len(self.spi) - 1)
-        tau = (self.tau_greedy + self.tau_sampling) / 2
-        return max(b * tau / self.iteration(b) for b in range(1, top + 1))
+        return self.peak or peak_throughput(self)
 
     def tau(self, sampling: bool) -> float:
         return self.tau_sampling if sampling else self.tau_greedy
 
     def prefill(self, prompt_tokens: float) -> float:
         return self.prefill_base + prompt_tokens * self.prefill_per_token
+
+
+def peak_throughput(model: PoolModel) -> float:
+    top = min(len(model.spi) - 1, model.cap or len(model.spi) - 1)
+    tau = (model.tau_greedy + model.tau_sampling) / 2
+    return max(b * tau / model.iteration(b) for b in range(1, top + 1))
 
 
 class Request(NamedTuple):
