@@ -31,6 +31,7 @@ from router.control.status import status_document
 from router.decide import table as tables
 from router.decide.snapshot import Decider
 from router.fastpath.busypoll import BusyPoll
+from router.forward.admission import Admission
 from router.forward.proxy import Proxy
 from router.forward.upstream import Origin, OriginPool
 from router.health.poller import HealthPoller
@@ -123,6 +124,7 @@ class RouterApp:
             slo_ttft=settings.slo_ttft_ms / 1000,
             slo_tpot=settings.slo_tpot_ms / 1000,
         )
+        self.admission = Admission(settings.queue_size)
         self.metrics = RouterMetrics(self.registry)
         self.registry.register(
             StateCollector(
@@ -133,6 +135,7 @@ class RouterApp:
                 settings.policy,
                 settings.load_signal,
                 clock,
+                self.admission,
             )
         )
         self.observers: list[Callable[[Outcome], None]] = [
@@ -157,6 +160,7 @@ class RouterApp:
             connections=self._connections,
             extra={
                 "slo": self.decider.status() if self.decider.policy == "slo" else None,
+                "queue": self.admission.status(),
                 "fast_path": (
                     self.proxy.responders.status()
                     if self.proxy is not None
@@ -225,6 +229,7 @@ class RouterApp:
             self.observers,
             self.clock,
             poke=poke,
+            admission=self.admission,
         )
         self.poller.start()
         keeper_task = loop.create_task(self.keeper.run())

@@ -70,6 +70,17 @@ class NoBackend(RouterError):
         super().__init__(message, headers=[(b"retry-after", str(retry_after).encode())])
 
 
+class QueueFull(RouterError):
+    """The router's own queue (QUEUE_SIZE) is full."""
+
+    status = 429
+    type_ = "rate_limit_error"
+    code = "queue_full"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message, headers=[(b"retry-after", str(retry_after).encode())])
+
+
 class UpstreamUnavailable(RouterError):
     status = 502
     type_ = "server_error"

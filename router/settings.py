@@ -96,6 +96,11 @@ class Settings(BaseSettings):
     slo_tpot_ms: float = Field(default=25.0, gt=0)
     crossover: int | None = Field(default=None, ge=0)
     hysteresis: int = Field(default=1, ge=0)
+    # A router-side queue (0: none) for requests the slo policy finds no backend can serve
+    # within even the relaxed SLO: they wait here up to QUEUE_TIMEOUT seconds for a request in
+    # flight to end, then get 503; a full queue answers 429. Both with Retry-After.
+    queue_size: int = Field(default=0, ge=0)
+    queue_timeout: float = Field(default=5.0, gt=0)
 
     # -- upstream client ----------------------------------------------------------------------
     connect_timeout: float = Field(default=5.0, gt=0)

@@ -13,7 +13,12 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from router.health.state import State
@@ -23,6 +28,7 @@ if TYPE_CHECKING:
     from router.account.inflight import InflightTracker
     from router.account.keeper import CrossoverKeeper
     from router.account.outcome import Outcome
+    from router.forward.admission import Admission
     from router.health.poller import EngineLoad
     from router.health.state import HealthRegistry
 
@@ -182,6 +188,7 @@ class StateCollector(Collector):
         policy: str,
         load_signal: str,
         clock: Callable[[], float],
+        admission: Admission | None = None,
     ) -> None:
         self.tracker = tracker
         self.health = health
@@ -190,6 +197,7 @@ class StateCollector(Collector):
         self.policy = policy
         self.load_signal = load_signal
         self.clock = clock
+        self.admission = admission
 
     def collect(self) -> Iterator[Metric]:
         tracker = self.tracker
@@ -243,6 +251,24 @@ class StateCollector(Collector):
         yield health
         yield usable
         yield from self._engine()
+        yield from self._queue()
+
+    def _queue(self) -> Iterator[Metric]:
+        a = self.admission
+        if a is None:
+            return
+        p = "spec_router_"
+        yield GaugeMetricFamily(
+            p + "queued_requests", "Requests waiting in the router's own queue (QUEUE_SIZE).",
+            value=a.queued,
+        )  # fmt: skip
+        outcomes = CounterMetricFamily(
+            p + "queue_outcomes", "How requests left the router's queue.", labels=["outcome"]
+        )
+        outcomes.add_metric(["admitted"], a.admitted)
+        outcomes.add_metric(["timed_out"], a.timed_out)
+        outcomes.add_metric(["refused_full"], a.full)
+        yield outcomes
 
     def _engine(self) -> Iterator[Metric]:
         p = "spec_router_engine_"

@@ -209,6 +209,10 @@ class Decider:
             self.slo_tpot if slo_tpot is None else slo_tpot,
         )
 
+    def peek(self, request: Request | None = None) -> Decision | None:
+        """What ``decide`` would answer now, changing nothing (for a queued request)."""
+        return choose(self.policy, self.snapshot(request))[0]
+
     def decide(self, request: Request | None = None) -> Decision | None:
         snap = self.snapshot(request)
         decision, self._state = choose(self.policy, snap)

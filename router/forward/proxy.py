@@ -23,6 +23,7 @@ from typing import Any
 from router.account.inflight import InflightTracker, Lease
 from router.account.outcome import Outcome
 from router.decide.policy import Decision
+from router.decide.predict import Request
 from router.decide.snapshot import Decider
 from router.errors import (
     NoBackend,
@@ -33,9 +34,13 @@ from router.errors import (
     UpstreamUnavailable,
     sse_error_event,
 )
+from router.errors import (
+    QueueFull as QueueRefused,
+)
 from router.fastpath import Responders
 from router.fastpath.responder import Responder
 from router.forward import verdicts
+from router.forward.admission import Admission, QueueFull
 from router.forward.request import (
     RequestInfo,
     forward_headers,
@@ -57,6 +62,8 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
+# Seconds between a queued request's looks at whether a backend can serve it now.
+QUEUE_RECHECK = 0.05
 # Paths whose streams carry token usage the router can ask for.
 USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
@@ -82,6 +89,7 @@ class Proxy:
         observers: list[Callable[[Outcome], None]],
         clock: Callable[[], float] = time.monotonic,
         poke: Callable[[], None] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.settings = settings
         self.decider = decider
@@ -95,6 +103,7 @@ class Proxy:
         # on Python 3.11, a system call per request.
         self.loop = asyncio.get_running_loop()
         self.responders = Responders(self.loop)
+        self.admission = admission if admission is not None else Admission(0)
         self.timeouts = Timeouts(
             settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout
         )
@@ -151,8 +160,11 @@ class Proxy:
         responder = self.responders(receive, send)
         responder.watch(lambda: _client_left(task, flags))
         conn: Connection | None = None
-        lease = self.tracker.acquire(decision.backend)  # released in the finally below
+        lease: Lease | None = None
         try:
+            if decision.reason == "overflow" and self.admission.enabled:
+                decision = await self._queue(request, out)
+            lease = self.tracker.acquire(decision.backend)  # released in the finally below
             conn, decision = await self._open(scope, body, info, decision, lease, out)
             out.answered(conn.status)
             await self._relay(conn, decision, info, send, responder, flags, lease, out)
@@ -172,7 +184,45 @@ class Proxy:
             responder.unwatch()
             if conn is not None:
                 conn.release()
-            lease.release()
+            if lease is not None:
+                lease.release()
+                if self.admission.enabled:
+                    self.admission.released()
+
+    async def _queue(self, request: Request | None, out: Outcome) -> Decision:
+        """Hold an overflowing request until a backend can serve it within its SLO."""
+        admission, retry_after = self.admission, self.settings.retry_after()
+        try:
+            admission.enter()
+        except QueueFull:
+            raise QueueRefused("the router's queue is full", retry_after) from None
+        admitted = False
+        out.queued()
+        try:
+            deadline = self.loop.time() + self.settings.queue_timeout
+            again = False
+            while True:
+                left = deadline - self.loop.time()
+                if left <= 0:
+                    admission.timed_out += 1
+                    raise NoBackend(
+                        "no backend could serve the request within its SLO before the "
+                        "router's queue deadline",
+                        retry_after,
+                    )
+                # woken when a request in flight ends; and it looks again now and then, as
+                # what it waits for (the recent load the predictions see) also fades with time
+                await admission.wait(min(left, QUEUE_RECHECK), again)
+                again = True
+                peek = self.decider.peek(request)
+                if peek is None or peek.reason != "overflow":
+                    decision = self.decider.decide(request)
+                    if decision is None:
+                        raise NoBackend("no backend can take requests right now", retry_after)
+                    admitted = True
+                    return decision
+        finally:
+            admission.leave(admitted)
 
     # -- request side -----------------------------------------------------------------------
     def _authorize(self, headers: list[tuple[bytes, bytes]]) -> None:
