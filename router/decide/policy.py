@@ -41,6 +41,8 @@ class BackendView(NamedTuple):
     prefill_share: float = 0.0
     # its recent mean load (None: not tracked)
     load_avg: float | None = None
+    # the most requests the engine runs at once, when it has shown it (else the pool model's)
+    cap: int | None = None
 
 
 # Why a request went where it went (the ``x-spec-router-reason`` header, a metric label).
@@ -221,10 +223,11 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         return predictive(snap)
     options: list[tuple[Prediction, float, Pool, BackendView]] = []
     for view in (snap.speculative, snap.baseline):
-        model = models[view.name]
+        pool_model = models[view.name]
         candidates = view.usable()
         for i in range(len(candidates)):
             b = candidates[(snap.state.rr + i) % len(candidates)]  # ties rotate
+            model = pool_model if b.cap is None else pool_model._replace(cap=b.cap)
             # a backend ramping back in counts as more loaded, as in pick_backend
             load = b.load if b.weight >= 1.0 else math.ceil((b.load + 1) / b.weight) - 1
             p = predict(

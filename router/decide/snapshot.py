@@ -160,6 +160,7 @@ class Decider:
             n = load(url)
             # what this router's own traffic will keep it at, plus what others put there
             expected = r.arrivals / window * r.stay + max(0, n - local[url])
+            seen = self.loads.get(url)
             views.append(
                 BackendView(
                     url,
@@ -168,6 +169,7 @@ class Decider:
                     health.weight(url, now),
                     r.prefill / window,
                     expected,
+                    None if seen is None else seen.cap,
                 )
             )
         return PoolView(name, tuple(views))
@@ -229,6 +231,8 @@ class Decider:
         self._sampling += (float(req.sampling) - self._sampling) * SAMPLING_KEEP
         view = next(b for b in snap.pool(decision.pool).backends if b.url == decision.backend)
         model = models[decision.pool]
+        if view.cap is not None:
+            model = model._replace(cap=view.cap)
         p = predict(
             model,
             view.load,
