@@ -46,6 +46,7 @@ def uvicorn_config(
     access_log: bool = False,
     graceful_shutdown: float | None = 30.0,
     http: str = "httptools",
+    keep_alive: float = 75.0,
 ) -> uvicorn.Config:
     # uvloop + httptools: the fast server stack; lifespan "on" so start-up errors stop the process.
     return uvicorn.Config(
@@ -55,7 +56,8 @@ def uvicorn_config(
         lifespan="on",
         log_level=log_level,
         access_log=access_log,
-        timeout_keep_alive=75,
+        # (uvicorn hints int; it only ever hands the value to call_later)
+        timeout_keep_alive=keep_alive,  # type: ignore[arg-type]
         backlog=4096,
         # Upstream responses carry their own Date/Server headers; do not add a second pair.
         server_header=False,

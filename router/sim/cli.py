@@ -1,8 +1,11 @@
 """``spec-router sim`` / ``python -m router.sim``: run one simulated engine.
 
-Every model parameter of the preset can be overridden from the command line. Durations are
-model time: ``--time-scale X`` stretches all of them (iterations, prefill, the start-up delay)
-by X, so tok/s measured against the server equal the model's tok/s divided by X.
+``--engine sglang|vllm`` (and ``--engine-version``) choose whose behaviour the server copies
+(``router.sim.behaviour``). Every model parameter of the preset can be overridden from the
+command line. Durations are model time: ``--time-scale X`` stretches all of them (iterations,
+prefill, start-up, warm-up, health polling, abort delays) by X, so tok/s measured against the
+server equal the model's tok/s divided by X. The idle keep-alive (``--keep-alive``, 5 s as
+both engines run uvicorn) is wall-clock.
 """
 
 from __future__ import annotations
@@ -12,7 +15,11 @@ import sys
 import time
 from typing import Any
 
-from router.serve import AnnouncingServer, bind_socket, socket_url, uvicorn_config
+import uvicorn
+
+from router.serve import LISTENING_PREFIX, bind_socket, socket_url, uvicorn_config
+from router.sim.behaviour import VERSIONS, behaviour
+from router.sim.exposition import Topology
 from router.sim.model import MS, PRESETS, Preset
 from router.sim.server import SimServer, SimSettings
 
@@ -40,10 +47,20 @@ OVERRIDES: list[tuple[str, str, float, type, str]] = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spec-router sim",
-        description="Run a simulated SGLang-like engine (OpenAI-compatible) whose speed "
+        description="Run a simulated SGLang or vLLM engine (OpenAI-compatible) whose speed "
         "follows a speculative or a baseline performance model.",
     )
     parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    parser.add_argument(
+        "--engine",
+        choices=sorted(VERSIONS),
+        default="sglang",
+        help="whose HTTP behaviour to copy (health, errors, gauges, overload, aborts)",
+    )
+    parser.add_argument(
+        "--engine-version",
+        help="sglang: 0.5.23 (default) or 0.5.3; vllm: 0.34 (default) or 0.11",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
         "--port", type=int, help="0 picks a free port (default: 30001 eagle3, 30002 baseline)"
@@ -61,20 +78,52 @@ def build_parser() -> argparse.ArgumentParser:
         const=-1.0,
         default=0.0,
         metavar="S",
-        help="start up for S model seconds (bare: the preset's 510/550 s), scaled like the rest",
+        help="load for S model seconds (bare: the preset's 510/550 s), scaled like the rest",
     )
     parser.add_argument(
         "--startup-mode",
-        choices=("503", "refuse"),
-        default="503",
-        help="while starting: listen and answer 503, or do not listen at all",
+        choices=("refuse", "503"),
+        default="refuse",
+        help="while loading: do not listen (as both engines), or listen and answer 503",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        metavar="S",
+        help="model seconds of 503 once listening (SGLang's warm-up request; default 2, vLLM 0)",
+    )
+    parser.add_argument(
+        "--keep-alive",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="close a client connection idle this long, wall clock (uvicorn's 5 s, as both)",
+    )
+    parser.add_argument(
+        "--max-queued",
+        type=int,
+        help="refuse requests while this many wait (SGLang --max-queued-requests, "
+        "vLLM 0.34 --max-num-queued-reqs)",
+    )
+    parser.add_argument("--dp-size", type=int, default=1, help="data-parallel ranks")
+    parser.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks")
+    parser.add_argument(
+        "--enable-metrics-for-all-schedulers",
+        action="store_true",
+        help="SGLang: every TP rank exports its (identical) series",
+    )
+    parser.add_argument(
+        "--enable-priority",
+        action="store_true",
+        help='SGLang 0.5.23 priority scheduling: a priority="" total and per-priority series',
     )
     parser.add_argument("--seed", type=int, help="seed of the acceptance draws (reproducible)")
     parser.add_argument("--model", default="default", help="served model name")
     parser.add_argument(
         "--strict-model",
         action="store_true",
-        help="answer 404 to other model names (as vLLM does; SGLang accepts any)",
+        default=None,
+        help="answer 404 to other model names (vLLM always does; SGLang accepts any)",
     )
     parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/*")
     parser.add_argument("--default-max-tokens", type=int, default=128)
@@ -104,18 +153,36 @@ def main(argv: list[str]) -> int:
         parser.error(str(exc))
     if args.time_scale <= 0:
         parser.error("--time-scale must be > 0")
+    try:
+        how = behaviour(args.engine, args.engine_version)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.max_queued is not None and not how.has_max_queued:
+        parser.error(f"{how.label} has no queue limit")
+    if min(args.dp_size, args.tp_size) < 1:
+        parser.error("--dp-size and --tp-size must be >= 1")
     delay = preset.startup if args.startup_delay < 0 else args.startup_delay
+    warmup = how.warmup if args.warmup is None else args.warmup
     port = DEFAULT_PORTS[args.preset] if args.port is None else args.port
     settings = SimSettings(
         preset=preset,
         model=args.model,
         time_scale=args.time_scale,
         seed=args.seed,
-        startup_delay=delay if args.startup_mode == "503" else 0.0,
+        startup_delay=warmup + (delay if args.startup_mode == "503" else 0.0),
         default_max_tokens=args.default_max_tokens,
         context_length=args.context_length,
         api_key=args.api_key,
         strict_model=args.strict_model,
+        how=how,
+        topology=Topology(
+            dp_size=args.dp_size,
+            tp_size=args.tp_size,
+            all_schedulers=args.enable_metrics_for_all_schedulers,
+            priority=args.enable_priority,
+        ),
+        max_queued=args.max_queued,
+        keep_alive=args.keep_alive,
     )
     if args.startup_mode == "refuse" and delay > 0:
         wait = delay * args.time_scale
@@ -131,8 +198,16 @@ def serve(app: SimServer, host: str, port: int, log_level: str) -> int:
     except OSError as exc:
         print(f"spec-router: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
         return 1
-    config = uvicorn_config(app, log_level=log_level, graceful_shutdown=GRACEFUL_SHUTDOWN)
-    server = AnnouncingServer(config, socket_url(sock))
+    config = uvicorn_config(
+        app,
+        log_level=log_level,
+        graceful_shutdown=GRACEFUL_SHUTDOWN,
+        keep_alive=app.settings.keep_alive,
+    )
+    url = socket_url(sock)
+    # announced once the warm-up is over, not when the port opens (it answers 503 till then)
+    app.on_ready = lambda: print(f"{LISTENING_PREFIX}{url}", flush=True)
+    server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])
     finally:

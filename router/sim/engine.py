@@ -10,22 +10,30 @@ but the next one ends on schedule again.
 
 Requests receive tokens through a per-request future, set by the loop and awaited by the HTTP
 handler; nothing polls. ``abort()`` takes a request out of the batch or the queue at once.
+
+What the engine *publishes* as its load (``published``, read by ``/metrics``) follows the real
+engine's cadence (``router.sim.behaviour``): vLLM after every step; SGLang on each prefill
+batch (without that batch's own requests, which are in neither gauge yet), every
+``decode_log_interval`` iterations, and when idle (at once if stale on 0.5.23, every 30 s).
+Nothing is published before the first report (SGLang's labelled gauges have no series until
+then; the server publishes once its warm-up is over).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import time
 from collections import deque
 from collections.abc import Callable
 
-from router.sim.metrics import EngineStats, Gauges
+from router.sim.metrics import EngineStats, Gauges, Tally
 from router.sim.model import Preset, check_tau, prefill_time, sample_gain, solve_alpha, step_time
 
 # Update the gen_throughput / spec_accept_length gauges every this many iterations, as
-# SGLang does with its ``decode_log_interval``.
+# SGLang does with its ``decode_log_interval`` (the default, 40).
 GAUGE_INTERVAL = 40
 # An iteration may end this much before its deadline rather than spin on a sub-millisecond
 # timer; the error does not accumulate.
@@ -40,11 +48,19 @@ class SimRequest:
 
     __slots__ = (
         "rid", "prompt_tokens", "max_tokens", "sampling", "rng", "generated", "pending",
-        "closed", "waiter", "arrival", "last_emit", "first_token_at", "in_batch",
+        "closed", "waiter", "arrival", "last_emit", "first_token_at", "in_batch", "priority",
+        "streaming", "steps", "probe",
     )  # fmt: skip
 
     def __init__(
-        self, rid: str, prompt_tokens: int, max_tokens: int, sampling: bool, rng: random.Random
+        self,
+        rid: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        sampling: bool,
+        rng: random.Random,
+        priority: str = "None",
+        streaming: bool = False,
     ) -> None:
         self.rid = rid
         self.prompt_tokens = prompt_tokens
@@ -59,6 +75,10 @@ class SimRequest:
         self.last_emit = 0.0
         self.first_token_at = 0.0
         self.in_batch = False
+        self.priority = priority  # SGLang's label value: "None" when the request set none
+        self.streaming = streaming
+        self.steps = 0  # speculative verify steps (SGLang's spec_verify_ct)
+        self.probe = False  # a /health generation, not a client's request
 
     @property
     def done(self) -> bool:
@@ -80,6 +100,10 @@ class SimRequest:
             self.waiter.set_result(None)
 
 
+class QueueFull(Exception):
+    """The waiting queue is at its limit (``--max-queued``): the request is refused."""
+
+
 class Engine:
     def __init__(
         self,
@@ -88,6 +112,11 @@ class Engine:
         time_scale: float = 1.0,
         seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        every_step: bool = True,
+        log_interval: int = GAUGE_INTERVAL,
+        idle_refresh: float = 30.0,
+        refresh_when_stale: bool = True,
+        max_queued: int | None = None,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
@@ -95,6 +124,7 @@ class Engine:
         self.time_scale = time_scale
         self.seed = random.randrange(2**32) if seed is None else seed
         self.stats = EngineStats()
+        self.stats.accepted_per_pos = [0] * preset.spec_k
         self._clock = clock
         self._ids = itertools.count()
         self._running: list[SimRequest] = []
@@ -103,6 +133,15 @@ class Engine:
         self._wake = asyncio.Event()
         self._tau = {False: preset.tau, True: preset.tau_sampling}
         self._alpha = {s: solve_alpha(t, preset.spec_k) for s, t in self._tau.items()}
+        self.every_step = every_step
+        self.log_interval = log_interval
+        self.idle_refresh = idle_refresh * time_scale
+        self.refresh_when_stale = refresh_when_stale
+        self.max_queued = max_queued
+        self.published: Gauges | None = Gauges(0, 0, 0) if every_step else None
+        self.published_at = clock()
+        self.last_output_at = 0.0  # when tokens last reached a handler (SGLang's health check)
+        self._decode_ct = 0
 
     # --- runtime knobs ------------------------------------------------------------------------
 
@@ -132,15 +171,41 @@ class Engine:
         *,
         temperature: float = 0.0,
         seed: int | None = None,
+        priority: int | None = None,
+        streaming: bool = False,
     ) -> SimRequest:
-        """Queue a request; it joins the batch at the next iteration boundary."""
+        """Queue a request; it joins the batch at the next iteration boundary. Raises
+        ``QueueFull`` when ``max_queued`` requests already wait (SGLang and vLLM 0.34 check
+        the waiting queue's length as the request arrives)."""
+        if self.max_queued is not None and len(self._waiting) >= self.max_queued:
+            self.stats.refused += 1
+            raise QueueFull("The request queue is full.")
         n = next(self._ids)
         # One generator per request: its acceptance draws do not depend on what else runs.
         rng = random.Random(f"{self.seed}:{n if seed is None else f's{seed}'}")
-        req = SimRequest(f"{n:08x}", prompt_tokens, max_tokens, temperature > 0, rng)
+        label = "None" if priority is None else str(priority)
+        req = SimRequest(
+            f"{n:08x}", prompt_tokens, max_tokens, temperature > 0, rng, label, streaming
+        )
         req.arrival = self._clock()
         self._waiting.append(req)
         self._wake.set()
+        if self.every_step:
+            self.publish()
+        return req
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    def probe(self) -> SimRequest | None:
+        """SGLang's /health generation: one token of input ``[0]``; skipped while the engine
+        is busy ("ongoing requests already carry health info")."""
+        if self.busy:
+            return None
+        self.stats.health_generations += 1
+        req = self.submit(1, 1, temperature=0.0)
+        req.probe = True
         return req
 
     def abort(self, req: SimRequest) -> None:
@@ -156,10 +221,45 @@ class Engine:
                 self._waiting.remove(req)
             except ValueError:
                 pass
+        self._tally(req)
         req._wake()
+        if self.every_step:
+            self.publish()
 
     def gauges(self) -> Gauges:
-        return Gauges(len(self._running), len(self._waiting), self._context)
+        """The live load (what a perfect engine would report)."""
+        return self._gauges(list(self._running), list(self._waiting))
+
+    def _gauges(self, running: list[SimRequest], waiting: list[SimRequest]) -> Gauges:
+        by_priority: dict[str, tuple[int, int]] = {}
+        for which, reqs in ((0, running), (1, waiting)):
+            for req in reqs:
+                counts = by_priority.get(req.priority, (0, 0))
+                by_priority[req.priority] = (
+                    (counts[0] + 1, counts[1]) if which == 0 else (counts[0], counts[1] + 1)
+                )
+        context = sum(r.prompt_tokens + r.generated for r in running)
+        return Gauges(len(running), len(waiting), context, by_priority)
+
+    def publish(self, running: list[SimRequest] | None = None) -> None:
+        self.published = self._gauges(
+            list(self._running) if running is None else running, list(self._waiting)
+        )
+        self.published_at = self._clock()
+
+    def _tally(self, req: SimRequest) -> None:
+        """SGLang's tokenizer-side counters move only when a request ends (finished or
+        aborted), by its whole count. Health probes are left out (counted on their own)."""
+        if req.probe:
+            return
+        key = (req.priority, req.streaming)
+        tally = self.stats.finished.get(key)
+        if tally is None:
+            tally = self.stats.finished[key] = Tally()
+        tally.prompt_tokens += req.prompt_tokens
+        tally.generation_tokens += req.generated
+        tally.verify_calls += req.steps
+        tally.requests += 1
 
     def _remove(self, req: SimRequest) -> None:
         self._running.remove(req)
@@ -174,11 +274,18 @@ class Engine:
             if not self._running and not self._waiting:
                 self._idle()
                 self._wake.clear()
-                await self._wake.wait()
+                await self._idle_wait()
+                if not self.busy:
+                    continue
                 deadline = self.stats.window_start = self._clock()
             joiners = self._admit()
             if not self._running:
                 continue
+            if joiners and not self.every_step:
+                # SGLang's prefill report: the running batch as scheduled, without the
+                # joining requests, and the queue after they left it
+                joined = {r.rid for r in joiners}
+                self.publish([r for r in self._running if r.rid not in joined])
             duration = step_time(self.preset, len(self._running), self._context)
             duration += sum(prefill_time(self.preset, r.prompt_tokens) for r in joiners)
             deadline += duration * self.time_scale
@@ -207,6 +314,22 @@ class Engine:
             joiners.append(req)
         return joiners
 
+    async def _idle_wait(self) -> None:
+        """Sleep until there is work. Meanwhile SGLang publishes an idle report: at once
+        when its running gauge is stale (0.5.23), else once ``idle_refresh`` has passed."""
+        while not self.busy:
+            timeout: float | None = None
+            if not self.every_step:
+                seen = self.published
+                if seen is not None and seen.running and self.refresh_when_stale:
+                    self.publish()
+                elif self._clock() >= self.published_at + self.idle_refresh:
+                    self.publish()
+                timeout = max(0.0, self.published_at + self.idle_refresh - self._clock())
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
     def _end_iteration(self, now: float, late: float) -> None:
         stats, k = self.stats, self.preset.spec_k
         stats.iterations += 1
@@ -227,6 +350,10 @@ class Engine:
                     stats.spec_steps += 1
                     stats.window_spec_tokens += gain
                     stats.window_spec_steps += 1
+                    stats.accepted_per_pos[: gain - 1] = [
+                        c + 1 for c in stats.accepted_per_pos[: gain - 1]
+                    ]
+                    req.steps += 1
                 else:
                     gain = 1
                 gain = min(gain, req.max_tokens - req.generated)
@@ -242,14 +369,20 @@ class Engine:
         self._context += gained_total
         stats.generation_tokens += gained_total
         stats.window_tokens += gained_total
+        if gained_total:
+            self.last_output_at = now
         for req in finished:
             self._remove(req)
             req.closed = True
             stats.requests += 1
             stats.e2e.observe(now - req.arrival)
+            self._tally(req)
         stats.window_iterations += 1
-        if stats.window_iterations >= GAUGE_INTERVAL:
+        if stats.window_iterations >= self.log_interval:
             self._update_gauges(now)
+        self._decode_ct += 1
+        if self.every_step or self._decode_ct % self.log_interval == 0:
+            self.publish()
 
     def _update_gauges(self, now: float) -> None:
         s = self.stats
@@ -257,6 +390,10 @@ class Engine:
             s.gen_throughput = s.window_tokens / (now - s.window_start)
         if s.window_spec_steps:
             s.spec_accept_length = s.window_spec_tokens / s.window_spec_steps
+            # /server_info's avg_spec_accept_length: the windows reported so far (a lifetime
+            # mean that misses the window in progress, as SGLang's does)
+            s.reported_spec_tokens += s.window_spec_tokens
+            s.reported_spec_steps += s.window_spec_steps
         s.window_start = now
         s.window_tokens = s.window_spec_tokens = s.window_spec_steps = s.window_iterations = 0
 

@@ -1,26 +1,14 @@
-"""What a simulated engine counts, and its Prometheus view under SGLang's metric names.
+"""What a simulated engine counts: plain numbers the engine updates on its hot path.
 
-The engine updates plain numbers (``EngineStats``) on its hot path; ``SglangCollector`` turns
-them into metric families only when ``/metrics`` is scraped, on a registry the server owns.
-Names, label sets and histogram buckets follow SGLang's ``metrics/collector.py``: scheduler
-gauges carry ``engine_type, model_name, moe_ep_rank, pp_rank, tp_rank``; tokenizer-side
-counters and histograms carry ``model_name``. All times here are wall-clock seconds as an
-observer sees them (already stretched by ``--time-scale``).
+``router.sim.exposition`` turns them into SGLang's or vLLM's metric families only when
+``/metrics`` is scraped. All times here are wall-clock seconds as an observer sees them
+(already stretched by ``--time-scale``).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
 
 # SGLang's default buckets (TokenizerMetricsCollector).
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
@@ -60,13 +48,28 @@ class Histogram:
 
 
 @dataclass
-class EngineStats:
-    """Counters the engine keeps; read by the collector and ``/server_info``."""
+class Tally:
+    """SGLang's tokenizer-side counters for one label set, moved when a request ends."""
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    verify_calls: int = 0
+    requests: int = 0
+
+
+@dataclass
+class EngineStats:
+    """Counters the engine keeps; read by the collector and ``/server_info``."""
+
+    prompt_tokens: int = 0  # admitted to the batch (vLLM counts them there)
+    generation_tokens: int = 0  # as generated, per iteration (vLLM)
     requests: int = 0  # finished normally
     aborted: int = 0
+    refused: int = 0  # the waiting queue was full
+    health_generations: int = 0  # /health probes that ran a generation (SGLang)
+    abort_lag: float | None = None  # the last client that left: seconds until its abort
+    # SGLang: by (priority label, is_streaming), counted when each request ends
+    finished: dict[tuple[str, bool], Tally] = field(default_factory=dict)
     # Speculation: tokens gained and request-iterations in decode, cumulative and since the
     # last gauge update (SGLang updates its gauges every ``decode_log_interval`` iterations).
     spec_tokens: int = 0
@@ -77,7 +80,11 @@ class EngineStats:
     window_iterations: int = 0
     window_start: float = 0.0
     gen_throughput: float = 0.0
-    spec_accept_length: float = 0.0
+    spec_accept_length: float = 0.0  # the last window's mean; 0.0 before the first window
+    reported_spec_tokens: int = 0  # the windows reported so far (/server_info's lifetime mean)
+    reported_spec_steps: int = 0
+    # vLLM: per draft position, the steps whose draft was accepted up to there
+    accepted_per_pos: list[int] = field(default_factory=lambda: [0] * 8)
     # Scheduling fidelity: how late iterations ended against their deadlines.
     iterations: int = 0
     late_sum: float = 0.0
@@ -87,8 +94,11 @@ class EngineStats:
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
 
-    def avg_spec_accept_length(self) -> float:
-        return self.spec_tokens / self.spec_steps if self.spec_steps else 0.0
+    def avg_spec_accept_length(self) -> float | None:
+        """SGLang's lifetime mean over the reported windows; None before the first one."""
+        if not self.reported_spec_steps:
+            return None
+        return self.reported_spec_tokens / self.reported_spec_steps
 
     def scheduling(self) -> dict[str, float]:
         """Cumulative: how late iterations ended, and the speculation counts."""
@@ -108,80 +118,5 @@ class Gauges:
     running: int
     queued: int
     context_tokens: int
-
-
-class SglangCollector(Collector):
-    """Exposes ``EngineStats`` and live gauges under SGLang's names at scrape time."""
-
-    def __init__(self, model_name: str, stats: EngineStats, gauges: Callable[[], Gauges]) -> None:
-        self._stats = stats
-        self._gauges = gauges
-        self._sched = {
-            "engine_type": "unified",
-            "model_name": model_name,
-            "moe_ep_rank": "0",
-            "pp_rank": "0",
-            "tp_rank": "0",
-        }
-        self._tok = {"model_name": model_name}
-
-    def collect(self) -> Iterator[Metric]:
-        s, g = self._stats, self._gauges()
-        names, values = list(self._sched), list(self._sched.values())
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, doc, labels=names)
-            family.add_metric(values, value)
-            return family
-
-        yield gauge("sglang:num_running_reqs", "The number of running requests.", g.running)
-        yield gauge(
-            "sglang:num_queue_reqs", "The number of requests in the waiting queue.", g.queued
-        )
-        yield gauge("sglang:num_used_tokens", "The number of used tokens.", g.context_tokens)
-        yield gauge(
-            "sglang:gen_throughput", "The generation throughput (token/s).", s.gen_throughput
-        )
-        yield gauge(
-            "sglang:spec_accept_length",
-            "The average acceptance length of speculative decoding.",
-            s.spec_accept_length,
-        )
-
-        tok_names, tok_values = list(self._tok), list(self._tok.values())
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(name, doc, labels=tok_names)
-            family.add_metric(tok_values, value)
-            return family
-
-        def histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
-            family = HistogramMetricFamily(name, doc, labels=tok_names)
-            family.add_metric(tok_values, h.cumulative(), h.sum)
-            return family
-
-        yield counter(
-            "sglang:prompt_tokens_total", "Number of prefill tokens processed.", s.prompt_tokens
-        )
-        yield counter(
-            "sglang:generation_tokens_total",
-            "Number of generation tokens processed.",
-            s.generation_tokens,
-        )
-        yield counter("sglang:num_requests_total", "Number of requests processed.", s.requests)
-        yield counter("sglang:num_aborted_requests_total", "Number of requests aborted.", s.aborted)
-        yield histogram(
-            "sglang:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            s.ttft,
-        )
-        yield histogram(
-            "sglang:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            s.itl,
-        )
-        yield histogram(
-            "sglang:e2e_request_latency_seconds",
-            "Histogram of End-to-end request latency in seconds",
-            s.e2e,
-        )
+    # by SGLang priority label ("None" for requests without one): (running, queued)
+    by_priority: dict[str, tuple[int, int]] = field(default_factory=dict)

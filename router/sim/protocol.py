@@ -3,8 +3,11 @@
 Shapes follow SGLang's OpenAI server (``entrypoints/openai/protocol.py``): ids are 32 hex
 digits, chat chunks are ``chat.completion.chunk`` with a first role-only delta, the finish
 reason comes in its own chunk, ``stream_options.include_usage`` adds a chunk with empty
-``choices``, and the stream ends with ``data: [DONE]``. Errors use the OpenAI shape
-``{"error": {"message", "type", "param", "code"}}``.
+``choices``, and the stream ends with ``data: [DONE]``. Errors: SGLang's flat
+``{"object": "error", "message", "type", "param", "code"}`` or vLLM's nested OpenAI shape
+``{"error": {"message", "type", "param", "code"}}`` (``error_body(..., flat=)``); errors
+inside a stream are nested on both. What differs between the engines in parsing (usage
+defaults, model names) is in ``Limits``, filled from ``router.sim.behaviour``.
 
 Tokens are counted so that a test can check them exactly:
 
@@ -48,13 +51,41 @@ class BadRequest(Exception):
         self.status = status
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
+# vLLM's error types (``type`` of its ErrorResponse) and SGLang's (``serving_base``).
+_VLLM_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    429: "Too Many Requests",
+    500: "InternalServerError",
+    503: "Service Unavailable",
+}
+_SGLANG_TYPES = {400: "BadRequest", 500: "InternalServerError"}
 
 
-def error_body(status: int, message: str, param: str | None = None) -> bytes:
-    type_ = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    error = {"message": message, "type": type_, "param": param, "code": status}
-    return json.dumps({"error": error}, separators=SEP).encode()
+def error_body(status: int, message: str, param: str | None = None, flat: bool = False) -> bytes:
+    """An error as the engine answers it: SGLang flat (``type`` is the status for HTTP errors,
+    as ``str(e.status_code)``), vLLM nested."""
+    if flat:
+        body: dict[str, Any] = {
+            "object": "error",
+            "message": message,
+            "type": _SGLANG_TYPES.get(status, str(status)),
+            "param": param,
+            "code": status,
+        }
+    else:
+        type_ = _VLLM_TYPES.get(
+            status, "BadRequestError" if status < 500 else "InternalServerError"
+        )
+        body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
+    return json.dumps(body, separators=SEP).encode()
+
+
+def stream_error_event(status: int, message: str, type_: str) -> str:
+    """An error inside a stream (both engines nest it), as SGLang writes it: Python
+    ``json.dumps`` spacing, ``object`` included."""
+    error = {"object": "error", "message": message, "type": type_, "param": None, "code": status}
+    return f"data: {json.dumps({'error': error})}\n\n"
 
 
 @dataclass(frozen=True)
@@ -69,6 +100,8 @@ class Job:
     stream: bool
     include_usage: bool
     seed: int | None
+    continuous_usage: bool = False  # usage in every chunk
+    priority: int | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +110,13 @@ class Limits:
     default_max_tokens: int = 128
     context_length: int = 131072
     strict_model: bool = False  # unknown model names get a 404, as vLLM answers
+    missing_model: str | None = None  # a request without one: this name (SGLang "default"),
+    # or None: the served name (vLLM)
+    empty_options_include_usage: bool = False  # vLLM 0.11: {} asks for usage
+    continuous_usage: bool = True  # honours continuous_usage_stats (not SGLang 0.5.3)
+    continuous_needs_usage: bool = True  # vLLM: only together with include_usage
+    options_need_stream: bool = False  # vLLM: stream_options on a non-stream is a 400
+    flat_errors: bool = False
 
 
 def _int(body: dict[str, Any], key: str) -> int | None:
@@ -171,6 +211,8 @@ def parse_job(kind: Kind, raw: bytes, limits: Limits) -> Job:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", "stream_options")
+    if limits.options_need_stream and options and not stream:
+        raise BadRequest("Stream options can only be defined when `stream=True`.")
     stop = body.get("stop")
     if not (
         stop is None
@@ -178,11 +220,22 @@ def parse_job(kind: Kind, raw: bytes, limits: Limits) -> Job:
         or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
     ):
         raise BadRequest("stop must be a string or a list of strings", "stop")
-    model = body.get("model", limits.served_model)
+    model = body.get("model")
+    if model is None or model == "":
+        model = limits.missing_model or limits.served_model
     if not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
     if limits.strict_model and model != limits.served_model:
         raise BadRequest(f"The model `{model}` does not exist.", "model", status=404)
+    include_usage = False
+    continuous = False
+    if isinstance(options, dict):
+        asked = options.get("include_usage")
+        include_usage = bool(limits.empty_options_include_usage if asked is None else asked)
+        continuous = limits.continuous_usage and bool(options.get("continuous_usage_stats"))
+        if limits.continuous_needs_usage:
+            continuous = continuous and include_usage
+    priority = _int(body, "priority")
     return Job(
         kind=kind,
         model=model,
@@ -190,8 +243,10 @@ def parse_job(kind: Kind, raw: bytes, limits: Limits) -> Job:
         max_tokens=max_tokens,
         temperature=float(temperature),
         stream=stream,
-        include_usage=bool(options and options.get("include_usage")),
+        include_usage=include_usage,
         seed=_int(body, "seed"),
+        continuous_usage=continuous,
+        priority=priority,
     )
 
 
@@ -233,13 +288,25 @@ class StreamFormat:
 
     def role(self) -> str:
         """Chat only: the first event, role and empty content, as SGLang sends it."""
+        now = (
+            json.dumps(usage(self.job, 0), separators=SEP) if self.job.continuous_usage else "null"
+        )
         return (
             self._head + '{"index":0,"delta":{"role":"assistant","content":"",'
             '"reasoning_content":null,"tool_calls":null},"logprobs":null,'
-            '"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
+            '"finish_reason":null,"matched_stop":null}],"usage":' + now + "}\n\n"
         )
 
     def tokens(self, start: int, count: int) -> str:
+        if self.job.continuous_usage:
+            usage_now = json.dumps(usage(self.job, start + count), separators=SEP)
+            return (
+                self._pre
+                + filler(start, count)
+                + self._post[: -len("null}\n\n")]
+                + usage_now
+                + "}\n\n"
+            )
         return self._pre + filler(start, count) + self._post
 
     def end(self, completion_tokens: int) -> str:
@@ -253,7 +320,15 @@ class StreamFormat:
             choice = (
                 '{"index":0,"text":"","logprobs":null,"finish_reason":"length","matched_stop":null}'
             )
-        out = self._head + choice + '],"usage":null}\n\n'
+        now = "null"
+        if self.job.continuous_usage:
+            now = json.dumps(usage(self.job, completion_tokens), separators=SEP)
+        out = self._head + choice + '],"usage":' + now + "}\n\n"
+        return out + self.usage_and_done(completion_tokens)
+
+    def usage_and_done(self, completion_tokens: int) -> str:
+        """The usage event if asked for (also after an error event), then ``[DONE]``."""
+        out = ""
         if self.job.include_usage:
             out += (
                 self._head

@@ -3,8 +3,17 @@
 Per streamed token batch the work is one string join and one ``send``; a raw ASGI app keeps
 that cheap enough for hundreds of concurrent streams on one core (measured: 17,000 SSE events/s
 over 256 streams at 40% of a core). Completions are served by ``router.sim.completions``; this
-module routes, runs the engine in the lifespan, and serves health, models, server info,
-metrics and the runtime knobs (``/sim/config``).
+module routes, runs the engines (one per data-parallel rank) in the lifespan, and serves
+health, readiness, models, server info, metrics and the runtime knobs (``/sim/config``), each
+as the chosen engine does (``router.sim.behaviour``):
+
+- SGLang's ``/health`` (and always ``/health_generate``) runs a one-token generation (skipped
+  while busy) and answers 200 only once some output reached the server after the probe began,
+  looking every second: at least 1 s. With no output for ``SGLANG_HEALTH_CHECK_TIMEOUT`` it
+  answers 503 and the server counts as unhealthy until a probe succeeds. 0.5.23 has a cheap
+  ``/ready``. vLLM's ``/health`` is a flag check. Bodies are empty.
+- SGLang guards every path but ``/health*``, ``/metrics*`` and ``/ready*`` with its API key;
+  vLLM only ``/v1/*``. Both answer 401 ``{"error": "Unauthorized"}``.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -24,12 +33,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from router import __version__
 from router.asgi import Receive, Scope, Send
 from router.sim.asgi import ClientGone, DropSimulatedReset, read_body, respond
+from router.sim.behaviour import Behaviour, behaviour
 from router.sim.completions import Completions
 from router.sim.engine import Engine
+from router.sim.exposition import SglangCollector, Topology, VllmCollector
 from router.sim.faults import NO_FAULT, Fault, parse_fault
-from router.sim.metrics import SglangCollector
 from router.sim.model import Preset
 from router.sim.protocol import BadRequest, Limits, error_body
+
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+EMPTY: list[tuple[bytes, bytes]] = []
 
 
 def _report_engine_death(task: asyncio.Task[None]) -> None:
@@ -43,54 +56,91 @@ class SimSettings:
     model: str = "default"
     time_scale: float = 1.0
     seed: int | None = None
-    startup_delay: float = 0.0  # model seconds, stretched by time_scale like everything else
+    # model seconds after the port listens during which the engine answers 503 (its own
+    # warm-up, plus any loading time under ``--startup-mode 503``)
+    startup_delay: float = 0.0
     default_max_tokens: int = 128
     context_length: int = 131072
-    api_key: str | None = None  # like SGLang's --api-key: /v1/* needs `Bearer <key>`
-    strict_model: bool = False
+    api_key: str | None = None
+    strict_model: bool | None = None  # None: as the engine does (vLLM 404s unknown names)
+    how: Behaviour = field(default_factory=lambda: behaviour("sglang"))
+    topology: Topology = field(default_factory=Topology)
+    max_queued: int | None = None
+    keep_alive: float = 5.0  # seconds an idle client connection stays open (uvicorn's, both)
 
 
 class SimServer:
     """ASGI app: ``SimServer(settings)`` is served as is by uvicorn."""
 
     def __init__(self, settings: SimSettings) -> None:
-        self.settings = settings
-        self.engine = Engine(settings.preset, time_scale=settings.time_scale, seed=settings.seed)
+        self.settings = s = settings
+        how = s.how
+        seed = random.randrange(2**32) if s.seed is None else s.seed
+        self.engines = [
+            Engine(
+                s.preset,
+                time_scale=s.time_scale,
+                seed=seed if rank == 0 else seed + rank,
+                every_step=how.gauges_every_step,
+                log_interval=how.decode_log_interval,
+                idle_refresh=how.idle_refresh,
+                refresh_when_stale=how.idle_refresh_when_stale,
+                max_queued=s.max_queued,
+            )
+            for rank in range(s.topology.dp_size)
+        ]
+        self.engine = self.engines[0]
+        strict = how.strict_model if s.strict_model is None else s.strict_model
         self.limits = Limits(
-            settings.model,
-            settings.default_max_tokens,
-            settings.context_length,
-            settings.strict_model,
+            s.model,
+            s.default_max_tokens,
+            s.context_length,
+            strict,
+            missing_model=how.missing_model,
+            empty_options_include_usage=how.empty_options_include_usage,
+            continuous_usage=how.continuous_usage,
+            continuous_needs_usage=how.engine == "vllm",
+            options_need_stream=how.options_need_stream,
+            flat_errors=how.flat_errors,
         )
-        self._auth = None if settings.api_key is None else f"Bearer {settings.api_key}".encode()
+        self._auth = None if s.api_key is None else f"Bearer {s.api_key}".encode()
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(
-            SglangCollector(settings.model, self.engine.stats, self.engine.gauges)
-        )
+        if how.engine == "vllm":
+            self.registry.register(VllmCollector(s.model, self.engines))
+        else:
+            self.registry.register(SglangCollector(s.model, self.engines, how, s.topology))
         self.fault: Fault = NO_FAULT
         self.health_status = 200
+        self.unhealthy = False  # SGLang: a /health probe timed out (until one succeeds)
         self.completions = Completions(
-            self.engine,
+            self.engines,
             self.limits,
+            how,
             lambda: self.ready,
             lambda: self.fault,
-            random.Random(f"{self.engine.seed}:faults"),
+            random.Random(f"{seed}:faults"),
         )
         self._ready_at = 0.0
         self._started = time.time()
-        self._task: asyncio.Task[None] | None = None
-        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+        # called once the warm-up is over (the CLI announces the URL then: tools that wait
+        # for the announcement get a server that serves)
+        self.on_ready: Callable[[], None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
-            ("GET", "/health_generate"): self._health,
-            ("GET", "/server_info"): self._server_info,
-            ("GET", "/get_server_info"): self._server_info,
             ("GET", "/metrics"): self._metrics,
             ("GET", "/sim/config"): self._get_config,
             ("POST", "/sim/config"): self._post_config,
         }
+        if how.engine == "sglang":
+            self._routes[("GET", "/health_generate")] = self._health
+            for path in how.server_info_paths:
+                self._routes[("GET", path)] = self._server_info
+        if how.has_ready:
+            self._routes[("GET", "/ready")] = self._ready
         logging.getLogger("uvicorn.error").addFilter(DropSimulatedReset())
 
     @property
@@ -104,40 +154,64 @@ class SimServer:
             await self._lifespan(receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 delay = self.settings.startup_delay * self.settings.time_scale
                 self._ready_at = time.monotonic() + delay
-                self._task = asyncio.get_running_loop().create_task(self.engine.run())
-                self._task.add_done_callback(_report_engine_death)
+                for engine in self.engines:
+                    task = loop.create_task(engine.run())
+                    task.add_done_callback(_report_engine_death)
+                    self._tasks.append(task)
+                self._tasks.append(loop.create_task(self._warm_up(delay)))
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self._task is not None:
-                    self._task.cancel()
+                for task in self._tasks:
+                    task.cancel()
+                for task in self._tasks:
                     with contextlib.suppress(asyncio.CancelledError):
-                        await self._task
+                        await task
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    async def _warm_up(self, delay: float) -> None:
+        """SGLang's warm-up request is its schedulers' first report: the gauges exist
+        from then on."""
+        await asyncio.sleep(delay)
+        for engine in self.engines:
+            if engine.published is None:
+                engine.publish()
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def _guarded(self, path: str) -> bool:
+        if self._auth is None:
+            return False
+        if self.settings.how.engine == "vllm":
+            return path.startswith("/v1")
+        return not path.startswith(("/health", "/metrics", "/ready", "/sim/"))
+
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = self._routes.get((scope["method"], scope["path"]))
-        if self._auth is not None and scope["path"].startswith("/v1/"):
+        path = scope["path"]
+        handler = self._routes.get((scope["method"], path))
+        if self._guarded(path):
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             if given != self._auth:
-                await respond(send, 401, error_body(401, "invalid API key"))
+                await respond(send, 401, b'{"error":"Unauthorized"}')
                 return
         if handler is not None:
             try:
                 await handler(scope, receive, send)
             except BadRequest as exc:
-                await respond(send, exc.status, error_body(exc.status, exc.message, exc.param))
+                body = error_body(exc.status, exc.message, exc.param, self.limits.flat_errors)
+                await respond(send, exc.status, body)
             except ClientGone:
                 pass
-        elif any(path == scope["path"] for _, path in self._routes):
-            await respond(send, 405, error_body(405, f"{scope['method']} not allowed here"))
+        elif any(p == path for _, p in self._routes):
+            await respond(send, 405, b'{"detail":"Method Not Allowed"}')
         else:
-            await respond(send, 404, error_body(404, f"no route {scope['path']}"))
+            await respond(send, 404, b'{"detail":"Not Found"}')  # FastAPI's, in both
 
     # --- endpoints ----------------------------------------------------------------------------
 
@@ -148,28 +222,61 @@ class SimServer:
         await self.completions("completions", scope, receive, send)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        s = self.settings
         card = {
-            "id": self.settings.model,
+            "id": s.model,
             "object": "model",
             "created": int(self._started),
-            "owned_by": "sglang",
-            "root": self.settings.model,
+            "owned_by": s.how.engine,
+            "root": s.model,
             "parent": None,
-            "max_model_len": self.settings.context_length,
+            "max_model_len": s.context_length,
         }
         await respond(send, 200, json.dumps({"object": "list", "data": [card]}).encode())
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        how = self.settings.how
         if not self.ready:
-            await respond(send, 503, error_body(503, "the engine is still starting"))
-        elif self.health_status != 200:
-            await respond(send, self.health_status, error_body(self.health_status, "unhealthy"))
-        else:
-            await respond(send, 200, b"", [])
+            return await respond(send, 503, b"", EMPTY)
+        if self.health_status != 200:
+            return await respond(send, self.health_status, b"", EMPTY)
+        if how.engine == "vllm" or (scope["path"] == "/health" and not how.health_generates):
+            return await respond(send, 200, b"", EMPTY)
+        status = 200 if await self._generate_probe() else 503
+        await respond(send, status, b"", EMPTY)
+
+    async def _generate_probe(self) -> bool:
+        """SGLang's health_generate: submit one token, then look every second for any output
+        that reached the server since the probe began."""
+        how, scale = self.settings.how, self.settings.time_scale
+        tic = time.monotonic()
+        engine = self.completions.pick()
+        req = engine.probe()
+        try:
+            while time.monotonic() < tic + how.health_check_timeout * scale:
+                await asyncio.sleep(how.health_poll * scale)
+                if any(e.last_output_at > tic for e in self.engines):
+                    self.unhealthy = False
+                    return True
+            self.unhealthy = True
+            return False
+        finally:
+            if req is not None:
+                engine.abort(req)
+
+    async def _ready(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ok = self.ready and not self.unhealthy and self.health_status == 200
+        await respond(send, 200 if ok else 503, b"", EMPTY)
 
     async def _server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
-        preset, stats = self.settings.preset, self.engine.stats
-        state: dict[str, Any] = {"last_gen_throughput": stats.gen_throughput}
+        preset = self.settings.preset
+        states: list[dict[str, Any]] = []
+        for engine in self.engines:  # one entry per DP rank
+            state: dict[str, Any] = {"last_gen_throughput": engine.stats.gen_throughput}
+            accept = engine.stats.avg_spec_accept_length()
+            if preset.spec_k and accept is not None:
+                state["avg_spec_accept_length"] = accept  # a lifetime mean
+            states.append(state)
         info: dict[str, Any] = {
             "model_path": self.settings.model,
             "served_model_name": self.settings.model,
@@ -178,13 +285,9 @@ class SimServer:
             "speculative_algorithm": "EAGLE3" if preset.spec_k else None,
             "speculative_num_draft_tokens": preset.spec_k + 1 if preset.spec_k else None,
             "version": f"{__version__}-sim",
+            "internal_states": states,
+            "sim": self._config(),
         }
-        if preset.spec_k:
-            # The realised mean so far; the configured tau before anything was decoded.
-            accept = stats.avg_spec_accept_length() or self.engine.tau
-            state["avg_spec_accept_length"] = info["avg_spec_accept_length"] = accept
-        info["internal_states"] = [state]
-        info["sim"] = self._config()
         await respond(send, 200, json.dumps(info).encode())
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -193,8 +296,12 @@ class SimServer:
 
     def _config(self) -> dict[str, Any]:
         s = self.settings
+        live = [e.gauges() for e in self.engines]
+        stats = [e.stats for e in self.engines]
         return {
             "preset": asdict(s.preset),
+            "engine_kind": s.how.engine,
+            "engine_version": s.how.version,
             "model": s.model,
             "time_scale": s.time_scale,
             "seed": self.engine.seed,
@@ -203,7 +310,24 @@ class SimServer:
             "tau_sampling": self.engine.tau_sampling,
             "fault": None if self.fault.is_none else self.fault.spec,
             "health_status": self.health_status,
-            "engine": {**asdict(self.engine.gauges()), **self.engine.stats.scheduling()},
+            "keep_alive": s.keep_alive,
+            "received": self.completions.received,
+            "health_generations": sum(x.health_generations for x in stats),
+            "engine": {
+                "running": sum(g.running for g in live),
+                "queued": sum(g.queued for g in live),
+                "context_tokens": sum(g.context_tokens for g in live),
+                **{
+                    k: sum(x.scheduling()[k] for x in stats)
+                    for k in ("iterations", "spec_tokens", "spec_steps", "lag_resets")
+                },
+                "late_max_ms": max(x.scheduling()["late_max_ms"] for x in stats),
+                "aborted": sum(x.aborted for x in stats),
+                "refused": sum(x.refused for x in stats),
+                "abort_lag": max(
+                    (x.abort_lag for x in stats if x.abort_lag is not None), default=None
+                ),
+            },
         }
 
     async def _get_config(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -227,10 +351,11 @@ class SimServer:
             p = self.settings.preset
             tau = body.get("tau", self.engine.tau)
             tau_s = body.get("tau_sampling", self.engine.tau_sampling)
-            self.engine.set_tau(
-                p.tau if tau is None else float(tau),
-                p.tau_sampling if tau_s is None else float(tau_s),
-            )
+            for engine in self.engines:
+                engine.set_tau(
+                    p.tau if tau is None else float(tau),
+                    p.tau_sampling if tau_s is None else float(tau_s),
+                )
         except (ValueError, TypeError) as exc:
             raise BadRequest(str(exc)) from None
         self.fault, self.health_status = fault, health

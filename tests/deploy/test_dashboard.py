@@ -9,7 +9,10 @@ from types import ModuleType
 import yaml
 from prometheus_client import CollectorRegistry
 
-from router.sim.metrics import EngineStats, Gauges, SglangCollector
+from router.sim.behaviour import behaviour
+from router.sim.engine import Engine
+from router.sim.exposition import SglangCollector, Topology
+from router.sim.model import EAGLE3
 from tests.deploy.queries import (
     DASHBOARD,
     DEPLOY,
@@ -127,7 +130,9 @@ def router_registry() -> CollectorRegistry:
 
 def sim_registry() -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(SglangCollector("default", EngineStats(), lambda: Gauges(0, 0, 0)))
+    engine = Engine(EAGLE3, every_step=False)
+    engine.publish()  # the first report (after the warm-up): the gauges exist from here on
+    registry.register(SglangCollector("default", [engine], behaviour("sglang"), Topology()))
     return registry
 
 

@@ -22,7 +22,7 @@ MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello
 
 @pytest.fixture
 def named_sims() -> Iterator[dict[str, Proc]]:
-    strict = ["--time-scale", TIME_SCALE, "--strict-model"]
+    strict = ["--time-scale", TIME_SCALE, "--engine", "vllm"]  # 404s unknown model names
     procs = {
         "speculative": spawn(sim_args("eagle3", *strict, "--model", "m-eagle", "--api-key", "sk")),
     }

@@ -26,6 +26,12 @@ def baseline() -> Iterator[Proc]:
         yield proc
 
 
+@pytest.fixture(scope="session")
+def vllm_eagle3() -> Iterator[Proc]:
+    with running(sim_args("eagle3", "--time-scale", SCALE, "--seed", "1", "--engine", "vllm")) as p:
+        yield p
+
+
 @pytest.fixture(params=["eagle3", "baseline"])
 def sim(request: pytest.FixtureRequest) -> Proc:
     proc: Proc = request.getfixturevalue(request.param)
@@ -33,7 +39,8 @@ def sim(request: pytest.FixtureRequest) -> Proc:
 
 
 def metrics(url: str) -> dict[str, float]:
-    """Samples of /metrics by name (labels dropped: a sim has one label set per metric)."""
+    """Samples of /metrics by name, summed over label sets (a sim without DP, TP or priority
+    options has one per gauge; counters split by is_streaming)."""
     text = httpx.get(url + "/metrics").text
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
@@ -41,8 +48,18 @@ def metrics(url: str) -> dict[str, float]:
             key = sample.name
             if "le" in sample.labels:
                 key += "{le=" + sample.labels["le"] + "}"
-            out[key] = sample.value
+            out[key] = out.get(key, 0.0) + sample.value
     return out
+
+
+def engine_error(body: object) -> dict[str, object]:
+    """The error object of an engine's answer: vLLM nests it, SGLang's is the body itself."""
+    assert isinstance(body, dict)
+    inner = body.get("error")
+    if isinstance(inner, dict):
+        return inner
+    assert body.get("object") == "error", body
+    return body
 
 
 def chat_body(max_tokens: int = 8, **extra: object) -> dict[str, object]:

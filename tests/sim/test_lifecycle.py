@@ -102,46 +102,92 @@ def test_same_seed_same_acceptance(eagle3: Proc) -> None:
     assert chunk_sizes(11) != chunk_sizes(12)
 
 
+class Starting:
+    """A sim started in a thread on a known port: ``spawn`` returns only once it announces
+    itself (after its warm-up), and the test looks at it meanwhile."""
+
+    def __init__(self, preset: str, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.box: list[Proc] = []
+        self.began = time.monotonic()
+        self.thread = threading.Thread(
+            target=lambda: self.box.append(spawn(sim_on(preset, self.port, *extra)))
+        )
+        self.thread.start()
+
+    def status(self, path: str = "/health") -> int | None:
+        """The status of ``path``, or None while the port refuses connections."""
+        try:
+            return httpx.get(self.url + path, timeout=5).status_code
+        except httpx.ConnectError:
+            return None
+
+    def announced(self) -> Proc:
+        self.thread.join(timeout=20)
+        assert self.box, "the sim did not start"
+        return self.box[0]
+
+    def stop(self) -> None:
+        self.thread.join(timeout=20)
+        for proc in self.box:
+            proc.stop()
+
+
 def test_startup_503_then_ready() -> None:
-    start = time.monotonic()
-    with running(sim_args("baseline", "--startup-delay", "0.6")) as sim:
-        assert httpx.get(sim.url + "/health").status_code == 503
+    # --startup-mode 503: listen while loading and answer 503 (not what the engines do)
+    sim = Starting("baseline", "--startup-delay", "0.6", "--startup-mode", "503")
+    try:
+        wait_for(lambda: sim.status() is not None)
+        assert sim.status() == 503
         resp = httpx.post(sim.url + CHAT, json=chat_body())
-        assert resp.status_code == 503 and resp.json()["error"]["code"] == 503
+        assert resp.status_code == 503 and resp.json()["code"] == 503  # SGLang's flat body
         assert httpx.get(sim.url + "/sim/config").json()["ready"] is False
-        wait_for(lambda: httpx.get(sim.url + "/health").status_code == 200)
-        assert time.monotonic() - start >= 0.6
-        assert httpx.post(sim.url + CHAT, json=chat_body(2)).status_code == 200
+        proc = sim.announced()  # announced once it serves
+        assert time.monotonic() - sim.began >= 0.6
+        assert httpx.get(proc.url + "/health").status_code == 200
+        assert httpx.post(proc.url + CHAT, json=chat_body(2)).status_code == 200
+    finally:
+        sim.stop()
 
 
 def test_bare_startup_delay_uses_the_preset_scaled() -> None:
-    # eagle3 starts in 550 s; at time scale 0.001 that is 0.55 s.
-    with running(sim_args("eagle3", "--startup-delay", "--time-scale", "0.001")) as sim:
-        assert httpx.get(sim.url + "/health").status_code == 503
-        wait_for(lambda: httpx.get(sim.url + "/health").status_code == 200)
+    # eagle3 loads in 550 s; at time scale 0.001 that is 0.55 s without listening.
+    sim = Starting("eagle3", "--startup-delay", "--time-scale", "0.001")
+    try:
+        proc = sim.announced()
+        assert any("will listen in 0.55 s" in line for line in proc.output)
+        assert time.monotonic() - sim.began >= 0.55
+    finally:
+        sim.stop()
 
 
-def test_startup_refuse_does_not_listen() -> None:
-    port = free_port()
-    box: list[Proc] = []
-    thread = threading.Thread(
-        target=lambda: box.append(
-            spawn(sim_on("baseline", port, "--startup-delay", "0.6", "--startup-mode", "refuse"))
-        )
-    )
-    start = time.monotonic()
-    thread.start()
+@pytest.mark.parametrize(("engine", "warmup"), [("sglang", True), ("vllm", False)])
+def test_startup_refuses_while_loading_then_warms_up(engine: str, warmup: bool) -> None:
+    # Both engines bind their port only once the model is loaded (connection refused until
+    # then); SGLang then answers /health with 503 until its warm-up request is done (5 model
+    # s, 0.5 s here; 2 by default), vLLM serves at once.
+    sim = Starting(
+        "baseline", "--engine", engine, "--startup-delay", "6", "--time-scale", "0.1",
+        *(["--warmup", "5"] if warmup else []),
+    )  # fmt: skip
     try:
         with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        thread.join(timeout=10)
-        assert time.monotonic() - start >= 0.6
-        assert box and httpx.get(box[0].url + "/health").status_code == 200
-        assert any("will listen in 0.6 s" in line for line in box[0].output)
+            socket.create_connection(("127.0.0.1", sim.port), timeout=1).close()
+        wait_for(lambda: sim.status() is not None, timeout=10)
+        first = sim.status()
+        proc = sim.announced()
+        assert time.monotonic() - sim.began >= 0.6
+        assert any("will listen in 0.6 s" in line for line in proc.output)
+        if warmup:
+            assert first == 503
+            assert sim.status("/ready") == 200
+        else:
+            assert first == 200
+            assert sim.status("/ready") == 404  # vLLM has no /ready
+        assert httpx.get(proc.url + "/health").status_code == 200
     finally:
-        thread.join(timeout=10)
-        for proc in box:
-            proc.stop()
+        sim.stop()
 
 
 def test_sigterm_with_a_hanging_request_is_quick() -> None:

@@ -108,13 +108,24 @@ def test_bad_completion_requests(raw: bytes) -> None:
         parse_job("completions", raw, LIMITS)
 
 
-def test_error_shape() -> None:
+def test_error_shapes() -> None:
+    # vLLM: nested, with its own type names
     body = json.loads(error_body(400, "nope", "n"))
     assert body == {
-        "error": {"message": "nope", "type": "invalid_request_error", "param": "n", "code": 400}
+        "error": {"message": "nope", "type": "BadRequestError", "param": "n", "code": 400}
     }
-    assert json.loads(error_body(503, "busy"))["error"]["type"] == "server_error"
-    assert json.loads(error_body(429, "slow down"))["error"]["type"] == "rate_limit_error"
+    assert json.loads(error_body(404, "gone"))["error"]["type"] == "NotFoundError"
+    assert json.loads(error_body(503, "busy"))["error"]["type"] == "Service Unavailable"
+    # SGLang: flat, `type` the status for HTTP errors (serving_base's str(e.status_code))
+    flat = json.loads(error_body(503, "The request queue is full.", flat=True))
+    assert flat == {
+        "object": "error",
+        "message": "The request queue is full.",
+        "type": "503",
+        "param": None,
+        "code": 503,
+    }
+    assert json.loads(error_body(400, "bad", flat=True))["type"] == "BadRequest"
 
 
 def events(text: str) -> list[str]:

@@ -138,13 +138,21 @@ def test_openai_sdk(sim: Proc) -> None:
         ("/v1/completions", b'{"prompt": "x", "temperature": -1}'),
     ],
 )
-def test_bad_input_is_a_400_in_openai_shape(eagle3: Proc, path: str, raw: bytes) -> None:
-    resp = httpx.post(eagle3.url + path, content=raw, headers={"content-type": "application/json"})
-    assert resp.status_code == 400
-    error = resp.json()["error"]
+def test_bad_input_is_a_400_in_the_engines_shape(
+    eagle3: Proc, vllm_eagle3: Proc, path: str, raw: bytes
+) -> None:
+    headers = {"content-type": "application/json"}
+    flat = httpx.post(eagle3.url + path, content=raw, headers=headers)
+    assert flat.status_code == 400
+    body = flat.json()  # SGLang: {"object": "error", ...} at the top
+    assert set(body) == {"object", "message", "type", "param", "code"}
+    assert (body["object"], body["type"], body["code"]) == ("error", "BadRequest", 400)
+    assert body["message"]
+    nested = httpx.post(vllm_eagle3.url + path, content=raw, headers=headers)
+    assert nested.status_code == 400
+    error = nested.json()["error"]  # vLLM: the OpenAI shape
     assert set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == "invalid_request_error" and error["code"] == 400
-    assert error["message"]
+    assert (error["type"], error["code"]) == ("BadRequestError", 400) and error["message"]
 
 
 def test_openai_sdk_sees_bad_request(baseline: Proc) -> None:
@@ -156,7 +164,7 @@ def test_openai_sdk_sees_bad_request(baseline: Proc) -> None:
 
 def test_routes(baseline: Proc) -> None:
     assert httpx.get(baseline.url + "/nope").status_code == 404
-    assert httpx.get(baseline.url + "/nope").json()["error"]["code"] == 404
+    assert httpx.get(baseline.url + "/nope").json() == {"detail": "Not Found"}  # FastAPI's
     assert httpx.get(baseline.url + "/v1/chat/completions").status_code == 405
     assert httpx.get(baseline.url + "/health").status_code == 200
     models = httpx.get(baseline.url + "/v1/models").json()
@@ -164,11 +172,13 @@ def test_routes(baseline: Proc) -> None:
 
 
 def test_server_info(eagle3: Proc, baseline: Proc) -> None:
-    httpx.post(eagle3.url + "/v1/chat/completions", json=chat_body(50))
+    # a lifetime mean over the 40-iteration windows reported so far (none after 200 tokens
+    # would be ~71 iterations: at least one window)
+    httpx.post(eagle3.url + "/v1/chat/completions", json=chat_body(200))
     info = httpx.get(eagle3.url + "/server_info").json()
     assert info["speculative_algorithm"] == "EAGLE3"
     assert 1.0 <= info["internal_states"][0]["avg_spec_accept_length"] <= 4.0
-    assert info["avg_spec_accept_length"] == info["internal_states"][0]["avg_spec_accept_length"]
+    assert "avg_spec_accept_length" not in info  # per DP rank only
     assert info["max_running_requests"] == 48
     plain = httpx.get(baseline.url + "/get_server_info").json()
     assert plain["speculative_algorithm"] is None
@@ -191,5 +201,8 @@ def test_metrics_count_exactly(sim: Proc) -> None:
     assert after["sglang:num_running_reqs"] == 0 and after["sglang:num_queue_reqs"] == 0
     text = httpx.get(sim.url + "/metrics").text
     assert 'sglang:num_running_reqs{engine_type="unified",model_name="default",' in text
-    assert 'sglang:generation_tokens_total{model_name="default"}' in text
+    assert (
+        'sglang:generation_tokens_total{engine_type="unified",is_streaming="true",'
+        'model_name="default"}' in text
+    )
     assert "sglang:spec_accept_length{" in text and "sglang:gen_throughput{" in text
