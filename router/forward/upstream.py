@@ -344,10 +344,11 @@ class Connection(asyncio.Protocol):
         """The response is complete and every byte of it was handed out."""
         return self._complete and not self._body and self._error is None
 
-    @property
-    def fresh_failure(self) -> bool:
-        """Closed before a single response byte on a reused connection: a stale keep-alive."""
-        return self.reused and not self._received_any
+    def stale(self, error: UpstreamError) -> bool:
+        """A reused keep-alive connection the server had closed: it closed (``reset``) before
+        a single response byte. Anything else -- a first-byte timeout above all -- means the
+        request reached an engine that is working on it, and must not be sent again."""
+        return error.kind == "reset" and self.reused and not self._received_any
 
     def release(self) -> None:
         """Give the connection back (response fully read) or abort it. Safe to call twice."""
@@ -481,8 +482,9 @@ class OriginPool:
         """Send a request; return the connection once response headers are in.
 
         The caller owns the returned connection and must ``release()`` it. On error nothing is
-        left open. A reused keep-alive connection that the server had already closed is retried
-        once on a fresh one: the engine never saw that request.
+        left open. A reused keep-alive connection that the server had already closed (both
+        engines close idle ones after 5 s) is retried once on a fresh one: the engine never
+        saw that request. One that timed out is not: the engine has it.
         """
         if self._closed:
             raise UpstreamError("connect", f"client for {self.origin.url} is closed")
@@ -505,8 +507,8 @@ class OriginPool:
         try:
             try:
                 await conn.exchange(head, body, timeouts, head_only)
-            except UpstreamError:
-                if not conn.fresh_failure:
+            except UpstreamError as exc:
+                if not conn.stale(exc):
                     raise
                 conn.release()
                 conn = await self._connect(timeouts.connect)

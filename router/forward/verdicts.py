@@ -6,8 +6,12 @@ The rules (``../shared/reliability-checklist.md`` cases 1-5, 15):
   refused or timed out, or it closed before a single response byte. Those also take the backend
   out for a while (passive health).
 - A 429 or 503 answer is a refusal: the engine did not take the request, so it may go elsewhere
-  while nothing has reached the client.
-- Any 5xx answer counts as a failure of the backend and ejects it.
+  while nothing has reached the client. (Neither SGLang nor vLLM sends 429; both send 503 for
+  a full queue.)
+- Any 5xx answer counts as a failure of the backend, but only 502, 503 and 504 eject it: a
+  500 is one request's error (vLLM 0.34: "a request-level error that does not mark the engine
+  as unhealthy"; SGLang answers 500 for an exception in one request), and the engine goes on
+  serving others. A dead engine shows in its health checks and refused connections.
 - Once the response has started, nothing is retried; a broken body ejects the backend unless it
   was only silent for too long (``idle_timeout``: a slow engine, not a dead one).
 """
@@ -19,6 +23,7 @@ from typing import Literal, NamedTuple
 from router.forward.upstream import ErrorKind
 
 RETRY_STATUSES = frozenset({429, 503})
+EJECT_STATUSES = frozenset({502, 503, 504})
 SAFE_KINDS: frozenset[ErrorKind] = frozenset({"connect", "connect_timeout"})
 
 # What the client is told when an attempt failed and is not retried.
@@ -44,7 +49,7 @@ def after_status(status: int) -> Verdict:
     return Verdict(
         f"http_{status}",
         failed=status >= 500,
-        eject=status >= 500,
+        eject=status in EJECT_STATUSES,
         retry=status in RETRY_STATUSES,
         served=status < 400,
     )

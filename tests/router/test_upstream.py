@@ -226,3 +226,41 @@ async def test_a_stream_held_back_for_a_slow_reader_is_not_timed_out_as_idle(
     assert backlogged == [True]
     conn.release()
     assert pool.idle_connections == 1
+
+
+async def test_a_reused_connection_closed_before_any_byte_is_retried_once_on_a_fresh_one(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    await script.writes.put(HEAD + END)
+    await script.writes.put(None)
+    first = await request(pool)
+    assert await first.read() == b""
+    first.release()
+    assert pool.idle_connections == 1
+    await script.writes.put(b"")  # the server drops the kept-alive connection as it is reused
+    await script.writes.put(HEAD + END)  # and answers the same request on a fresh one
+    await script.writes.put(None)
+    again = await request(pool)
+    assert again.status == 200 and await again.read() == b""
+    again.release()
+    assert script.requests == 3  # sent twice: the server closed the first copy unanswered
+
+
+async def test_a_reused_connection_that_times_out_is_not_sent_again(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    await script.writes.put(HEAD + END)
+    await script.writes.put(None)
+    first = await request(pool)
+    assert await first.read() == b""
+    first.release()
+    assert pool.idle_connections == 1
+    # The engine got the request and is working on it (queued, or a long non-stream): no
+    # byte comes within the first-byte timeout. That is not a stale connection.
+    with pytest.raises(UpstreamError) as failed:
+        await request(pool, Timeouts(connect=2.0, first_byte=0.2, idle=5.0))
+    assert failed.value.kind == "first_byte_timeout"
+    assert script.requests == 2  # the timed-out request was sent once
+    assert pool.open_connections == 0

@@ -43,7 +43,8 @@ def test_failures_after_the_request_was_sent_are_not_retried(kind: ErrorKind) ->
         (400, False, False, False, False),
         (404, False, False, False, False),
         (429, False, False, True, False),
-        (500, True, True, False, False),
+        (500, True, False, False, False),  # one request's error: counted, not ejected
+        (501, True, False, False, False),
         (502, True, True, False, False),
         (503, True, True, True, False),
         (504, True, True, False, False),
