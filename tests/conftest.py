@@ -12,6 +12,24 @@ from tests.support.processes import Proc, sim_args, spawn
 
 # Simulated time runs 10x faster than the presets' real time in tests.
 TIME_SCALE = "0.1"
+# The engines whose behaviour the sims copy (router/sim/behaviour.py): the health, load-signal,
+# retry and cancellation tests run against both.
+ENGINES = ("sglang", "vllm")
+
+
+def sim_pair(engine: str = "sglang", seeds: tuple[str, ...] = ()) -> dict[str, Proc]:
+    """An eagle3 and a baseline sim copying ``engine``. vLLM refuses model names it does not
+    serve, so its pair serves the name the tests send, ``sim``."""
+    common = ["--time-scale", TIME_SCALE, "--engine", engine]
+    if engine == "vllm":
+        common += ["--model", "sim"]
+    spec = spawn(sim_args("eagle3", *common, *(["--seed", seeds[0]] if seeds else [])))
+    try:
+        base = spawn(sim_args("baseline", *common, *(["--seed", seeds[1]] if seeds else [])))
+    except BaseException:
+        spec.stop()
+        raise
+    return {"speculative": spec, "baseline": base}
 
 
 @pytest.fixture(scope="session")
@@ -21,26 +39,57 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="session")
 def sims() -> Iterator[dict[str, Proc]]:
-    """One eagle3 and one baseline sim for the whole session (faults are set per request)."""
-    spec = spawn(sim_args("eagle3", "--time-scale", TIME_SCALE, "--seed", "1"))
+    """One eagle3 and one baseline SGLang-mode sim for the whole session (faults are set per
+    request)."""
+    procs = sim_pair("sglang", ("1", "2"))
     try:
-        base = spawn(sim_args("baseline", "--time-scale", TIME_SCALE, "--seed", "2"))
-    except BaseException:
-        spec.stop()
-        raise
-    try:
-        yield {"speculative": spec, "baseline": base}
+        yield procs
     finally:
-        spec.stop()
-        base.stop()
+        for proc in procs.values():
+            proc.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_sims() -> Iterator[dict[str, Proc]]:
+    """The same pair copying vLLM, started when a test first asks for it."""
+    procs = sim_pair("vllm", ("1", "2"))
+    try:
+        yield procs
+    finally:
+        for proc in procs.values():
+            proc.stop()
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    """Which engine the sims of an ``engine_sims`` / ``engine_pair`` test copy."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def engine_sims(engine: str, request: pytest.FixtureRequest) -> dict[str, Proc]:
+    """The session's pair copying ``engine`` (both engines, one test each)."""
+    procs: dict[str, Proc] = request.getfixturevalue("sims" if engine == "sglang" else "vllm_sims")
+    return procs
+
+
+@pytest.fixture
+def engine_pair(engine: str) -> Iterator[dict[str, Proc]]:
+    """A fresh pair copying ``engine``, for tests that kill or reconfigure them."""
+    procs = sim_pair(engine)
+    try:
+        yield procs
+    finally:
+        for proc in procs.values():
+            proc.stop()
 
 
 @pytest.fixture
 def own_sims() -> Iterator[dict[str, Proc]]:
-    """A fresh pair, for tests that kill or reconfigure them."""
-    procs = {"speculative": spawn(sim_args("eagle3", "--time-scale", TIME_SCALE))}
+    """A fresh SGLang-mode pair, for tests that kill or reconfigure them."""
+    procs = sim_pair("sglang")
     try:
-        procs["baseline"] = spawn(sim_args("baseline", "--time-scale", TIME_SCALE))
         yield procs
     finally:
         for proc in procs.values():

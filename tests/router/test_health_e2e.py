@@ -1,7 +1,8 @@
 """Health, failover and safe retries over real sockets, with sims and their fault knobs.
 
-Each test ends with the router's in-flight count at 0, no upstream connection busy and the
-sims idle.
+Every test runs against sims copying SGLang and copying vLLM (``engine_pair``/``engine_sims``,
+router/sim/behaviour.py). Each ends with the router's in-flight count at 0, no upstream
+connection busy and the sims idle.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tests.support.http import (
     sim_running,
     wait_for,
 )
-from tests.support.processes import Proc, free_port, sim_on, spawn
+from tests.support.processes import Background, Proc, free_port, sim_on, spawn
 
 pytestmark = pytest.mark.anyio
 
@@ -56,7 +57,7 @@ def metrics(router_url: str) -> str:
     return httpx.get(f"{router_url}/metrics").text
 
 
-def test_router_starts_before_its_backends(start_router: RouterFactory) -> None:
+def test_router_starts_before_its_backends(start_router: RouterFactory, engine: str) -> None:
     spec_port, base_port = free_port(), free_port()
     spec_url, base_url = f"http://127.0.0.1:{spec_port}", f"http://127.0.0.1:{base_port}"
     router = start_router(spec_url, base_url, ready=False, crossover="2")
@@ -65,16 +66,17 @@ def test_router_starts_before_its_backends(start_router: RouterFactory) -> None:
     assert refused.status_code == 503 and "retry-after" in refused.headers
     assert refused.json()["error"]["code"] == "no_backend_available"
 
-    # 20 model seconds of start-up = 2 s here; the sim answers 503 on /health meanwhile
-    spec = spawn(sim_on("eagle3", spec_port, "--time-scale", TIME_SCALE, "--startup-delay", "20"))
-    base: Proc | None = None
+    # 20 model seconds of loading = 2 s here, the port refusing connections meanwhile (both
+    # engines); then SGLang answers /health with 503 during its warm-up
+    common = ["--time-scale", TIME_SCALE, "--engine", engine, "--model", "sim"]
+    spec = Background(sim_on("eagle3", spec_port, *common, "--startup-delay", "20"))
+    base: Background | None = None
     try:
         wait_for(
             lambda: router_status(router.url)["pools"]["speculative"]["backends"][0]["checks"] >= 2
         )
-        assert (
-            router_status(router.url)["pools"]["speculative"]["backends"][0]["state"] == "starting"
-        )
+        backend = router_status(router.url)["pools"]["speculative"]["backends"][0]
+        assert backend["state"] == "starting" and "connect" in backend["last_error"]
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             r = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 3})
@@ -90,9 +92,7 @@ def test_router_starts_before_its_backends(start_router: RouterFactory) -> None:
         assert metric_value(text, "spec_router_upstream_errors_total") == 0
         assert metric_value(text, "spec_router_retries_total") == 0
 
-        base = spawn(
-            sim_on("baseline", base_port, "--time-scale", TIME_SCALE, "--startup-delay", "5")
-        )
+        base = Background(sim_on("baseline", base_port, *common, "--startup-delay", "5"))
         wait_for(lambda: router_status(router.url)["pools"]["baseline"]["usable"], timeout=10)
         assert_clean(router.url, spec_url, base_url)
     finally:
@@ -133,9 +133,9 @@ async def _load(url: str, stop_at: list[float], results: list[Done], stream: boo
 
 
 async def test_speculative_engine_killed_under_load(
-    start_router: RouterFactory, own_sims: dict[str, Proc]
+    start_router: RouterFactory, engine_pair: dict[str, Proc], engine: str
 ) -> None:
-    spec, base = own_sims["speculative"], own_sims["baseline"]
+    spec, base = engine_pair["speculative"], engine_pair["baseline"]
     router = start_router(spec.url, base.url, crossover="4", eject_base="0.5")
     results: list[Done] = []
     stop_at: list[float] = []
@@ -162,7 +162,9 @@ async def test_speculative_engine_killed_under_load(
     assert all(r.pool == "speculative" for r in broken)
 
     # the engine comes back on the same port: traffic returns to the crossover rule
-    revived = spawn(sim_on("eagle3", int(spec.url.rsplit(":", 1)[1]), "--time-scale", TIME_SCALE))
+    port = int(spec.url.rsplit(":", 1)[1])
+    extra = ["--engine", engine, *(["--model", "sim"] if engine == "vllm" else [])]
+    revived = spawn(sim_on("eagle3", port, "--time-scale", TIME_SCALE, *extra))
     try:
         wait_for(lambda: router_status(router.url)["pools"]["speculative"]["usable"], timeout=10)
         r = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 3})
@@ -176,9 +178,9 @@ async def test_speculative_engine_killed_under_load(
 
 
 def test_both_pools_down_answers_503_at_once(
-    start_router: RouterFactory, own_sims: dict[str, Proc]
+    start_router: RouterFactory, engine_pair: dict[str, Proc]
 ) -> None:
-    spec, base = own_sims["speculative"], own_sims["baseline"]
+    spec, base = engine_pair["speculative"], engine_pair["baseline"]
     router = start_router(spec.url, base.url, connect_timeout="2", health_interval="5")
     spec.kill()
     base.kill()
@@ -200,14 +202,21 @@ def test_both_pools_down_answers_503_at_once(
     assert router_status(router.url)["in_flight"]["total"] == 0
 
 
-@pytest.mark.parametrize("status", [503, 429])
+@pytest.mark.parametrize("status", [503, 429])  # (no engine sends 429; a proxy in front may)
 def test_refusal_before_any_byte_is_retried_on_the_other_pool(
-    start_router: RouterFactory, own_sims: dict[str, Proc], status: int
+    start_router: RouterFactory, engine_sims: dict[str, Proc], status: int
 ) -> None:
-    spec, base = own_sims["speculative"], own_sims["baseline"]
+    spec, base = engine_sims["speculative"], engine_sims["baseline"]
     router = start_router(spec.url, base.url)
     configure(spec.url, fault=f"status={status}")
-    client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="x", max_retries=0)
+    try:
+        refused_and_retried(router.url, spec, base, status)
+    finally:
+        configure(spec.url, fault=None)
+
+
+def refused_and_retried(router_url: str, spec: Proc, base: Proc, status: int) -> None:
+    client = openai.OpenAI(base_url=f"{router_url}/v1", api_key="x", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
         model="sim", messages=MESSAGES, max_tokens=5
     )
@@ -216,7 +225,7 @@ def test_refusal_before_any_byte_is_retried_on_the_other_pool(
         "baseline",
         "failover",
     )
-    text = metrics(router.url)
+    text = metrics(router_url)
     # the retry and the error belong to the speculative pool, not the baseline that answered
     retried = metric_value(
         text, "spec_router_retries_total", pool="speculative", kind=f"http_{status}"
@@ -228,13 +237,58 @@ def test_refusal_before_any_byte_is_retried_on_the_other_pool(
     )
     assert errors == (1 if status >= 500 else 0)
     assert metric_value(text, "spec_router_upstream_errors_total", pool="baseline") == 0
+    assert_clean(router_url, spec.url, base.url)
+
+
+def test_a_500_is_counted_but_does_not_eject(
+    start_router: RouterFactory, engine_sims: dict[str, Proc]
+) -> None:
+    # A 500 is one request's failure (vLLM 0.34: "a request-level error that does not mark the
+    # engine as unhealthy"): the client gets it, it is counted, and the engine keeps serving.
+    spec, base = engine_sims["speculative"], engine_sims["baseline"]
+    router = start_router(spec.url, base.url, policy="crossover", crossover="4")
+    url = f"{router.url}/v1/chat/completions"
+    failed = httpx.post(url, json={**CHAT, "max_tokens": 3}, headers={"x-sim-fault": "status=500"})
+    assert failed.status_code == 500 and failed.headers["x-spec-router-pool"] == "speculative"
+    text = metrics(router.url)
+    assert metric_value(text, "spec_router_upstream_errors_total", kind="http_500") == 1
+    assert metric_value(text, "spec_router_retries_total") == 0
+    backend = router_status(router.url)["pools"]["speculative"]["backends"][0]
+    assert backend["usable"], backend
+    again = httpx.post(url, json={**CHAT, "max_tokens": 3})
+    assert (again.status_code, again.headers["x-spec-router-reason"]) == (200, "below_crossover")
+    assert_clean(router.url, spec.url, base.url)
+
+
+def test_a_request_that_timed_out_on_a_reused_connection_is_sent_once(
+    start_router: RouterFactory, engine_sims: dict[str, Proc]
+) -> None:
+    spec, base = engine_sims["speculative"], engine_sims["baseline"]
+    router = start_router(
+        spec.url, base.url, policy="crossover", crossover="4", first_byte_timeout="0.5"
+    )
+    url = f"{router.url}/v1/chat/completions"
+    assert httpx.post(url, json={**CHAT, "max_tokens": 3}).status_code == 200  # a kept connection
+
+    def received() -> int:
+        return sum(
+            int(httpx.get(f"{u}/sim/config").json()["received"]) for u in (spec.url, base.url)
+        )
+
+    before = received()
+    r = httpx.post(
+        url, json={**CHAT, "max_tokens": 3}, headers={"x-sim-fault": "hang_before_headers"}
+    )
+    assert r.status_code == 504
+    assert received() == before + 1  # the engine got it once: a timeout is not a stale connection
     assert_clean(router.url, spec.url, base.url)
 
 
 def test_reset_mid_stream_is_not_retried_and_not_finished(
-    start_router: RouterFactory, sims: dict[str, Proc]
+    start_router: RouterFactory, engine_sims: dict[str, Proc]
 ) -> None:
-    router = start_router()
+    sims = engine_sims
+    router = start_router(sims["speculative"].url, sims["baseline"].url)
     client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="x", max_retries=0)
     stream = client.chat.completions.create(
         model="sim", messages=MESSAGES, max_tokens=200, stream=True,
@@ -257,9 +311,10 @@ def test_reset_mid_stream_is_not_retried_and_not_finished(
 
 
 def test_hang_before_headers_hits_first_byte_timeout(
-    start_router: RouterFactory, sims: dict[str, Proc]
+    start_router: RouterFactory, engine_sims: dict[str, Proc]
 ) -> None:
-    router = start_router(first_byte_timeout="0.5")
+    sims = engine_sims
+    router = start_router(sims["speculative"].url, sims["baseline"].url, first_byte_timeout="0.5")
     began = time.monotonic()
     r = httpx.post(
         f"{router.url}/v1/chat/completions",
@@ -273,9 +328,10 @@ def test_hang_before_headers_hits_first_byte_timeout(
 
 
 def test_hang_mid_stream_hits_idle_timeout(
-    start_router: RouterFactory, sims: dict[str, Proc]
+    start_router: RouterFactory, engine_sims: dict[str, Proc]
 ) -> None:
-    router = start_router(idle_timeout="0.5")
+    sims = engine_sims
+    router = start_router(sims["speculative"].url, sims["baseline"].url, idle_timeout="0.5")
     began = time.monotonic()
     r = httpx.post(
         f"{router.url}/v1/chat/completions",
@@ -290,8 +346,10 @@ def test_hang_mid_stream_hits_idle_timeout(
     assert_clean(router.url, sims["speculative"].url, sims["baseline"].url)
 
 
-async def test_flapping_backend_does_not_flip_on_every_probe(own_sims: dict[str, Proc]) -> None:
-    spec, base = own_sims["speculative"], own_sims["baseline"]
+async def test_flapping_backend_does_not_flip_on_every_probe(
+    engine_pair: dict[str, Proc],
+) -> None:
+    spec, base = engine_pair["speculative"], engine_pair["baseline"]
     app = RouterApp(
         Settings(speculative_urls=[spec.url], baseline_urls=[base.url], health_interval=3600)
     )
@@ -330,9 +388,9 @@ def engines_seen_running(router_url: str, at_least: float) -> Callable[[], bool]
 
 
 async def test_engine_load_signal_makes_two_routers_agree(
-    start_router: RouterFactory, own_sims: dict[str, Proc]
+    start_router: RouterFactory, engine_pair: dict[str, Proc]
 ) -> None:
-    spec, base = own_sims["speculative"], own_sims["baseline"]
+    spec, base = engine_pair["speculative"], engine_pair["baseline"]
     settings = {"crossover": "4", "load_signal": "engine", "health_interval": "0.1"}
     routers = [start_router(spec.url, base.url, **settings) for _ in range(2)]
     clients = [

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.sim.conftest import chat_body, metrics
-from tests.support.processes import Proc, free_port, running, sim_args, sim_on, spawn
+from tests.support.processes import Background, Proc, free_port, running, sim_args, sim_on, spawn
 
 CHAT = "/v1/chat/completions"
 
@@ -102,19 +102,13 @@ def test_same_seed_same_acceptance(eagle3: Proc) -> None:
     assert chunk_sizes(11) != chunk_sizes(12)
 
 
-class Starting:
-    """A sim started in a thread on a known port: ``spawn`` returns only once it announces
-    itself (after its warm-up), and the test looks at it meanwhile."""
+class Starting(Background):
+    """A sim started on a known port in the background, to look at while it starts."""
 
     def __init__(self, preset: str, *extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.box: list[Proc] = []
-        self.began = time.monotonic()
-        self.thread = threading.Thread(
-            target=lambda: self.box.append(spawn(sim_on(preset, self.port, *extra)))
-        )
-        self.thread.start()
+        super().__init__(sim_on(preset, self.port, *extra))
 
     def status(self, path: str = "/health") -> int | None:
         """The status of ``path``, or None while the port refuses connections."""
@@ -124,14 +118,7 @@ class Starting:
             return None
 
     def announced(self) -> Proc:
-        self.thread.join(timeout=20)
-        assert self.box, "the sim did not start"
-        return self.box[0]
-
-    def stop(self) -> None:
-        self.thread.join(timeout=20)
-        for proc in self.box:
-            proc.stop()
+        return self.proc()
 
 
 def test_startup_503_then_ready() -> None:

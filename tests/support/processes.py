@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+import threading
+import time
 
 from router.tools.processes import Proc, running, spawn
 
-__all__ = ["Proc", "free_port", "running", "sim_args", "sim_on", "spawn"]
+__all__ = ["Background", "Proc", "free_port", "running", "sim_args", "sim_on", "spawn"]
 
 
 def sim_args(preset: str, *extra: str) -> list[str]:
@@ -22,3 +24,34 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class Background:
+    """``spawn`` on a thread: for a server that does not announce itself for a while (it is
+    loading, or warming up), so the test can watch it meanwhile."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.began = time.monotonic()
+        self._box: list[Proc] = []
+        self._errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, args=(args,), daemon=True)
+        self._thread.start()
+
+    def _run(self, args: list[str]) -> None:
+        try:
+            self._box.append(spawn(args))
+        except BaseException as exc:  # reported by proc()
+            self._errors.append(exc)
+
+    def proc(self, timeout: float = 30.0) -> Proc:
+        """The process, once it has announced itself."""
+        self._thread.join(timeout=timeout)
+        if self._errors:
+            raise self._errors[0]
+        assert self._box, "the process did not announce itself in time"
+        return self._box[0]
+
+    def stop(self) -> None:
+        self._thread.join(timeout=30)
+        for proc in self._box:
+            proc.stop()
