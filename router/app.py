@@ -105,6 +105,7 @@ class RouterApp:
             settings.health_timeout,
             settings.scrape_metrics,
             clock,
+            generate_timeout=settings.health_generate_timeout,
         )
         self.keeper = CrossoverKeeper(
             settings, self.tracker, self.poller.loads, load_table(settings), clock

@@ -123,7 +123,11 @@ class Settings(BaseSettings):
 
     # -- health -------------------------------------------------------------------------------
     health_interval: float = Field(default=2.0, gt=0)
+    # A probe of /ready (SGLang 0.5.23) or of vLLM's /health, both flag checks.
     health_timeout: float = Field(default=2.0, gt=0)
+    # A probe of SGLang's /health where it has no /ready (0.5.3): a one-token generation that
+    # answers after >= 1 s, and 503 only after the engine's own SGLANG_HEALTH_CHECK_TIMEOUT (20 s).
+    health_generate_timeout: float = Field(default=25.0, gt=0)
     startup_grace: float = Field(default=900.0, ge=0)
     fall: int = Field(default=3, ge=1)
     rise: int = Field(default=2, ge=1)

@@ -1,9 +1,20 @@
 """The health poller: one loop per backend, started and stopped by the app's lifespan.
 
-Each round probes ``GET /health`` (never a generating endpoint such as SGLang's
-``/health_generate``: a probe must not slow the engine), folds the answer into the backend's
-health state, and, when healthy, scrapes ``/metrics`` for the engine-reported load. Rounds are
-jittered so that many router replicas do not probe in lock-step.
+Each round probes the backend, folds the answer into its health state, and, when healthy,
+scrapes ``/metrics`` for the engine-reported load. Rounds are jittered so that many router
+replicas do not probe in lock-step.
+
+Which probe (docs/engines.md, section 1): SGLang's ``/health`` is not cheap. It runs a
+one-token generation (unless the engine is busy) and polls for output every second, so it
+takes at least 1 s, and up to ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) before it answers 503;
+on an idle engine every probe is a generation. SGLang 0.5.23 has ``/ready``, a flag check that
+is also 503 while paused or unhealthy. So a backend is probed with ``GET /ready`` while it has
+one, and with ``GET /health`` once ``/ready`` answered 404 (vLLM, SGLang 0.5.3). A ``/ready``
+probe and vLLM's ``/health`` (a flag check) get ``HEALTH_TIMEOUT``; a ``/health`` probe of an
+engine not known to be vLLM gets ``HEALTH_GENERATE_TIMEOUT``, longer than SGLang's own 20 s,
+so that a busy engine whose forward takes seconds is not taken for a dead one. Which probe a
+backend gets is found again after it refused a connection (it may come back as another
+version).
 """
 
 from __future__ import annotations
@@ -21,6 +32,8 @@ from router.health.engines import EngineSample
 from router.health.state import HealthRegistry
 
 log = logging.getLogger("spec_router.health")
+
+READY, HEALTH = b"/ready", b"/health"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +77,15 @@ class HealthPoller:
         timeout: float,
         scrape_metrics: bool,
         clock: Callable[[], float] = time.monotonic,
+        generate_timeout: float = 25.0,
     ) -> None:
         self.urls = urls
         self.health = health
         self._started = started  # requests this router ever sent to each backend
         self.interval = interval
         self.timeout = timeout
+        self.generate_timeout = generate_timeout
+        self._probes: dict[str, bytes] = {}  # backends found without /ready: HEALTH
         self.scrape_metrics = scrape_metrics
         self.clock = clock
         self._loads: dict[str, EngineLoad] = {}
@@ -97,23 +113,42 @@ class HealthPoller:
         for client in self._clients.values():
             client.close()
 
-    async def _get(self, url: str, path: bytes) -> tuple[int, bytes]:
-        timeouts = Timeouts(self.timeout, self.timeout, self.timeout)
-        async with asyncio.timeout(self.timeout):
+    async def _get(self, url: str, path: bytes, timeout: float | None = None) -> tuple[int, bytes]:
+        timeout = self.timeout if timeout is None else timeout
+        timeouts = Timeouts(self.timeout, timeout, timeout)
+        async with asyncio.timeout(timeout):
             conn = await self._clients[url].request(b"GET", path, [], b"", timeouts)
             try:
                 return conn.status, await conn.read_all()
             finally:
                 conn.release()
 
+    def probe_of(self, url: str) -> tuple[bytes, float]:
+        """The path that probes ``url`` and how long it may take (see the module docstring)."""
+        path = self._probes.get(url, READY)
+        seen = self._loads.get(url)
+        cheap = path == READY or (seen is not None and seen.flavor == "vllm")
+        return path, self.timeout if cheap else self.generate_timeout
+
+    async def _probe(self, url: str) -> tuple[bool, str | None]:
+        path, timeout = self.probe_of(url)
+        try:
+            status, _ = await self._get(url, path, timeout)
+            if status == 404 and path == READY:  # no /ready here: /health is the probe
+                self._probes[url] = HEALTH
+                return await self._probe(url)
+        except UpstreamError as exc:
+            if exc.kind in ("connect", "connect_timeout"):
+                self._probes.pop(url, None)  # down or restarting: look for /ready again
+            return False, str(exc)
+        except TimeoutError:
+            return False, f"{path.decode()} probe timed out after {timeout:g}s"
+        return status == 200, None if status == 200 else f"{path.decode()}: HTTP {status}"
+
     async def check(self, url: str) -> None:
         """One round for one backend."""
         health = self.health
-        try:
-            status, _ = await self._get(url, b"/health")
-            ok, error = status == 200, None if status == 200 else f"HTTP {status}"
-        except (UpstreamError, TimeoutError) as exc:
-            ok, error = False, str(exc) or "health probe timed out"
+        ok, error = await self._probe(url)
         previous = health.states[url].state
         health.probe(url, ok, self.clock(), error)
         state = health.states[url].state
