@@ -26,6 +26,19 @@ UID = "spec-router"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 R = 'job=~"$job", instance=~"$instance"'  # the router's targets
 E = 'job=~"$engine_job"'  # the engines' targets
+# SGLang's scheduler gauges: the total only (priority="" also matches a series without the
+# label), one value over the TP/PP ranks that repeat a scheduler's (with
+# --enable-metrics-for-all-schedulers), so that summing adds up schedulers (DP ranks) only
+# (docs/engines.md, section 2).
+E_TOTAL = E + ', priority=""'
+RANKS = "tp_rank, pp_rank, moe_ep_rank"
+SPEC_TOTAL = E_TOTAL + ', pool="speculative"'
+
+
+def per_scheduler(metric: str, selector: str = E_TOTAL) -> str:
+    return f"max without ({RANKS}) ({metric}{{{selector}}})"
+
+
 RI = "$__rate_interval"
 
 # Fixed colours per pool, so "speculative" is the same colour on every panel.
@@ -367,7 +380,9 @@ def panels() -> list[dict[str, Any]]:
                     "{{backend}} (router)",
                 ),
                 target(
-                    f'max by (instance) (sglang:spec_accept_length{{{E}, pool="speculative"}})',
+                    # 0 until a rank's first 40-step decode window: no data, left out
+                    "avg by (instance) "
+                    f"({per_scheduler('sglang:spec_accept_length', SPEC_TOTAL)} > 0)",
                     "{{instance}} (engine)",
                 ),
             ],
@@ -388,14 +403,19 @@ def panels() -> list[dict[str, Any]]:
             "SGLang's own scheduler gauges by pool. A queue that grows while running stays "
             "flat means the engine is full (max running requests or KV cache).",
             [
-                target(f"sum by (pool) (sglang:num_running_reqs{{{E}}})", "{{pool}} running"),
-                target(f"sum by (pool) (sglang:num_queue_reqs{{{E}}})", "{{pool}} queued"),
+                target(
+                    f"sum by (pool) ({per_scheduler('sglang:num_running_reqs')})",
+                    "{{pool}} running",
+                ),
+                target(
+                    f"sum by (pool) ({per_scheduler('sglang:num_queue_reqs')})", "{{pool}} queued"
+                ),
             ],
         ),
         timeseries(
             "Engines: generation throughput",
             "SGLang's gen_throughput gauge (tokens/s, as the engine logs it) by pool.",
-            [target(f"sum by (pool) (sglang:gen_throughput{{{E}}})", "{{pool}}")],
+            [target(f"sum by (pool) ({per_scheduler('sglang:gen_throughput')})", "{{pool}}")],
         ),
         timeseries(
             "Engines: TTFT and inter-token latency p99",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from router.health.engines import interval_accept_length, parse
+import pytest
+
+from router.health.engines import counted_accept_length, interval_accept_length, parse
 
 SGLANG = """\
 # HELP sglang:num_running_reqs The number of running requests.
@@ -37,3 +39,85 @@ def test_vllm_sums_engines_and_derives_interval_acceptance() -> None:
 
 def test_unknown_engine() -> None:
     assert parse("up 1\n").flavor == "unknown"
+
+
+# SGLang 0.5.23, priority scheduling on, DP 2 x TP 2 with --enable-metrics-for-all-schedulers:
+# every TP rank repeats its scheduler's values; the total is under priority="", the breakdown
+# beside it (real prometheus_client 0.26 multiprocess output has this shape; docs/engines.md).
+L = 'engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0"'
+T = 'engine_type="unified",model_name="m"'  # the tokenizer's counters: no rank
+_LINES = [
+    ("num_running_reqs", "0", "", 7.0),
+    ("num_running_reqs", "0", "0", 5.0),
+    ("num_running_reqs", "0", "1", 2.0),
+    ("num_running_reqs", "1", "", 1.0),
+    ("num_running_reqs", "1", "None", 1.0),
+    ("num_queue_reqs", "0", "", 3.0),
+    ("num_queue_reqs", "0", "0", 3.0),
+    ("num_queue_reqs", "1", "", 0.0),
+    ("spec_accept_length", "0", "", 3.0),
+    ("spec_accept_length", "1", "", 2.0),
+]
+RANKS = "".join(
+    f'sglang:{name}{{dp_rank="{dp}",{L},priority="{p}",tp_rank="{tp}"}} {value}\n'
+    for name, dp, p, value in _LINES
+    for tp in "01"
+) + (
+    f'sglang:generation_tokens_total{{{T},is_streaming="true",priority="0"}} 1000.0\n'
+    f'sglang:generation_tokens_total{{{T},is_streaming="false",priority="1"}} 234.0\n'
+    f'sglang:spec_verify_calls_total{{{T},priority="0"}} 400.0\n'
+    f'sglang:spec_verify_calls_total{{{T},priority="1"}} 33.0\n'
+)
+
+
+def test_totals_once_per_scheduler_summed_over_dp_ranks() -> None:
+    s = parse(RANKS)
+    # a sum over every series says 32 running and 9 queued
+    assert (s.flavor, s.running, s.queued) == ("sglang", 8.0, 3.0)
+    # acceptance: the DP ranks' values weighted by their running requests (7 and 1), not a
+    # mean over duplicated TP series
+    assert s.accept_length == pytest.approx((3.0 * 7 + 2.0 * 1) / 8)
+    # tokenizer counters carry the request's priority and no rank: all of them add up
+    assert (s.generated_total, s.verifies_total) == (1234.0, 433.0)
+
+
+def test_a_rank_before_its_first_decode_window_has_no_acceptance_yet() -> None:
+    # SGLang reports 0.0 until a rank's first 40-step decode window: that is no data, not
+    # "nothing accepted"; a plain mean would halve the other rank's value
+    text = """\
+sglang:num_running_reqs{dp_rank="0",model_name="m",tp_rank="0"} 2.0
+sglang:num_running_reqs{dp_rank="1",model_name="m",tp_rank="0"} 0.0
+sglang:spec_accept_length{dp_rank="0",model_name="m",tp_rank="0"} 2.8
+sglang:spec_accept_length{dp_rank="1",model_name="m",tp_rank="0"} 0.0
+"""
+    assert parse(text).accept_length == 2.8
+    idle = text.replace("2.8", "0.0")
+    assert parse(idle).accept_length is None
+    # an idle engine (nothing running anywhere) averages its ranks' last values
+    quiet = """\
+sglang:num_running_reqs{dp_rank="0",model_name="m",tp_rank="0"} 0.0
+sglang:num_running_reqs{dp_rank="1",model_name="m",tp_rank="0"} 0.0
+sglang:spec_accept_length{dp_rank="0",model_name="m",tp_rank="0"} 2.8
+sglang:spec_accept_length{dp_rank="1",model_name="m",tp_rank="0"} 2.0
+"""
+    assert parse(quiet).accept_length == pytest.approx(2.4)
+
+
+def test_sglang_053_labels_and_escaped_values() -> None:
+    text = (
+        'sglang:num_running_reqs{engine_type="unified",model_name="a \\"quoted\\" name",'
+        'pp_rank="0",tp_rank="0"} 4.0\n'
+        'sglang:num_running_reqs{engine_type="unified",model_name="other",pp_rank="0",'
+        'tp_rank="0"} 1.0\n'
+    )
+    assert parse(text).running == 5.0  # two models: two schedulers
+
+
+def test_counted_acceptance_over_an_interval() -> None:
+    first = parse(RANKS)
+    later = parse(RANKS.replace("1000.0", "1280.0").replace("400.0", "500.0"))
+    assert counted_accept_length(first, later) == pytest.approx(2.8)
+    assert counted_accept_length(first, first) is None  # nothing finished in between
+    v1, v2 = parse(VLLM), parse(VLLM.replace("100.0", "200.0").replace("150.0", "230.0"))
+    assert counted_accept_length(v1, v2) == pytest.approx(1.8)
+    assert counted_accept_length(None, v2) is None
