@@ -106,6 +106,7 @@ class RouterApp:
             settings.scrape_metrics,
             clock,
             generate_timeout=settings.health_generate_timeout,
+            gauge_lag=settings.engine_gauge_lag,
         )
         self.keeper = CrossoverKeeper(
             settings, self.tracker, self.poller.loads, load_table(settings), clock

@@ -135,6 +135,10 @@ class Settings(BaseSettings):
     eject_max: float = Field(default=60.0, gt=0)
     ramp_seconds: float = Field(default=10.0, ge=0)
     load_signal: LoadSignal = "local"
+    # LOAD_SIGNAL engine/max: how stale an SGLang engine's load gauges may be. It refreshes them
+    # on a prefill batch (without that batch's own requests) and every --decode-log-interval
+    # (40) decode steps; this replica's requests of that long before a scrape count on top.
+    engine_gauge_lag: float = Field(default=2.0, ge=0)
     scrape_metrics: bool = True
 
     # -- crossover table and learning ---------------------------------------------------------

@@ -9,8 +9,9 @@ Load signals (``LOAD_SIGNAL``):
 - ``local``: this router's own in-flight count per backend. Exact and instant, but blind to
   other router replicas in front of the same engines.
 - ``engine``: the engine's reported running + queued requests at the last scrape, plus the
-  requests this replica sent there since that scrape. Replicas agree (they read the same engine)
-  at the cost of up to one scrape interval of lag.
+  requests this replica sent there since that scrape -- since ``ENGINE_GAUGE_LAG`` before it
+  for SGLang, whose gauges lag (router.health.poller.EngineLoad). Replicas agree (they read
+  the same engine) at the cost of that lag for the requests of other replicas.
 - ``max``: the larger of the two, the conservative choice.
 """
 

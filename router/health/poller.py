@@ -23,6 +23,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -44,12 +45,24 @@ class EngineLoad:
     queued: int
     accept_length: float | None
     scraped_at: float
-    started_at_scrape: int  # this replica's `started` count for the backend at that moment
+    # this replica's ``started`` count for the backend that the engine's numbers are taken to
+    # include: the count at the scrape (vLLM refreshes its gauges every step), or at least
+    # ``gauge_lag`` seconds before it (SGLang: every 40 decode steps, and a request admitted
+    # in a prefill batch shows only later), so that its own recent requests are counted
+    started_at_scrape: int
     flavor: str  # "sglang" or "vllm"
     # the most requests it runs at once, once seen: at two scrapes in a row it ran the same
     # number with others queued (a request waiting for the next iteration is queued for a
     # moment at any load; a queue that stays while the batch does not grow is the cap)
     cap: int | None = None
+
+
+def included(history: deque[tuple[float, int]], since: float) -> int:
+    """The ``started`` count as of the last scrape at or before ``since`` (the oldest one
+    known when none is that old). Drops the points no later call can need."""
+    while len(history) > 1 and history[1][0] <= since:
+        history.popleft()
+    return history[0][1]
 
 
 def cap_after(previous: EngineLoad | None, running: int, queued: int) -> int | None:
@@ -78,6 +91,7 @@ class HealthPoller:
         scrape_metrics: bool,
         clock: Callable[[], float] = time.monotonic,
         generate_timeout: float = 25.0,
+        gauge_lag: float = 2.0,
     ) -> None:
         self.urls = urls
         self.health = health
@@ -85,6 +99,8 @@ class HealthPoller:
         self.interval = interval
         self.timeout = timeout
         self.generate_timeout = generate_timeout
+        self.gauge_lag = gauge_lag
+        self._history: dict[str, deque[tuple[float, int]]] = {}  # (scraped at, started then)
         self._probes: dict[str, bytes] = {}  # backends found without /ready: HEALTH
         self.scrape_metrics = scrape_metrics
         self.clock = clock
@@ -180,12 +196,16 @@ class HealthPoller:
         self._samples[url] = sample
         running, queued = round(sample.running), round(sample.queued)
         cap = cap_after(self._loads.get(url), running, queued)
+        now = self.clock()
+        history = self._history.setdefault(url, deque())
+        history.append((now, started))
+        lag = self.gauge_lag if sample.flavor == "sglang" else 0.0
         self._loads[url] = EngineLoad(
             running=running,
             queued=queued,
             accept_length=accept,
-            scraped_at=self.clock(),
-            started_at_scrape=started,
+            scraped_at=now,
+            started_at_scrape=included(history, now - lag),
             flavor=sample.flavor,
             cap=cap,
         )

@@ -108,3 +108,45 @@ async def test_acceptance_is_not_diluted_by_a_rank_without_data(split_sim: str) 
                 and load.accept_length is not None
                 and 2.3 < load.accept_length < 3.4
             )
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+async def test_engine_load_signal_counts_what_a_lagging_gauge_does_not_show_yet(
+    engine: str,
+) -> None:
+    # 50 ms iterations: SGLang's decode report comes 2 s after a request joined, and its
+    # prefill report leaves the joining request out. spillover at 2 on the engine's load.
+    args = sim_args("eagle3", "--time-scale", "0.1", "--a-ms", "500", "--engine", engine)
+    base_args = sim_args("baseline", "--time-scale", "0.1", "--engine", engine)
+    with running(args) as spec, running(base_args) as base, ExitStack() as stack:
+        app = RouterApp(
+            Settings(
+                speculative_urls=[spec.url],
+                baseline_urls=[base.url],
+                health_interval=0.05,
+                load_signal="engine",
+                policy="spillover",
+                crossover=2,
+            )
+        )
+        async with app.running():
+            await await_for(lambda: _true(all(app.usable_pools().values())))
+            pools = []
+            for _ in range(3):
+                before = app.poller.loads[spec.url].scraped_at
+                decision = app.decider.decide(None)
+                assert decision is not None
+                pools.append(decision.pool)
+                lease = app.tracker.acquire(decision.backend)
+                stack.callback(lease.release)
+                # the request reaches the engine, and the router scrapes it once more
+                if decision.pool == "speculative":
+                    stack.enter_context(hold(spec.url, 5000))
+                await await_for(load_of(app, spec.url, lambda s, t=before: s.scraped_at > t))  # type: ignore[misc]
+            # two on the speculative engine: the third goes to the baseline, whatever the
+            # engine's gauges say yet
+            assert pools == ["speculative", "speculative", "baseline"]
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -373,16 +373,13 @@ async def test_flapping_backend_does_not_flip_on_every_probe(
         assert app.health.states[spec.url].state is State.HEALTHY
 
 
-def engines_seen_running(router_url: str, at_least: float) -> Callable[[], bool]:
-    """A ``wait_for`` check: the router's last scrapes report ``at_least`` running requests."""
+def settled_on(router_url: str, total: int) -> Callable[[], bool]:
+    """A ``wait_for`` check: the router's load over all backends is ``total``: the engines
+    report every stream, and its own recent ones no longer count on top (ENGINE_GAUGE_LAG)."""
 
     def check() -> bool:
-        seen = sum(
-            (b["engine"] or {}).get("running", 0)
-            for p in router_status(router_url)["pools"].values()
-            for b in p["backends"]
-        )
-        return bool(seen >= at_least)
+        pools = router_status(router_url)["pools"].values()
+        return bool(sum(b["load"] for p in pools for b in p["backends"]) == total)
 
     return check
 
@@ -391,7 +388,13 @@ async def test_engine_load_signal_makes_two_routers_agree(
     start_router: RouterFactory, engine_pair: dict[str, Proc]
 ) -> None:
     spec, base = engine_pair["speculative"], engine_pair["baseline"]
-    settings = {"crossover": "4", "load_signal": "engine", "health_interval": "0.1"}
+    # ENGINE_GAUGE_LAG: about 40 of the sims' decode steps at this time scale (0.1-0.2 s)
+    settings = {
+        "crossover": "4",
+        "load_signal": "engine",
+        "health_interval": "0.1",
+        "engine_gauge_lag": "0.3",
+    }
     routers = [start_router(spec.url, base.url, **settings) for _ in range(2)]
     clients = [
         openai.AsyncOpenAI(base_url=f"{r.url}/v1", api_key="x", max_retries=0) for r in routers
@@ -409,9 +412,10 @@ async def test_engine_load_signal_makes_two_routers_agree(
                 )
             )
             pools.append(response.headers["x-spec-router-pool"])
-            # let the other replica's next scrape see this stream (one scrape interval of lag)
-            running = sim_running(spec.url) + sim_running(base.url)
-            wait_for(engines_seen_running(other.url, running))
+            # let the engines report this stream (SGLang: within 40 decode steps) and both
+            # replicas' loads settle on it: the gauges' lag plus a scrape interval
+            for replica in (router, other):
+                wait_for(settled_on(replica.url, i + 1))
         assert pools.count("speculative") == 4, pools
         assert sim_running(spec.url) == 4
     for router in routers:
