@@ -130,3 +130,26 @@ class BodyTap:
         except (ValueError, UnicodeDecodeError):
             return None
         return _usage_of({"usage": obj})
+
+
+# The first event of a stream an engine refused after answering 200 (SGLang 0.5.23 under
+# --max-queued-requests: ``data: {"error": {..., "code": 503}}`` and ``[DONE]``).
+_ERROR_EVENT = (b'data: {"error":', b'data:{"error":', b'data: {"error" :')
+MAX_PEEK = 64 * 1024
+
+
+def first_event_refusal(data: bytes) -> tuple[int, str] | None:
+    """``(status, message)`` when the first SSE event in ``data`` is an engine's error with
+    a 429 or 503 code -- a refusal, not one request's failure -- else None."""
+    event = data.split(b"\n\n", 1)[0].strip()
+    if not event.startswith(_ERROR_EVENT):
+        return None
+    try:
+        error = json.loads(event[5:]).get("error")
+    except (ValueError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    if code not in (429, 503):
+        return None
+    message = error.get("message")
+    return int(code), message if isinstance(message, str) else ""

@@ -326,6 +326,12 @@ class Connection(asyncio.Protocol):
             parts.append(chunk)
         return b"".join(parts)
 
+    def unread(self, data: bytes) -> None:
+        """Put body bytes already read back in front, for the next ``read()`` (a peek)."""
+        if data:
+            self._body.appendleft(data)
+            self._buffered += len(data)
+
     def divert(self, sink: Callable[[bytes], bool]) -> None:
         """Send body bytes to ``sink`` as they arrive, until it returns False (see module doc).
 

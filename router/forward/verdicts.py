@@ -55,6 +55,17 @@ def after_status(status: int) -> Verdict:
     )
 
 
+def stream_refused(status: int | None) -> Verdict:
+    """A stream answered 200 and then refused before its first event: SGLang 0.5.23 sends an
+    error event with ``status`` (503 for a full queue), SGLang 0.5.3 closes the connection
+    without any (``status`` None). Both engines send stream headers before the request is
+    admitted (vLLM, SGLang 0.5.3) or with its first event, so a stream's answer begins with
+    its first body byte: nothing was generated, and it is as safe to retry as a refusal."""
+    if status is None:
+        return after_error("reset", response_started=False)
+    return after_status(status)
+
+
 def mid_response(kind: ErrorKind) -> Verdict:
     """The body failed after the response started: never retried."""
     return Verdict(kind, failed=True, eject=kind != "idle_timeout", retry=False, served=False)

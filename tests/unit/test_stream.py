@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from router.forward.stream import BodyTap, SseTap
+from router.forward.stream import BodyTap, SseTap, first_event_refusal
 
 
 def event(obj: object) -> bytes:
@@ -65,3 +65,16 @@ def test_body_tap_reads_usage_of_a_json_body() -> None:
     limited = BodyTap(limit=3)
     limited.feed(body)
     assert limited.usage is None
+
+
+def test_first_event_refusal() -> None:
+    sglang = (
+        b'data: {"error": {"object": "error", "message": "The request queue is full.", '
+        b'"type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}\n\ndata: [DONE]\n\n'
+    )
+    assert first_event_refusal(sglang) == (503, "The request queue is full.")
+    assert first_event_refusal(b'data: {"error":{"message":"x","code":429}}\n\n') == (429, "x")
+    # one request's error, or an ordinary first chunk: not a refusal
+    assert first_event_refusal(b'data: {"error": {"message": "bad", "code": 400}}\n\n') is None
+    assert first_event_refusal(b'data: {"id":"1","choices":[]}\n\n') is None
+    assert first_event_refusal(b'data: {"error": not json}\n\n') is None

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from router.forward.upstream import ErrorKind
-from router.forward.verdicts import after_error, after_status, mid_response, refusal
+from router.forward.verdicts import (
+    after_error,
+    after_status,
+    mid_response,
+    refusal,
+    stream_refused,
+)
 
 
 @pytest.mark.parametrize("kind", ["connect", "connect_timeout"])
@@ -68,3 +74,11 @@ def test_what_the_client_is_told() -> None:
     assert refusal("connect", retried_out=True) == "no_backend"
     assert refusal("protocol", retried_out=False) == "bad_gateway"
     assert refusal("reset", retried_out=False) == "bad_gateway"
+
+
+def test_a_stream_refused_before_its_first_event_is_a_refusal() -> None:
+    # SGLang 0.5.23: 200, then data: {"error": {..., "code": 503}}; 0.5.3: 200, then closed
+    v = stream_refused(503)
+    assert (v.kind, v.failed, v.eject, v.retry) == ("http_503", True, True, True)
+    v = stream_refused(None)
+    assert (v.kind, v.failed, v.eject, v.retry) == ("reset", True, True, True)
