@@ -104,10 +104,13 @@ class Settings(BaseSettings):
 
     # -- upstream client ----------------------------------------------------------------------
     connect_timeout: float = Field(default=5.0, gt=0)
-    # Up to the first response byte; for a non-streaming request that is the whole generation.
+    # A stream: request sent -> first body byte (its queueing and prefill; vLLM and SGLang 0.5.3
+    # send the headers before the request is queued).
     first_byte_timeout: float = Field(default=600.0, gt=0)
     # Longest silence between two chunks of a stream once it has started. No total deadline.
     idle_timeout: float = Field(default=120.0, gt=0)
+    # A non-streamed request: sent -> whole answer (headers and body come when it is generated).
+    non_stream_timeout: float = Field(default=1800.0, gt=0)
     max_connections_per_backend: int = Field(default=8192, ge=1)
     max_idle_per_backend: int = Field(default=1024, ge=0)
     keepalive_expiry: float = Field(default=4.0, ge=0)

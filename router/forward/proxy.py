@@ -107,6 +107,10 @@ class Proxy:
         self.timeouts = Timeouts(
             settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout
         )
+        # A non-streamed answer comes whole when generation ends (its headers too): one
+        # deadline for all of it.
+        whole = settings.non_stream_timeout
+        self.whole_timeouts = Timeouts(settings.connect_timeout, whole, whole, whole)
         self._api_keys = [k.get_secret_value().encode() for k in settings.api_keys]
         self._pool_auth = {pool: settings.pool_authorization(pool) for pool in POOLS}
 
@@ -266,6 +270,7 @@ class Proxy:
             target += b"?" + scope["query_string"]
         client = scope.get("client")
         ask_usage = info.stream and scope["path"] in USAGE_PATHS
+        timeouts = self.timeouts if info.stream else self.whole_timeouts
         tried: list[str] = []
         max_attempts = self.settings.max_attempts
         while True:
@@ -289,7 +294,7 @@ class Proxy:
             refused: str | None = None  # a stream refused in its first event: the message
             try:
                 conn = await self.clients[decision.backend].request(
-                    method, target, headers, payload, self.timeouts
+                    method, target, headers, payload, timeouts
                 )
             except UpstreamError as exc:
                 error = exc
@@ -299,12 +304,16 @@ class Proxy:
                 if info.stream and conn.status == 200 and _is_sse(conn.headers):
                     try:
                         refused, status = await _first_event(conn)
-                    except UpstreamError as exc:  # it closed before a single event
+                    except UpstreamError as exc:  # no event: closed (refused), or too slow
                         conn.release()
                         conn, error = None, exc
-                        status = None
-                    if refused is not None or error is not None:
-                        verdict = verdicts.stream_refused(status)
+                        if exc.kind == "reset":
+                            verdict = verdicts.stream_refused(None)
+                        else:
+                            verdict = verdicts.after_error(exc.kind, response_started=False)
+                    else:
+                        if refused is not None:
+                            verdict = verdicts.stream_refused(status)
             detail = str(error) if error else refused or f"HTTP {verdict.kind[5:]}"
             self._judge(verdict, decision, out, detail)
             alt = None
@@ -417,7 +426,9 @@ class Proxy:
         except UpstreamError as exc:
             out.broke(exc.kind)
             self._judge(verdicts.mid_response(exc.kind), decision, out, str(exc))
-            if pending is not None:  # nothing reached the client yet: an ordinary 502
+            if pending is not None:  # nothing reached the client yet: a 504 or an ordinary 502
+                if exc.kind in verdicts.SLOW_KINDS:
+                    raise UpstreamTimeout(f"upstream did not answer within {exc}") from None
                 raise UpstreamUnavailable(f"upstream failed: {exc}") from None
             await self._break_stream(send, exc, is_sse)
             return
@@ -497,6 +508,8 @@ class Proxy:
             except UpstreamError as exc:
                 out.broke(exc.kind)
                 self._judge(verdicts.mid_response(exc.kind), decision, out, str(exc))
+                if exc.kind in verdicts.SLOW_KINDS:
+                    raise UpstreamTimeout(f"upstream did not answer within {exc}") from None
                 raise UpstreamUnavailable(f"upstream failed: {exc}") from None
             if not data:
                 break
@@ -540,6 +553,8 @@ async def _first_event(conn: Connection) -> tuple[str | None, int | None]:
         if data:
             conn.unread(data)  # broken after some bytes: _relay's to report, as it does
             return None, None
+        if exc.kind != "reset":
+            raise  # a timeout: the engine may still be working on it
         raise UpstreamError("reset", f"{exc} before the stream's first event") from None
     if not data:
         raise UpstreamError("reset", "the stream ended before its first event")

@@ -3,8 +3,13 @@
 Why not httpx or aiohttp: on this project's benchmarks the upstream client is most of the
 router's CPU per request (httpx ~10x aiohttp; see bench/results/overhead.md). This client does
 only what a reverse proxy to LLM engines needs -- keep-alive pools per origin, one write per
-request, streaming response bodies with back-pressure, and three timeouts (connect, first byte,
-idle gap) -- and leaves parsing to httptools, the C parser uvicorn already uses.
+request, streaming response bodies with back-pressure, and the timeouts (connect; first body
+byte, then the idle gap between chunks; or one total for a whole answer) -- and leaves parsing
+to httptools, the C parser uvicorn already uses.
+
+The first-byte timer runs until the first *body* byte, not the headers: vLLM (and SGLang 0.5.3)
+send a stream's headers before the request is even queued, so the wait in the engine's queue
+and its prefill come after them (docs/engines.md, section 7).
 
 Life of a response: ``OriginPool.request()`` returns a ``Connection`` once the response headers
 have arrived; the caller reads the body with ``read()`` until it returns ``b""`` and must call
@@ -33,7 +38,14 @@ import httptools
 HIGH_WATER: Final = 256 * 1024
 
 ErrorKind = Literal[
-    "connect", "connect_timeout", "reset", "first_byte_timeout", "idle_timeout", "protocol", "relay"
+    "connect",
+    "connect_timeout",
+    "reset",
+    "first_byte_timeout",
+    "idle_timeout",
+    "total_timeout",
+    "protocol",
+    "relay",
 ]
 
 
@@ -88,8 +100,9 @@ class Origin:
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     connect: float
-    first_byte: float
-    idle: float
+    first_byte: float  # request sent -> first body byte
+    idle: float  # longest gap between body chunks after that
+    total: float | None = None  # request sent -> whole answer, instead of the two above
 
 
 class Connection(asyncio.Protocol):
@@ -121,6 +134,7 @@ class Connection(asyncio.Protocol):
         self._last_activity = 0.0
         self._received_any = False
         self._head_only = False
+        self._before_body: float | None = None  # the idle timeout, armed at the first body byte
         self._sink: Callable[[bytes], bool] | None = None
         # called when unread body bytes pass HIGH_WATER and reading stops: the reader (and so,
         # behind it, the client) is slower than the upstream
@@ -209,6 +223,9 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self._before_body is not None:  # the first body byte: from here on, gaps count
+            self._arm_timer(self._before_body, "idle_timeout")
+            self._before_body = None
         self._body.append(body)
         if self._sink is not None:
             return  # data_received hands it on once the whole read is parsed
@@ -261,7 +278,9 @@ class Connection(asyncio.Protocol):
             if quiet < delay:
                 self._timer = self._loop.call_later(delay - quiet, self._on_timer, delay, kind)
                 return
-        what = "first byte" if kind == "first_byte_timeout" else "next chunk"
+        what = {"first_byte_timeout": "first byte", "total_timeout": "whole answer"}.get(
+            kind, "next chunk"
+        )
         self._fail(kind, f"{self._pool.origin.url}: no {what} within {delay:g}s")
         self._abort()
 
@@ -285,14 +304,20 @@ class Connection(asyncio.Protocol):
         if len(body) >= 65536:
             transport.write(body)
         self._last_activity = self._loop.time()
-        self._arm_timer(timeouts.first_byte, "first_byte_timeout")
+        if timeouts.total is not None:
+            self._arm_timer(timeouts.total, "total_timeout")  # runs until the answer is whole
+        else:
+            self._arm_timer(timeouts.first_byte, "first_byte_timeout")
         while not self._headers_done and self._error is None:
             await self._wait()
         if self._error is not None:
             self._cancel_timer()
             raise self._error
-        if not self._complete:
-            self._arm_timer(timeouts.idle, "idle_timeout")
+        if not self._complete and timeouts.total is None:
+            if self._body:
+                self._arm_timer(timeouts.idle, "idle_timeout")
+            else:  # headers alone: the first-byte timer goes on
+                self._before_body = timeouts.idle
 
     async def read(self) -> bytes:
         """The body bytes that have arrived since the last call; ``b""`` once it is complete."""

@@ -66,9 +66,15 @@ def stream_refused(status: int | None) -> Verdict:
     return after_status(status)
 
 
+SLOW_KINDS: frozenset[ErrorKind] = frozenset(
+    {"first_byte_timeout", "idle_timeout", "total_timeout"}
+)
+
+
 def mid_response(kind: ErrorKind) -> Verdict:
-    """The body failed after the response started: never retried."""
-    return Verdict(kind, failed=True, eject=kind != "idle_timeout", retry=False, served=False)
+    """The body failed after the response started: never retried; a timeout (a slow engine,
+    not a dead one) does not eject."""
+    return Verdict(kind, failed=True, eject=kind not in SLOW_KINDS, retry=False, served=False)
 
 
 def refusal(kind: ErrorKind, retried_out: bool) -> Refusal:
@@ -76,6 +82,6 @@ def refusal(kind: ErrorKind, retried_out: bool) -> Refusal:
 
     ``retried_out``: the failure was safe to retry, but attempts or backends ran out.
     """
-    if kind == "first_byte_timeout":
+    if kind in ("first_byte_timeout", "total_timeout"):
         return "timeout"
     return "no_backend" if retried_out else "bad_gateway"

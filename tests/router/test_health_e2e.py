@@ -30,7 +30,7 @@ from tests.support.http import (
     sim_running,
     wait_for,
 )
-from tests.support.processes import Background, Proc, free_port, sim_on, spawn
+from tests.support.processes import Background, Proc, free_port, running, sim_args, sim_on, spawn
 
 pytestmark = pytest.mark.anyio
 
@@ -420,3 +420,56 @@ async def test_engine_load_signal_makes_two_routers_agree(
         assert sim_running(spec.url) == 4
     for router in routers:
         assert_clean(router.url, spec.url, base.url)
+
+
+def test_a_stream_queued_past_the_idle_timeout_is_not_cut(
+    start_router: RouterFactory, engine: str
+) -> None:
+    # One request at a time: a stream waits in the engine's queue behind a 0.8-s one. vLLM
+    # (and SGLang 0.5.3) answer its headers at once, so that wait comes after them; it is
+    # the first-byte timeout's (10 s) to bound, not the idle timeout's (0.3 s). SGLang 0.5.23
+    # sends the headers with the first chunk: the same either way.
+    args = ["--time-scale", TIME_SCALE, "--max-running", "1", "--engine", engine]
+    args += ["--model", "sim"]
+    with running(sim_args("baseline", *args)) as spec, running(sim_args("baseline", *args)) as base:
+        router = start_router(
+            spec.url, base.url, policy="crossover", crossover="4",
+            idle_timeout="0.3", first_byte_timeout="10",
+        )  # fmt: skip
+        with httpx.stream(
+            "POST",
+            f"{spec.url}/v1/chat/completions",
+            json={**CHAT, "max_tokens": 400, "stream": True},
+        ) as first:
+            chunks = first.iter_raw()  # (kept: a dropped iterator closes the connection)
+            next(chunks)
+            r = httpx.post(
+                f"{router.url}/v1/chat/completions",
+                json={**CHAT, "max_tokens": 3, "stream": True},
+                timeout=10,
+            )
+            assert r.status_code == 200 and r.content.endswith(b"data: [DONE]\n\n"), r.content
+            assert r.headers["x-spec-router-pool"] == "speculative"
+        assert_clean(router.url, spec.url, base.url)
+
+
+def test_a_non_stream_has_a_total_timeout_of_its_own(
+    start_router: RouterFactory, engine_sims: dict[str, Proc]
+) -> None:
+    # A non-streamed answer comes whole (headers too) when generation ends: NON_STREAM_TIMEOUT
+    # bounds all of it, whatever FIRST_BYTE_TIMEOUT says.
+    sims = engine_sims
+    router = start_router(
+        sims["speculative"].url, sims["baseline"].url, policy="crossover", crossover="4",
+        first_byte_timeout="30", non_stream_timeout="0.5",
+    )  # fmt: skip
+    began = time.monotonic()
+    r = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 5000})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+    assert 0.5 <= time.monotonic() - began < 5
+    text = metrics(router.url)
+    assert metric_value(text, "spec_router_upstream_errors_total", kind="total_timeout") == 1
+    assert metric_value(text, "spec_router_retries_total") == 0
+    ok = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 3})
+    assert ok.status_code == 200  # a short one is well within it
+    assert_clean(router.url, sims["speculative"].url, sims["baseline"].url)

@@ -264,3 +264,33 @@ async def test_a_reused_connection_that_times_out_is_not_sent_again(
     assert failed.value.kind == "first_byte_timeout"
     assert script.requests == 2  # the timed-out request was sent once
     assert pool.open_connections == 0
+
+
+async def test_the_first_byte_timer_runs_until_the_first_body_byte(
+    server: tuple[Script, OriginPool],
+) -> None:
+    # vLLM's stream headers come before queueing: the silence after them is the queue's
+    script, pool = server
+    await script.writes.put(HEAD)
+    conn = await request(pool, Timeouts(connect=2.0, first_byte=5.0, idle=0.1))
+    await anyio.sleep(0.3)  # three idle timeouts without a body byte (waiting is the point)
+    await script.writes.put(chunk(b"first"))
+    assert await conn.read() == b"first"
+    # from the first body byte on, the idle timeout applies
+    with pytest.raises(UpstreamError) as failed:
+        await conn.read()
+    assert failed.value.kind == "idle_timeout"
+    conn.release()
+    await script.writes.put(None)
+
+
+async def test_a_total_timeout_bounds_the_whole_answer(server: tuple[Script, OriginPool]) -> None:
+    script, pool = server
+    await script.writes.put(HEAD + chunk(b"a"))
+    conn = await request(pool, Timeouts(connect=2.0, first_byte=30.0, idle=30.0, total=0.3))
+    assert await conn.read() == b"a"
+    with pytest.raises(UpstreamError) as failed:
+        await conn.read()
+    assert failed.value.kind == "total_timeout" and "whole answer" in str(failed.value)
+    conn.release()
+    await script.writes.put(None)
