@@ -183,6 +183,12 @@ class RouterApp:
         opened, idle = client.open_connections, client.idle_connections
         return {"open": opened, "idle": idle, "busy": opened - idle}
 
+    def _abort_lag(self, url: str) -> float:
+        """SGLang goes on running a request whose client left for 2 s (a started stream) or
+        until its next 4-s poll; vLLM aborts at once (docs/engines.md, section 8)."""
+        seen = self.poller.loads.get(url)
+        return self.settings.engine_abort_lag if seen and seen.flavor == "sglang" else 0.0
+
     def usable_pools(self) -> dict[Pool, bool]:
         return {pool: self.decider.pool_usable(pool) for pool in POOLS}
 
@@ -232,6 +238,7 @@ class RouterApp:
             self.clock,
             poke=poke,
             admission=self.admission,
+            abort_lag=self._abort_lag,
         )
         self.poller.start()
         keeper_task = loop.create_task(self.keeper.run())

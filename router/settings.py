@@ -142,6 +142,10 @@ class Settings(BaseSettings):
     # on a prefill batch (without that batch's own requests) and every --decode-log-interval
     # (40) decode steps; this replica's requests of that long before a scrape count on top.
     engine_gauge_lag: float = Field(default=2.0, ge=0)
+    # How long a request whose client left still counts against an SGLang backend's load: it
+    # aborts a started stream 2 s after the disconnect, and one not started yet (or a
+    # non-stream) at its next 4-s poll. vLLM aborts at once.
+    engine_abort_lag: float = Field(default=2.0, ge=0)
     scrape_metrics: bool = True
 
     # -- crossover table and learning ---------------------------------------------------------

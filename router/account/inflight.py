@@ -8,6 +8,7 @@ call it; counts are never clamped, so a leak would show instead of hiding.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 
 from router.pools import POOLS, Pool
@@ -34,6 +35,9 @@ class InflightTracker:
             self._since[url] = now
         self.by_pool: dict[str, int] = dict.fromkeys(POOLS, 0)
         self.total = 0
+        # requests whose client left but which the engine still runs for a moment (SGLang
+        # aborts them 2-4 s later): when each stops counting against its backend's load
+        self._lingering: dict[str, deque[float]] = {url: deque() for url in self.by_backend}
         # of those in flight, responses held back by a client that reads slower than the
         # engine writes (the router buffers a little, then stops reading from the engine)
         self.slow_clients: dict[str, int] = dict.fromkeys(POOLS, 0)
@@ -41,6 +45,22 @@ class InflightTracker:
     def area(self, backend: str, now: float) -> float:
         """The integral of ``by_backend[backend]`` over time, up to ``now``."""
         return self._area[backend] + self.by_backend[backend] * (now - self._since[backend])
+
+    def linger(self, backend: str, until: float) -> None:
+        """A released request still occupies its engine until ``until``."""
+        queue = self._lingering[backend]
+        if queue and queue[-1] > until:  # (kept in order: one lag, so nearly always appended)
+            queue.append(until)
+            self._lingering[backend] = deque(sorted(queue))
+        else:
+            queue.append(until)
+
+    def lingering(self, backend: str, now: float) -> int:
+        """Requests released from ``backend`` that its engine is still running at ``now``."""
+        queue = self._lingering[backend]
+        while queue and queue[0] <= now:
+            queue.popleft()
+        return len(queue)
 
     def acquire(self, backend: str) -> Lease:
         return Lease(self, backend)

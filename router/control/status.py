@@ -58,6 +58,7 @@ def status_document(
                     "state": h.state.value,
                     "usable": usable(h, now),
                     "in_flight": tracker.by_backend[url],
+                    "lingering": tracker.lingering(url, now),
                     "load": decider.backend_load(url),
                     "weight": round(health.weight(url, now), 3),
                     "last_check": None if h.last_check is None else wall - (now - h.last_check),

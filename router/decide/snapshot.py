@@ -6,8 +6,9 @@ counts from the tracker, health from the registry, engine loads from the poller,
 and the curves from the keeper.
 
 Load signals (``LOAD_SIGNAL``):
-- ``local``: this router's own in-flight count per backend. Exact and instant, but blind to
-  other router replicas in front of the same engines.
+- ``local``: this router's own in-flight count per backend, plus the requests whose client left
+  that the engine is still running (SGLang aborts them 2-4 s later: ``ENGINE_ABORT_LAG``).
+  Exact and instant, but blind to other router replicas in front of the same engines.
 - ``engine``: the engine's reported running + queued requests at the last scrape, plus the
   requests this replica sent there since that scrape -- since ``ENGINE_GAUGE_LAG`` before it
   for SGLang, whose gauges lag (router.health.poller.EngineLoad). Replicas agree (they read
@@ -131,7 +132,7 @@ class Decider:
         self.extrapolated = 0  # decisions that predicted beyond the measured batch sizes
 
     def backend_load(self, url: str) -> int:
-        local = self.tracker.by_backend[url]
+        local = self.tracker.by_backend[url] + self.tracker.lingering(url, self.clock())
         if self.load_signal == "local":
             return local
         seen = self.loads.get(url)

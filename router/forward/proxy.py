@@ -90,6 +90,7 @@ class Proxy:
         clock: Callable[[], float] = time.monotonic,
         poke: Callable[[], None] | None = None,
         admission: Admission | None = None,
+        abort_lag: Callable[[str], float] | None = None,
     ) -> None:
         self.settings = settings
         self.decider = decider
@@ -104,6 +105,9 @@ class Proxy:
         self.loop = asyncio.get_running_loop()
         self.responders = Responders(self.loop)
         self.admission = admission if admission is not None else Admission(0)
+        # how long an engine goes on running a request after its client left (and the
+        # router closed the upstream connection): 0 for vLLM, 2-4 s for SGLang
+        self.abort_lag = abort_lag
         self.timeouts = Timeouts(
             settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout
         )
@@ -165,6 +169,7 @@ class Proxy:
         responder.watch(lambda: _client_left(task, flags))
         conn: Connection | None = None
         lease: Lease | None = None
+        left = False
         try:
             if decision.reason == "overflow" and self.admission.enabled:
                 decision = await self._queue(request, out)
@@ -177,8 +182,10 @@ class Proxy:
                 raise
             task.uncancel()
             out.client_left()
+            left = True
         except ClientGone:
             out.client_left()
+            left = True
         except RouterError as exc:
             out.answered(exc.status)
             if not flags.done:
@@ -186,10 +193,15 @@ class Proxy:
         finally:
             flags.done = True
             responder.unwatch()
+            unfinished = conn is None or not conn.finished
             if conn is not None:
                 conn.release()
             if lease is not None:
                 lease.release()
+                if left and unfinished and self.abort_lag is not None:
+                    lag = self.abort_lag(lease.backend)
+                    if lag > 0:
+                        self.tracker.linger(lease.backend, self.clock() + lag)
                 if self.admission.enabled:
                     self.admission.released()
 

@@ -103,9 +103,11 @@ async def test_spillover_counts_only_the_speculative_pool(start_router: RouterFa
 
 
 async def test_200_streams_aborted_at_random_points_leave_nothing(
-    start_router: RouterFactory, sims: dict[str, Proc]
+    start_router: RouterFactory, engine_sims: dict[str, Proc]
 ) -> None:
-    router = start_router()
+    # (SGLang-mode sims abort each 2 s after its client left, 0.2 s at this time scale)
+    sims = engine_sims
+    router = start_router(sims["speculative"].url, sims["baseline"].url)
     rng = random.Random(7)
     body = {"model": "sim", "messages": MESSAGES, "max_tokens": 400, "stream": True}
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=0)

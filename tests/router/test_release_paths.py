@@ -2,7 +2,8 @@
 
 The router app runs in-process with hand-written ASGI ``receive``/``send`` so each disconnect
 can be placed exactly, in both ASGI styles: spec 2.3 (``receive`` returns ``http.disconnect``)
-and spec 2.4 (``send`` raises ``OSError`` once the client is gone). Upstreams are real sims.
+and spec 2.4 (``send`` raises ``OSError`` once the client is gone). Upstreams are real sims,
+copying SGLang (which aborts a disconnected request 2 s later, 0.2 s here) and vLLM (at once).
 """
 
 from __future__ import annotations
@@ -75,12 +76,18 @@ class Client:
 
 
 @pytest.fixture
+def sims(engine_sims: dict[str, Proc]) -> dict[str, Proc]:
+    return engine_sims
+
+
+@pytest.fixture
 async def app(sims: dict[str, Proc]) -> AsyncIterator[RouterApp]:
     settings = Settings(
         speculative_urls=[sims["speculative"].url],
         baseline_urls=[sims["baseline"].url],
         health_interval=0.2,
         idle_timeout=30.0,
+        engine_abort_lag=0.5,
     )
     router_app = RouterApp(settings)
     async with router_app.running():
@@ -228,3 +235,25 @@ async def test_shutdown_with_streams_in_flight(sims: dict[str, Proc]) -> None:
     assert router_app.tracker.total == 0
     for sim in sims.values():
         await await_for(drained(sim.url), timeout=2.0)
+
+
+async def test_a_disconnected_request_still_counts_while_sglang_runs_it(
+    app: RouterApp, sims: dict[str, Proc], engine: str
+) -> None:
+    # SGLang goes on generating for 2 s (0.2 s here) after its client left; the router counts
+    # the request against the backend for ENGINE_ABORT_LAG (0.5 s) so it does not send the
+    # engine more than it runs. vLLM stops at once: nothing lingers.
+    spec = sims["speculative"].url
+    await await_for(lambda: _true(spec in app.poller.loads))  # its flavor is known
+    client = Client(body(stream=True), "2.3")
+    task = asyncio.create_task(app(client.scope(), client.receive, client.send))
+    await await_for(lambda: _true(client.body_chunks >= 2))
+    client.gone.set()
+    await asyncio.wait_for(task, 5)
+    assert app.tracker.total == 0 and app.tracker.by_backend[spec] == 0
+    if engine == "sglang":
+        assert app.decider.backend_load(spec) == 1
+        await await_for(lambda: _true(app.decider.backend_load(spec) == 0), timeout=3)
+    else:
+        assert app.decider.backend_load(spec) == 0
+    await assert_released(app, sims)
