@@ -375,7 +375,7 @@ class Proxy:
         is_sse = ctype.startswith(b"text/event-stream")
         rename = self._rename_for(decision.pool, info)
         ask_usage = info.stream and out.path in USAGE_PATHS
-        strip = ask_usage and not info.include_usage
+        strip = ask_usage and info.add_usage
         tap: SseTap | BodyTap | None
         if is_sse:
             tap = SseTap(strip_usage=strip, rename=rename)

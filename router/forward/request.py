@@ -50,7 +50,9 @@ class RequestInfo:
 
     model: str | None = None
     stream: bool = False
-    include_usage: bool = False
+    # a stream whose client did not touch ``stream_options`` (or only declined usage): the
+    # router may ask for usage and remove that event again (see ``wants_usage_added``)
+    add_usage: bool = False
     max_tokens: int | None = None
     temperature: float | None = None
     parsed: dict[str, Any] | None = None
@@ -105,21 +107,31 @@ def inspect(path: str, body: bytes, content_type: bytes | None) -> RequestInfo:
     if needs_model and (not isinstance(model, str) or not model):
         raise BadRequest("you must provide a model parameter", "missing_model")
     stream = obj.get("stream") is True
-    options = obj.get("stream_options")
-    include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
     max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens"))
     temperature = obj.get("temperature")
     chars, tokens = prompt_size(obj)
     return RequestInfo(
         model=model if isinstance(model, str) else None,
         stream=stream,
-        include_usage=include_usage,
+        add_usage=stream and usage_addable(obj.get("stream_options", None)),
         max_tokens=max_tokens if type(max_tokens) is int else None,
         temperature=float(temperature) if isinstance(temperature, int | float) else None,
         parsed=obj,
         prompt_chars=chars,
         prompt_tokens=tokens,
     )
+
+
+def usage_addable(options: Any) -> bool:
+    """Whether the router may ask for usage on a stream with these ``stream_options`` and
+    strip that event again, so that the client still gets what the engine would send it.
+
+    Only without options, or with exactly ``{"include_usage": false}``. Anything else is the
+    client's: ``{}`` already asks for usage on vLLM 0.11 (``include_usage`` defaults to true
+    there) and not on vLLM 0.34 or SGLang; ``continuous_usage_stats`` puts usage in every
+    chunk, once ``include_usage`` is on (vLLM). Such options pass untouched, and the router
+    counts the usage if the engine sends it (docs/engines.md, section 9)."""
+    return options is None or (isinstance(options, dict) and options == {"include_usage": False})
 
 
 def _text_chars(content: Any) -> int:
@@ -161,7 +173,7 @@ def upstream_body(
     if obj is None:
         return body
     rename = info.model is not None and info.model in model_map
-    add_usage = ask_usage and info.stream and not info.include_usage
+    add_usage = ask_usage and info.add_usage
     if not rename and not add_usage:
         return body
     if add_usage and not rename and obj and "stream_options" not in obj:
@@ -174,12 +186,8 @@ def upstream_body(
     if rename:
         assert info.model is not None
         obj["model"] = model_map[info.model]
-    if add_usage:
-        options = obj.get("stream_options")
-        obj["stream_options"] = {
-            **(options if isinstance(options, dict) else {}),
-            "include_usage": True,
-        }
+    if add_usage:  # (an explicit true: {} means true on vLLM 0.11, false elsewhere)
+        obj["stream_options"] = {"include_usage": True}
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 

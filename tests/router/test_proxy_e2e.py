@@ -11,15 +11,16 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.conftest import RouterFactory
+from tests.conftest import TIME_SCALE, RouterFactory
 from tests.support.http import metric_value, router_status, sim_running, wait_for
-from tests.support.processes import Proc
+from tests.support.processes import Proc, free_port, running, sim_args
 
 pytestmark = pytest.mark.anyio
 
 MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Tell me about speculative decoding."}
 ]
+CHAT_BODY = {"model": "sim", "messages": MESSAGES, "max_tokens": 17, "stream": True}
 
 
 def sdk(url: str) -> openai.OpenAI:
@@ -228,6 +229,43 @@ async def test_stream_without_usage_is_what_the_engine_sends_and_is_counted(
     assert b'"completion_tokens":17' in asked.content
     text = httpx.get(f"{router.url}/metrics").text
     assert metric_value(text, "spec_router_output_tokens_total", pool="baseline") == 34
+
+
+USAGE_ENGINES = {
+    "sglang": ["--engine", "sglang"],  # 0.5.23: {} means no usage; continuous usage honoured
+    "vllm-0.11": ["--engine", "vllm", "--engine-version", "0.11", "--model", "sim"],  # {}: usage
+}
+
+
+@pytest.mark.parametrize("engine", sorted(USAGE_ENGINES))
+def test_stream_options_the_client_set_reach_the_engine_untouched(
+    start_router: RouterFactory, engine: str
+) -> None:
+    # Whatever stream_options a client sends, it gets exactly what the engine would send it;
+    # the router counts the usage when there is some. crossover 0: all to the baseline sim.
+    args = sim_args("baseline", "--time-scale", TIME_SCALE, *USAGE_ENGINES[engine])
+    with running(args) as base:
+        router = start_router(f"http://127.0.0.1:{free_port()}", base.url, crossover="0")
+        counted = 0.0
+        for options in (
+            {},
+            {"continuous_usage_stats": True},
+            {"include_usage": True, "continuous_usage_stats": True},
+            {"include_usage": False},
+        ):
+            body = {**CHAT_BODY, "stream_options": options}
+            direct = httpx.post(f"{base.url}/v1/chat/completions", json=body)
+            routed = httpx.post(f"{router.url}/v1/chat/completions", json=body)
+            assert routed.status_code == 200, routed.text
+            assert _normalise(routed.content) == _normalise(direct.content), options
+            if b'"completion_tokens":17' in direct.content:
+                counted += 17
+            elif options == {"include_usage": False}:
+                counted += 17  # asked for on the client's behalf, and stripped again
+            text = httpx.get(f"{router.url}/metrics").text
+            assert metric_value(text, "spec_router_output_tokens_total", pool="baseline") == counted
+        # vLLM 0.11 read {} as a request for usage, SGLang did not
+        assert counted == (4 if engine == "vllm-0.11" else 3) * 17
 
 
 def test_api_keys_are_required_when_configured(start_router: RouterFactory) -> None:

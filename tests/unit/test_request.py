@@ -22,10 +22,10 @@ def test_inspect_reads_routing_fields() -> None:
         }
     ).encode()
     info = inspect("/v1/chat/completions", body, b"application/json")
-    assert (info.model, info.stream, info.include_usage, info.max_tokens, info.temperature) == (
+    assert (info.model, info.stream, info.add_usage, info.max_tokens, info.temperature) == (
         "m",
         True,
-        True,
+        False,
         64,
         0.7,
     )
@@ -106,7 +106,24 @@ def test_usage_request_is_spliced_into_the_bytes_and_stays_valid_json() -> None:
     info = inspect("/v1/chat/completions", raw, b"application/json")
     out = upstream_body(info, raw, {}, ask_usage=True)
     assert json.loads(out) == {**json.loads(raw), "stream_options": {"include_usage": True}}
-    # with options already there (but no usage), the body is re-encoded instead
-    raw2 = b'{"model":"m","stream":true,"stream_options":{"x":1}}'
+    # a client that declined usage: asked for all the same (and stripped again)
+    raw2 = b'{"model":"m","stream":true,"stream_options":{"include_usage":false}}'
     out2 = upstream_body(inspect("/v1/completions", raw2, None), raw2, {}, ask_usage=True)
-    assert json.loads(out2)["stream_options"] == {"x": 1, "include_usage": True}
+    assert json.loads(out2)["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # vLLM 0.11: include_usage defaults to true; vLLM 0.34 and SGLang: false
+        {"continuous_usage_stats": True},
+        {"include_usage": True, "continuous_usage_stats": True},
+        {"include_usage": True},
+        {"x": 1},
+    ],
+)
+def test_stream_options_the_client_set_are_left_alone(options: dict[str, object]) -> None:
+    raw = json.dumps({"model": "m", "stream": True, "stream_options": options}).encode()
+    info = inspect("/v1/completions", raw, None)
+    assert not info.add_usage
+    assert upstream_body(info, raw, {}, ask_usage=True) is raw
