@@ -107,6 +107,7 @@ class RouterApp:
             clock,
             generate_timeout=settings.health_generate_timeout,
             gauge_lag=settings.engine_gauge_lag,
+            authorization={url: settings.pool_authorization(pool) for pool, url in backends},
         )
         self.keeper = CrossoverKeeper(
             settings, self.tracker, self.poller.loads, load_table(settings), clock
@@ -160,6 +161,7 @@ class RouterApp:
             keeper=self.keeper,
             decider=self.decider,
             connections=self._connections,
+            served_models=self.poller.served_models,
             extra={
                 "slo": self.decider.status() if self.decider.policy == "slo" else None,
                 "queue": self.admission.status(),
@@ -182,6 +184,14 @@ class RouterApp:
             return {"open": 0, "idle": 0, "busy": 0}
         opened, idle = client.open_connections, client.idle_connections
         return {"open": opened, "idle": idle, "busy": opened - idle}
+
+    def _default_model(self, pool: Pool, url: str) -> str | None:
+        """The model a request that names none is sent as: the pool's, when its model map
+        names one, else what the backend lists first at /v1/models."""
+        served = set(self.settings.pool_model_map(pool).values())
+        if len(served) == 1:
+            return served.pop()
+        return self.poller.served_models.get(url)
 
     def _abort_lag(self, url: str) -> float:
         """SGLang goes on running a request whose client left for 2 s (a started stream) or
@@ -239,6 +249,7 @@ class RouterApp:
             poke=poke,
             admission=self.admission,
             abort_lag=self._abort_lag,
+            default_model=self._default_model,
         )
         self.poller.start()
         keeper_task = loop.create_task(self.keeper.run())

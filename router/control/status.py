@@ -41,6 +41,7 @@ def status_document(
     decider: Decider,
     connections: Callable[[str], dict[str, int]],
     extra: Mapping[str, Any],
+    served_models: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     wall = time.time()
 
@@ -71,6 +72,7 @@ def status_document(
                     "ejections": h.ejections,
                     "connections": connections(url),
                     "engine": _engine(loads.get(url), now),
+                    "served_model": (served_models or {}).get(url),
                 }
             )
         pools[pool] = {

@@ -91,6 +91,7 @@ class Proxy:
         poke: Callable[[], None] | None = None,
         admission: Admission | None = None,
         abort_lag: Callable[[str], float] | None = None,
+        default_model: Callable[[Pool, str], str | None] | None = None,
     ) -> None:
         self.settings = settings
         self.decider = decider
@@ -108,6 +109,7 @@ class Proxy:
         # how long an engine goes on running a request after its client left (and the
         # router closed the upstream connection): 0 for vLLM, 2-4 s for SGLang
         self.abort_lag = abort_lag
+        self.default_model = default_model  # (pool, backend) -> the model a nameless request gets
         self.timeouts = Timeouts(
             settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout
         )
@@ -298,8 +300,11 @@ class Proxy:
             headers = forward_headers(
                 scope["headers"], client[0] if client else None, pool_key, bool(self._api_keys)
             )
+            named = None
+            if info.fill_model and self.default_model is not None:
+                named = self.default_model(decision.pool, decision.backend)
             payload = upstream_body(
-                info, body, self.settings.pool_model_map(decision.pool), ask_usage
+                info, body, self.settings.pool_model_map(decision.pool), ask_usage, named
             )
             conn: Connection | None = None
             error: UpstreamError | None = None

@@ -14,7 +14,7 @@ from typing import Any
 
 from router.errors import BadRequest
 
-# Paths whose body must name a model.
+# Paths whose body names a model (or gets the pool's default one).
 MODEL_PATHS = frozenset(
     {
         "/v1/chat/completions",
@@ -53,6 +53,9 @@ class RequestInfo:
     # a stream whose client did not touch ``stream_options`` (or only declined usage): the
     # router may ask for usage and remove that event again (see ``wants_usage_added``)
     add_usage: bool = False
+    # no ``model`` (or an empty one) on a path that takes one: both engines serve it (SGLang
+    # as "default", vLLM as its first served name); the router names the pool's model
+    fill_model: bool = False
     max_tokens: int | None = None
     temperature: float | None = None
     parsed: dict[str, Any] | None = None
@@ -104,14 +107,15 @@ def inspect(path: str, body: bytes, content_type: bytes | None) -> RequestInfo:
     if not isinstance(obj, dict):
         raise BadRequest("request body must be a JSON object", "invalid_json")
     model = obj.get("model")
-    if needs_model and (not isinstance(model, str) or not model):
-        raise BadRequest("you must provide a model parameter", "missing_model")
+    if needs_model and model is not None and not isinstance(model, str):
+        raise BadRequest("model must be a string", "invalid_model")
     stream = obj.get("stream") is True
     max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens"))
     temperature = obj.get("temperature")
     chars, tokens = prompt_size(obj)
     return RequestInfo(
-        model=model if isinstance(model, str) else None,
+        model=model if isinstance(model, str) and model else None,
+        fill_model=needs_model and not model,
         stream=stream,
         add_usage=stream and usage_addable(obj.get("stream_options", None)),
         max_tokens=max_tokens if type(max_tokens) is int else None,
@@ -166,17 +170,23 @@ def prompt_size(obj: dict[str, Any]) -> tuple[int, int | None]:
 
 
 def upstream_body(
-    info: RequestInfo, body: bytes, model_map: dict[str, str], ask_usage: bool
+    info: RequestInfo,
+    body: bytes,
+    model_map: dict[str, str],
+    ask_usage: bool,
+    default_model: str | None = None,
 ) -> bytes:
-    """The body to send to a pool: renamed model and/or usage requested, else unchanged."""
+    """The body to send to a pool: renamed (or named, ``default_model``) model and/or usage
+    requested, else unchanged."""
     obj = info.parsed
     if obj is None:
         return body
     rename = info.model is not None and info.model in model_map
+    name = info.fill_model and default_model is not None
     add_usage = ask_usage and info.add_usage
-    if not rename and not add_usage:
+    if not rename and not add_usage and not name:
         return body
-    if add_usage and not rename and obj and "stream_options" not in obj:
+    if add_usage and not rename and not name and obj and "stream_options" not in obj:
         # The common case, spliced into the bytes: re-encoding a long prompt costs more than
         # the rest of the request's handling (bench/results/overhead.md).
         end = body.rstrip().rfind(b"}")
@@ -186,6 +196,8 @@ def upstream_body(
     if rename:
         assert info.model is not None
         obj["model"] = model_map[info.model]
+    elif name:
+        obj["model"] = default_model
     if add_usage:  # (an explicit true: {} means true on vLLM 0.11, false elsewhere)
         obj["stream_options"] = {"include_usage": True}
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()

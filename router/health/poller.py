@@ -20,6 +20,7 @@ version).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -92,6 +93,7 @@ class HealthPoller:
         clock: Callable[[], float] = time.monotonic,
         generate_timeout: float = 25.0,
         gauge_lag: float = 2.0,
+        authorization: Mapping[str, bytes | None] | None = None,
     ) -> None:
         self.urls = urls
         self.health = health
@@ -100,6 +102,8 @@ class HealthPoller:
         self.timeout = timeout
         self.generate_timeout = generate_timeout
         self.gauge_lag = gauge_lag
+        self._authorization = authorization or {}  # each backend's pool key (for /v1/models)
+        self._served: dict[str, str] = {}  # the first model each backend lists
         self._history: dict[str, deque[tuple[float, int]]] = {}  # (scraped at, started then)
         self._probes: dict[str, bytes] = {}  # backends found without /ready: HEALTH
         self.scrape_metrics = scrape_metrics
@@ -108,6 +112,11 @@ class HealthPoller:
         self._tasks: list[asyncio.Task[None]] = []
         self._clients: dict[str, OriginPool] = {}
         self._samples: dict[str, EngineSample] = {}
+
+    @property
+    def served_models(self) -> Mapping[str, str]:
+        """The model each backend serves (the first of its ``/v1/models``), once read."""
+        return self._served
 
     @property
     def loads(self) -> Mapping[str, EngineLoad]:
@@ -129,11 +138,17 @@ class HealthPoller:
         for client in self._clients.values():
             client.close()
 
-    async def _get(self, url: str, path: bytes, timeout: float | None = None) -> tuple[int, bytes]:
+    async def _get(
+        self,
+        url: str,
+        path: bytes,
+        timeout: float | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> tuple[int, bytes]:
         timeout = self.timeout if timeout is None else timeout
         timeouts = Timeouts(self.timeout, timeout, timeout)
         async with asyncio.timeout(timeout):
-            conn = await self._clients[url].request(b"GET", path, [], b"", timeouts)
+            conn = await self._clients[url].request(b"GET", path, headers or [], b"", timeouts)
             try:
                 return conn.status, await conn.read_all()
             finally:
@@ -178,8 +193,22 @@ class HealthPoller:
                 state,
                 f" ({error})" if error else "",
             )
+        if ok and url not in self._served:
+            await self._read_models(url)
         if ok and self.scrape_metrics:
             await self._scrape(url)
+
+    async def _read_models(self, url: str) -> None:
+        """Once per backend: the model it serves, for requests that name none."""
+        auth = self._authorization.get(url)
+        try:
+            status, body = await self._get(
+                url, b"/v1/models", headers=[(b"authorization", auth)] if auth else None
+            )
+            if status == 200:
+                self._served[url] = str(json.loads(body)["data"][0]["id"])
+        except (UpstreamError, TimeoutError, ValueError, KeyError, IndexError, TypeError):
+            pass  # the next healthy round tries again
 
     async def _scrape(self, url: str) -> None:
         started = self._started[url]

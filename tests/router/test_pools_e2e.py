@@ -12,8 +12,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import TIME_SCALE, RouterFactory
-from tests.support.http import router_status
-from tests.support.processes import Proc, sim_args, spawn
+from tests.support.http import router_status, wait_for
+from tests.support.processes import Proc, free_port, running, sim_args, spawn
 
 pytestmark = pytest.mark.anyio
 
@@ -111,3 +111,29 @@ def test_without_the_pool_key_the_engine_refuses(
         headers={"authorization": "Bearer client-key"},
     )
     assert r.status_code == 404 and "does not exist" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_request_without_a_model_goes_as_the_pools_model(
+    start_router: RouterFactory, engine: str
+) -> None:
+    # Both engines serve a request that names no model (SGLang as "default", vLLM as its
+    # first served name). The router sends it as the model the backend lists at /v1/models,
+    # read once with the pool's key (both guard /v1/*), so the answer names the served model.
+    args = ["--time-scale", TIME_SCALE, "--engine", engine, "--model", "m-served"]
+    with running(sim_args("eagle3", *args, "--api-key", "sk")) as spec:
+        router = start_router(
+            spec.url, f"http://127.0.0.1:{free_port()}", policy="crossover", crossover="4",
+            speculative_api_key="sk",
+        )  # fmt: skip
+
+        def served() -> object:
+            return router_status(router.url)["pools"]["speculative"]["backends"][0]["served_model"]
+
+        wait_for(lambda: served() == "m-served")
+        body = {"messages": MESSAGES, "max_tokens": 3}
+        r = httpx.post(f"{router.url}/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == "m-served"  # SGLang would have said "default"
+        stream = httpx.post(f"{router.url}/v1/completions", json={"prompt": "a", "stream": True})
+        assert stream.status_code == 200 and '"model":"m-served"' in stream.text

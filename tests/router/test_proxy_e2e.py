@@ -147,7 +147,7 @@ async def test_200_streams_aborted_at_random_points_leave_nothing(
     ("content", "headers", "status", "code"),
     [
         (b"{not json", {"content-type": "application/json"}, 400, "invalid_json"),
-        (b'{"messages": []}', {"content-type": "application/json"}, 400, "missing_model"),
+        (b'{"model": 3}', {"content-type": "application/json"}, 400, "invalid_model"),
         (b"", {}, 400, "invalid_json"),
         (b"x" * 4096, {"content-type": "application/json"}, 413, "body_too_large"),
     ],

@@ -37,8 +37,7 @@ def test_inspect_reads_routing_fields() -> None:
         (b"", "invalid_json"),
         (b"{not json", "invalid_json"),
         (b"[1, 2]", "invalid_json"),
-        (b'{"messages": []}', "missing_model"),
-        (b'{"model": 3}', "missing_model"),
+        (b'{"model": 3}', "invalid_model"),
         (b"\xff\xfe", "invalid_json"),
     ],
 )
@@ -127,3 +126,16 @@ def test_stream_options_the_client_set_are_left_alone(options: dict[str, object]
     info = inspect("/v1/completions", raw, None)
     assert not info.add_usage
     assert upstream_body(info, raw, {}, ask_usage=True) is raw
+
+
+def test_a_request_without_a_model_gets_the_pools() -> None:
+    for raw in (b'{"messages": []}', b'{"model": "", "messages": []}', b'{"model": null}'):
+        info = inspect("/v1/chat/completions", raw, None)
+        assert info.model is None and info.fill_model
+        out = json.loads(upstream_body(info, raw, {}, ask_usage=False, default_model="llama"))
+        assert out["model"] == "llama"
+        # without a name for the pool, the body goes as it is (both engines serve it)
+        assert upstream_body(info, raw, {}, ask_usage=False) is raw
+    named = inspect("/v1/chat/completions", b'{"model": "m"}', None)
+    assert not named.fill_model
+    assert not inspect("/v1/other", b'{"x": 1}', None).fill_model
