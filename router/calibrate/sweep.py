@@ -181,22 +181,31 @@ async def acceptance(
     url: str,
     before: engine_metrics.EngineSample | None,
     after: engine_metrics.EngineSample | None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[float, str]:
-    """The speculative engine's acceptance length over the sweep, and where it came from."""
+    """The speculative engine's acceptance length over the sweep, and where it came from:
+    its counters' deltas over the sweep where it has them; else SGLang's
+    ``avg_spec_accept_length`` (a lifetime mean, warm-up included, per DP rank, behind the
+    API key: ``headers``); else its last 40-step gauge."""
     if after is not None and before is not None and after.accept_length is None:
         interval = engine_metrics.interval_accept_length(before, after)  # vLLM's counters
         if interval is not None and interval >= 1.0:
             return interval, "vllm spec_decode counters over the sweep"
+    counted = engine_metrics.counted_accept_length(before, after) if after is not None else None
+    if after is not None and after.flavor == "sglang" and counted is not None and counted >= 1.0:
+        # (counted as requests end; 0.5.23 and later)
+        return counted, "sglang generation_tokens / spec_verify_calls over the sweep"
     for path in ("/server_info", "/get_server_info"):
         try:
-            resp = await client.get(url + path, timeout=10)
+            resp = await client.get(url + path, headers=headers, timeout=10)
             info: Any = resp.json() if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             info = None
         if isinstance(info, dict):
-            states = info.get("internal_states") or [{}]
+            states = [x for x in info.get("internal_states") or [] if isinstance(x, dict)]
+            ranks = [x["avg_spec_accept_length"] for x in states if "avg_spec_accept_length" in x]
             value = info.get("avg_spec_accept_length") or (
-                states[0].get("avg_spec_accept_length") if isinstance(states[0], dict) else None
+                sum(ranks) / len(ranks) if ranks else None  # one per DP rank
             )
             if isinstance(value, int | float) and value >= 1.0:
                 return float(value), f"avg_spec_accept_length from {path}"
@@ -302,5 +311,7 @@ async def sweep(plan: Plan, sources: dict[str, RequestSource], progress: Progres
             result.disturbed += [f"{name} at {n}" for n in sorted(doubtful)]
             if name == "speculative":
                 after = await scrape(client, pool.url)
-                result.tau, result.tau_source = await acceptance(client, pool.url, before, after)
+                result.tau, result.tau_source = await acceptance(
+                    client, pool.url, before, after, headers
+                )
     return result

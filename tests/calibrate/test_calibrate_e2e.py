@@ -155,3 +155,42 @@ def test_bad_dataset_is_a_usage_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "bad.jsonl: dataset line 2 has neither messages nor prompt" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("engine", "source"),
+    [
+        ("sglang", "sglang generation_tokens / spec_verify_calls over the sweep"),
+        ("vllm", "vllm spec_decode counters over the sweep"),
+    ],
+)
+def test_acceptance_over_the_sweep_from_the_engines_counters(
+    engine: str, source: str, tmp_path: Path
+) -> None:
+    # Behind an API key (both engines guard /v1/*, SGLang also /server_info). The acceptance
+    # is the counters' deltas over the sweep, not SGLang's lifetime avg_spec_accept_length.
+    args = ["--time-scale", SCALE, "--engine", engine, "--api-key", "k", "--seed", "3"]
+    spec = spawn(sim_args("eagle3", *args))
+    try:
+        base = spawn(sim_args("baseline", *args))
+        try:
+            out = tmp_path / "table.json"
+            done = calibrate(
+                "--speculative", spec.url,
+                "--baseline", base.url,
+                "--api-key", "k",
+                "--concurrency", "2",
+                "--prompt-tokens", "8",
+                "--output-tokens", "64",
+                "--requests-per-level", "8",
+                "--time-scale", SCALE,
+                "--out", str(out),
+            )  # fmt: skip
+        finally:
+            base.stop()
+    finally:
+        spec.stop()
+    assert done.returncode == 0, done.stderr
+    table = from_json(json.loads(out.read_text()))
+    assert table.speculative.fit is not None and 2.4 < table.speculative.fit.tau < 3.2
+    assert source in table.notes

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import httpx
+import pytest
 
 from router.calibrate.sweep import acceptance, discover_model, scrape, wait_idle
 from router.health import engines as engine_metrics
@@ -64,17 +65,40 @@ def test_wait_idle_and_scrape_without_metrics() -> None:
     assert run(handler, lambda c: scrape(c, "http://e")) is None
 
 
-def test_acceptance_prefers_server_info() -> None:
+def test_acceptance_from_server_info_with_the_key_per_dp_rank() -> None:
+    # SGLang 0.5.3 (no spec_verify_calls_total): its lifetime mean, one per DP rank, behind
+    # the API key
     def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/server_info":
-            states = [{"avg_spec_accept_length": 2.65}]
+        if request.headers.get("authorization") != "Bearer k":
+            return httpx.Response(401, json={"error": "Unauthorized"})
+        if request.url.path == "/get_server_info":
+            states = [{"avg_spec_accept_length": 2.6}, {"avg_spec_accept_length": 2.8}, {}]
             return httpx.Response(200, json={"internal_states": states})
         return httpx.Response(404)
 
-    assert run(handler, lambda c: acceptance(c, "http://e", None, None)) == (
-        2.65,
-        "avg_spec_accept_length from /server_info",
+    key = {"authorization": "Bearer k"}
+    tau, source = run(handler, lambda c: acceptance(c, "http://e", None, None, key))
+    assert tau == pytest.approx(2.7) and source == "avg_spec_accept_length from /get_server_info"
+    assert run(handler, lambda c: acceptance(c, "http://e", None, None))[0] == 1.0  # no key
+
+
+def test_acceptance_from_sglang_counters_over_the_sweep() -> None:
+    # 0.5.23: generated tokens / verify calls, counted as requests end, over the sweep -- not
+    # /server_info's lifetime mean (warm-up included), which it does not even ask for
+    text = (
+        'sglang:num_running_reqs{{model_name="m"}} 0\n'
+        'sglang:spec_accept_length{{model_name="m"}} 2.0\n'
+        'sglang:generation_tokens_total{{model_name="m",is_streaming="true"}} {gen}\n'
+        'sglang:spec_verify_calls_total{{model_name="m"}} {ver}\n'
     )
+    before = engine_metrics.parse(text.format(gen=500, ver=400))
+    after = engine_metrics.parse(text.format(gen=3300, ver=1400))
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise AssertionError(f"asked {request.url}")
+
+    tau, source = run(handler, lambda c: acceptance(c, "http://e", before, after))
+    assert tau == pytest.approx(2.8) and "spec_verify_calls" in source
 
 
 def test_acceptance_from_vllm_counters_over_the_sweep() -> None:
