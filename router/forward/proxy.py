@@ -49,7 +49,7 @@ from router.forward.request import (
     response_headers,
     upstream_body,
 )
-from router.forward.stream import MAX_PEEK, BodyTap, SseTap, first_event_refusal
+from router.forward.stream import BodyTap, SseTap, first_event, is_sse
 from router.forward.upstream import Connection, OriginPool, Timeouts, UpstreamError
 from router.forward.verdicts import Verdict
 from router.health.state import HealthRegistry
@@ -318,9 +318,9 @@ class Proxy:
                 verdict = verdicts.after_error(exc.kind, exc.response_started)
             else:
                 verdict = verdicts.after_status(conn.status)
-                if info.stream and conn.status == 200 and _is_sse(conn.headers):
+                if info.stream and conn.status == 200 and is_sse(conn.headers):
                     try:
-                        refused, status = await _first_event(conn)
+                        refused, status = await first_event(conn)
                     except UpstreamError as exc:  # no event: closed (refused), or too slow
                         conn.release()
                         conn, error = None, exc
@@ -547,37 +547,6 @@ class Proxy:
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         end = {"type": "http.response.body", "body": body, "more_body": False}
         await _send_all(responder, [start, end])
-
-
-def _is_sse(headers: list[tuple[bytes, bytes]]) -> bool:
-    ctype = next((v for k, v in headers if k == b"content-type"), b"")
-    return ctype.startswith(b"text/event-stream")
-
-
-async def _first_event(conn: Connection) -> tuple[str | None, int | None]:
-    """Read a stream up to its first event and put it back: ``(message, status)`` of an
-    engine's in-stream refusal (SGLang 0.5.23's answer to a full queue), else ``(None,
-    None)``. Raises ``UpstreamError`` (kind ``reset``, as nothing was answered) when the
-    stream ends or breaks before one whole event (SGLang 0.5.3's answer to a full queue)."""
-    data = b""
-    try:
-        while b"\n\n" not in data and len(data) < MAX_PEEK:
-            chunk = await conn.read()
-            if not chunk:
-                break
-            data += chunk
-    except UpstreamError as exc:
-        if data:
-            conn.unread(data)  # broken after some bytes: _relay's to report, as it does
-            return None, None
-        if exc.kind != "reset":
-            raise  # a timeout: the engine may still be working on it
-        raise UpstreamError("reset", f"{exc} before the stream's first event") from None
-    if not data:
-        raise UpstreamError("reset", "the stream ended before its first event")
-    conn.unread(data)
-    refusal = first_event_refusal(data)
-    return (None, None) if refusal is None else (refusal[1] or "refused", refusal[0])
 
 
 def _slo_headers(headers: list[tuple[bytes, bytes]]) -> tuple[float | None, float | None]:

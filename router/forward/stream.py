@@ -1,9 +1,11 @@
 """Watching response bodies as they pass: token usage, and the few rewrites the router owns.
 
-The router counts tokens from the engine's own ``usage``. For a stream whose client did not ask
-for usage, the proxy asks the engine for it (``stream_options.include_usage``) and this tap
-removes that one extra event again, so the client receives what the engine would have sent it.
-A per-pool model name is mapped back to the public one the client asked for.
+The router counts tokens from the engine's own ``usage``. For a stream whose client left
+``stream_options`` alone, the proxy asks the engine for it (``stream_options.include_usage``) and
+this tap removes that one extra event again, so the client receives what the engine would have
+sent it. A per-pool model name is mapped back to the public one the client asked for.
+``first_event`` reads a stream's first event before anything is relayed: an engine may refuse a
+stream inside a 200 (SGLang).
 
 Hot-path care: a chunk that holds whole events and nothing of interest is returned as is, after
 one substring search; events are split only when a chunk carries usage or must be rewritten.
@@ -14,6 +16,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from router.forward.upstream import Connection, UpstreamError
 
 _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
 _MAX_CARRY = 1 << 20
@@ -153,3 +157,34 @@ def first_event_refusal(data: bytes) -> tuple[int, str] | None:
         return None
     message = error.get("message")
     return int(code), message if isinstance(message, str) else ""
+
+
+def is_sse(headers: list[tuple[bytes, bytes]]) -> bool:
+    ctype = next((v for k, v in headers if k == b"content-type"), b"")
+    return ctype.startswith(b"text/event-stream")
+
+
+async def first_event(conn: Connection) -> tuple[str | None, int | None]:
+    """Read a stream up to its first event and put it back: ``(message, status)`` of an
+    engine's in-stream refusal (SGLang 0.5.23's answer to a full queue), else ``(None,
+    None)``. Raises ``UpstreamError`` (kind ``reset``, as nothing was answered) when the
+    stream ends or breaks before one whole event (SGLang 0.5.3's answer to a full queue)."""
+    data = b""
+    try:
+        while b"\n\n" not in data and len(data) < MAX_PEEK:
+            chunk = await conn.read()
+            if not chunk:
+                break
+            data += chunk
+    except UpstreamError as exc:
+        if data:
+            conn.unread(data)  # broken after some bytes: _relay's to report, as it does
+            return None, None
+        if exc.kind != "reset":
+            raise  # a timeout: the engine may still be working on it
+        raise UpstreamError("reset", f"{exc} before the stream's first event") from None
+    if not data:
+        raise UpstreamError("reset", "the stream ended before its first event")
+    conn.unread(data)
+    refusal = first_event_refusal(data)
+    return (None, None) if refusal is None else (refusal[1] or "refused", refusal[0])
