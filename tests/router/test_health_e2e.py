@@ -277,7 +277,9 @@ def test_a_request_that_timed_out_on_a_reused_connection_is_sent_once(
 
     before = received()
     r = httpx.post(
-        url, json={**CHAT, "max_tokens": 3}, headers={"x-sim-fault": "hang_before_headers"}
+        url,
+        json={**CHAT, "max_tokens": 3, "stream": True},
+        headers={"x-sim-fault": "hang_before_headers"},
     )
     assert r.status_code == 504
     assert received() == before + 1  # the engine got it once: a timeout is not a stale connection
@@ -318,7 +320,7 @@ def test_hang_before_headers_hits_first_byte_timeout(
     began = time.monotonic()
     r = httpx.post(
         f"{router.url}/v1/chat/completions",
-        json={**CHAT, "max_tokens": 5},
+        json={**CHAT, "max_tokens": 5, "stream": True},  # (a stream: FIRST_BYTE_TIMEOUT's)
         headers={"x-sim-fault": "hang_before_headers"},
     )
     elapsed = time.monotonic() - began
