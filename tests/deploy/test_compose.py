@@ -73,6 +73,7 @@ def test_gpu_profile_runs_one_model_with_and_without_eagle3() -> None:
         assert cmd[:3] == ["python3", "-m", "sglang.launch_server"]
         assert option(cmd, "--host") == "0.0.0.0"
         assert "--enable-metrics" in cmd  # the router's engine signals and the engine panels
+        assert option(cmd, "--decode-log-interval") == "10"  # fresher load gauges than 40
     for flag in ("--model-path", "--served-model-name", "--tp", "--port"):
         assert option(spec, flag) == option(base, flag), flag
     for flag, value in SPEC_FLAGS.items():
@@ -80,6 +81,9 @@ def test_gpu_profile_runs_one_model_with_and_without_eagle3() -> None:
     assert option(spec, "--speculative-draft-model-path")
     assert not [a for a in base if a.startswith("--speculative")]
     for name in ("sglang-eagle3", "sglang-baseline"):
+        # a cheap /health (no generation per probe), and a healthcheck on /ready
+        assert gpu[name]["environment"]["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "0"
+        assert "/ready" in " ".join(gpu[name]["healthcheck"]["test"])
         (device,) = gpu[name]["deploy"]["resources"]["reservations"]["devices"]
         assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
     assert "sim-eagle3" not in gpu and "spec-router" in gpu
