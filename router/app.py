@@ -24,8 +24,11 @@ from router.account.inflight import InflightTracker
 from router.account.keeper import CrossoverKeeper
 from router.account.metrics import RouterMetrics, StateCollector
 from router.account.outcome import Outcome
+from router.account.recent import RecentWindow
 from router.asgi import Receive, Scope, Send
 from router.control.app import build_control_app
+from router.control.feed import Feed
+from router.control.live import live_document
 from router.control.models import list_models
 from router.control.status import status_document
 from router.decide import table as tables
@@ -135,10 +138,13 @@ class RouterApp:
                 clock,
             )
         )
+        self.recent = RecentWindow(clock)
         self.observers: list[Callable[[Outcome], None]] = [
             self.metrics.observe,
             self.keeper.observe,
+            self.recent.observe,
         ]
+        self.feed = Feed(self.ui_snapshot, settings.ui_interval)
         self.clients: dict[str, OriginPool] = {}
         self.proxy: Proxy | None = None
         self.busy: BusyPoll | None = None
@@ -167,8 +173,23 @@ class RouterApp:
                     "spinning": busy is not None and busy.running,
                     "turns": 0 if busy is None else busy.spins,
                 },
+                "recent": self.recent.summary(),
+                "ui": {
+                    "feed_connections": self.feed.connections,
+                    "snapshots": self.feed.seq,
+                    "interval_s": self.feed.interval,
+                },
             },
         )
+
+    def ui_snapshot(self) -> dict[str, Any]:
+        """One snapshot for the live page (made on the feed's timer, never per request)."""
+        return live_document(self.status(), self.keeper.curves(), self.recent.series())
+
+    def closing(self) -> None:
+        """The server is about to stop: end the live page's feeds, which would otherwise hold
+        the graceful shutdown open (``router.serve`` calls this before uvicorn's shutdown)."""
+        self.feed.close()
 
     def _connections(self, url: str) -> dict[str, int]:
         client = self.clients.get(url)

@@ -82,6 +82,14 @@ class AnnouncingServer(uvicorn.Server):
         if self.started:
             print(f"{LISTENING_PREFIX}{self.url}", flush=True)
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Responses that never end on their own (the live page's feed) end first: uvicorn
+        # waits for every open response before it runs the lifespan's shutdown.
+        closing = getattr(self.config.app, "closing", None)
+        if callable(closing):
+            closing()
+        await super().shutdown(sockets=sockets)
+
 
 def run(
     app: Any, host: str, port: int, *, log_level: str = "warning", http: str = "httptools"

@@ -141,6 +141,10 @@ class Settings(BaseSettings):
     explore_share: float = Field(default=0.02, ge=0, le=0.2)
     explore_band: int = Field(default=2, ge=0)
 
+    # -- live page ----------------------------------------------------------------------------
+    # Seconds between two snapshots of the live page's feed (/router/ui/events).
+    ui_interval: float = Field(default=1.0, ge=0.05, le=60)
+
     # -- process ------------------------------------------------------------------------------
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 

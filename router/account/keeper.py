@@ -25,7 +25,7 @@ from router.decide.predict import PoolModel
 from router.decide.snapshot import Traffic
 from router.decide.table import Source, Table
 from router.health.poller import EngineLoad
-from router.pools import SPECULATIVE, Pool
+from router.pools import POOLS, SPECULATIVE, Pool
 from router.settings import DEFAULT_CROSSOVER, Settings
 
 log = logging.getLogger("spec_router.tuning")
@@ -60,6 +60,7 @@ class CrossoverKeeper:
         else:
             self._crossover, self._source, self.pinned = DEFAULT_CROSSOVER, "default", False
         self.table_path = settings.table_path
+        self.start_table = table  # what learning started from (loaded or PUT), for the live page
         self.learning = settings.learn
         self.learner = self._learner(table)
         self.engines = EngineModels(table, settings.learn_decay)
@@ -99,6 +100,29 @@ class CrossoverKeeper:
             "pinned": self.pinned,
             "target": learner.target(),
             "samples": {pool: learner.pools[pool].samples for pool in learner.pools},
+            "acceptance_length": learner.tau,
+            "reference_acceptance_length": learner.ref_tau,
+        }
+
+    def curves(self) -> dict[str, Any]:
+        """Both pools' per-request decode tok/s against concurrency, in model time: the table
+        learning started from (``start``) and what it has learned since (``learned``)."""
+        start = self.start_table
+        learner = self.learner
+        return {
+            "start": None
+            if start is None
+            else {
+                pool: [
+                    (p.concurrency, p.decode_tps_p50)
+                    for p in start.pool(pool).points
+                    if p.decode_tps_p50 > 0
+                ]
+                for pool in POOLS
+            },
+            "start_source": None if start is None else start.source,
+            "learned": {pool: points for pool, points in learner.speeds().items()},
+            "time_scale": learner.time_scale,
             "acceptance_length": learner.tau,
             "reference_acceptance_length": learner.ref_tau,
         }
@@ -186,6 +210,7 @@ class CrossoverKeeper:
         The table's crossover takes over, and learning resumes from it: a pin is lifted.
         """
         table = tables.from_json(raw)
+        self.start_table = table
         self.learner = self._learner(table)
         self.engines = EngineModels(table, self.settings.learn_decay)
         self._tau_used = None
