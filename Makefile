@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv test check demo bench clean
 
+# Playwright (dev extra) drives the system's chromium in tests/ui; it never fetches a browser.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
+
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -16,6 +19,7 @@ venv: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/ensure-prometheus.sh
+	bash scripts/ensure-chromium.sh
 	$(BIN)/python -m pytest -q
 
 check: $(STAMP)

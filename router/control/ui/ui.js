@@ -8,7 +8,7 @@
   const HISTORY = 300; // points of the in-flight chart kept on the page (5 min at 1/s)
 
   // A key given as ?key= is now a cookie (see router/control/page.py): keep it out of sight.
-  if (location.search.includes("key=")) history.replaceState(null, "", location.pathname);
+  if (location.search.includes("key=")) window.history.replaceState(null, "", location.pathname);
 
   const $ = (id) => document.getElementById(id);
   const text = (id, value) => { const el = $(id); if (el) el.textContent = value; };
@@ -31,7 +31,7 @@
 
   // -- charts ----------------------------------------------------------------------------------
   const charts = {};
-  const history = { t: [], spec: [], base: [], cap: [] };
+  const trail = { t: [], spec: [], base: [], cap: [] }; // the in-flight chart's points
 
   function width(el) { return Math.max(300, el.clientWidth - 4); }
 
@@ -209,9 +209,9 @@
 
     // charts
     const now = Date.now() / 1000;
-    history.t.push(now); history.spec.push(spec.in_flight); history.base.push(base.in_flight); history.cap.push(s.speculative_capacity);
-    if (history.t.length > HISTORY) Object.values(history).forEach((a) => a.shift());
-    charts.inflight.setData([history.t, history.spec, history.base, history.cap]);
+    trail.t.push(now); trail.spec.push(spec.in_flight); trail.base.push(base.in_flight); trail.cap.push(s.speculative_capacity);
+    if (trail.t.length > HISTORY) Object.values(trail).forEach((a) => a.shift());
+    charts.inflight.setData([trail.t, trail.spec, trail.base, trail.cap]);
     const series = r.series;
     const shares = series.t.map((_, i) => {
       const n = series[SPEC][i] + series[BASE][i];
@@ -240,5 +240,6 @@
   }
 
   makeCharts();
+  window.specRouterCharts = charts; // for a look from the browser's console (and the tests)
   connect();
 })();
