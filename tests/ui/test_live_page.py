@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Browser, ConsoleMessage, Error, Page
 
 from router.decide.table import to_json
 from router.tools.loadgen import run_closed_loop
@@ -164,9 +164,18 @@ def ramp(url: str, levels: tuple[int, ...], seconds: float) -> Iterator[None]:
 
 
 def watched(page: Page) -> list[str]:
+    """Errors and warnings the page reports (script errors, CSP refusals, failed loads)."""
     problems: list[str] = []
-    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else 0)
+
+    def console(message: ConsoleMessage) -> None:
+        if message.type in ("error", "warning"):
+            problems.append(message.text)
+
+    def error(exc: Error) -> None:
+        problems.append(f"page error: {exc}")
+
+    page.on("console", console)
+    page.on("pageerror", error)
     return problems
 
 
