@@ -6,6 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv test check demo bench clean
 
+# `make demo HOLD=300` keeps the demo's sims and routers up 5 more minutes, ramping load through
+# the router, to watch its live page (/router/ui); the default ends as soon as the demo is done.
+HOLD ?= 0
+
 # Playwright (dev extra) drives the system's chromium in tests/ui; it never fetches a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
@@ -28,7 +32,7 @@ check: $(STAMP)
 	$(BIN)/mypy
 
 demo: $(STAMP)
-	$(BIN)/spec-router demo
+	$(BIN)/spec-router demo --hold $(HOLD)
 
 bench: $(STAMP)
 	bash bench/run.sh
