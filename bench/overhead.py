@@ -65,12 +65,39 @@ CANDIDATES = {
     "asgi_aiohttp": "raw ASGI handler + aiohttp",
 }
 # router_no_busy_poll: the same router with SPEC_ROUTER_BUSY_POLL_US=0 (router/fastpath/busypoll.py)
-TARGETS = ["direct", "nginx", "router", "router_no_busy_poll", *CANDIDATES]
+# router_ui: the same router with its live page's feed (/router/ui/events) read all along, as an
+# open browser tab would (bench/results/ui-overhead.md)
+ROUTERS = ("router", "router_no_busy_poll", "router_ui")
+TARGETS = ["direct", "nginx", *ROUTERS, *CANDIDATES]
 SCENARIOS = ["c1", "stream", "c64"]
 
 
 class StartError(RuntimeError):
     pass
+
+
+class FeedReader:
+    """Reads the router's live-page feed in a thread for as long as it runs, as a tab would."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.sock.sendall(b"GET /router/ui/events HTTP/1.1\r\nhost: bench\r\n\r\n")
+        self.events = 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        self.sock.settimeout(None)
+        with contextlib.suppress(OSError):
+            while chunk := self.sock.recv(65536):
+                self.events += chunk.count(b"\ndata: ")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join(timeout=5)
 
 
 @dataclass
@@ -80,6 +107,7 @@ class Proc:
     output: list[str] = field(default_factory=list)
     url: str = ""
     measured_pid: int = 0  # the process whose CPU is measured (nginx: its worker)
+    feed: FeedReader | None = None  # router_ui: the live page's feed, read all along
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -89,6 +117,8 @@ class Proc:
 
     def stop(self) -> None:
         """SIGTERM by PID, then SIGKILL; never by name."""
+        if self.feed is not None:
+            self.feed.close()
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
             try:
@@ -196,6 +226,22 @@ def wait_ready(url: str, timeout: float = 20.0) -> None:
         if status in (200, 404):
             return
         time.sleep(0.1)
+
+
+def wait_feed(url: str, timeout: float = 10.0) -> None:
+    """Wait until the router counts one feed connection (``/router/status`` ``ui``)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        try:
+            conn.request("GET", "/router/status")
+            if json.loads(conn.getresponse().read())["ui"]["feed_connections"] == 1:
+                return
+        finally:
+            conn.close()
+        time.sleep(0.1)
+    raise StartError("router_ui: the live page's feed did not connect")
 
 
 def run_loadgen(
@@ -392,7 +438,7 @@ def start_target(
     core = args.proxy_core
     if name == "nginx":
         return start_nginx(tmp / "nginx", backend.url, core, args.nginx)
-    if name in ("router", "router_no_busy_poll"):
+    if name in ROUTERS:
         # The router refuses one URL in both pools, so the baseline pool gets a second,
         # identical fake backend on the same core; its CPU is counted with the first's.
         env = {
@@ -404,6 +450,9 @@ def start_target(
         cmd = [PY, "-m", "router", "serve", "--host", "127.0.0.1", "--port", "0"]
         proc = spawn(name, cmd, core, env)
         wait_ready(proc.url)
+        if name == "router_ui":
+            proc.feed = FeedReader(proc.url)
+            wait_feed(proc.url)
         return proc
     script = str(HERE / "candidates" / f"{name}.py")
     return spawn(name, [PY, script, "--upstream", backend.url, "--port", "0"], core)
@@ -467,7 +516,10 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     (args.out / "overhead.partial.json").write_text(json.dumps(runs) + "\n")
                     time.sleep(args.settle)
     finally:
-        for proc in procs.values():
+        for name, proc in procs.items():
+            if proc.feed is not None:
+                read = f"live-page feed read all along: {proc.feed.events} snapshots"
+                notes[name] = f"{notes[name]}; {read}" if name in notes else read
             proc.stop()
         backend.stop()
         backend_b.stop()

@@ -170,6 +170,8 @@ STACKS = {
     "its own HTTP/1.1 client on asyncio + httptools), default settings",
     "router_no_busy_poll": "the same router with busy polling off "
     "(`SPEC_ROUTER_BUSY_POLL_US=0`, router/fastpath/busypoll.py)",
+    "router_ui": "the same router with its live page's feed (`/router/ui/events`) read all "
+    "along, as one open browser tab would",
     "fastapi_httpx": "FastAPI + httpx, StreamingResponse: the typical pass-through",
     "fastapi_aiohttp": "FastAPI + aiohttp, StreamingResponse",
     "starlette_aiohttp": "Starlette routing + StreamingResponse + aiohttp",
