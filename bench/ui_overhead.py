@@ -90,16 +90,18 @@ def compare(report: dict[str, Any], scenarios: list[str]) -> dict[str, Any]:
         for key, _, _ in METRICS:
             base = [by[("router", scenario, i)].get(key) for i in reps]
             ui = [by.get(("router_ui", scenario, i), {}).get(key) for i in reps]
-            pairs = [(u, b) for u, b in zip(ui, base, strict=True) if u is not None and b]
+            pairs = [
+                (u, b) for u, b in zip(ui, base, strict=True) if u is not None and b is not None
+            ]
             if not pairs:
                 continue
-            ratios = [u / b for u, b in pairs]
+            ratios = [u / b for u, b in pairs if b > 0]
             rows[key] = {
                 "router": statistics.median(b for _, b in pairs),
                 "router_ui": statistics.median(u for u, _ in pairs),
-                "ratio_median": statistics.median(ratios),
-                "ratio_min": min(ratios),
-                "ratio_max": max(ratios),
+                "ratio_median": statistics.median(ratios) if ratios else None,
+                "ratio_min": min(ratios, default=None),
+                "ratio_max": max(ratios, default=None),
                 "reps": len(pairs),
             }
         out[scenario] = rows
@@ -135,9 +137,14 @@ def render(report: dict[str, Any], table: dict[str, Any], cost: dict[str, float]
             row = rows.get(key)
             if row is None:
                 continue
+            ratio = (
+                "–"
+                if row["ratio_median"] is None or key == "other_load"
+                else f"{row['ratio_median']:.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
+            )
             lines.append(
                 f"| {label} | {row['router']:,.{digits}f} | {row['router_ui']:,.{digits}f} | "
-                f"{row['ratio_median']:.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f}) |"
+                f"{ratio} |"
             )
         lines.append("")
     lines += [
