@@ -77,15 +77,27 @@ def costs() -> dict[str, float]:
     }
 
 
-def compare(report: dict[str, Any], scenarios: list[str]) -> dict[str, Any]:
-    """Per scenario and metric: medians, and the median and range of router_ui/router per rep."""
+def compare(
+    report: dict[str, Any], scenarios: list[str], quiet: float | None = None
+) -> dict[str, Any]:
+    """Per scenario and metric: medians, and the median and range of router_ui/router per rep;
+    with ``quiet``, only the reps in which both runs had at most that much load from others."""
     by: dict[tuple[str, str, int], dict[str, Any]] = {}
     for r in report["runs"]:
         if "failed" not in r:
             by[(r["target"], r["scenario"], r["rep"])] = r
+
+    def calm(scenario: str, rep: int) -> bool:
+        runs = [by.get((t, scenario, rep)) for t in ("router", "router_ui")]
+        return quiet is None or all(
+            r is not None and (r.get("other_load") or 0.0) <= quiet for r in runs
+        )
+
     out: dict[str, Any] = {}
     for scenario in scenarios:
-        reps = sorted({rep for (t, s, rep) in by if s == scenario and t == "router"})
+        reps = sorted(
+            rep for (t, s, rep) in by if s == scenario and t == "router" and calm(scenario, rep)
+        )
         rows: dict[str, Any] = {}
         for key, _, _ in METRICS:
             base = [by[("router", scenario, i)].get(key) for i in reps]
@@ -108,6 +120,34 @@ def compare(report: dict[str, Any], scenarios: list[str]) -> dict[str, Any]:
     return out
 
 
+QUIET = 0.3  # cores others may have used in both runs of a rep for it to count as quiet
+
+
+def _table(table: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for scenario, rows in table.items():
+        if not rows:
+            continue
+        reps = max(row["reps"] for row in rows.values())
+        lines += [f"**{SCENARIOS[scenario]}** ({reps} reps)", ""]
+        lines += ["| metric | router | router_ui | router_ui / router |", "|---|---|---|---|"]
+        for key, label, digits in METRICS:
+            row = rows.get(key)
+            if row is None:
+                continue
+            ratio = (
+                "–"
+                if row["ratio_median"] is None or key == "other_load"
+                else f"{row['ratio_median']:.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
+            )
+            lines.append(
+                f"| {label} | {row['router']:,.{digits}f} | {row['router_ui']:,.{digits}f} | "
+                f"{ratio} |"
+            )
+        lines.append("")
+    return lines
+
+
 def render(report: dict[str, Any], table: dict[str, Any], cost: dict[str, float]) -> str:
     cfg = report["config"]
     m = report["machine"]
@@ -128,25 +168,27 @@ def render(report: dict[str, Any], table: dict[str, Any], cost: dict[str, float]
         f"{m['date']}.",
         "",
     ]
-    for scenario, rows in table.items():
-        if not rows:
-            continue
-        lines += [f"## {SCENARIOS[scenario]}", ""]
-        lines += ["| metric | router | router_ui | router_ui / router |", "|---|---|---|---|"]
-        for key, label, digits in METRICS:
-            row = rows.get(key)
-            if row is None:
-                continue
-            ratio = (
-                "–"
-                if row["ratio_median"] is None or key == "other_load"
-                else f"{row['ratio_median']:.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
-            )
-            lines.append(
-                f"| {label} | {row['router']:,.{digits}f} | {row['router_ui']:,.{digits}f} | "
-                f"{ratio} |"
-            )
-        lines.append("")
+    spread = [
+        (rows["rps"]["ratio_min"], rows["rps"]["ratio_max"])
+        for rows in table.values()
+        if rows.get("rps") and rows["rps"]["ratio_min"] is not None
+    ]
+    if spread:
+        lo, hi = min(a for a, _ in spread), max(b for _, b in spread)
+        lines += [
+            f"Reading: in this run the req/s ratio of a rep ranged from {lo:.2f} to {hi:.2f} "
+            "across scenarios, so the noise is at least that wide here; a difference the page "
+            "made that is smaller than that cannot be told from it. On a quiet machine run it "
+            "with more and longer reps (`--reps 5 --duration 5`).",
+            "",
+        ]
+    lines += ["## Every rep", ""] + _table(table)
+    quiet = compare(report, list(table), QUIET)
+    lines += [
+        f"## Only the reps in which others used at most {QUIET} cores during both runs",
+        "",
+    ]
+    lines += _table(quiet) if any(quiet.values()) else ["(none were that quiet)", ""]
     lines += [
         "## What the page adds, in this process",
         "",
@@ -173,7 +215,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retries", type=int, default=3)
     p.add_argument("--quiet-wait", type=float, default=60.0)
     p.add_argument("--out", type=Path, default=HERE / "results")
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        help="rewrite the report from a ui-overhead.json of an earlier run (no measuring)",
+    )
     args = p.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        report = saved["overhead"]
+        table = compare(report, list(saved["comparison"]))
+        (args.out / "ui-overhead.md").write_text(render(report, table, saved["costs"]))
+        return 0
     scenarios = [s for s in args.scenarios.split(",") if s]
     with tempfile.TemporaryDirectory(prefix="ui-overhead-") as tmp:
         code = overhead_main(
