@@ -1,11 +1,11 @@
 """The last few minutes of finished requests: share per pool, routing reasons, TTFT and TPOT.
 
-An ``Outcome`` observer, as cheap as the metrics one: a finished request adds to a few counters
+An ``Outcome`` observer, cheaper than the metrics one: a finished request adds to four counters
 of the time bucket it ended in (O(1), nothing per chunk), and latencies go into log-spaced bins
 (5% wide) rather than a list, so memory is bounded by the number of buckets times the number of
-bins in use, whatever the request rate. Running totals over the live buckets are kept as buckets
-are added and dropped, so a summary costs O(bins), not O(requests). Read once a second by the
-live page (``router.control.feed``) and by ``/router/status``.
+bins in use, whatever the request rate. A running total over the closed buckets is kept as
+buckets close and expire, so a summary costs O(bins), not O(requests). Read once a second by
+the live page (``router.control.feed``) and by ``/router/status``.
 """
 
 from __future__ import annotations
@@ -60,14 +60,18 @@ def _add(into: dict[K, int], counts: Mapping[K, int], sign: int) -> None:
             into.pop(k, None)
 
 
+# A bucket's counts, in one flat dict: ("n", pool) requests (pool "none": the router refused),
+# ("r", pool, reason) routing reasons, ("ttft" | "tpot", pool, bin) latencies. One dict and
+# short tuple keys: the cheapest per request, and one way to add and drop whole buckets.
+Counts = dict[tuple[Any, ...], int]
+
+
 @dataclass(slots=True)
 class Bucket:
     """Requests that ended in one ``BUCKET_S`` slot."""
 
     index: int
-    requests: dict[str, int] = field(default_factory=dict)  # by pool ("none": router refused)
-    reasons: dict[tuple[str, str], int] = field(default_factory=dict)  # (pool, reason)
-    latency: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (pool, kind)
+    counts: Counts = field(default_factory=dict)
 
 
 class RecentWindow:
@@ -80,10 +84,10 @@ class RecentWindow:
         self.clock = clock
         self.bucket = bucket
         self.slots = max(1, round(window / bucket))
+        # every bucket in the window but the newest, which requests are still landing in, is
+        # summed in _closed: adding a request touches the newest bucket only
         self._buckets: deque[Bucket] = deque()
-        self._requests: dict[str, int] = {}
-        self._reasons: dict[tuple[str, str], int] = {}
-        self._latency: dict[tuple[str, str], Histogram] = {}
+        self._closed: Counts = {}
 
     @property
     def window(self) -> float:
@@ -92,67 +96,72 @@ class RecentWindow:
     # -- input (per finished request) -------------------------------------------------------
     def observe(self, out: Outcome) -> None:
         """Outcome observer: count the request in the bucket of the time it ended."""
-        b = self._current(int(out.ended // self.bucket))
-        pool = out.pool or "none"
-        b.requests[pool] = b.requests.get(pool, 0) + 1
-        self._requests[pool] = self._requests.get(pool, 0) + 1
-        if out.pool is None:
+        index = int(out.ended // self.bucket)
+        buckets = self._buckets
+        # (a request that ended a moment before the last one counted still lands there)
+        c = buckets[-1].counts if buckets and buckets[-1].index >= index else self._open(index)
+        pool = out.pool
+        if pool is None:
+            key: tuple[Any, ...] = ("n", "none")
+            c[key] = c.get(key, 0) + 1
             return
-        key = (pool, out.reason)
-        b.reasons[key] = b.reasons.get(key, 0) + 1
-        self._reasons[key] = self._reasons.get(key, 0) + 1
+        key = ("n", pool)
+        c[key] = c.get(key, 0) + 1
+        key = ("r", pool, out.reason)
+        c[key] = c.get(key, 0) + 1
         first = out.first_byte
         if not out.stream or first is None or out.status >= 400:
             return  # (as the metrics: a non-streamed answer's first byte is not a TTFT)
-        self._record(b, pool, "ttft", first - out.started)
+        key = ("ttft", pool, _bin(first - out.started))
+        c[key] = c.get(key, 0) + 1
         usage = out.usage
         if usage is not None and usage.completion_tokens > 1:
-            self._record(b, pool, "tpot", (out.ended - first) / (usage.completion_tokens - 1))
+            key = ("tpot", pool, _bin((out.ended - first) / (usage.completion_tokens - 1)))
+            c[key] = c.get(key, 0) + 1
 
-    def _record(self, b: Bucket, pool: str, kind: str, seconds: float) -> None:
-        k = _bin(seconds)
-        hist = b.latency.setdefault((pool, kind), {})
-        hist[k] = hist.get(k, 0) + 1
-        total = self._latency.setdefault((pool, kind), {})
-        total[k] = total.get(k, 0) + 1
-
-    def _current(self, index: int) -> Bucket:
+    def _open(self, index: int) -> Counts:
         buckets = self._buckets
-        if buckets and buckets[-1].index >= index:
-            # (a request that ended a moment before the last one counted still lands here)
-            return buckets[-1]
-        self._expire(index)
+        if buckets:
+            _add(self._closed, buckets[-1].counts, 1)
         b = Bucket(index)
         buckets.append(b)
-        return b
+        self._expire(index)
+        return b.counts
 
     def _expire(self, index: int) -> None:
         """Drop the buckets that fell out of the window ending at bucket ``index``."""
         buckets = self._buckets
         while buckets and buckets[0].index <= index - self.slots:
             old = buckets.popleft()
-            _add(self._requests, old.requests, -1)
-            _add(self._reasons, old.reasons, -1)
-            for key, hist in old.latency.items():
-                total = self._latency[key]
-                _add(total, hist, -1)
-                if not total:
-                    del self._latency[key]
+            if buckets:  # (the newest is never in _closed)
+                _add(self._closed, old.counts, -1)
+
+    def _totals(self) -> Counts:
+        self._expire(int(self.clock() // self.bucket))
+        totals = dict(self._closed)
+        if self._buckets:
+            _add(totals, self._buckets[-1].counts, 1)
+        return totals
 
     # -- output (once a second at most) -------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """Counts, the share routed to speculative, reasons, TTFT/TPOT p50/p90 (ms) by pool."""
-        self._expire(int(self.clock() // self.bucket))
-        routed = sum(self._requests.get(p, 0) for p in POOLS)
-        spec = self._requests.get(SPECULATIVE, 0)
+        requests: dict[str, int] = {}
         reasons: dict[str, dict[str, int]] = {p: {} for p in POOLS}
-        for (pool, reason), n in sorted(self._reasons.items()):
-            reasons.setdefault(pool, {})[reason] = n
+        hists: dict[tuple[str, str], Histogram] = {}
+        for key, n in self._totals().items():
+            if key[0] == "n":
+                requests[key[1]] = n
+            elif key[0] == "r":
+                reasons.setdefault(key[1], {})[key[2]] = n
+            else:
+                hists.setdefault((key[1], key[0]), {})[key[2]] = n
+        routed = sum(requests.get(p, 0) for p in POOLS)
         latency: dict[str, dict[str, float | int | None]] = {}
         for pool in POOLS:
             row: dict[str, float | int | None] = {}
             for kind in LATENCIES:
-                hist = self._latency.get((pool, kind), {})
+                hist = hists.get((pool, kind), {})
                 row[f"{kind}_n"] = sum(hist.values())
                 for q in (50, 90):
                     value = quantile(hist, q / 100)
@@ -160,9 +169,11 @@ class RecentWindow:
             latency[pool] = row
         return {
             "window_s": self.window,
-            "requests": dict(sorted(self._requests.items())),
-            "share_speculative": round(spec / routed, 3) if routed else None,
-            "reasons": reasons,
+            "requests": dict(sorted(requests.items())),
+            "share_speculative": (
+                round(requests.get(SPECULATIVE, 0) / routed, 3) if routed else None
+            ),
+            "reasons": {p: dict(sorted(r.items())) for p, r in reasons.items()},
             "latency": latency,
         }
 
@@ -172,13 +183,13 @@ class RecentWindow:
         now = self.clock()
         last = int(now // self.bucket)
         self._expire(last)
-        by_index = {b.index: b for b in self._buckets}
+        by_index = {b.index: b.counts for b in self._buckets}
         out: dict[str, Any] = {"bucket_s": self.bucket, "t": []}
         for pool in POOLS:
             out[pool] = []
         for index in range(last - self.slots + 1, last + 1):
             out["t"].append(round(index * self.bucket - now, 3))
-            b = by_index.get(index)
+            counts = by_index.get(index, {})
             for pool in POOLS:
-                out[pool].append(0 if b is None else b.requests.get(pool, 0))
+                out[pool].append(counts.get(("n", pool), 0))
         return out

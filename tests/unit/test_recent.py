@@ -103,7 +103,7 @@ def test_old_requests_leave_the_window_and_memory_stays_bounded() -> None:
     clock.now += 61
     s = w.summary()
     assert s["requests"] == {} and s["share_speculative"] is None
-    assert w._latency == {} and w._reasons == {} and not w._buckets
+    assert w._closed == {} and not w._buckets
 
 
 def test_series_fills_empty_buckets_with_zero() -> None:
