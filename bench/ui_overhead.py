@@ -20,6 +20,7 @@ import argparse
 import json
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import timeit
@@ -50,7 +51,7 @@ METRICS = [
 ]
 
 
-def costs() -> dict[str, float]:
+def costs() -> dict[str, Any]:
     """Microseconds per ``RecentWindow.observe`` and per snapshot; the snapshot's bytes."""
     sys.path.insert(0, str(HERE.parent))
     from tests.support.tables import model_table
@@ -70,7 +71,11 @@ def costs() -> dict[str, float]:
     m = 2_000
     snapshot = min(timeit.repeat(app.feed.publish, number=m, repeat=5)) / m
     doc = app.ui_snapshot()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
+    ).stdout.strip()
     return {
+        "commit": commit,
         "observe_us": observe * 1e6,
         "snapshot_us": snapshot * 1e6,
         "snapshot_bytes": len(json.dumps(doc, separators=(",", ":"))),
@@ -148,7 +153,7 @@ def _table(table: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(report: dict[str, Any], table: dict[str, Any], cost: dict[str, float]) -> str:
+def render(report: dict[str, Any], table: dict[str, Any], cost: dict[str, Any]) -> str:
     cfg = report["config"]
     m = report["machine"]
     lines = [
@@ -198,7 +203,12 @@ def render(report: dict[str, Any], table: dict[str, Any], cost: dict[str, float]
         f"own timer once a second and only while a page is open: {cost['snapshot_us']:.0f} µs, "
         f"{cost['snapshot_bytes']:,} bytes (one speculative and one baseline backend).",
         "",
-        "Best of 5 repeats of `timeit`, measured by the command above.",
+        "Best of 5 repeats of `timeit`, measured by "
+        + (
+            f"`{cost['command']}` (after the run above, at commit {cost.get('commit', '?')})."
+            if cost.get("command")
+            else "the command above."
+        ),
     ]
     notes = report.get("notes") or {}
     if notes.get("router_ui"):
@@ -220,9 +230,19 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="rewrite the report from a ui-overhead.json of an earlier run (no measuring)",
     )
+    p.add_argument(
+        "--costs-only",
+        action="store_true",
+        help="with --from-json: measure the two costs again (after a change to them), keep the "
+        "rest of the earlier run",
+    )
     args = p.parse_args(argv)
+    command = "python bench/ui_overhead.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
+        if args.costs_only:
+            saved["costs"] = {**costs(), "command": command}
+            args.from_json.write_text(json.dumps(saved, indent=1) + "\n")
         report = saved["overhead"]
         table = compare(report, list(saved["comparison"]))
         (args.out / "ui-overhead.md").write_text(render(report, table, saved["costs"]))
@@ -241,9 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         if code:
             return code
         report = json.loads((Path(tmp) / "overhead.json").read_text())
-    report["ui_command"] = "python bench/ui_overhead.py " + shlex.join(
-        sys.argv[1:] if argv is None else argv
-    )
+    report["ui_command"] = command
     table = compare(report, scenarios)
     cost = costs()
     args.out.mkdir(parents=True, exist_ok=True)
