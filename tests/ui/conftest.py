@@ -19,8 +19,10 @@ def chromium_path() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    # (per module, not per session: Playwright's sync API keeps an event loop running in this
+    # thread while it is open, and the anyio tests after tests/ui need the thread free)
     # as root (CI, containers) Chromium refuses to start with its sandbox on
     args = ["--no-sandbox"] if os.geteuid() == 0 else []
     with sync_playwright() as p:
