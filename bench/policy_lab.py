@@ -224,7 +224,7 @@ def bursty(rate: float, duration: float, seed: int) -> list[Arrival]:
 
 
 def azure(
-    name: str, rate: float, duration: float, seed: int, offset: float = 600.0
+    name: str, rate: float, duration: float, seed: int, offset: float = 600.0, hot: float = 0.5
 ) -> list[Arrival]:
     rows = []
     with open(TRACES / f"azure-llm-2023-{name}.csv") as fh:
@@ -240,7 +240,7 @@ def azure(
     for t, p, o in rows:
         at = t * scale - offset
         if 0 <= at <= duration:
-            temp = 1.0 if rng.random() < 0.5 else 0.0
+            temp = 1.0 if rng.random() < hot else 0.0
             out.append(Arrival(at, max(1, p), max(2, o), temp))
     return out
 

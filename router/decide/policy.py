@@ -108,8 +108,10 @@ class Decision(NamedTuple):
     # what the backend looked like when it was chosen (the decider fills these in)
     load: int = 0
     prefill_share: float = 0.0
-    # slo policy: the request's predicted stay there (TTFT + decode), and whether that
-    # prediction went beyond the measured batch sizes
+    # slo policy: the request's predicted TTFT, TPOT and stay there (TTFT + decode), wall
+    # seconds, and whether that prediction went beyond the measured batch sizes
+    ttft: float = 0.0
+    tpot: float = 0.0
     stay: float = 0.0
     extrapolated: bool = False
 
@@ -265,6 +267,8 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         pool_name,
         chosen.url,
         "overflow" if overflow else "predicted_slo",
+        ttft=p.ttft,
+        tpot=p.tpot,
         stay=stay,
         extrapolated=p.extrapolated,
     )
