@@ -108,11 +108,10 @@ class Decision(NamedTuple):
     # what the backend looked like when it was chosen (the decider fills these in)
     load: int = 0
     prefill_share: float = 0.0
-    # slo policy: the request's predicted TTFT, TPOT and stay there (TTFT + decode), wall
-    # seconds, and whether that prediction went beyond the measured batch sizes
+    # slo policy: the request's predicted TTFT and TPOT there, wall seconds, and whether that
+    # prediction went beyond the measured batch sizes
     ttft: float = 0.0
     tpot: float = 0.0
-    stay: float = 0.0
     extrapolated: bool = False
 
 
@@ -262,14 +261,12 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     # configured, holds such requests until one can)
     overflow = worth <= NOTHING and all(chance(o[0], req) < NOTHING for o in eligible)
     p, pool_name, chosen = best
-    stay = p.ttft + max(0.0, req.output_tokens - 1) * p.tpot
     decision = Decision(
         pool_name,
         chosen.url,
         "overflow" if overflow else "predicted_slo",
         ttft=p.ttft,
         tpot=p.tpot,
-        stay=stay,
         extrapolated=p.extrapolated,
     )
     return decision, snap.state._replace(rr=rr + 1)

@@ -44,8 +44,6 @@ from router.settings import LoadSignal, PolicyName
 # averaged: about a request's lifetime, so that predictions see the traffic it will live with.
 RECENT_WINDOW = 5.0
 SAMPLING_KEEP = 0.02  # weight of each request in the sampling share
-STAY_KEEP = 0.1  # weight of each request in a backend's mean predicted stay
-MAX_STAY = 3600.0  # seconds: a longer predicted stay is a runaway estimate
 
 
 class Tuning(Protocol):
@@ -72,24 +70,32 @@ class Traffic(NamedTuple):
 
 
 class _Recent:
-    """A backend's recent traffic, decayed over ``window`` seconds: the prefill time sent to it
-    (as a share of the time) and its arrival rate, with the time its requests are predicted to
-    stay (Little's law gives the load they will keep it at)."""
+    """A backend's recent traffic over about ``window`` seconds, all measured: the prefill time
+    sent to it (a decayed sum: over the window, the share of the time it spends prefilling),
+    its arrival rate, and how long its requests stayed (in-flight time over requests finished).
+    Little's law gives the load that arrival rate will keep it at: it rises as soon as a burst
+    starts, while the load itself still lags. (Not from predicted stays: an estimate fed by its
+    own errors runs away.)"""
 
-    __slots__ = ("prefill", "arrivals", "at", "stay")
+    __slots__ = ("prefill", "arrivals", "area", "done", "last_area", "last_done", "at")
 
     def __init__(self, now: float) -> None:
-        self.prefill = 0.0
-        self.arrivals = 0.0
+        self.prefill = self.arrivals = self.area = self.done = 0.0
+        self.last_area = 0.0
+        self.last_done = 0
         self.at = now
-        self.stay = 0.0
 
-    def decay(self, now: float, window: float) -> float:
+    def update(self, now: float, window: float, area: float, done: int) -> None:
         keep = math.exp(-(now - self.at) / window) if now > self.at else 1.0
         self.prefill *= keep
         self.arrivals *= keep
-        self.at = now
-        return keep
+        self.area = self.area * keep + (area - self.last_area)
+        self.done = self.done * keep + (done - self.last_done)
+        self.last_area, self.last_done, self.at = area, done, now
+
+    def expected(self, window: float) -> float:
+        stay = self.area / self.done if self.done > 0 else 0.0
+        return self.arrivals / window * stay
 
 
 class Decider:
@@ -154,13 +160,14 @@ class Decider:
                 ),
             )
         views = []
-        local = self.tracker.by_backend
+        tracker = self.tracker
+        local = tracker.by_backend
         for url in self.pools[name]:
             r = self._recent[url]
-            r.decay(now, window)
             n = load(url)
-            # what this router's own traffic will keep it at, plus what others put there
-            expected = r.arrivals / window * r.stay + max(0, n - local[url])
+            r.update(now, window, tracker.area(url, now), tracker.started[url] - local[url])
+            # what this router's traffic will keep it at, plus what others put there
+            expected = r.expected(window) + max(0, n - local[url])
             seen = self.loads.get(url)
             views.append(
                 BackendView(
@@ -237,9 +244,6 @@ class Decider:
         r = self._recent[decision.backend]
         r.prefill += model.prefill(req.prompt_tokens) * model.scale
         r.arrivals += 1.0
-        if decision.stay > 0:  # (an explored or fallback decision carries no prediction)
-            stay = min(MAX_STAY, decision.stay)
-            r.stay = stay if r.stay == 0 else r.stay + (stay - r.stay) * STAY_KEEP
         return decision._replace(load=view.load, prefill_share=view.prefill_share)
 
     def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:
@@ -283,7 +287,7 @@ class Decider:
                     load = self.backend_load(url)
                     recent[url] = {
                         "prefill_share": round(r.prefill * keep / window, 4),
-                        "expected_load": round(r.arrivals * keep / window * r.stay, 2),
+                        "expected_load": round(r.expected(window) * keep, 2),
                         # a prediction for the next request here would extrapolate the curve
                         "beyond_measured": load + 1 > max(1, m.measured),
                     }
