@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Container, Mapping
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from router.account.inflight import InflightTracker
 from router.decide.learner import Gain
@@ -262,12 +262,12 @@ class Decider:
     def retry(self, failed: Decision, tried: Container[str]) -> Decision | None:
         return reroute(self.snapshot(), failed, tried)
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any]:
         """The slo policy's state, for /router/status."""
         models = self.tuning.models
         traffic = self.tuning.traffic
-        pools: dict[str, object] = {}
-        recent: dict[str, object] = {}
+        pools: dict[str, Any] = {}
+        recent: dict[str, Any] = {}
         if models is not None:
             window = RECENT_WINDOW * models[SPECULATIVE].scale
             now = self.clock()
