@@ -106,6 +106,10 @@ class HealthPoller:
         if sample.flavor == "unknown":
             return
         accept = engine_metrics.interval_accept_length(self._samples.get(url), sample)
+        if accept is None and sample.accept_length is None and url in router.engine:
+            # Counters (vLLM, llama.cpp) give nothing over an interval without speculative
+            # steps; an idle engine keeps its last value, as SGLang's gauge does.
+            accept = router.engine[url].accept_length
         self._samples[url] = sample
         router.engine[url] = EngineLoad(
             running=round(sample.running),
