@@ -65,6 +65,8 @@ class RequestResult:
     prompt_tokens: int | None = None  # from the usage chunk
     output_tokens: int | None = None
     error: str | None = None
+    stale_retries: int = 0  # sent again after a keep-alive connection closed under it
+    body: bytes | None = None  # the body as received, when asked for (``send_one(keep_body)``)
 
     @property
     def ok(self) -> bool:
@@ -152,25 +154,25 @@ async def send_one(
     *,
     headers: dict[str, str] | None = None,
     count_tokens: Callable[[str], int] = estimate_tokens,
+    keep_body: bool = False,
 ) -> RequestResult:
-    """Send one streamed completion and fill ``result`` in as the answer arrives."""
+    """Send one streamed completion and fill ``result`` in as the answer arrives (with
+    ``keep_body``, also the body's bytes as they came, in ``result.body``).
+
+    A request that the server closed the connection on before any response byte is sent once
+    more, as an HTTP client does with a stale keep-alive connection: llama-server closes each
+    keep-alive connection after its second streamed response without saying so, and a request
+    sent on it in the meantime never reached the engine.
+    """
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as resp:
-            result.status = resp.status_code
-            result.headers = dict(resp.headers)
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")
-                result.error = f"HTTP {resp.status_code}: {text[:300]}"
-                return result
-            buffer = b""
-            async for data in resp.aiter_raw():
-                buffer += data
-                *events, buffer = buffer.split(b"\n\n")
-                now = time.monotonic()
-                for event in events:
-                    _on_event(event, now, result, count_tokens)
-            if result.output_tokens is None:
-                result.error = "stream ended without a usage chunk"
+        for attempt in (0, 1):
+            try:
+                await _stream(client, url, body, result, headers, count_tokens, keep_body)
+                break
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                if attempt or result.status is not None:
+                    raise
+                result.stale_retries += 1
     except asyncio.CancelledError:
         result.error = "cancelled"
         raise
@@ -179,6 +181,40 @@ async def send_one(
     finally:
         result.end = time.monotonic()
     return result
+
+
+async def _stream(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    result: RequestResult,
+    headers: dict[str, str] | None,
+    count_tokens: Callable[[str], int],
+    keep_body: bool,
+) -> None:
+    async with client.stream("POST", url, json=body, headers=headers) as resp:
+        result.status = resp.status_code
+        result.headers = dict(resp.headers)
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode(errors="replace")
+            result.error = f"HTTP {resp.status_code}: {text[:300]}"
+            return
+        buffer = b""
+        kept: list[bytes] = []
+        try:
+            async for data in resp.aiter_raw():
+                if keep_body:
+                    kept.append(data)
+                buffer += data
+                *events, buffer = buffer.split(b"\n\n")
+                now = time.monotonic()
+                for event in events:
+                    _on_event(event, now, result, count_tokens)
+        finally:
+            if keep_body:
+                result.body = b"".join(kept)
+        if result.output_tokens is None:
+            result.error = "stream ended without a usage chunk"
 
 
 def _on_event(

@@ -98,6 +98,8 @@ build_models() {
     say "writing the target/draft model pair"
     "$TOOLS/bin/python" "$HERE/mkmodel.py" --out "$tmp" "${MODEL_ARGS[@]}" >&2
     rm -rf "$MODELS" && mv "$tmp" "$MODELS"
+    # Pairs of earlier parameters are 450 MB each: keep only the current one.
+    find "$CACHE" -maxdepth 1 -name 'models-*' ! -path "$MODELS" -exec rm -rf {} +
     say "models written in $((SECONDS - began)) s"
 }
 

@@ -60,7 +60,10 @@ def vocabulary() -> tuple[list[str], list[float], list[TT]]:
     for i, pair in enumerate(BIGRAMS):
         add(pair, -1.2 - 0.001 * i, TT.NORMAL)
         add("\u2581" + pair, -1.1 - 0.001 * i, TT.NORMAL)
-    add("\u2581hello", -0.5, TT.NORMAL)
+    # SentencePiece merges pairs of pieces that are both in the vocabulary: "▁hello" needs the
+    # steps to it ("▁he" is a bigram above).
+    for i, piece in enumerate(("\u2581hel", "\u2581hell", "\u2581hello")):
+        add(piece, -0.7 + 0.1 * i, TT.NORMAL)
     while len(tokens) % 32:
         add(f"<unused{len(tokens)}>", -100.0, TT.UNUSED)
     return tokens, scores, types

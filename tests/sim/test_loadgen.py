@@ -181,3 +181,57 @@ def test_output_jitter(baseline: Proc) -> None:
                 output_jitter=1.0,
             )
         )
+
+
+def test_a_keep_alive_connection_closed_under_a_request_is_retried_once() -> None:
+    """As llama-server does: it closes a keep-alive connection after its second streamed
+    response, without a ``Connection: close``; a request sent on it never reaches it."""
+    stream = (
+        b'data: {"choices":[{"delta":{"content":"a b"}}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    response = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    response += b"Content-Length: %d\r\n\r\n%s" % (len(stream), stream)
+    writers: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        served = 0
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:  # the client closed it
+                writer.close()
+                return
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            if served == 2:  # the third request on this connection: closed unanswered
+                writer.close()
+                return
+            writer.write(response)
+            await writer.drain()
+            served += 1
+
+    async def go() -> list[RequestResult]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await run_closed_loop(
+                f"http://127.0.0.1:{port}/v1",
+                concurrency=1,
+                prompt_tokens=1,
+                output_tokens=2,
+                requests=5,
+                desync=False,
+            )
+        finally:
+            server.close()
+            for writer in writers:
+                writer.close()
+                await writer.wait_closed()
+
+    results = asyncio.run(go())
+    assert [r.ok for r in results] == [True] * 5
+    assert [r.stale_retries for r in results] == [0, 0, 1, 0, 1]
+    assert len(writers) == 3 and all(r.output_tokens == 2 for r in results)
