@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from router.decide.table import Table, from_json, to_json
-from router.serve import LISTENING_PREFIX
 from router.sim.model import BASELINE, EAGLE3, closed_loop, crossover
+from router.tools.processes import Proc, pinned, spawn
 
 RESULTS = Path("bench/results")
 SIM_CPU, CALIBRATOR_CPU = "0", "1"
@@ -95,26 +95,10 @@ EXTRA = (  # with --all
 )
 
 
-def start_sim(preset: str, scale: float, seed: int) -> tuple[subprocess.Popen[str], str]:
-    cmd = ["taskset", "-c", SIM_CPU, sys.executable, "-m", "router.sim", "--preset", preset]
-    cmd += ["--port", "0", "--time-scale", str(scale), "--seed", str(seed)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith(LISTENING_PREFIX):
-            return proc, line[len(LISTENING_PREFIX) :].strip()
-    raise RuntimeError(f"sim {preset} did not start")
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()  # by PID
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=15)
-    if proc.stdout is not None:
-        proc.stdout.close()
+def start_sim(preset: str, scale: float, seed: int) -> Proc:
+    args = ["-m", "router.sim", "--preset", preset, "--port", "0"]
+    args += ["--time-scale", str(scale), "--seed", str(seed)]
+    return spawn(args, prefix=pinned(int(SIM_CPU)))
 
 
 def calibrate_args(case: Case, spec: str, base: str) -> list[str]:
@@ -174,9 +158,11 @@ class Outcome:
 
 
 def run_case(case: Case) -> Outcome:
-    spec, spec_url = start_sim("eagle3", case.scale, 1)
+    spec = start_sim("eagle3", case.scale, 1)
+    spec_url = spec.url
     try:
-        base, base_url = start_sim("baseline", case.scale, 2)
+        base = start_sim("baseline", case.scale, 2)
+        base_url = base.url
         try:
             args = calibrate_args(case, spec_url, base_url)
             cmd = ["taskset", "-c", CALIBRATOR_CPU, sys.executable, "-m", "router", "calibrate"]
@@ -194,9 +180,9 @@ def run_case(case: Case) -> Outcome:
             proc.wait()
             seconds = time.monotonic() - began
         finally:
-            stop(base)
+            base.stop()
     finally:
-        stop(spec)
+        spec.stop()
     if proc.returncode != 0:
         raise RuntimeError(f"calibrate failed for {case.name}:\n{out}")
     shown = " ".join(shlex.quote(a) for a in ["spec-router", "calibrate", *args])

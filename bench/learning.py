@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from router.sim.model import BASELINE, EAGLE3, crossover  # noqa: E402
 from router.tools.demo import wait_ready  # noqa: E402
 from router.tools.loadgen import run_closed_loop  # noqa: E402
-from router.tools.processes import running  # noqa: E402
+from router.tools.processes import pinned, running  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 TABLE = RESULTS / "calibration-1024-2048.json"
@@ -41,10 +42,6 @@ PROMPT, OUTPUT = 1024, 2048
 
 
 SERVE = ["-m", "router", "serve", "--port", "0"]
-
-
-def pinned(core: int) -> list[str]:
-    return ["taskset", "-c", str(core)] if (os.cpu_count() or 1) > 1 else []
 
 
 def served(router: str) -> int:
@@ -56,8 +53,9 @@ def served(router: str) -> int:
     return int(total)
 
 
-def status(router: str) -> dict:  # type: ignore[type-arg]
-    return httpx.get(f"{router}/router/status").json()  # type: ignore[no-any-return]
+def status(router: str) -> dict[str, Any]:
+    doc: dict[str, Any] = httpx.get(f"{router}/router/status").json()
+    return doc
 
 
 async def follow(router: str, target: float, timeout: float, log: list[str]) -> dict[str, float]:

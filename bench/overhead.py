@@ -49,11 +49,12 @@ from typing import Any
 from loadgen_raw import cpu_seconds, cpus_busy
 from overhead_report import render_markdown, summarize
 
+from router.tools.processes import pinned, spawn_command
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PY = sys.executable
 CHAT = "/v1/chat/completions"
-LISTENING = re.compile(r"listening on (http://\S+)")
 START_TIMEOUT = 30.0
 
 CANDIDATES = {
@@ -97,38 +98,22 @@ class Proc:
                 self.popen.wait(timeout=10)
 
 
-def _pump(proc: Proc, found: threading.Event) -> None:
-    assert proc.popen.stdout is not None
-    for line in proc.popen.stdout:
-        line = line.rstrip("\n")
-        if len(proc.output) < 2000:
-            proc.output.append(line)
-        m = LISTENING.search(line)
-        if m and not proc.url:
-            proc.url = m.group(1)
-            found.set()
-    found.set()
-
-
 def spawn(name: str, cmd: list[str], core: int, env: dict[str, str] | None = None) -> Proc:
     """Start ``cmd`` pinned to ``core`` and wait for its "listening on URL" line."""
-    popen = subprocess.Popen(
-        ["taskset", "-c", str(core), *cmd],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-    )
-    proc = Proc(name, popen, measured_pid=popen.pid)  # taskset execs: same PID
-    found = threading.Event()
-    threading.Thread(target=_pump, args=(proc, found), daemon=True).start()
-    found.wait(START_TIMEOUT)
-    if not proc.url:
-        proc.stop()
-        raise StartError(f"{name} did not announce a URL:\n{proc.tail()}")
-    return proc
+    try:
+        started = spawn_command([*pinned(core), *cmd], env, cwd=str(ROOT))
+    except RuntimeError as exc:
+        raise StartError(f"{name}: {exc}") from None
+    # (taskset execs: the PID is the measured process's own)
+    return Proc(name, started.popen, started.output, started.url, measured_pid=started.pid)
+
+
+def _drain(proc: Proc) -> None:
+    """Keep nginx's output (it announces nothing: readiness is its port)."""
+    assert proc.popen.stdout is not None
+    for line in proc.popen.stdout:
+        if len(proc.output) < 2000:
+            proc.output.append(line.rstrip("\n"))
 
 
 def free_port() -> int:
@@ -162,7 +147,7 @@ def start_nginx(tmp: Path, upstream: str, core: int, binary: str) -> Proc:
         text=True,
     )
     proc = Proc("nginx", popen, url=f"http://127.0.0.1:{port}")
-    threading.Thread(target=_pump, args=(proc, threading.Event()), daemon=True).start()
+    threading.Thread(target=_drain, args=(proc,), daemon=True).start()
     if not wait_port(port):
         proc.stop()
         errors = (tmp / "error.log").read_text() if (tmp / "error.log").exists() else ""

@@ -34,17 +34,13 @@ sys.path.insert(0, str(ROOT))
 from router.sim.model import BASELINE, EAGLE3, closed_loop, decode_bound_tps  # noqa: E402
 from router.tools.demo import wait_ready  # noqa: E402
 from router.tools.loadgen import run_closed_loop, window_stats  # noqa: E402
-from router.tools.processes import running  # noqa: E402
+from router.tools.processes import pinned, running  # noqa: E402
 
 POLICIES = ("spillover", "crossover", "round_robin", "predictive")
 RESULTS = ROOT / "bench" / "results"
 
 
 SERVE = ["-m", "router", "serve", "--port", "0"]
-
-
-def pinned(core: int) -> list[str]:
-    return ["taskset", "-c", str(core)] if (os.cpu_count() or 1) > 1 else []
 
 
 def model_split(n: int, prompt: int, output: int) -> tuple[int, float]:

@@ -69,4 +69,9 @@ run bench/policies.py
 #    bench/results/learning.md. About 2 minutes.
 run bench/learning.py
 
+# 6. Policies on open-loop traffic, goodput under TTFT/TPOT SLOs (issue "Routing that wins on
+#    real traffic"): bench/results/traffic.md, .json, .png. About 15 minutes. It pins its
+#    routers to CPU 0 and its sims and replays to CPU 1 itself.
+run bench/traffic.py
+
 # Later benchmarks go here, one `run bench/<name>.py` line each.

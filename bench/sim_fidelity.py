@@ -18,7 +18,6 @@ import asyncio
 import itertools
 import json
 import os
-import subprocess
 import sys
 import time
 import urllib.request
@@ -26,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.serve import LISTENING_PREFIX
 from router.sim.model import (
     PRESETS,
     closed_loop,
@@ -36,6 +34,7 @@ from router.sim.model import (
     step_time,
 )
 from router.tools.loadgen import run_closed_loop, window_stats
+from router.tools.processes import Proc, pinned, spawn
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RETRIES = 3
@@ -54,29 +53,10 @@ def busy_seconds() -> float:
     return (sum(fields) - fields[3] - fields[4]) / CLK_TCK  # minus idle and iowait
 
 
-def start_sim(preset: str, scale: float, seed: int, cpu: int) -> tuple[subprocess.Popen[str], str]:
-    cmd = [
-        "taskset",
-        "-c",
-        str(cpu),
-        sys.executable,
-        "-m",
-        "router.sim",
-        "--preset",
-        preset,
-        "--port",
-        "0",
-        "--time-scale",
-        str(scale),
-        "--seed",
-        str(seed),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith(LISTENING_PREFIX):
-            return proc, line[len(LISTENING_PREFIX) :].strip()
-    raise RuntimeError(f"sim {preset} did not start")
+def start_sim(preset: str, scale: float, seed: int, cpu: int) -> Proc:
+    args = ["-m", "router.sim", "--preset", preset, "--port", "0"]
+    args += ["--time-scale", str(scale), "--seed", str(seed)]
+    return spawn(args, prefix=pinned(cpu))
 
 
 def get_json(url: str) -> Any:
@@ -431,7 +411,8 @@ async def sweep(
     """
     points = []
     for preset, concurrencies in plan:
-        proc, url = start_sim(preset, scale, args.seed, args.sim_cpu)
+        proc = start_sim(preset, scale, args.seed, args.sim_cpu)
+        url = proc.url
         try:
             for n in concurrencies:
                 attempts: list[Point] = []
@@ -458,8 +439,7 @@ async def sweep(
                 )
                 points.append(p)
         finally:
-            proc.terminate()
-            proc.wait(timeout=15)
+            proc.stop()
     return points
 
 

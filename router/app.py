@@ -14,31 +14,32 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
-from router.account.inflight import BASELINE, POOLS, SPECULATIVE, InflightTracker
+from router.account.inflight import InflightTracker
 from router.account.keeper import CrossoverKeeper
 from router.account.metrics import RouterMetrics, StateCollector
+from router.account.outcome import Outcome
+from router.asgi import Receive, Scope, Send
 from router.control.app import build_control_app
+from router.control.models import list_models
+from router.control.status import status_document
 from router.decide import table as tables
-from router.decide.snapshot import Router
+from router.decide.snapshot import Decider
 from router.fastpath.busypoll import BusyPoll
-from router.forward.proxy import Outcome, Proxy
+from router.forward.admission import Admission
+from router.forward.proxy import Proxy
 from router.forward.upstream import Origin, OriginPool
 from router.health.poller import HealthPoller
 from router.health.state import HealthConfig, HealthRegistry
-from router.settings import DEFAULT_CROSSOVER, Settings, SettingsError, load_settings
+from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
+from router.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("spec_router")
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
 
 # Young objects the collector may gather before it runs (CPython's default is 700). A router
 # with thousands of streams in flight keeps thousands of live young objects (tasks, frames,
@@ -60,6 +61,14 @@ def _tune_gc() -> None:
 
 
 class RouterApp:
+    """The router: builds each component with what it reads, and serves ASGI.
+
+    Every piece of state has one writer: the tracker (in-flight counts, written by the proxy's
+    leases), the health registry (active probes from the poller, passive ejections from the
+    proxy), the poller (engine loads), the keeper (the crossover and the curves) and the decider
+    (the policy's memory). Everything else reads them through their views.
+    """
+
     def __init__(
         self,
         settings: Settings,
@@ -69,11 +78,15 @@ class RouterApp:
         self.settings = settings
         self.clock = clock
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.pools = {SPECULATIVE: settings.speculative_urls, BASELINE: settings.baseline_urls}
+        self.pools: dict[Pool, list[str]] = {
+            SPECULATIVE: settings.speculative_urls,
+            BASELINE: settings.baseline_urls,
+        }
         backends = [(pool, url) for pool in POOLS for url in self.pools[pool]]
+        urls = [url for _, url in backends]
         self.tracker = InflightTracker(backends, clock)
         self.health = HealthRegistry(
-            [url for _, url in backends],
+            urls,
             HealthConfig(
                 startup_grace=settings.startup_grace,
                 fall=settings.fall,
@@ -84,38 +97,110 @@ class RouterApp:
             ),
             clock(),
         )
-        table = load_table(settings)
-        if settings.crossover is not None:
-            crossover, source = settings.crossover, "configured"
-        elif table is not None:
-            crossover, source = table.crossover, table.source
-        else:
-            crossover, source = DEFAULT_CROSSOVER, "default"
-        self.router = Router(
+        self.poller = HealthPoller(
+            urls,
+            self.health,
+            self.tracker.started,
+            settings.health_interval,
+            settings.health_timeout,
+            settings.scrape_metrics,
+            clock,
+        )
+        self.keeper = CrossoverKeeper(
+            settings, self.tracker, self.poller.loads, load_table(settings), clock
+        )
+        self.decider = Decider(
             self.pools,
             self.tracker,
             self.health,
+            self.keeper,
+            self.poller.loads,
             policy=settings.policy,
-            crossover=crossover,
-            crossover_source=source,
             hysteresis=settings.hysteresis,
             load_signal=settings.load_signal,
             clock=clock,
             explore_share=settings.explore_share if settings.learn else 0.0,
             explore_band=settings.explore_band,
+            slo_ttft=settings.slo_ttft_ms / 1000,
+            slo_tpot=settings.slo_tpot_ms / 1000,
         )
-        self.keeper = CrossoverKeeper(settings, self.router, self.tracker, table, clock)
+        self.admission = Admission(settings.queue_size)
         self.metrics = RouterMetrics(self.registry)
-        self.registry.register(StateCollector(self.router, lambda: self.router.policy))
+        self.registry.register(
+            StateCollector(
+                self.tracker,
+                self.health,
+                self.keeper,
+                self.poller.loads,
+                settings.policy,
+                settings.load_signal,
+                clock,
+                self.admission,
+            )
+        )
         self.observers: list[Callable[[Outcome], None]] = [
             self.metrics.observe,
             self.keeper.observe,
         ]
         self.clients: dict[str, OriginPool] = {}
         self.proxy: Proxy | None = None
-        self.poller: HealthPoller | None = None
         self.busy: BusyPoll | None = None
         self.control = build_control_app(self)
+
+    # -- views and actions for the control endpoints (router.control.app.Controlled) -----------
+    def status(self) -> dict[str, Any]:
+        busy = self.busy
+        return status_document(
+            now=self.clock(),
+            tracker=self.tracker,
+            health=self.health,
+            loads=self.poller.loads,
+            keeper=self.keeper,
+            decider=self.decider,
+            connections=self._connections,
+            extra={
+                "slo": self.decider.status() if self.decider.policy == "slo" else None,
+                "queue": self.admission.status(),
+                "fast_path": (
+                    self.proxy.responders.status()
+                    if self.proxy is not None
+                    else {"direct_responses": 0, "plain_responses": 0}
+                ),
+                "busy_poll": {
+                    "window_us": self.settings.busy_poll_us,
+                    "spinning": busy is not None and busy.running,
+                    "turns": 0 if busy is None else busy.spins,
+                },
+            },
+        )
+
+    def _connections(self, url: str) -> dict[str, int]:
+        client = self.clients.get(url)
+        if client is None:
+            return {"open": 0, "idle": 0, "busy": 0}
+        opened, idle = client.open_connections, client.idle_connections
+        return {"open": opened, "idle": idle, "busy": opened - idle}
+
+    def usable_pools(self) -> dict[Pool, bool]:
+        return {pool: self.decider.pool_usable(pool) for pool in POOLS}
+
+    def metrics_text(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def table(self) -> tables.Table:
+        return self.keeper.table()
+
+    def replace_table(self, raw: Any) -> tables.Table:
+        return self.keeper.replace(raw)
+
+    def pin_crossover(self, value: int) -> None:
+        self.keeper.pin(value)
+
+    async def list_models(self) -> dict[str, Any]:
+        now = self.clock()
+        return await list_models(
+            self.settings, self.pools, self.clients, lambda url: self.health.usable(url, now)
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------
     @asynccontextmanager
@@ -137,24 +222,22 @@ class RouterApp:
                 )
         self.proxy = Proxy(
             s,
-            self.router,
+            self.decider,
             self.tracker,
             self.health,
             self.clients,
             self.observers,
             self.clock,
             poke=poke,
-        )
-        self.poller = HealthPoller(
-            self.router, s.health_interval, s.health_timeout, s.scrape_metrics
+            admission=self.admission,
         )
         self.poller.start()
         keeper_task = loop.create_task(self.keeper.run())
         log.info(
             "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
-            self.router.policy,
-            self.router.crossover,
-            self.router.crossover_source,
+            self.decider.policy,
+            self.keeper.crossover,
+            self.keeper.source,
             ",".join(self.pools[SPECULATIVE]),
             ",".join(self.pools[BASELINE]),
         )
@@ -174,14 +257,19 @@ class RouterApp:
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         message = await receive()
         assert message["type"] == "lifespan.startup"
+        started = False
         try:
             async with self.running():
                 _tune_gc()
                 await send({"type": "lifespan.startup.complete"})
+                started = True
                 message = await receive()
                 assert message["type"] == "lifespan.shutdown"
         except BaseException as exc:
-            await send({"type": "lifespan.startup.failed", "message": str(exc)})
+            # After start-up completed, a failure is a shutdown failure (as Starlette does):
+            # uvicorn asserts against a late startup.failed, and the real error would be lost.
+            failed = "lifespan.shutdown.failed" if started else "lifespan.startup.failed"
+            await send({"type": failed, "message": f"{type(exc).__name__}: {exc}"})
             raise
         await send({"type": "lifespan.shutdown.complete"})
 

@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "start sims and the router, ramp load, print and plot the comparison",
     ),
     "calibrate": ("router.calibrate", "measure both pools and write a crossover table"),
+    "replay": ("router.tools.replay", "replay a trace or synthetic traffic open-loop; goodput"),
 }
 
 

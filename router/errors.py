@@ -59,24 +59,23 @@ class Unauthorized(RouterError):
         super().__init__(message, headers=[(b"www-authenticate", b"Bearer")])
 
 
-class NotFound(RouterError):
-    status = 404
-    type_ = "invalid_request_error"
-    code = "not_found"
-
-
-class MethodNotAllowed(RouterError):
-    status = 405
-    type_ = "invalid_request_error"
-    code = "method_not_allowed"
-
-
 class NoBackend(RouterError):
     """No pool can take the request right now."""
 
     status = 503
     type_ = "server_error"
     code = "no_backend_available"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message, headers=[(b"retry-after", str(retry_after).encode())])
+
+
+class QueueFull(RouterError):
+    """The router's own queue (QUEUE_SIZE) is full."""
+
+    status = 429
+    type_ = "rate_limit_error"
+    code = "queue_full"
 
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message, headers=[(b"retry-after", str(retry_after).encode())])

@@ -24,11 +24,12 @@ from pydantic_settings import (
 )
 
 from router.forward.upstream import Origin
+from router.pools import SPECULATIVE, Pool
 
 ENV_PREFIX = "SPEC_ROUTER_"
 CONFIG_ENV = "SPEC_ROUTER_CONFIG"
 
-PolicyName = Literal["spillover", "crossover", "round_robin", "predictive"]
+PolicyName = Literal["slo", "spillover", "crossover", "round_robin", "predictive"]
 LoadSignal = Literal["local", "engine", "max"]
 CsvList = Annotated[list[str], NoDecode]
 NameMap = Annotated[dict[str, str], NoDecode]
@@ -84,11 +85,22 @@ class Settings(BaseSettings):
     baseline_model_map: NameMap = Field(default_factory=dict)
 
     # -- routing ------------------------------------------------------------------------------
-    # predictive won every level in bench/results/policies.md; without curves (no table, nothing
-    # learned yet) it decides exactly as spillover does.
-    policy: PolicyName = "predictive"
+    # slo: each request where it adds the most goodput under the SLO below, predicted from the
+    # engines' curves, its prompt, length and temperature (bench/results/traffic.md); without
+    # curves yet it decides as predictive, which without curves decides as spillover.
+    policy: PolicyName = "slo"
+    # The service-level objective the slo policy routes for, in wall-clock milliseconds: time to
+    # first token and mean time per output token after it. A request may set its own with the
+    # x-slo-ttft-ms / x-slo-tpot-ms headers. The policy also values a relaxed tier of 3x / 2x.
+    slo_ttft_ms: float = Field(default=1000.0, gt=0)
+    slo_tpot_ms: float = Field(default=25.0, gt=0)
     crossover: int | None = Field(default=None, ge=0)
     hysteresis: int = Field(default=1, ge=0)
+    # A router-side queue (0: none) for requests the slo policy finds no backend can serve
+    # within even the relaxed SLO: they wait here up to QUEUE_TIMEOUT seconds for a request in
+    # flight to end, then get 503; a full queue answers 429. Both with Retry-After.
+    queue_size: int = Field(default=0, ge=0)
+    queue_timeout: float = Field(default=5.0, gt=0)
 
     # -- upstream client ----------------------------------------------------------------------
     connect_timeout: float = Field(default=5.0, gt=0)
@@ -190,14 +202,20 @@ class Settings(BaseSettings):
             raise ValueError("eject_max must be at least eject_base")
         return self
 
-    def pool_urls(self, pool: str) -> list[str]:
-        return self.speculative_urls if pool == "speculative" else self.baseline_urls
+    def pool_api_key(self, pool: Pool) -> SecretStr | None:
+        return self.speculative_api_key if pool == SPECULATIVE else self.baseline_api_key
 
-    def pool_api_key(self, pool: str) -> SecretStr | None:
-        return self.speculative_api_key if pool == "speculative" else self.baseline_api_key
+    def pool_authorization(self, pool: Pool) -> bytes | None:
+        """The ``Authorization`` value for requests to ``pool`` (its own key), if it has one."""
+        key = self.pool_api_key(pool)
+        return None if key is None else b"Bearer " + key.get_secret_value().encode()
 
-    def pool_model_map(self, pool: str) -> dict[str, str]:
-        return self.speculative_model_map if pool == "speculative" else self.baseline_model_map
+    def pool_model_map(self, pool: Pool) -> dict[str, str]:
+        return self.speculative_model_map if pool == SPECULATIVE else self.baseline_model_map
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: about one health round."""
+        return max(1, round(self.health_interval))
 
 
 def _describe(exc: ValidationError) -> str:

@@ -10,18 +10,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-SPECULATIVE = "speculative"
-BASELINE = "baseline"
-POOLS = (SPECULATIVE, BASELINE)
+from router.pools import POOLS, Pool
 
 
 class InflightTracker:
     def __init__(
-        self, backends: Iterable[tuple[str, str]], clock: Callable[[], float] = time.monotonic
+        self, backends: Iterable[tuple[Pool, str]], clock: Callable[[], float] = time.monotonic
     ) -> None:
         """``backends``: (pool, url) pairs."""
         self.clock = clock
-        self.pool_of: dict[str, str] = {}
+        self.pool_of: dict[str, Pool] = {}
         self.by_backend: dict[str, int] = {}
         self.started: dict[str, int] = {}  # requests ever sent to each backend (monotonic)
         # in-flight x seconds per backend, so a request's mean concurrency is a difference
@@ -73,7 +71,7 @@ class Lease:
         tracker.started[backend] += 1
 
     @property
-    def pool(self) -> str:
+    def pool(self) -> Pool:
         return self._tracker.pool_of[self.backend]
 
     def mark_slow(self) -> None:

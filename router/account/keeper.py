@@ -1,6 +1,10 @@
-"""Keeps the crossover current: feeds served requests to the learner, moves the crossover on a
-timer, persists the table, and swaps in a table an operator PUTs. The thin shell around
-``router.decide.learner`` (pure) and ``router.decide.table`` (pure, plus an atomic file write).
+"""Keeps the crossover current, and is its one owner.
+
+Feeds served requests to the learner, moves the crossover on a timer, persists the table, swaps
+in a table an operator PUTs, and pins the crossover an operator sets (``PUT /router/crossover``
+or ``CROSSOVER``): a pinned crossover is not learned over until a new table is put. Routing
+reads ``crossover`` and ``gain`` from here. The thin shell around ``router.decide.learner``
+(pure) and ``router.decide.table`` (pure, plus an atomic file write).
 """
 
 from __future__ import annotations
@@ -8,17 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from router.account.inflight import SPECULATIVE, InflightTracker
+from router.account.inflight import InflightTracker
+from router.account.outcome import Outcome
 from router.decide import table as tables
-from router.decide.learner import LearnConfig, Learner, marginal_gain
-from router.decide.snapshot import Router
-from router.decide.table import Table
-from router.forward.proxy import Outcome
-from router.settings import Settings
+from router.decide.learner import Gain, LearnConfig, Learner, marginal_gain
+from router.decide.models import EngineModels, Sample
+from router.decide.predict import PoolModel
+from router.decide.snapshot import Traffic
+from router.decide.table import Source, Table
+from router.health.poller import EngineLoad
+from router.pools import SPECULATIVE, Pool
+from router.settings import DEFAULT_CROSSOVER, Settings
 
 log = logging.getLogger("spec_router.tuning")
 
@@ -34,23 +42,66 @@ class CrossoverKeeper:
     def __init__(
         self,
         settings: Settings,
-        router: Router,
         tracker: InflightTracker,
+        loads: Mapping[str, EngineLoad],
         table: Table | None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
-        self.router = router
         self.tracker = tracker
+        self._loads = loads  # the poller's: engine-reported acceptance lengths
         self.clock = clock
-        self.pinned = settings.crossover is not None  # an explicit CROSSOVER is not learned over
+        self._crossover: int
+        self._source: Source
+        if settings.crossover is not None:  # an explicit CROSSOVER is not learned over
+            self._crossover, self._source, self.pinned = settings.crossover, "configured", True
+        elif table is not None:
+            self._crossover, self._source, self.pinned = table.crossover, table.source, False
+        else:
+            self._crossover, self._source, self.pinned = DEFAULT_CROSSOVER, "default", False
         self.table_path = settings.table_path
         self.learning = settings.learn
         self.learner = self._learner(table)
+        self.engines = EngineModels(table, settings.learn_decay)
+        self._gain: Gain | None = None
+        self._models: dict[Pool, PoolModel] | None = None
         self._tau_used: float | None = None
         self._last_persist = clock()
-        self.updates = 0
         self._publish_gain()
+
+    # -- what routing reads -----------------------------------------------------------------------
+    @property
+    def crossover(self) -> int:
+        return self._crossover
+
+    @property
+    def source(self) -> Source:
+        return self._source
+
+    @property
+    def gain(self) -> Gain | None:
+        return self._gain
+
+    @property
+    def models(self) -> Mapping[Pool, PoolModel] | None:
+        """The slo policy's view of both pools, fixed at the last update (cheap to read)."""
+        return self._models
+
+    @property
+    def traffic(self) -> Traffic:
+        e = self.engines
+        return Traffic(e.mean_output.value, e.tokens_per_char.value)
+
+    def status(self) -> dict[str, Any]:
+        learner = self.learner
+        return {
+            "enabled": self.learning,
+            "pinned": self.pinned,
+            "target": learner.target(),
+            "samples": {pool: learner.pools[pool].samples for pool in learner.pools},
+            "acceptance_length": learner.tau,
+            "reference_acceptance_length": learner.ref_tau,
+        }
 
     def _learner(self, table: Table | None) -> Learner:
         s = self.settings
@@ -60,50 +111,93 @@ class CrossoverKeeper:
         return Learner(cfg, table)
 
     def _publish_gain(self) -> None:
-        self.router.gain = marginal_gain(self.learner.curves())
+        self._gain = marginal_gain(self.learner.curves())
+        self._models = self.engines.models()
+
+    def _set(self, value: int, source: Source) -> None:
+        self._crossover, self._source = value, source
 
     # -- input ----------------------------------------------------------------------------------
     def observe(self, out: Outcome) -> None:
-        """Outcome observer: a finished, complete stream becomes a learning sample."""
+        """Outcome observer: a finished, complete answer becomes a learning sample."""
         usage = out.usage
-        first = out.first_byte
         if (
             not self.learning
             or out.backend is None
             or out.pool is None
             or usage is None
-            or first is None
-            or out.area_first is None
             or out.status != 200
             or out.client_gone
             or out.error is not None
-            or not out.stream
-            or usage.completion_tokens < 2
-            or out.ended <= first
         ):
             return
-        decode = out.ended - first
-        concurrency = (self.tracker.area(out.backend, out.ended) - out.area_first) / decode
-        spt = decode / (usage.completion_tokens - 1)
-        self.learner.record(
-            out.pool, concurrency, spt, first - out.started, out.ended - out.started
+        first = out.first_byte
+        decode = spt = concurrency = 0.0
+        scale = self.learner.time_scale
+        if (
+            out.stream
+            and first is not None
+            and out.area_first is not None
+            and usage.completion_tokens >= 2
+            and out.ended > first
+        ):
+            decode = out.ended - first
+            concurrency = (self.tracker.area(out.backend, out.ended) - out.area_first) / decode
+            spt = decode / (usage.completion_tokens - 1)
+            self.learner.record(
+                out.pool, concurrency, spt, first - out.started, out.ended - out.started
+            )
+        ttft = (first - out.started) / scale if out.stream and first is not None else 0.0
+        sample = Sample(
+            out.pool,
+            concurrency,
+            spt / scale,
+            ttft,
+            out.sampling,
+            usage.prompt_tokens,
+            out.prompt_chars,
+            usage.completion_tokens,
+            out.load_at_start,
+            out.prefill_share,
         )
+        self.engines.record(sample, self.learner.tau)
 
     def _accept_length(self) -> float | None:
         # (an idle engine reports 0: no speculation happened, not an acceptance of 0)
         values = [
             seen.accept_length
-            for url, seen in self.router.engine.items()
+            for url, seen in self._loads.items()
             if self.tracker.pool_of.get(url) == SPECULATIVE
             and seen.accept_length is not None
             and seen.accept_length >= 1.0
         ]
         return sum(values) / len(values) if values else None
 
+    # -- the operator -----------------------------------------------------------------------------
+    def pin(self, value: int) -> None:
+        """An operator's crossover: in force, and not learned over, until a new table."""
+        self.pinned = True
+        self._set(value, "configured")
+        log.info("crossover pinned at %d", value)
+
+    def replace(self, raw: Any) -> Table:
+        """Validate and apply a new table (raises ``TableError``; the old one stays then).
+
+        The table's crossover takes over, and learning resumes from it: a pin is lifted.
+        """
+        table = tables.from_json(raw)
+        self.learner = self._learner(table)
+        self.engines = EngineModels(table, self.settings.learn_decay)
+        self._tau_used = None
+        self.pinned = False
+        self._set(table.crossover, table.source)
+        self._publish_gain()
+        self.persist()
+        return table
+
     # -- the timer ------------------------------------------------------------------------------
     def update(self) -> int | None:
         """One learning step; returns the new crossover if it moved."""
-        self.updates += 1
         tau = self._accept_length()
         self.learner.observe_accept(tau)
         changed = (
@@ -116,17 +210,17 @@ class CrossoverKeeper:
         self._publish_gain()
         if self.pinned or not self.learning:
             return None
-        new = self.learner.step(self.router.crossover, changed or self._tau_moved_since_seed())
+        new = self.learner.step(self._crossover, changed or self._tau_moved_since_seed())
         if new is None:
             return None
         log.info(
             "crossover %d -> %d (learned; target %s, acceptance %s)",
-            self.router.crossover,
+            self._crossover,
             new,
             self.learner.target(),
             "n/a" if tau is None else f"{tau:.2f}",
         )
-        self.router.set_crossover(new, "learned")
+        self._set(new, "learned")
         return new
 
     def _tau_moved_since_seed(self) -> bool:
@@ -135,7 +229,7 @@ class CrossoverKeeper:
         return tau is not None and ref > 1.0 and abs(tau - ref) / ref > TAU_CHANGE
 
     def table(self) -> Table:
-        return self.learner.table(self.router.crossover, self.router.crossover_source, _now_iso())
+        return self.learner.table(self._crossover, self._source, _now_iso())
 
     def persist(self) -> None:
         if self.table_path is None:
@@ -145,16 +239,6 @@ class CrossoverKeeper:
         except OSError as exc:
             log.warning("cannot write the crossover table to %s: %s", self.table_path, exc)
         self._last_persist = self.clock()
-
-    def replace(self, raw: Any) -> Table:
-        """Validate and apply a new table (raises ``TableError``; the old one stays then)."""
-        table = tables.from_json(raw)
-        self.learner = self._learner(table)
-        self._tau_used = None
-        self.router.set_crossover(table.crossover, table.source)
-        self._publish_gain()
-        self.persist()
-        return table
 
     async def run(self) -> None:
         interval = self.settings.learn_interval

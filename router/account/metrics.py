@@ -9,19 +9,28 @@ on counters, labels limited to pool, backend, reason, code, kind, state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
-from router.account.inflight import POOLS, SPECULATIVE
 from router.health.state import State
+from router.pools import POOLS, SPECULATIVE
 
 if TYPE_CHECKING:
-    from router.decide.snapshot import Router
-    from router.forward.proxy import Outcome
+    from router.account.inflight import InflightTracker
+    from router.account.keeper import CrossoverKeeper
+    from router.account.outcome import Outcome
+    from router.forward.admission import Admission
+    from router.health.poller import EngineLoad
+    from router.health.state import HealthRegistry
 
 # LLM-serving buckets, after vLLM's (TTFT, inter-token and end-to-end latency histograms),
 # extended downwards for fast engines and time-scaled simulations.
@@ -42,7 +51,14 @@ E2E_BUCKETS = (
 # The router's own refusals, and the usual answers of a failing engine, by the usual reasons.
 ROUTER_CODES = ("400", "401", "413", "503")
 UPSTREAM_ERROR_CODES = ("500", "502", "503", "504")
-MAIN_REASONS = ("below_crossover", "above_crossover", "predicted_gain", "failover")
+MAIN_REASONS = (
+    "below_crossover",
+    "above_crossover",
+    "predicted_gain",
+    "predicted_slo",
+    "overflow",
+    "failover",
+)
 
 
 class RouterMetrics:
@@ -163,13 +179,28 @@ class RouterMetrics:
 class StateCollector(Collector):
     """Gauges read from the router's live state when Prometheus scrapes."""
 
-    def __init__(self, router: Router, policy: Callable[[], str]) -> None:
-        self.router = router
+    def __init__(
+        self,
+        tracker: InflightTracker,
+        health: HealthRegistry,
+        tuning: CrossoverKeeper,
+        loads: Mapping[str, EngineLoad],
+        policy: str,
+        load_signal: str,
+        clock: Callable[[], float],
+        admission: Admission | None = None,
+    ) -> None:
+        self.tracker = tracker
+        self.health = health
+        self.tuning = tuning
+        self.loads = loads
         self.policy = policy
+        self.load_signal = load_signal
+        self.clock = clock
+        self.admission = admission
 
     def collect(self) -> Iterator[Metric]:
-        router = self.router
-        tracker = router.tracker
+        tracker = self.tracker
         p = "spec_router_"
         g = GaugeMetricFamily(
             p + "in_flight_requests", "Requests in flight, by pool.", labels=["pool"]
@@ -195,13 +226,13 @@ class StateCollector(Collector):
         yield slow
         yield GaugeMetricFamily(
             p + "crossover", "Current crossover (concurrent requests per speculative engine).",
-            value=router.crossover,
+            value=self.tuning.crossover,
         )  # fmt: skip
         info = InfoMetricFamily(p + "crossover_source", "Where the current crossover came from.")
-        info.add_metric([], {"source": router.crossover_source})
+        info.add_metric([], {"source": self.tuning.source})
         yield info
         pol = InfoMetricFamily(p + "policy", "The routing policy in use.")
-        pol.add_metric([], {"policy": self.policy(), "load_signal": router.load_signal})
+        pol.add_metric([], {"policy": self.policy, "load_signal": self.load_signal})
         yield pol
         health = GaugeMetricFamily(
             p + "backend_health", "1 for the backend's current health state.",
@@ -211,17 +242,35 @@ class StateCollector(Collector):
             p + "backend_usable", "1 when the backend can take new requests now.",
             labels=["pool", "backend"],
         )  # fmt: skip
-        now = router.clock()
-        for url, h in router.health.states.items():
+        now = self.clock()
+        for url, h in self.health.states.items():
             pool = tracker.pool_of[url]
             for state in State:
                 health.add_metric([pool, url, state.value], 1.0 if h.state is state else 0.0)
-            usable.add_metric([pool, url], 1.0 if router.health.usable(url, now) else 0.0)
+            usable.add_metric([pool, url], 1.0 if self.health.usable(url, now) else 0.0)
         yield health
         yield usable
-        yield from self._engine(router)
+        yield from self._engine()
+        yield from self._queue()
 
-    def _engine(self, router: Router) -> Iterator[Metric]:
+    def _queue(self) -> Iterator[Metric]:
+        a = self.admission
+        if a is None:
+            return
+        p = "spec_router_"
+        yield GaugeMetricFamily(
+            p + "queued_requests", "Requests waiting in the router's own queue (QUEUE_SIZE).",
+            value=a.queued,
+        )  # fmt: skip
+        outcomes = CounterMetricFamily(
+            p + "queue_outcomes", "How requests left the router's queue.", labels=["outcome"]
+        )
+        outcomes.add_metric(["admitted"], a.admitted)
+        outcomes.add_metric(["timed_out"], a.timed_out)
+        outcomes.add_metric(["refused_full"], a.full)
+        yield outcomes
+
+    def _engine(self) -> Iterator[Metric]:
         p = "spec_router_engine_"
         labels = ["pool", "backend"]
         running = GaugeMetricFamily(
@@ -235,8 +284,8 @@ class StateCollector(Collector):
             "Mean speculative acceptance length the engine reported.",
             labels=labels,
         )
-        for url, seen in router.engine.items():
-            pool = router.tracker.pool_of[url]
+        for url, seen in self.loads.items():
+            pool = self.tracker.pool_of[url]
             running.add_metric([pool, url], seen.running)
             queued.add_metric([pool, url], seen.queued)
             if seen.accept_length is not None and pool == SPECULATIVE:

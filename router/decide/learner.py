@@ -23,8 +23,8 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from router.account.inflight import BASELINE, POOLS, SPECULATIVE
-from router.decide.table import Fit, Point, PoolCurve, Table, Workload, fit_line
+from router.decide.table import Fit, Point, PoolCurve, Source, Table, Workload, fit_line
+from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +58,18 @@ class Curve:
         return n / self.spt(n) if n > 0 else 0.0
 
 
-def marginal_gain(curves: dict[str, Curve] | None) -> Callable[[str, int], float] | None:
+# A request's predicted effect: the change in the objective when one more request joins a
+# replica of ``pool`` already running ``load``.
+Gain = Callable[[Pool, int], float]
+
+
+def marginal_gain(curves: dict[Pool, Curve] | None) -> Gain | None:
     """The predictive policy's gain: extra total decode tok/s from one more request on a
     replica of ``pool`` running ``load``, from curves fixed at the last update (cheap)."""
     if curves is None:
         return None
 
-    def gain(pool: str, load: int) -> float:
+    def gain(pool: Pool, load: int) -> float:
         curve = curves[pool]
         return curve.total_tps(load + 1) - curve.total_tps(load)
 
@@ -160,7 +165,7 @@ class Learner:
                 self.ref_tau = tau  # no calibrated table: the first reading is the reference
             self.tau = tau
 
-    def record(self, pool: str, concurrency: float, spt: float, ttft: float, e2e: float) -> None:
+    def record(self, pool: Pool, concurrency: float, spt: float, ttft: float, e2e: float) -> None:
         """One finished request: mean concurrency, seconds per output token, TTFT, e2e."""
         if not (spt > 0 and math.isfinite(spt) and concurrency >= 1):
             return
@@ -169,7 +174,7 @@ class Learner:
         self.pools[pool].add(concurrency, spt * tau / scale, ttft / scale, e2e / scale)
 
     # -- output ---------------------------------------------------------------------------------
-    def curves(self) -> dict[str, Curve] | None:
+    def curves(self) -> dict[Pool, Curve] | None:
         spec = self.pools[SPECULATIVE].curve(self.tau or self.ref_tau)
         base = self.pools[BASELINE].curve(1.0)
         if spec is None or base is None:
@@ -200,7 +205,7 @@ class Learner:
         move = max(-self.cfg.max_step, min(self.cfg.max_step, goal - current))
         return current + move
 
-    def table(self, crossover: int, source: str, measured_at: str) -> Table:
+    def table(self, crossover: int, source: Source, measured_at: str) -> Table:
         pools = {}
         for pool in POOLS:
             tau = self.ref_tau if pool == SPECULATIVE else 1.0

@@ -10,10 +10,22 @@ engines' reported running requests; see ``router.load``): the policies do not ca
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
-from typing import NamedTuple
+import math
+from collections.abc import Callable, Container, Mapping
+from typing import Literal, NamedTuple
 
-from router.account.inflight import BASELINE, SPECULATIVE
+from router.decide.learner import Gain
+from router.decide.predict import (
+    RELAXED_TTFT,
+    PoolModel,
+    Prediction,
+    Request,
+    chance,
+    failing,
+    predict,
+    value,
+)
+from router.pools import BASELINE, SPECULATIVE, Pool, other
 
 # Named tuples rather than frozen dataclasses: as immutable, and several times cheaper to build,
 # which matters because a snapshot is built for every request (bench/results/overhead.md).
@@ -25,10 +37,30 @@ class BackendView(NamedTuple):
     usable: bool = True
     # 0 < weight <= 1 while a recovered backend is ramped back in; it counts as more loaded.
     weight: float = 1.0
+    # share of the recent time this backend spent prefilling the requests sent to it
+    prefill_share: float = 0.0
+    # its recent mean load (None: not tracked)
+    load_avg: float | None = None
+    # the most requests the engine runs at once, when it has shown it (else the pool model's)
+    cap: int | None = None
+
+
+# Why a request went where it went (the ``x-spec-router-reason`` header, a metric label).
+Reason = Literal[
+    "below_crossover",
+    "above_crossover",
+    "predicted_gain",
+    "failover",
+    "retry",
+    "explore",
+    "round_robin",
+    "predicted_slo",
+    "overflow",
+]
 
 
 class PoolView(NamedTuple):
-    name: str
+    name: Pool
     backends: tuple[BackendView, ...]
 
     @property
@@ -54,9 +86,14 @@ class Snapshot(NamedTuple):
     hysteresis: int = 0
     state: RoutingState = RoutingState()
     # Optional: a request's predicted effect per pool, for the `predictive` policy.
-    gain: Callable[[str, int], float] | None = None
+    gain: Gain | None = None
+    # Optional, for the `slo` policy: the request, and what is known of each pool's engines.
+    request: Request | None = None
+    models: Mapping[Pool, PoolModel] | None = None
+    mean_output: float = 200.0  # output tokens of recent requests, for requests without one
+    sampling_share: float = 0.5  # share of recent requests at temperature > 0
 
-    def pool(self, name: str) -> PoolView:
+    def pool(self, name: Pool) -> PoolView:
         return self.speculative if name == SPECULATIVE else self.baseline
 
     @property
@@ -65,13 +102,12 @@ class Snapshot(NamedTuple):
 
 
 class Decision(NamedTuple):
-    pool: str
+    pool: Pool
     backend: str
-    reason: str
-
-
-def other(pool: str) -> str:
-    return BASELINE if pool == SPECULATIVE else SPECULATIVE
+    reason: Reason
+    # what the backend looked like when it was chosen (the decider fills these in)
+    load: int = 0
+    prefill_share: float = 0.0
 
 
 def pick_backend(pool: PoolView, rr: int = 0, exclude: Container[str] = ()) -> BackendView | None:
@@ -94,7 +130,7 @@ def pick_backend(pool: PoolView, rr: int = 0, exclude: Container[str] = ()) -> B
 
 
 def _place(
-    snap: Snapshot, pool: str, reason: str, state: RoutingState
+    snap: Snapshot, pool: Pool, reason: Reason, state: RoutingState
 ) -> tuple[Decision | None, RoutingState]:
     """Put the request on ``pool``, or fail over to the other one if it has no usable backend."""
     chosen = pick_backend(snap.pool(pool), state.rr)
@@ -145,7 +181,7 @@ def round_robin(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     if not candidates:
         return None, snap.state
     chosen = candidates[snap.state.rr % len(candidates)]
-    pool = SPECULATIVE if chosen in snap.speculative.backends else BASELINE
+    pool: Pool = SPECULATIVE if chosen in snap.speculative.backends else BASELINE
     return Decision(pool, chosen.url, "round_robin"), snap.state._replace(rr=snap.state.rr + 1)
 
 
@@ -166,11 +202,65 @@ def predictive(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     return _place(snap, BASELINE, "predicted_gain", snap.state)
 
 
+# A backend is a candidate for a request only while the request's predicted time to first token
+# there is within the relaxed TTFT target or this factor of its best: goodput alone would let one
+# engine's queue absorb every request that cannot meet its SLO anyway, and that queue then grows
+# without end. (A long TPOT is not excluded: an engine past its SLO still serves everyone it
+# admits, and its throughput only grows with its batch; a queue serves no one.)
+BALANCE = 2.0
+# Below this value a placement adds no goodput (see ``slo``).
+NOTHING = 0.05
+
+
+def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
+    """Each request where it adds the most expected goodput under its SLO (``router.decide.
+    predict``): its own chance to meet the TTFT and TPOT targets there, minus the chance it
+    takes from the requests already there; among the backends where its predicted end-to-end
+    time to first token is acceptable (see ``BALANCE``). Without a request or models:
+    ``predictive``."""
+    req, models = snap.request, snap.models
+    if req is None or models is None:
+        return predictive(snap)
+    options: list[tuple[Prediction, float, Pool, BackendView]] = []
+    for view in (snap.speculative, snap.baseline):
+        pool_model = models[view.name]
+        candidates = view.usable()
+        for i in range(len(candidates)):
+            b = candidates[(snap.state.rr + i) % len(candidates)]  # ties rotate
+            model = pool_model if b.cap is None else pool_model._replace(cap=b.cap)
+            # a backend ramping back in counts as more loaded, as in pick_backend
+            load = b.load if b.weight >= 1.0 else math.ceil((b.load + 1) / b.weight) - 1
+            p = predict(
+                model, load, b.prefill_share, req, snap.mean_output, snap.sampling_share, b.load_avg
+            )
+            options.append((p, p.ttft, view.name, b))
+    if not options:
+        return None, snap.state
+    limit = max(req.slo_ttft * RELAXED_TTFT, BALANCE * min(o[1] for o in options))
+    eligible = [o for o in options if o[1] <= limit]
+    scored = [(value(o[0], req, o[3].load), o) for o in eligible]
+    worth, best = max(scored, key=lambda vo: vo[0])
+    dump = max(models, key=lambda name: models[name].capacity())
+    if worth <= NOTHING and best[2] != dump and failing(best[0], req):
+        # Nowhere does it add goodput, and the best of nothing is a smaller pool whose requests
+        # already miss their SLO (so it harms none of them). Left to that, every such request
+        # would pile onto the small pool until its queue holds them all; the excess goes to the
+        # pool with the most throughput instead (in practice the baseline).
+        pool = [o for o in eligible if o[2] == dump] or eligible
+        best = min(pool, key=lambda o: o[1])
+    # "overflow": it cannot meet even the relaxed SLO anywhere (a router-side queue, when
+    # configured, holds such requests until one can)
+    overflow = all(chance(o[0], req) < NOTHING for o in eligible)
+    decision = Decision(best[2], best[3].url, "overflow" if overflow else "predicted_slo")
+    return decision, snap.state._replace(rr=snap.state.rr + 1)
+
+
 POLICIES: dict[str, Callable[[Snapshot], tuple[Decision | None, RoutingState]]] = {
     "spillover": spillover,
     "crossover": crossover,
     "round_robin": round_robin,
     "predictive": predictive,
+    "slo": slo,
 }
 
 

@@ -1,4 +1,9 @@
-"""The routing shell: turns live state into a policy ``Snapshot`` and keeps the policy's memory.
+"""The decision shell: turns live state into a policy ``Snapshot`` and keeps the policy's memory.
+
+It owns only what the policies remember between requests (round-robin position, hysteresis,
+exploration credit). Everything else it reads, through the interfaces of its owners: in-flight
+counts from the tracker, health from the registry, engine loads from the poller, the crossover
+and the curves from the keeper.
 
 Load signals (``LOAD_SIGNAL``):
 - ``local``: this router's own in-flight count per backend. Exact and instant, but blind to
@@ -11,11 +16,13 @@ Load signals (``LOAD_SIGNAL``):
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Container
-from dataclasses import dataclass
+from collections.abc import Callable, Container, Mapping
+from typing import NamedTuple, Protocol
 
-from router.account.inflight import BASELINE, SPECULATIVE, InflightTracker
+from router.account.inflight import InflightTracker
+from router.decide.learner import Gain
 from router.decide.policy import (
     BackendView,
     Decision,
@@ -26,95 +33,223 @@ from router.decide.policy import (
     explore,
     reroute,
 )
+from router.decide.predict import PoolModel, Request, predict
+from router.forward.request import RequestInfo
+from router.health.poller import EngineLoad
 from router.health.state import HealthRegistry
+from router.pools import BASELINE, SPECULATIVE, Pool
+from router.settings import LoadSignal, PolicyName
+
+# The window (model seconds) over which a backend's recent prefill share and arrival rate are
+# averaged: about a request's lifetime, so that predictions see the traffic it will live with.
+RECENT_WINDOW = 5.0
+SAMPLING_KEEP = 0.02  # weight of each request in the sampling share
+STAY_KEEP = 0.1  # weight of each request in a backend's mean predicted stay
 
 
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """What a backend's /metrics said at one scrape."""
+class Tuning(Protocol):
+    """What routing reads from the crossover's owner (``router.account.keeper``)."""
 
-    running: int
-    queued: int
-    accept_length: float | None
-    scraped_at: float
-    started_at_scrape: int  # this replica's `started` count for the backend at that moment
-    flavor: str  # "sglang" or "vllm"
+    @property
+    def crossover(self) -> int: ...
+
+    @property
+    def gain(self) -> Gain | None: ...
+
+    @property
+    def models(self) -> Mapping[Pool, PoolModel] | None: ...
+
+    @property
+    def traffic(self) -> Traffic: ...
 
 
-class Router:
+class Traffic(NamedTuple):
+    """What the keeper knows of recent requests, for sizing one that does not say."""
+
+    mean_output: float = 200.0
+    tokens_per_char: float = 0.25
+
+
+class _Recent:
+    """A backend's recent traffic, decayed over ``window`` seconds: the prefill time sent to it
+    (as a share of the time) and its arrival rate, with the time its requests are predicted to
+    stay (Little's law gives the load they will keep it at)."""
+
+    __slots__ = ("prefill", "arrivals", "at", "stay")
+
+    def __init__(self, now: float) -> None:
+        self.prefill = 0.0
+        self.arrivals = 0.0
+        self.at = now
+        self.stay = 0.0
+
+    def decay(self, now: float, window: float) -> float:
+        keep = math.exp(-(now - self.at) / window) if now > self.at else 1.0
+        self.prefill *= keep
+        self.arrivals *= keep
+        self.at = now
+        return keep
+
+
+class Decider:
     def __init__(
         self,
-        pools: dict[str, list[str]],
+        pools: Mapping[Pool, list[str]],
         tracker: InflightTracker,
         health: HealthRegistry,
-        policy: str,
-        crossover: int,
-        crossover_source: str,
+        tuning: Tuning,
+        loads: Mapping[str, EngineLoad],
+        policy: PolicyName,
         hysteresis: int,
-        load_signal: str = "local",
+        load_signal: LoadSignal = "local",
         clock: Callable[[], float] = time.monotonic,
         explore_share: float = 0.0,
         explore_band: int = 2,
+        slo_ttft: float = 1.0,
+        slo_tpot: float = 0.025,
     ) -> None:
         self.pools = pools
         self.tracker = tracker
         self.health = health
-        self.policy = policy
-        self.crossover = crossover
-        self.crossover_source = crossover_source
+        self.tuning = tuning
+        self.loads = loads
+        self.policy: PolicyName = policy
         self.hysteresis = hysteresis
-        self.load_signal = load_signal
+        self.load_signal: LoadSignal = load_signal
         self.clock = clock
-        self.state = RoutingState()
-        self.engine: dict[str, EngineLoad] = {}
-        self.gain: Callable[[str, int], float] | None = None
         self.explore_share = explore_share
         self.explore_band = explore_band
+        self.slo_ttft = slo_ttft  # seconds, wall clock
+        self.slo_tpot = slo_tpot
+        self._state = RoutingState()
         self._explore_credit = 0.0
-
-    def set_crossover(self, value: int, source: str) -> None:
-        self.crossover = value
-        self.crossover_source = source
+        now = clock()
+        self._recent = {url: _Recent(now) for urls in pools.values() for url in urls}
+        self._sampling = 0.5  # share of recent requests at temperature > 0
+        self.extrapolated = 0  # decisions that predicted beyond the measured batch sizes
 
     def backend_load(self, url: str) -> int:
         local = self.tracker.by_backend[url]
         if self.load_signal == "local":
             return local
-        seen = self.engine.get(url)
+        seen = self.loads.get(url)
         if seen is None:
             return local
         engine = seen.running + seen.queued + (self.tracker.started[url] - seen.started_at_scrape)
         return engine if self.load_signal == "engine" else max(local, engine)
 
-    def _view(self, name: str, now: float) -> PoolView:
+    def _view(self, name: Pool, now: float, window: float | None) -> PoolView:
         health, load = self.health, self.backend_load
-        return PoolView(
-            name,
-            tuple(
-                [
-                    BackendView(url, load(url), health.usable(url, now), health.weight(url, now))
-                    for url in self.pools[name]
-                ]
-            ),
-        )
+        if window is None:
+            return PoolView(
+                name,
+                tuple(
+                    [
+                        BackendView(
+                            url, load(url), health.usable(url, now), health.weight(url, now)
+                        )
+                        for url in self.pools[name]
+                    ]
+                ),
+            )
+        views = []
+        local = self.tracker.by_backend
+        for url in self.pools[name]:
+            r = self._recent[url]
+            r.decay(now, window)
+            n = load(url)
+            # what this router's own traffic will keep it at, plus what others put there
+            expected = r.arrivals / window * r.stay + max(0, n - local[url])
+            seen = self.loads.get(url)
+            views.append(
+                BackendView(
+                    url,
+                    n,
+                    health.usable(url, now),
+                    health.weight(url, now),
+                    r.prefill / window,
+                    expected,
+                    None if seen is None else seen.cap,
+                )
+            )
+        return PoolView(name, tuple(views))
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, request: Request | None = None) -> Snapshot:
         now = self.clock()
+        tuning = self.tuning
+        models = tuning.models if request is not None else None
+        window = None if models is None else RECENT_WINDOW * models[SPECULATIVE].scale
         return Snapshot(
-            self._view(SPECULATIVE, now),
-            self._view(BASELINE, now),
-            self.crossover,
+            self._view(SPECULATIVE, now, window),
+            self._view(BASELINE, now, window),
+            tuning.crossover,
             self.hysteresis,
-            self.state,
-            self.gain,
+            self._state,
+            tuning.gain,
+            request,
+            models,
+            tuning.traffic.mean_output,
+            self._sampling,
         )
 
-    def decide(self) -> Decision | None:
-        snap = self.snapshot()
-        decision, self.state = choose(self.policy, snap)
+    def request(
+        self, info: RequestInfo, slo_ttft: float | None = None, slo_tpot: float | None = None
+    ) -> Request | None:
+        """What the ``slo`` policy needs to know of a request (None under other policies)."""
+        if self.policy != "slo":
+            return None
+        traffic = self.tuning.traffic
+        tokens = info.prompt_tokens
+        if tokens is None:
+            tokens = round(info.prompt_chars * traffic.tokens_per_char)
+        output = info.max_tokens if info.max_tokens else traffic.mean_output
+        return Request(
+            float(tokens),
+            float(output),
+            info.sampling,
+            self.slo_ttft if slo_ttft is None else slo_ttft,
+            self.slo_tpot if slo_tpot is None else slo_tpot,
+        )
+
+    def peek(self, request: Request | None = None) -> Decision | None:
+        """What ``decide`` would answer now, changing nothing (for a queued request)."""
+        return choose(self.policy, self.snapshot(request))[0]
+
+    def decide(self, request: Request | None = None) -> Decision | None:
+        snap = self.snapshot(request)
+        decision, self._state = choose(self.policy, snap)
         if decision is not None and self.explore_share > 0 and self.policy != "round_robin":
             decision = self._maybe_explore(snap, decision)
+        if decision is not None and request is not None and snap.models is not None:
+            decision = self._sent(snap, decision, request, snap.models)
         return decision
+
+    def _sent(
+        self, snap: Snapshot, decision: Decision, req: Request, models: Mapping[Pool, PoolModel]
+    ) -> Decision:
+        """Note what the chosen backend was sent; the decision carries the state it saw."""
+        self._sampling += (float(req.sampling) - self._sampling) * SAMPLING_KEEP
+        view = next(b for b in snap.pool(decision.pool).backends if b.url == decision.backend)
+        model = models[decision.pool]
+        if view.cap is not None:
+            model = model._replace(cap=view.cap)
+        p = predict(
+            model,
+            view.load,
+            view.prefill_share,
+            req,
+            snap.mean_output,
+            snap.sampling_share,
+            view.load_avg,
+        )
+        if p.extrapolated:
+            self.extrapolated += 1
+        r = self._recent[decision.backend]
+        r.prefill += model.prefill(req.prompt_tokens) * model.scale
+        r.arrivals += 1.0
+        stay = p.ttft + max(0.0, req.output_tokens - 1) * p.tpot
+        r.stay = stay if r.stay == 0 else r.stay + (stay - r.stay) * STAY_KEEP
+        return decision._replace(load=view.load, prefill_share=view.prefill_share)
 
     def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:
         """Send a bounded share of requests near the crossover the other way (see learning)."""
@@ -132,10 +267,46 @@ class Router:
     def retry(self, failed: Decision, tried: Container[str]) -> Decision | None:
         return reroute(self.snapshot(), failed, tried)
 
-    def any_usable(self) -> bool:
-        now = self.clock()
-        return any(self.health.usable(url, now) for urls in self.pools.values() for url in urls)
+    def status(self) -> dict[str, object]:
+        """The slo policy's state, for /router/status."""
+        models = self.tuning.models
+        traffic = self.tuning.traffic
+        pools: dict[str, object] = {}
+        recent: dict[str, object] = {}
+        if models is not None:
+            window = RECENT_WINDOW * models[SPECULATIVE].scale
+            now = self.clock()
+            for pool, urls in self.pools.items():
+                m = models[pool]
+                pools[pool] = {
+                    "measured_up_to": m.measured,
+                    "tau_greedy": round(m.tau_greedy, 3),
+                    "tau_sampling": round(m.tau_sampling, 3),
+                    "prefill_base_s": round(m.prefill_base, 5),
+                    "prefill_per_token_s": m.prefill_per_token,
+                    "time_scale": m.scale,
+                }
+                for url in urls:
+                    r = self._recent[url]
+                    keep = math.exp(-(now - r.at) / window) if now > r.at else 1.0
+                    load = self.backend_load(url)
+                    recent[url] = {
+                        "prefill_share": round(r.prefill * keep / window, 4),
+                        "expected_load": round(r.arrivals * keep / window * r.stay, 2),
+                        # a prediction for the next request here would extrapolate the curve
+                        "beyond_measured": load + 1 > max(1, m.measured),
+                    }
+        return {
+            "slo_ttft_ms": self.slo_ttft * 1000,
+            "slo_tpot_ms": self.slo_tpot * 1000,
+            "models": pools or None,
+            "backends": recent,
+            "extrapolated_decisions": self.extrapolated,
+            "sampling_share": round(self._sampling, 3),
+            "mean_output_tokens": round(traffic.mean_output, 1),
+            "tokens_per_char": round(traffic.tokens_per_char, 4),
+        }
 
-    def pool_usable(self, pool: str) -> bool:
+    def pool_usable(self, pool: Pool) -> bool:
         now = self.clock()
         return any(self.health.usable(url, now) for url in self.pools[pool])

@@ -27,7 +27,9 @@ from typing import Any, Literal
 
 TABLE_VERSION = 1
 Objective = Literal["tpot", "e2e"]
-SOURCES = ("default", "configured", "calibrated", "learned")
+# Where a crossover came from.
+Source = Literal["default", "configured", "calibrated", "learned"]
+SOURCES: tuple[Source, ...] = ("default", "configured", "calibrated", "learned")
 
 
 class TableError(ValueError):
@@ -65,6 +67,8 @@ class Fit:
 
     line: Line
     tau: float = 1.0  # acceptance length the line was measured at (1 for a baseline engine)
+    # the same for requests at temperature > 0, when measured (drafts are accepted less often)
+    tau_sampling: float | None = None
 
     def spt(self, n: float, tau: float | None = None) -> float:
         """Seconds per output token of one request at concurrency ``n``."""
@@ -83,15 +87,24 @@ class Workload:
 
 
 @dataclass(frozen=True, slots=True)
+class Prefill:
+    """Prefill time of one joining request: ``base + prompt_tokens * per_token`` seconds."""
+
+    base: float
+    per_token: float
+
+
+@dataclass(frozen=True, slots=True)
 class PoolCurve:
     points: tuple[Point, ...] = ()
     fit: Fit | None = None
+    prefill: Prefill | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Table:
     crossover: int
-    source: str
+    source: Source
     objective: Objective = "tpot"
     measured_at: str = ""
     workload: Workload = field(default_factory=Workload)
@@ -218,12 +231,33 @@ def _fit(raw: Any) -> Fit | None:
         return None
     try:
         line = raw["line"]
-        fit = Fit(Line(float(line["alpha"]), float(line["beta"])), float(raw.get("tau", 1.0)))
+        sampling = raw.get("tau_sampling")
+        fit = Fit(
+            Line(float(line["alpha"]), float(line["beta"])),
+            float(raw.get("tau", 1.0)),
+            None if sampling is None else float(sampling),
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise TableError(f"bad fit: {exc}") from None
     if not (math.isfinite(fit.line.alpha) and math.isfinite(fit.line.beta) and fit.tau >= 1.0):
         raise TableError("fit values out of range")
+    if fit.tau_sampling is not None and not (
+        math.isfinite(fit.tau_sampling) and fit.tau_sampling >= 1.0
+    ):
+        raise TableError("fit tau_sampling out of range")
     return fit
+
+
+def _prefill(raw: Any) -> Prefill | None:
+    if raw is None:
+        return None
+    try:
+        prefill = Prefill(float(raw["base"]), float(raw["per_token"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TableError(f"bad prefill: {exc}") from None
+    if not all(math.isfinite(v) and v >= 0 for v in (prefill.base, prefill.per_token)):
+        raise TableError("prefill values out of range")
+    return prefill
 
 
 def _pool(raw: Any, name: str) -> PoolCurve:
@@ -234,7 +268,7 @@ def _pool(raw: Any, name: str) -> PoolCurve:
     points = tuple(sorted((_point(p) for p in raw.get("points", ())), key=lambda p: p.concurrency))
     if len({p.concurrency for p in points}) != len(points):
         raise TableError(f"{name}: a concurrency is listed twice")
-    return PoolCurve(points, _fit(raw.get("fit")))
+    return PoolCurve(points, _fit(raw.get("fit")), _prefill(raw.get("prefill")))
 
 
 def from_json(raw: Any) -> Table:
@@ -247,8 +281,8 @@ def from_json(raw: Any) -> Table:
     crossover = raw.get("crossover")
     if type(crossover) is not int or crossover < 0:
         raise TableError("crossover must be a non-negative integer")
-    source = raw.get("source", "calibrated")
-    if source not in SOURCES:
+    source = next((s for s in SOURCES if s == raw.get("source", "calibrated")), None)
+    if source is None:
         raise TableError(f"source must be one of {', '.join(SOURCES)}")
     objective = raw.get("objective", "tpot")
     if objective not in ("tpot", "e2e"):

@@ -19,9 +19,15 @@ activity; the proxy calls it when a request arrives or ends and when an upstream
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
+from typing import Protocol
+
+
+class Scheduler(Protocol):
+    """What busy polling needs of the event loop (an asyncio loop; the unit tests' fake)."""
+
+    def call_soon(self, callback: Callable[[], object], /) -> object: ...
 
 
 class BusyPoll:
@@ -29,7 +35,7 @@ class BusyPoll:
 
     def __init__(
         self,
-        loop: asyncio.AbstractEventLoop,
+        loop: Scheduler,
         window: float,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:

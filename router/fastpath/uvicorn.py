@@ -1,7 +1,8 @@
 """The one place that knows uvicorn's internals: fast paths through its httptools server.
 
-See ``DirectSend``. Everything else in the router talks plain ASGI; when uvicorn changes what
-this module relies on, ``direct_send`` returns None and the router falls back to plain ASGI.
+See ``DirectSend``, a ``Responder`` (``router.fastpath.responder``). Everything else in the
+router talks plain ASGI; when uvicorn changes what this module relies on, ``direct_send``
+returns None and the router falls back to plain ASGI (``Responders`` counts which was used).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from typing import Any
+
+from router.fastpath.responder import BodyWriter
 
 
 class DirectSend:
@@ -20,7 +23,7 @@ class DirectSend:
     router's CPU (bench/results/overhead.md). Two shortcuts, both leaving uvicorn's bookkeeping
     (framing, keep-alive, completion) to uvicorn:
 
-    - ``send_together`` runs uvicorn's own ``send`` for several messages (the start and the
+    - ``send_all`` runs uvicorn's own ``send`` for several messages (the start and the
       body bytes already at hand) and puts what it wrote on the wire in one write;
     - ``write`` frames one chunk of a chunked body and writes it straight to the client's
       transport, from the upstream connection's socket callback, but only while ``ready()``
@@ -36,7 +39,7 @@ class DirectSend:
         self._transport = cycle.transport
         self._event: _DisconnectEvent | None = None
 
-    async def send_together(self, messages: list[dict[str, Any]]) -> None:
+    async def send_all(self, messages: list[dict[str, Any]]) -> None:
         cycle, real = self._cycle, self._transport
         held = _Held(real)
         cycle.transport = held
@@ -87,6 +90,9 @@ class DirectSend:
 
     def write(self, data: bytes) -> None:
         self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def body_writer(self) -> BodyWriter | None:
+        return BodyWriter(self.ready, self.write) if self.chunked() else None
 
 
 class _DisconnectEvent(asyncio.Event):

@@ -4,10 +4,9 @@ A raw ASGI handler (no framework routing, no ``StreamingResponse``): the hot pat
 bench/results/overhead.md. The in-flight lease is taken once the request is routed and released
 in this handler's own ``finally`` -- not in a background task or a generator's ``finally``, which
 a client disconnect can skip (see STYLE.md). A client disconnect becomes a cancellation of
-the handler, which aborts the upstream connection, so the engine stops too: a watcher task
-blocked in ``receive()`` reports it, or under uvicorn's httptools server, uvicorn's own
-per-request event (``router.fastpath.uvicorn.DirectSend``, which also carries the relay's fast
-paths).
+the handler, which aborts the upstream connection, so the engine stops too. The response goes
+out through a ``Responder`` (``router.fastpath``): plain ASGI, or under uvicorn's httptools
+server the fast paths of ``router.fastpath.uvicorn``.
 """
 
 from __future__ import annotations
@@ -15,14 +14,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from router.account.inflight import POOLS, InflightTracker, Lease
+from router.account.inflight import InflightTracker, Lease
+from router.account.outcome import Outcome
 from router.decide.policy import Decision
-from router.decide.snapshot import Router
+from router.decide.predict import Request
+from router.decide.snapshot import Decider
 from router.errors import (
     NoBackend,
     PayloadTooLarge,
@@ -32,7 +34,13 @@ from router.errors import (
     UpstreamUnavailable,
     sse_error_event,
 )
-from router.fastpath.uvicorn import DirectSend, direct_send
+from router.errors import (
+    QueueFull as QueueRefused,
+)
+from router.fastpath import Responders
+from router.fastpath.responder import Responder
+from router.forward import verdicts
+from router.forward.admission import Admission, QueueFull
 from router.forward.request import (
     RequestInfo,
     forward_headers,
@@ -41,9 +49,11 @@ from router.forward.request import (
     response_headers,
     upstream_body,
 )
-from router.forward.stream import BodyTap, SseTap, Usage
+from router.forward.stream import BodyTap, SseTap
 from router.forward.upstream import Connection, OriginPool, Timeouts, UpstreamError
+from router.forward.verdicts import Verdict
 from router.health.state import HealthRegistry
+from router.pools import POOLS, Pool
 from router.settings import Settings
 
 log = logging.getLogger("spec_router.proxy")
@@ -52,38 +62,14 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
+# Seconds between a queued request's looks at whether a backend can serve it now.
+QUEUE_RECHECK = 0.05
 # Paths whose streams carry token usage the router can ask for.
 USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-RETRY_STATUSES = frozenset({429, 503})
-RETRYABLE_KINDS = frozenset({"connect", "connect_timeout"})
 
 
 class ClientGone(Exception):
     """The client disconnected; nothing more can be sent."""
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What happened to one request: the record every observer (metrics, learning) reads."""
-
-    path: str
-    started: float
-    stream: bool = False
-    pool: str | None = None
-    backend: str | None = None
-    reason: str = "none"
-    status: int = 0
-    attempts: int = 0
-    first_byte: float | None = None
-    area_first: float | None = None  # the backend's in-flight integral at the first byte
-    ended: float = 0.0
-    error: str | None = None  # the upstream error that ended the request, if any
-    client_gone: bool = False
-    slow_client: bool = False  # the client could not take the body as fast as it came
-    usage: Usage | None = None
-    # every failed upstream attempt (pool, backend, kind) and every retry (pool left, kind)
-    failures: list[tuple[str, str, str]] = field(default_factory=list)
-    retries: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -96,16 +82,17 @@ class Proxy:
     def __init__(
         self,
         settings: Settings,
-        router: Router,
+        decider: Decider,
         tracker: InflightTracker,
         health: HealthRegistry,
         clients: dict[str, OriginPool],
         observers: list[Callable[[Outcome], None]],
         clock: Callable[[], float] = time.monotonic,
         poke: Callable[[], None] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.settings = settings
-        self.router = router
+        self.decider = decider
         self.poke = poke  # busy polling (router/fastpath/busypoll.py): a request arrived or ended
         self.tracker = tracker
         self.health = health
@@ -115,15 +102,13 @@ class Proxy:
         # Made in the serving loop. Passed explicitly: asyncio's loop lookup calls getpid()
         # on Python 3.11, a system call per request.
         self.loop = asyncio.get_running_loop()
+        self.responders = Responders(self.loop)
+        self.admission = admission if admission is not None else Admission(0)
         self.timeouts = Timeouts(
             settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout
         )
         self._api_keys = [k.get_secret_value().encode() for k in settings.api_keys]
-        self._pool_auth = {
-            pool: (b"Bearer " + key.get_secret_value().encode()) if key else None
-            for pool in POOLS
-            for key in [settings.pool_api_key(pool)]
-        }
+        self._pool_auth = {pool: settings.pool_authorization(pool) for pool in POOLS}
 
     # -- entry ------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -134,7 +119,7 @@ class Proxy:
         try:
             await self._handle(scope, receive, send, out)
         finally:
-            out.ended = self.clock()
+            out.finish(self.clock())
             if poke is not None:
                 poke()
             for observe in self.observers:
@@ -151,57 +136,93 @@ class Proxy:
             content_type = next((v for k, v in headers if k == b"content-type"), None)
             info = inspect(scope["path"], body, content_type)
         except RouterError as exc:
-            out.status = exc.status
+            out.answered(exc.status)
             await _send_error(send, exc)
             return
         except ClientGone:
-            out.client_gone = True
+            out.client_left()
             return
-        out.stream = info.stream
+        out.read(info.stream, info.sampling, info.prompt_chars)
 
-        decision = self.router.decide()
+        decider = self.decider
+        request = decider.request(info, *_slo_headers(headers)) if decider.policy == "slo" else None
+        decision = decider.decide(request)
         if decision is None:
             refusal = NoBackend(
-                "no backend can take requests right now", _retry_after(self.settings)
+                "no backend can take requests right now", self.settings.retry_after()
             )
-            out.status = refusal.status
+            out.answered(refusal.status)
             await _send_error(send, refusal)
             return
         task = asyncio.current_task(self.loop)
         assert task is not None
         flags = _Flags()
-        direct = direct_send(send)
-        watcher = None
-        if direct is not None:  # uvicorn's httptools server tells without a task per request
-            direct.watch(lambda: _client_left(task, flags))
-        else:
-            watcher = self.loop.create_task(_watch(receive, task, flags))
+        responder = self.responders(receive, send)
+        responder.watch(lambda: _client_left(task, flags))
         conn: Connection | None = None
-        lease = self.tracker.acquire(decision.backend)  # released in the finally below
+        lease: Lease | None = None
         try:
+            if decision.reason == "overflow" and self.admission.enabled:
+                decision = await self._queue(request, out)
+            lease = self.tracker.acquire(decision.backend)  # released in the finally below
             conn, decision = await self._open(scope, body, info, decision, lease, out)
-            out.status = conn.status
-            await self._relay(conn, decision, info, send, direct, flags, lease, out)
+            out.answered(conn.status)
+            await self._relay(conn, decision, info, send, responder, flags, lease, out)
         except asyncio.CancelledError:
             if not flags.client_gone:
                 raise
             task.uncancel()
-            out.client_gone = True
+            out.client_left()
         except ClientGone:
-            out.client_gone = True
+            out.client_left()
         except RouterError as exc:
-            out.status = exc.status
+            out.answered(exc.status)
             if not flags.done:
                 await _send_error(send, exc)
         finally:
             flags.done = True
-            if watcher is not None:
-                watcher.cancel()
-            if direct is not None:
-                direct.unwatch()
+            responder.unwatch()
             if conn is not None:
                 conn.release()
-            lease.release()
+            if lease is not None:
+                lease.release()
+                if self.admission.enabled:
+                    self.admission.released()
+
+    async def _queue(self, request: Request | None, out: Outcome) -> Decision:
+        """Hold an overflowing request until a backend can serve it within its SLO."""
+        admission, retry_after = self.admission, self.settings.retry_after()
+        try:
+            admission.enter()
+        except QueueFull:
+            raise QueueRefused("the router's queue is full", retry_after) from None
+        admitted = False
+        out.queued()
+        try:
+            deadline = self.loop.time() + self.settings.queue_timeout
+            again = False
+            while True:
+                left = deadline - self.loop.time()
+                if left <= 0:
+                    admission.timed_out += 1
+                    raise NoBackend(
+                        "no backend could serve the request within its SLO before the "
+                        "router's queue deadline",
+                        retry_after,
+                    )
+                # woken when a request in flight ends; and it looks again now and then, as
+                # what it waits for (the recent load the predictions see) also fades with time
+                await admission.wait(min(left, QUEUE_RECHECK), again)
+                again = True
+                peek = self.decider.peek(request)
+                if peek is None or peek.reason != "overflow":
+                    decision = self.decider.decide(request)
+                    if decision is None:
+                        raise NoBackend("no backend can take requests right now", retry_after)
+                    admitted = True
+                    return decision
+        finally:
+            admission.leave(admitted)
 
     # -- request side -----------------------------------------------------------------------
     def _authorize(self, headers: list[tuple[bytes, bytes]]) -> None:
@@ -248,8 +269,13 @@ class Proxy:
         tried: list[str] = []
         max_attempts = self.settings.max_attempts
         while True:
-            out.attempts += 1
-            out.pool, out.backend, out.reason = decision.pool, decision.backend, decision.reason
+            out.attempt(
+                decision.pool,
+                decision.backend,
+                decision.reason,
+                decision.load,
+                decision.prefill_share,
+            )
             tried.append(decision.backend)
             pool_key = self._pool_auth[decision.pool]
             headers = forward_headers(
@@ -258,48 +284,41 @@ class Proxy:
             payload = upstream_body(
                 info, body, self.settings.pool_model_map(decision.pool), ask_usage
             )
+            conn: Connection | None = None
+            error: UpstreamError | None = None
             try:
                 conn = await self.clients[decision.backend].request(
                     method, target, headers, payload, self.timeouts
                 )
             except UpstreamError as exc:
-                out.failures.append((decision.pool, decision.backend, exc.kind))
-                if exc.kind == "first_byte_timeout":
-                    out.error = exc.kind
-                    raise UpstreamTimeout(f"upstream did not answer within {exc}") from None
-                if not (
-                    exc.kind in RETRYABLE_KINDS
-                    or (exc.kind == "reset" and not exc.response_started)
-                ):
-                    out.error = exc.kind
-                    raise UpstreamUnavailable(str(exc)) from None
-                # refused, or closed before answering: out for a while, and safe to retry
-                self.health.eject(decision.backend, self.clock(), str(exc))
-                alt = None if out.attempts >= max_attempts else self.router.retry(decision, tried)
-                if alt is None:
-                    out.error = exc.kind
-                    raise NoBackend(
-                        f"no backend could take the request (last error: {exc})",
-                        _retry_after(self.settings),
-                    ) from None
-                kind = exc.kind
+                error = exc
+                verdict = verdicts.after_error(exc.kind, exc.response_started)
             else:
-                status = conn.status
-                if status >= 500:
-                    out.failures.append((decision.pool, decision.backend, f"http_{status}"))
-                    self.health.eject(decision.backend, self.clock(), f"HTTP {status}")
-                elif status < 400:
-                    self.health.served(decision.backend, self.clock())
-                if status not in RETRY_STATUSES or out.attempts >= max_attempts:
-                    return conn, decision
-                alt = self.router.retry(decision, tried)
-                if alt is None:
-                    return conn, decision  # nowhere else to go: the refusal goes to the client
-                kind = f"http_{status}"
+                verdict = verdicts.after_status(conn.status)
+            self._judge(verdict, decision, out, str(error) if error else f"HTTP {verdict.kind[5:]}")
+            alt = None
+            if verdict.retry and out.attempts < max_attempts:
+                alt = self.decider.retry(decision, tried)
+            if alt is None:
+                if conn is not None:
+                    return conn, decision  # the answer, or a refusal with nowhere else to go
+                assert error is not None
+                out.broke(error.kind)
+                raise _refusal(error, verdict.retry, self.settings.retry_after())
+            if conn is not None:
                 conn.release()  # aborts: the body of a refusal is not worth reading
-            out.retries.append((decision.pool, kind))
+            out.retried(verdict.kind)
             lease.move(alt.backend)
             decision = alt
+
+    def _judge(self, verdict: Verdict, decision: Decision, out: Outcome, detail: str) -> None:
+        """Apply what an attempt said about its backend: a failure, an ejection, a good answer."""
+        if verdict.failed:
+            out.attempt_failed(verdict.kind)
+        if verdict.eject:
+            self.health.eject(decision.backend, self.clock(), detail)
+        elif verdict.served:
+            self.health.served(decision.backend, self.clock())
 
     # -- response side ----------------------------------------------------------------------
     async def _relay(
@@ -308,7 +327,7 @@ class Proxy:
         decision: Decision,
         info: RequestInfo,
         send: Send,
-        direct: DirectSend | None,
+        responder: Responder,
         flags: _Flags,
         lease: Lease,
         out: Outcome,
@@ -327,7 +346,7 @@ class Proxy:
             tap = None
         keep_length = rename is None and not (is_sse and strip)
         if rename is not None and not is_sse:
-            await self._relay_rewritten(conn, decision, send, direct, rename, out)
+            await self._relay_rewritten(conn, decision, responder, rename, out)
             return
         headers = response_headers(conn.headers, keep_length)
         headers.append((b"x-spec-router-pool", decision.pool.encode()))
@@ -347,7 +366,7 @@ class Proxy:
         def backlog() -> None:
             if flags.client_gone:  # (not slow: gone, and its cancellation is on its way)
                 return
-            out.slow_client = True
+            out.fell_behind()
             lease.mark_slow()
 
         conn.on_backlog = backlog
@@ -355,16 +374,16 @@ class Proxy:
         last = b""
         try:
             if not conn.has_body:
-                await _send_all(send, direct, [start])
+                await _send_all(responder, [start])
                 pending = None
-                self._divert(conn, direct, feed, lease, out)
+                self._divert(conn, responder, feed, lease, out)
             while True:
                 data = await read()
                 if not data:
                     break
                 if out.first_byte is None:
-                    out.first_byte = now = self.clock()
-                    out.area_first = self.tracker.area(decision.backend, now)
+                    now = self.clock()
+                    out.first_bytes(now, self.tracker.area(decision.backend, now))
                 if feed is not None:
                     data = feed(data)
                 if conn.finished:  # the last bytes go out with the end of the response
@@ -372,16 +391,14 @@ class Proxy:
                     break
                 if pending is not None:
                     chunk = {"type": "http.response.body", "body": data, "more_body": True}
-                    await _send_all(send, direct, [*pending, chunk] if data else pending)
+                    await _send_all(responder, [*pending, chunk] if data else pending)
                     pending = None
-                    self._divert(conn, direct, feed, lease, out)
+                    self._divert(conn, responder, feed, lease, out)
                 elif data:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:
-            out.error = exc.kind
-            out.failures.append((decision.pool, decision.backend, exc.kind))
-            if exc.kind != "idle_timeout":
-                self.health.eject(decision.backend, self.clock(), str(exc))
+            out.broke(exc.kind)
+            self._judge(verdicts.mid_response(exc.kind), decision, out, str(exc))
             if pending is not None:  # nothing reached the client yet: an ordinary 502
                 raise UpstreamUnavailable(f"upstream failed: {exc}") from None
             await self._break_stream(send, exc, is_sse)
@@ -392,30 +409,31 @@ class Proxy:
             last += tap.flush()
         flags.done = True
         end = {"type": "http.response.body", "body": last, "more_body": False}
-        await _send_all(send, direct, [*pending, end] if pending else [end])
+        await _send_all(responder, [*pending, end] if pending else [end])
         if tap is not None:
-            out.usage = tap.usage
+            out.counted(tap.usage)
 
     def _divert(
         self,
         conn: Connection,
-        direct: DirectSend | None,
+        responder: Responder,
         feed: Callable[[bytes], bytes] | None,
         lease: Lease,
         out: Outcome,
     ) -> None:
         """Let the upstream connection write the body's chunks straight to the client."""
-        if direct is None or not direct.chunked():
+        writer = responder.body_writer()
+        if writer is None:
             return
         clock, area, backend = self.clock, self.tracker.area, lease.backend
-        ready, write = direct.ready, direct.write
+        ready, write = writer
 
         def sink(data: bytes) -> bool:
             if not ready():  # (one that stays behind is counted slow by _relay's ``backlog``)
                 return False  # nothing consumed: read() gets these bytes
             if out.first_byte is None:
-                out.first_byte = now = clock()
-                out.area_first = area(backend, now)
+                now = clock()
+                out.first_bytes(now, area(backend, now))
             if feed is not None:
                 data = feed(data)
             if data:
@@ -432,11 +450,12 @@ class Proxy:
             # connection, which is the honest signal.
             raise ClientGone() from exc
         event = sse_error_event(f"upstream failed mid-stream: {exc}", "server_error", 502)
-        await _send_all(
-            send, None, [{"type": "http.response.body", "body": event, "more_body": False}]
-        )
+        try:
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+        except OSError as exc:
+            raise ClientGone() from exc
 
-    def _rename_for(self, pool: str, info: RequestInfo) -> tuple[bytes, bytes] | None:
+    def _rename_for(self, pool: Pool, info: RequestInfo) -> tuple[bytes, bytes] | None:
         model_map = self.settings.pool_model_map(pool)
         if info.model is None or info.model not in model_map:
             return None
@@ -448,8 +467,7 @@ class Proxy:
         self,
         conn: Connection,
         decision: Decision,
-        send: Send,
-        direct: DirectSend | None,
+        responder: Responder,
         rename: tuple[bytes, bytes],
         out: Outcome,
     ) -> None:
@@ -459,18 +477,19 @@ class Proxy:
             try:
                 data = await conn.read()
             except UpstreamError as exc:
-                out.error = exc.kind
-                out.failures.append((decision.pool, decision.backend, exc.kind))
+                out.broke(exc.kind)
+                self._judge(verdicts.mid_response(exc.kind), decision, out, str(exc))
                 raise UpstreamUnavailable(f"upstream failed: {exc}") from None
             if not data:
                 break
             if out.first_byte is None:
-                out.first_byte = self.clock()
+                now = self.clock()
+                out.first_bytes(now, self.tracker.area(decision.backend, now))
             parts.append(data)
         body = b"".join(parts).replace(*rename)
         tap = BodyTap()
         tap.feed(body)
-        out.usage = tap.usage
+        out.counted(tap.usage)
         headers = response_headers(conn.headers, keep_length=False)
         headers += [
             (b"content-length", str(len(body)).encode()),
@@ -479,21 +498,42 @@ class Proxy:
         ]
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         end = {"type": "http.response.body", "body": body, "more_body": False}
-        await _send_all(send, direct, [start, end])
+        await _send_all(responder, [start, end])
 
 
-def _retry_after(settings: Settings) -> int:
-    return max(1, round(settings.health_interval))
+def _slo_headers(headers: list[tuple[bytes, bytes]]) -> tuple[float | None, float | None]:
+    """A request's own SLO (``x-slo-ttft-ms`` / ``x-slo-tpot-ms``), in seconds; None: unset or
+    not a positive number."""
+    ttft = tpot = None
+    for name, value in headers:
+        if name == b"x-slo-ttft-ms":
+            ttft = _ms(value)
+        elif name == b"x-slo-tpot-ms":
+            tpot = _ms(value)
+    return ttft, tpot
 
 
-async def _send_all(send: Send, direct: DirectSend | None, messages: list[dict[str, Any]]) -> None:
-    """Send ``messages`` in order; through ``direct`` they leave in one write."""
+def _ms(value: bytes) -> float | None:
     try:
-        if direct is not None:
-            await direct.send_together(messages)
-        else:
-            for message in messages:
-                await send(message)
+        ms = float(value)
+    except ValueError:
+        return None
+    return ms / 1000.0 if math.isfinite(ms) and ms > 0 else None
+
+
+def _refusal(error: UpstreamError, retried_out: bool, retry_after: int) -> RouterError:
+    answer = verdicts.refusal(error.kind, retried_out)
+    if answer == "timeout":
+        return UpstreamTimeout(f"upstream did not answer within {error}")
+    if answer == "no_backend":
+        return NoBackend(f"no backend could take the request (last error: {error})", retry_after)
+    return UpstreamUnavailable(str(error))
+
+
+async def _send_all(responder: Responder, messages: list[dict[str, Any]]) -> None:
+    """Send ``messages`` in order (under uvicorn's httptools server, in one write)."""
+    try:
+        await responder.send_all(messages)
     except OSError as exc:  # ASGI spec 2.4: sending on a closed connection raises OSError
         raise ClientGone() from exc
 
@@ -510,15 +550,6 @@ async def _send_error(send: Send, exc: RouterError) -> None:
         await send({"type": "http.response.body", "body": body, "more_body": False})
     except OSError:
         pass
-
-
-async def _watch(receive: Receive, task: asyncio.Task[Any], flags: _Flags) -> None:
-    """Cancel the handler when the client goes away before the response is finished."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            _client_left(task, flags)
-            return
 
 
 def _client_left(task: asyncio.Task[Any], flags: _Flags) -> None:

@@ -54,6 +54,14 @@ class RequestInfo:
     max_tokens: int | None = None
     temperature: float | None = None
     parsed: dict[str, Any] | None = None
+    # the prompt's size: characters of its text, or tokens when it was sent as token ids
+    prompt_chars: int = 0
+    prompt_tokens: int | None = None
+
+    @property
+    def sampling(self) -> bool:
+        """Sampled rather than greedy: a temperature above 0, or none (the OpenAI default, 1)."""
+        return self.temperature is None or self.temperature > 0
 
 
 EMPTY = RequestInfo()
@@ -101,6 +109,7 @@ def inspect(path: str, body: bytes, content_type: bytes | None) -> RequestInfo:
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
     max_tokens = obj.get("max_completion_tokens", obj.get("max_tokens"))
     temperature = obj.get("temperature")
+    chars, tokens = prompt_size(obj)
     return RequestInfo(
         model=model if isinstance(model, str) else None,
         stream=stream,
@@ -108,7 +117,40 @@ def inspect(path: str, body: bytes, content_type: bytes | None) -> RequestInfo:
         max_tokens=max_tokens if type(max_tokens) is int else None,
         temperature=float(temperature) if isinstance(temperature, int | float) else None,
         parsed=obj,
+        prompt_chars=chars,
+        prompt_tokens=tokens,
     )
+
+
+def _text_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):  # content parts: count the text ones
+        return sum(
+            len(part["text"])
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return 0
+
+
+def prompt_size(obj: dict[str, Any]) -> tuple[int, int | None]:
+    """(characters of prompt text, prompt tokens if it was sent as token ids): what routing
+    needs to estimate the prefill, from chat ``messages``, a completions ``prompt`` (text, a
+    list of texts, or token ids) or a responses-style ``input``."""
+    messages = obj.get("messages")
+    if isinstance(messages, list):
+        return sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict)), None
+    prompt = obj.get("prompt", obj.get("input"))
+    if isinstance(prompt, str):
+        return len(prompt), None
+    if isinstance(prompt, list) and prompt:
+        if all(type(t) is int for t in prompt):
+            return 0, len(prompt)
+        if isinstance(prompt[0], list) and all(type(t) is int for t in prompt[0]):
+            return 0, sum(len(p) for p in prompt if isinstance(p, list))
+        return sum(_text_chars(p) for p in prompt), None
+    return 0, None
 
 
 def upstream_body(

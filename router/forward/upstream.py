@@ -24,14 +24,17 @@ import ssl
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 from urllib.parse import urlsplit
 
 import httptools
 
 # Back-pressure: stop reading from the engine when this much body is waiting for a slow client.
 HIGH_WATER: Final = 256 * 1024
-LOW_WATER: Final = 64 * 1024
+
+ErrorKind = Literal[
+    "connect", "connect_timeout", "reset", "first_byte_timeout", "idle_timeout", "protocol", "relay"
+]
 
 
 class UpstreamError(Exception):
@@ -44,7 +47,7 @@ class UpstreamError(Exception):
     response headers had arrived, which decides whether a retry can still be safe.
     """
 
-    def __init__(self, kind: str, message: str, *, response_started: bool = False) -> None:
+    def __init__(self, kind: ErrorKind, message: str, *, response_started: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
         self.response_started = response_started
@@ -228,7 +231,7 @@ class Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _fail(self, kind: str, message: str) -> None:
+    def _fail(self, kind: ErrorKind, message: str) -> None:
         if self._error is None and not self._complete:
             self._error = UpstreamError(kind, message, response_started=self._headers_done)
         self._wake()
@@ -237,7 +240,7 @@ class Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    def _arm_timer(self, delay: float, kind: str) -> None:
+    def _arm_timer(self, delay: float, kind: ErrorKind) -> None:
         self._cancel_timer()
         self._timer = self._loop.call_later(delay, self._on_timer, delay, kind)
 
@@ -246,7 +249,7 @@ class Connection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
 
-    def _on_timer(self, delay: float, kind: str) -> None:
+    def _on_timer(self, delay: float, kind: ErrorKind) -> None:
         self._timer = None
         if self._complete or self._error is not None:
             return
@@ -315,6 +318,13 @@ class Connection(asyncio.Protocol):
             self._paused = False
             self._transport.resume_reading()
         return data
+
+    async def read_all(self) -> bytes:
+        """The rest of the body, whole (for small answers: health, metrics, model lists)."""
+        parts = []
+        while chunk := await self.read():
+            parts.append(chunk)
+        return b"".join(parts)
 
     def divert(self, sink: Callable[[bytes], bool]) -> None:
         """Send body bytes to ``sink`` as they arrive, until it returns False (see module doc).

@@ -11,37 +11,79 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
-from router.decide.snapshot import EngineLoad, Router
 from router.forward.upstream import Origin, OriginPool, Timeouts, UpstreamError
 from router.health import engines as engine_metrics
 from router.health.engines import EngineSample
+from router.health.state import HealthRegistry
 
 log = logging.getLogger("spec_router.health")
 
 
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What a backend's /metrics said at one scrape."""
+
+    running: int
+    queued: int
+    accept_length: float | None
+    scraped_at: float
+    started_at_scrape: int  # this replica's `started` count for the backend at that moment
+    flavor: str  # "sglang" or "vllm"
+    # the most requests it runs at once, once seen: at two scrapes in a row it ran the same
+    # number with others queued (a request waiting for the next iteration is queued for a
+    # moment at any load; a queue that stays while the batch does not grow is the cap)
+    cap: int | None = None
+
+
+def cap_after(previous: EngineLoad | None, running: int, queued: int) -> int | None:
+    """The engine's cap on running requests, once seen (see ``EngineLoad.cap``)."""
+    cap = None if previous is None else previous.cap
+    if previous is not None and queued >= 2 and previous.queued >= 2:
+        if running == previous.running and running > (cap or 0):
+            return running
+    return cap
+
+
 class HealthPoller:
+    """The one writer of active health results and of the engines' reported loads.
+
+    ``health`` is shared with the proxy, which adds passive ejections; ``loads`` is this
+    poller's own, read by routing, the keeper and the status document.
+    """
+
     def __init__(
         self,
-        router: Router,
+        urls: list[str],
+        health: HealthRegistry,
+        started: Mapping[str, int],
         interval: float,
         timeout: float,
         scrape_metrics: bool,
-        on_round: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.router = router
+        self.urls = urls
+        self.health = health
+        self._started = started  # requests this router ever sent to each backend
         self.interval = interval
         self.timeout = timeout
         self.scrape_metrics = scrape_metrics
-        self.on_round = on_round  # called after each backend's round (for observers and tests)
+        self.clock = clock
+        self._loads: dict[str, EngineLoad] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._clients: dict[str, OriginPool] = {}
         self._samples: dict[str, EngineSample] = {}
 
+    @property
+    def loads(self) -> Mapping[str, EngineLoad]:
+        """The latest engine-reported load per backend (only those that reported one)."""
+        return self._loads
+
     def start(self) -> None:
-        urls = [url for urls in self.router.pools.values() for url in urls]
-        for url in urls:
+        for url in self.urls:
             self._clients[url] = OriginPool(
                 Origin.parse(url), max_connections=2, max_idle=1, keepalive_expiry=self.interval * 2
             )
@@ -60,24 +102,21 @@ class HealthPoller:
         async with asyncio.timeout(self.timeout):
             conn = await self._clients[url].request(b"GET", path, [], b"", timeouts)
             try:
-                parts = []
-                while chunk := await conn.read():
-                    parts.append(chunk)
-                return conn.status, b"".join(parts)
+                return conn.status, await conn.read_all()
             finally:
                 conn.release()
 
     async def check(self, url: str) -> None:
         """One round for one backend."""
-        router = self.router
+        health = self.health
         try:
             status, _ = await self._get(url, b"/health")
             ok, error = status == 200, None if status == 200 else f"HTTP {status}"
         except (UpstreamError, TimeoutError) as exc:
             ok, error = False, str(exc) or "health probe timed out"
-        previous = router.health.states[url].state
-        router.health.probe(url, ok, router.clock(), error)
-        state = router.health.states[url].state
+        previous = health.states[url].state
+        health.probe(url, ok, self.clock(), error)
+        state = health.states[url].state
         if state is not previous:
             level = logging.INFO if ok else logging.WARNING
             log.log(
@@ -90,12 +129,9 @@ class HealthPoller:
             )
         if ok and self.scrape_metrics:
             await self._scrape(url)
-        if self.on_round is not None:
-            self.on_round(url)
 
     async def _scrape(self, url: str) -> None:
-        router = self.router
-        started = router.tracker.started[url]
+        started = self._started[url]
         try:
             status, body = await self._get(url, b"/metrics")
         except (UpstreamError, TimeoutError):
@@ -111,13 +147,16 @@ class HealthPoller:
             # steps; an idle engine keeps its last value, as SGLang's gauge does.
             accept = router.engine[url].accept_length
         self._samples[url] = sample
-        router.engine[url] = EngineLoad(
-            running=round(sample.running),
-            queued=round(sample.queued),
+        running, queued = round(sample.running), round(sample.queued)
+        cap = cap_after(self._loads.get(url), running, queued)
+        self._loads[url] = EngineLoad(
+            running=running,
+            queued=queued,
             accept_length=accept,
-            scraped_at=router.clock(),
+            scraped_at=self.clock(),
             started_at_scrape=started,
             flavor=sample.flavor,
+            cap=cap,
         )
 
     async def _loop(self, url: str) -> None:

@@ -8,15 +8,11 @@ import contextlib
 import logging
 import socket
 import struct
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any
 
+from router.asgi import Receive, Send
 from router.sim.protocol import BadRequest
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 MAX_BODY = 16 * 1024 * 1024
 JSON = [(b"content-type", b"application/json")]

@@ -14,7 +14,8 @@ import random
 import time
 from collections.abc import Callable
 
-from router.sim.asgi import JSON, Receive, Scope, Send, Watch, read_body, reset_connection, respond
+from router.asgi import Receive, Scope, Send
+from router.sim.asgi import JSON, Watch, read_body, reset_connection, respond
 from router.sim.engine import Engine, SimRequest
 from router.sim.faults import NO_FAULT, Fault, FaultSpecError, parse_fault
 from router.sim.protocol import (

@@ -22,15 +22,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from router import __version__
-from router.sim.asgi import (
-    ClientGone,
-    DropSimulatedReset,
-    Receive,
-    Scope,
-    Send,
-    read_body,
-    respond,
-)
+from router.asgi import Receive, Scope, Send
+from router.sim.asgi import ClientGone, DropSimulatedReset, read_body, respond
 from router.sim.completions import Completions
 from router.sim.engine import Engine
 from router.sim.faults import NO_FAULT, Fault, parse_fault

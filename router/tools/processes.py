@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from router.serve import LISTENING_PREFIX
 
 START_TIMEOUT = 30.0
+MAX_OUTPUT_LINES = 5000  # kept for error messages and tests; the rest is read and dropped
 
 
 @dataclass
@@ -58,18 +58,26 @@ class Proc:
             self.popen.stdout.close()
 
 
-def spawn(
-    args: Sequence[str], env: dict[str, str] | None = None, prefix: Sequence[str] = ()
+def pinned(core: int | None) -> list[str]:
+    """A ``taskset`` prefix pinning a process to ``core`` (none on a one-core machine)."""
+    if core is None or (os.cpu_count() or 1) < 2:
+        return []
+    return ["taskset", "-c", str(core)]
+
+
+def spawn_command(
+    cmd: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None
 ) -> Proc:
-    """Run ``python <args>`` (after ``prefix``, e.g. ``taskset -c 0``); wait for its URL."""
-    cmd = [*prefix, sys.executable, *args]
+    """Run ``cmd`` and wait for the URL it announces (``LISTENING_PREFIX``)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     popen = subprocess.Popen(
-        cmd,
+        list(cmd),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
         text=True,
         env=full_env,
+        cwd=cwd,
     )
     assert popen.stdout is not None
     output: list[str] = []
@@ -79,7 +87,8 @@ def spawn(
     def pump() -> None:
         assert popen.stdout is not None
         for line in popen.stdout:
-            output.append(line.rstrip("\n"))
+            if len(output) < MAX_OUTPUT_LINES:
+                output.append(line.rstrip("\n"))
             if not found and line.startswith(LISTENING_PREFIX):
                 found.append(line[len(LISTENING_PREFIX) :].strip())
                 ready.set()
@@ -87,13 +96,19 @@ def spawn(
 
     thread = threading.Thread(target=pump, daemon=True)
     thread.start()
-    deadline = time.monotonic() + START_TIMEOUT
-    ready.wait(timeout=max(0.0, deadline - time.monotonic()))
+    ready.wait(timeout=START_TIMEOUT)
     if not found:
         proc = Proc(popen, "", output, thread)
         proc.stop()
-        raise RuntimeError(f"{' '.join(args)} did not start:\n" + "\n".join(output[-40:]))
+        raise RuntimeError(f"{' '.join(cmd)} did not start:\n" + "\n".join(output[-40:]))
     return Proc(popen, found[0], output, thread)
+
+
+def spawn(
+    args: Sequence[str], env: dict[str, str] | None = None, prefix: Sequence[str] = ()
+) -> Proc:
+    """Run ``python <args>`` (after ``prefix``, e.g. ``pinned(0)``); wait for its URL."""
+    return spawn_command([*prefix, sys.executable, *args], env)
 
 
 @contextmanager

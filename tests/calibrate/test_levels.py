@@ -47,8 +47,15 @@ def failed(error: str, start: float = 0.0) -> RequestResult:
     return RequestResult(0, 1, start, 64, status=500, error=error, end=start + 0.01)
 
 
-def run_of(measured: list[RequestResult], **kw: object) -> LevelRun:
-    run = LevelRun("speculative", 4, len(measured), **kw)  # type: ignore[arg-type]
+def run_of(
+    measured: list[RequestResult],
+    warm_at: float | None = None,
+    timed_out: bool = False,
+    seconds: float = 0.0,
+) -> LevelRun:
+    run = LevelRun(
+        "speculative", 4, len(measured), warm_at=warm_at, timed_out=timed_out, seconds=seconds
+    )
     run.results = list(measured)
     run.measured = list(measured)
     return run

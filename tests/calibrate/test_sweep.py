@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import httpx
 
@@ -12,6 +13,7 @@ from router.calibrate.sweep import acceptance, discover_model, scrape, wait_idle
 from router.health import engines as engine_metrics
 
 Handler = Callable[[httpx.Request], httpx.Response]
+T = TypeVar("T")
 
 SGLANG = """# HELP sglang:num_running_reqs x
 sglang:num_running_reqs{{model_name="m"}} {running}
@@ -24,10 +26,10 @@ vllm:spec_decode_num_drafts_total{{model_name="m"}} {drafts}
 """
 
 
-def run(handler: Handler, coro: Callable[[httpx.AsyncClient], object]) -> object:
-    async def go() -> object:
+def run(handler: Handler, coro: Callable[[httpx.AsyncClient], Awaitable[T]]) -> T:
+    async def go() -> T:
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            return await coro(client)  # type: ignore[misc]
+            return await coro(client)
 
     return asyncio.run(go())
 
@@ -82,7 +84,7 @@ def test_acceptance_from_vllm_counters_over_the_sweep() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(404)
 
-    tau, source = run(handler, lambda c: acceptance(c, "http://e", before, after))  # type: ignore[misc]
+    tau, source = run(handler, lambda c: acceptance(c, "http://e", before, after))
     assert tau == 1.0 + 180 / 100 and "vllm" in source
 
 
@@ -105,7 +107,7 @@ def test_acceptance_falls_back_to_the_gauge_then_to_one() -> None:
             return httpx.Response(200, text=SGLANG.format(running=0, queued=0, accept=2.4))
         return httpx.Response(500)
 
-    async def go(client: httpx.AsyncClient) -> object:
+    async def go(client: httpx.AsyncClient) -> tuple[float, str]:
         after = await scrape(client, "http://e")
         return await acceptance(client, "http://e", None, after)
 
@@ -114,7 +116,7 @@ def test_acceptance_falls_back_to_the_gauge_then_to_one() -> None:
     def nothing(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, text=SGLANG.format(running=0, queued=0, accept=0))
 
-    tau, source = run(nothing, lambda c: acceptance(c, "http://e", None, None))  # type: ignore[misc]
+    tau, source = run(nothing, lambda c: acceptance(c, "http://e", None, None))
     assert tau == 1.0 and "no acceptance length" in source
 
 

@@ -100,20 +100,24 @@ class Prometheus:
         """An instant query at "now"; the result as a list of samples (vector or scalar)."""
         data = self._get("/api/v1/query", query=expr)
         if data["resultType"] == "vector":
-            return data["result"]  # type: ignore[no-any-return]
+            samples: list[dict[str, Any]] = data["result"]
+            return samples
         if data["resultType"] == "scalar":
             return [{"metric": {}, "value": data["result"]}]
         raise AssertionError(f"{expr}: unexpected result type {data['resultType']}")
 
     def label_values(self, label: str, match: str) -> list[str]:
         params = {"match[]": match} if match else {}
-        return self._get(f"/api/v1/label/{label}/values", **params)  # type: ignore[no-any-return]
+        values: list[str] = self._get(f"/api/v1/label/{label}/values", **params)
+        return values
 
     def targets(self) -> list[dict[str, Any]]:
-        return self._get("/api/v1/targets")["activeTargets"]  # type: ignore[no-any-return]
+        targets: list[dict[str, Any]] = self._get("/api/v1/targets")["activeTargets"]
+        return targets
 
     def alerts(self) -> list[dict[str, Any]]:
-        return self._get("/api/v1/alerts")["alerts"]  # type: ignore[no-any-return]
+        alerts: list[dict[str, Any]] = self._get("/api/v1/alerts")["alerts"]
+        return alerts
 
     def rule_health(self) -> dict[str, str]:
         """Each rule's name -> its last evaluation's health ("ok", "err", "unknown")."""

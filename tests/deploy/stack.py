@@ -67,7 +67,8 @@ def _interpolate_tree(node: Any, env: Mapping[str, str]) -> Any:
 def load_compose(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The compose file with YAML anchors merged and variables interpolated from ``env``."""
     raw = yaml.safe_load(COMPOSE.read_text())
-    return _interpolate_tree(raw, env or {})  # type: ignore[no-any-return]
+    compose: dict[str, Any] = _interpolate_tree(raw, env or {})
+    return compose
 
 
 def services_in_profile(compose: dict[str, Any], profile: str) -> dict[str, dict[str, Any]]:

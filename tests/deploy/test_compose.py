@@ -46,7 +46,8 @@ def compose_schema() -> dict[str, Any]:
     """The Compose Specification's JSON schema, as vendored by check-jsonschema."""
     pytest.importorskip("check_jsonschema", reason="needs check-jsonschema (dev extra)")
     vendor = resources.files("check_jsonschema.builtin_schemas.vendor")
-    return json.loads(vendor.joinpath("compose-spec.json").read_text())  # type: ignore[no-any-return]
+    schema: dict[str, Any] = json.loads(vendor.joinpath("compose-spec.json").read_text())
+    return schema
 
 
 def option(cmd: list[str], flag: str) -> str | None:
@@ -114,7 +115,8 @@ def test_router_service_settings() -> None:
     assert router["command"] == ["spec-router", "serve", "--host", "0.0.0.0", "--port", "8000"]
     assert all(k.startswith("SPEC_ROUTER_") for k in router["environment"])
     grace = float(router["stop_grace_period"].removesuffix("s"))
-    assert grace > uvicorn_config(None).timeout_graceful_shutdown  # type: ignore[operator]
+    shutdown = uvicorn_config(None).timeout_graceful_shutdown
+    assert shutdown is not None and grace > shutdown
     # The learned crossover table outlives the container: it is on a volume the image declares.
     table = router["environment"]["SPEC_ROUTER_TABLE_PATH"]
     targets = [v.split(":")[1] for v in router["volumes"]]

@@ -163,7 +163,9 @@ def test_provisioning_matches_the_compose_stack() -> None:
     ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
     (source,) = ds["datasources"]
     assert source["type"] == "prometheus"
-    host, port = re.match(r"http://([^:/]+):(\d+)$", source["url"]).groups()  # type: ignore[union-attr]
+    url = re.match(r"http://([^:/]+):(\d+)$", source["url"])
+    assert url is not None, source["url"]
+    host, port = url.groups()
     assert host in services and port == "9090"
     prom_yml = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     assert source["jsonData"]["timeInterval"] == prom_yml["global"]["scrape_interval"]

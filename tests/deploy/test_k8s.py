@@ -41,8 +41,9 @@ def one(kind: str, name: str = "spec-router") -> dict[str, Any]:
 
 
 def container() -> dict[str, Any]:
+    c: dict[str, Any]
     (c,) = one("Deployment")["spec"]["template"]["spec"]["containers"]
-    return c  # type: ignore[no-any-return]
+    return c
 
 
 def test_core_manifests_validate_against_kubernetes_schemas() -> None:

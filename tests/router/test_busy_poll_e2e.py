@@ -4,11 +4,12 @@ off with SPEC_ROUTER_BUSY_POLL_US=0 (router/fastpath/busypoll.py)."""
 from __future__ import annotations
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import RouterFactory
 from tests.support.http import router_status, wait_for
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 def _complete(url: str, n: int) -> None:
@@ -16,7 +17,7 @@ def _complete(url: str, n: int) -> None:
         for _ in range(n):
             reply = client.chat.completions.create(
                 model="sim",
-                messages=MESSAGES,  # type: ignore[arg-type]
+                messages=MESSAGES,
                 max_tokens=4,
             )
             assert reply.usage is not None and reply.usage.completion_tokens == 4

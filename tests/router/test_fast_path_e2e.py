@@ -16,13 +16,16 @@ import httptools
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import RouterFactory, router_env
 from tests.support.bulk_upstream import BulkUpstream
 from tests.support.http import metric_value, router_ready, router_status, wait_for
 from tests.support.processes import Proc, spawn
 
-MESSAGES = [{"role": "user", "content": "Tell me about speculative decoding."}]
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Tell me about speculative decoding."}
+]
 
 
 class Response:
@@ -71,7 +74,7 @@ def abandon_streams(client: openai.OpenAI, n: int) -> None:
             model="sim",
             messages=MESSAGES,
             max_tokens=400,
-            stream=True,  # type: ignore[arg-type]
+            stream=True,
         ) as stream:
             next(iter(stream))
 
@@ -128,7 +131,7 @@ def test_clients_that_keep_up_or_leave_are_not_counted_slow(
             model="sim",
             messages=MESSAGES,
             max_tokens=64,
-            stream=True,  # type: ignore[arg-type]
+            stream=True,
         )
         assert sum(1 for _ in stream) > 1
     abandon_streams(client, 4)
@@ -178,7 +181,7 @@ def test_under_h11_the_plain_asgi_path_streams_and_releases(
     client = openai.OpenAI(base_url=f"{h11_router.url}/v1", api_key="unused", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
         model="sim",
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=MESSAGES,
         max_tokens=16,
         stream=True,
         stream_options={"include_usage": True},
@@ -192,3 +195,27 @@ def test_under_h11_the_plain_asgi_path_streams_and_releases(
     wait_for(lambda: router_status(h11_router.url)["in_flight"]["total"] == 0, timeout=2)
     text = metrics(h11_router.url)
     assert metric_value(text, "spec_router_client_disconnects_total") == 6
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_the_fast_path_is_engaged_under_httptools_and_only_there(
+    start_router: RouterFactory, http: str
+) -> None:
+    """Fails when uvicorn's httptools server no longer matches what router.fastpath.uvicorn
+    relies on: the router would quietly answer everything through plain ASGI."""
+    router = start_router(serve_args=("--http", http))
+    client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+    for stream in (True, False, True):
+        answer = client.chat.completions.create(
+            model="sim",
+            messages=MESSAGES,
+            max_tokens=8,
+            stream=stream,
+        )
+        if stream:
+            assert sum(1 for _ in answer) > 1
+    fast = router_status(router.url)["fast_path"]
+    expected = {"direct_responses": 3, "plain_responses": 0}
+    if http == "h11":
+        expected = {"direct_responses": 0, "plain_responses": 3}
+    assert fast == expected

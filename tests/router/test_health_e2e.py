@@ -9,22 +9,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from router.app import RouterApp
 from router.health.state import State
 from router.settings import Settings
 from tests.conftest import TIME_SCALE, RouterFactory
-from tests.support.http import metric_value, router_ready, router_status, sim_running, wait_for
+from tests.support.http import (
+    metric_value,
+    router_ready,
+    router_status,
+    sim_idle,
+    sim_running,
+    wait_for,
+)
 from tests.support.processes import Proc, free_port, sim_on, spawn
 
 pytestmark = pytest.mark.anyio
 
-CHAT = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+CHAT = {"model": "sim", "messages": MESSAGES}
 
 
 def configure(sim_url: str, **config: object) -> None:
@@ -39,7 +49,7 @@ def assert_clean(router_url: str, *sim_urls: str) -> None:
         for backend in pool["backends"]:
             assert backend["connections"]["busy"] == 0, backend
     for url in sim_urls:
-        wait_for(lambda u=url: sim_running(u) == 0, timeout=2)
+        wait_for(sim_idle(url), timeout=2)
 
 
 def metrics(router_url: str) -> str:
@@ -198,7 +208,9 @@ def test_refusal_before_any_byte_is_retried_on_the_other_pool(
     router = start_router(spec.url, base.url)
     configure(spec.url, fault=f"status={status}")
     client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="x", max_retries=0)
-    raw = client.chat.completions.with_raw_response.create(**CHAT, max_tokens=5)  # type: ignore[call-overload]
+    raw = client.chat.completions.with_raw_response.create(
+        model="sim", messages=MESSAGES, max_tokens=5
+    )
     assert raw.status_code == 200
     assert (raw.headers["x-spec-router-pool"], raw.headers["x-spec-router-reason"]) == (
         "baseline",
@@ -225,10 +237,11 @@ def test_reset_mid_stream_is_not_retried_and_not_finished(
     router = start_router()
     client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="x", max_retries=0)
     stream = client.chat.completions.create(
-        **CHAT, max_tokens=200, stream=True, stream_options={"include_usage": True},  # type: ignore[call-overload]
+        model="sim", messages=MESSAGES, max_tokens=200, stream=True,
+        stream_options={"include_usage": True},
         extra_headers={"x-sim-fault": "reset_after=10"},
     )  # fmt: skip
-    text = []
+    text: list[str] = []
     with pytest.raises(openai.APIError, match="mid-stream"):
         for chunk in stream:
             text.extend(c.delta.content or "" for c in chunk.choices)
@@ -302,6 +315,20 @@ async def test_flapping_backend_does_not_flip_on_every_probe(own_sims: dict[str,
         assert app.health.states[spec.url].state is State.HEALTHY
 
 
+def engines_seen_running(router_url: str, at_least: float) -> Callable[[], bool]:
+    """A ``wait_for`` check: the router's last scrapes report ``at_least`` running requests."""
+
+    def check() -> bool:
+        seen = sum(
+            (b["engine"] or {}).get("running", 0)
+            for p in router_status(router_url)["pools"].values()
+            for b in p["backends"]
+        )
+        return bool(seen >= at_least)
+
+    return check
+
+
 async def test_engine_load_signal_makes_two_routers_agree(
     start_router: RouterFactory, own_sims: dict[str, Proc]
 ) -> None:
@@ -320,22 +347,13 @@ async def test_engine_load_signal_makes_two_routers_agree(
             other = routers[(i + 1) % 2]
             response = await stack.enter_async_context(
                 client.chat.completions.with_streaming_response.create(
-                    **CHAT, max_tokens=5000, stream=True
-                )  # type: ignore[call-overload]
+                    model="sim", messages=MESSAGES, max_tokens=5000, stream=True
+                )
             )
             pools.append(response.headers["x-spec-router-pool"])
             # let the other replica's next scrape see this stream (one scrape interval of lag)
             running = sim_running(spec.url) + sim_running(base.url)
-            wait_for(
-                lambda o=other, n=running: (
-                    sum(
-                        (b["engine"] or {}).get("running", 0)
-                        for p in router_status(o.url)["pools"].values()
-                        for b in p["backends"]
-                    )
-                    >= n
-                )
-            )
+            wait_for(engines_seen_running(other.url, running))
         assert pools.count("speculative") == 4, pools
         assert sim_running(spec.url) == 4
     for router in routers:

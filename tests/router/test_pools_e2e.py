@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import TIME_SCALE, RouterFactory
 from tests.support.http import router_status
@@ -16,7 +17,7 @@ from tests.support.processes import Proc, sim_args, spawn
 
 pytestmark = pytest.mark.anyio
 
-MESSAGES = [{"role": "user", "content": "hello"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ async def test_public_name_and_client_key_in_pool_names_and_keys_out(
                 model="m",
                 messages=MESSAGES,
                 max_tokens=3000,
-                stream=True,  # type: ignore[arg-type]
+                stream=True,
             )
         )
         assert first.headers["x-spec-router-pool"] == "speculative"
@@ -71,7 +72,7 @@ async def test_public_name_and_client_key_in_pool_names_and_keys_out(
         raw = await client.chat.completions.with_raw_response.create(
             model="m",
             messages=MESSAGES,
-            max_tokens=4,  # type: ignore[arg-type]
+            max_tokens=4,
         )
         assert raw.headers["x-spec-router-pool"] == "baseline"
         completion = raw.parse()
@@ -80,7 +81,7 @@ async def test_public_name_and_client_key_in_pool_names_and_keys_out(
             model="m",
             messages=MESSAGES,
             max_tokens=5,
-            stream=True,  # type: ignore[arg-type]
+            stream=True,
         )
         models = {chunk.model async for chunk in stream}
         assert models == {"m"}

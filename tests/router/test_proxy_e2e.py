@@ -9,6 +9,7 @@ import random
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import RouterFactory
 from tests.support.http import metric_value, router_status, sim_running, wait_for
@@ -16,7 +17,9 @@ from tests.support.processes import Proc
 
 pytestmark = pytest.mark.anyio
 
-MESSAGES = [{"role": "user", "content": "Tell me about speculative decoding."}]
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Tell me about speculative decoding."}
+]
 
 
 def sdk(url: str) -> openai.OpenAI:
@@ -237,9 +240,7 @@ def test_api_keys_are_required_when_configured(start_router: RouterFactory) -> N
     assert httpx.post(url, json=body, headers={"authorization": "Bearer k-two"}).status_code == 200
     assert httpx.post(url, json=body, headers={"x-api-key": "k-one"}).status_code == 200
     client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="k-one", max_retries=0)
-    assert (
-        client.completions.create(model="sim", prompt="hi", max_tokens=2).usage.completion_tokens
-        == 2
-    )  # type: ignore[union-attr]
+    completion = client.completions.create(model="sim", prompt="hi", max_tokens=2)
+    assert completion.usage is not None and completion.usage.completion_tokens == 2
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{router.url}/v1", api_key="bad", max_retries=0).models.list()

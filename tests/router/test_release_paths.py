@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from router.app import RouterApp
+from router.asgi import Message
 from router.settings import Settings
 from tests.support.http import await_for, sim_running
 from tests.support.processes import Proc
@@ -28,13 +29,13 @@ class Client:
     def __init__(self, body: bytes, spec_version: str) -> None:
         self.body = body
         self.spec_version = spec_version
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[Message] = []
         self.gone = asyncio.Event()
         self.started = asyncio.Event()
         self.body_chunks = 0
         self._first = True
 
-    async def receive(self) -> dict[str, Any]:
+    async def receive(self) -> Message:
         if self._first:
             self._first = False
             return {"type": "http.request", "body": self.body, "more_body": False}
@@ -43,7 +44,7 @@ class Client:
         await self.gone.wait()
         return {"type": "http.disconnect"}
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: Message) -> None:
         if self.gone.is_set() and self.spec_version.startswith("2.4"):
             raise OSError("client disconnected")
         self.sent.append(message)
@@ -83,13 +84,22 @@ async def app(sims: dict[str, Proc]) -> AsyncIterator[RouterApp]:
     )
     router_app = RouterApp(settings)
     async with router_app.running():
-        await await_for(lambda: _true(router_app.router.any_usable()))
+        await await_for(lambda: _true(any(router_app.usable_pools().values())))
         yield router_app
     assert router_app.tracker.total == 0
 
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def drained(url: str) -> Callable[[], Awaitable[bool]]:
+    """An ``await_for`` check: the sim at ``url`` has nothing running or queued."""
+
+    async def check() -> bool:
+        return sim_running(url) == 0
+
+    return check
 
 
 def busy_connections(app: RouterApp) -> int:
@@ -101,7 +111,7 @@ async def assert_released(app: RouterApp, sims: dict[str, Proc]) -> None:
     assert app.tracker.by_pool == {"speculative": 0, "baseline": 0}
     assert busy_connections(app) == 0
     for sim in sims.values():
-        await await_for(lambda url=sim.url: _true(sim_running(url) == 0), timeout=2.0)
+        await await_for(drained(sim.url), timeout=2.0)
 
 
 def body(stream: bool, max_tokens: int = 2000) -> bytes:
@@ -210,11 +220,11 @@ async def test_shutdown_with_streams_in_flight(sims: dict[str, Proc]) -> None:
     router_app = RouterApp(settings)
     clients = [Client(body(stream=True), "2.3") for _ in range(3)]
     async with router_app.running():
-        await await_for(lambda: _true(router_app.router.any_usable()))
+        await await_for(lambda: _true(any(router_app.usable_pools().values())))
         tasks = [asyncio.create_task(router_app(c.scope(), c.receive, c.send)) for c in clients]
         await await_for(lambda: _true(all(c.body_chunks >= 1 for c in clients)))
     # leaving `running()` closed every upstream connection: each handler ends its stream
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert router_app.tracker.total == 0
     for sim in sims.values():
-        await await_for(lambda url=sim.url: _true(sim_running(url) == 0), timeout=2.0)
+        await await_for(drained(sim.url), timeout=2.0)

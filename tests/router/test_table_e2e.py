@@ -74,7 +74,7 @@ async def test_put_table_needs_the_admin_token_and_validates(tmp_path: Path) -> 
             "crossover": 4,
             "crossover_source": "calibrated",
         }
-        assert app.router.crossover == 4
+        assert app.keeper.crossover == 4
         assert tables.load(tmp_path / "t.json").crossover == 4  # persisted at once
 
         for bad in (
@@ -88,7 +88,7 @@ async def test_put_table_needs_the_admin_token_and_validates(tmp_path: Path) -> 
             assert r.json()["error"]["code"] == "invalid_table" and r.json()["error"]["message"]
         r = await client.put("/router/table", content=b"{nope", headers=auth)
         assert r.status_code == 400
-        assert app.router.crossover == 4  # the old table stays
+        assert app.keeper.crossover == 4  # the old table stays
         shown = (await client.get("/router/table")).json()
         assert shown["crossover"] == 4 and shown["version"] == tables.TABLE_VERSION
     no_admin = RouterApp(Settings())
@@ -140,10 +140,12 @@ async def test_acceptance_collapse_moves_the_crossover_and_back(
 ) -> None:
     prompt, output = 1024, 2048
     table = model_table(prompt, output, time_scale=float(TIME_SCALE))
-    expected = {
-        tau: crossover(EAGLE3.replace(tau=tau), BASELINE, prompt, output) for tau in (2.8, 2.2)
-    }
-    assert table.crossover == math.ceil(expected[2.8])  # type: ignore[arg-type]
+    expected: dict[float, float] = {}
+    for tau in (2.8, 2.2):
+        value = crossover(EAGLE3.replace(tau=tau), BASELINE, prompt, output)
+        assert value is not None, f"no crossover at acceptance {tau}"
+        expected[tau] = value
+    assert table.crossover == math.ceil(expected[2.8])
     spec, base = own_sims["speculative"], own_sims["baseline"]
     path = write(tmp_path / "t.json", table)
     router = start_router(
@@ -174,7 +176,7 @@ async def test_acceptance_collapse_moves_the_crossover_and_back(
                     (s := router_status(router.url))
                     and abs(s["crossover"] - expected[t]) <= 1
                     and s
-                ),  # type: ignore[operator]
+                ),
                 15.0,
             )
             took = time.monotonic() - began

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -38,9 +38,9 @@ def raw_request(
     return data, None
 
 
-def wait_for(predicate: object, timeout: float = 5.0) -> None:
+def wait_for(predicate: Callable[[], object], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
+    while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached")
         time.sleep(0.01)

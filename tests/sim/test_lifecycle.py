@@ -8,6 +8,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -18,9 +19,9 @@ from tests.support.processes import Proc, free_port, running, sim_args, sim_on, 
 CHAT = "/v1/chat/completions"
 
 
-def wait_for(predicate: object, timeout: float = 5.0) -> None:
+def wait_for(predicate: Callable[[], object], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
+    while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached")
         time.sleep(0.01)

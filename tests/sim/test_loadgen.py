@@ -21,8 +21,10 @@ from router.tools.loadgen import (
 from tests.support.processes import Proc
 
 
-def result(times: list[float], tokens: list[int], **kw: object) -> RequestResult:
-    r = RequestResult(worker=0, seq=0, start=kw.pop("start", 0.0), max_tokens=sum(tokens))  # type: ignore[arg-type]
+def result(
+    times: list[float], tokens: list[int], start: float = 0.0, **kw: object
+) -> RequestResult:
+    r = RequestResult(worker=0, seq=0, start=start, max_tokens=sum(tokens))
     r.status, r.chunk_times, r.chunk_tokens = 200, times, tokens
     r.output_tokens = sum(tokens)
     for key, value in kw.items():
@@ -167,7 +169,7 @@ def test_output_jitter(baseline: Proc) -> None:
         )
     )
     lengths = [r.output_tokens for r in results]
-    assert all(r.ok for r in results) and all(5 <= n <= 15 for n in lengths)  # type: ignore[operator]
+    assert all(r.ok for r in results) and all(n is not None and 5 <= n <= 15 for n in lengths)
     assert len(set(lengths)) > 3
     assert [r.max_tokens for r in results] == lengths
     with pytest.raises(ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -46,8 +46,18 @@ def sim_running(url: str) -> float:
     return sample.running + sample.queued
 
 
-def router_status(url: str) -> dict:  # type: ignore[type-arg]
-    return httpx.get(f"{url}/router/status", timeout=5).json()  # type: ignore[no-any-return]
+def sim_idle(url: str) -> Callable[[], bool]:
+    """A ``wait_for`` check: the sim at ``url`` has nothing running or queued."""
+
+    def check() -> bool:
+        return sim_running(url) == 0
+
+    return check
+
+
+def router_status(url: str) -> dict[str, Any]:
+    status: dict[str, Any] = httpx.get(f"{url}/router/status", timeout=5).json()
+    return status
 
 
 def router_ready(url: str) -> bool:

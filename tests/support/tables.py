@@ -4,6 +4,7 @@ calibration would measure), for tests that need a table without running a sweep.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from router.decide.table import Point, PoolCurve, Table, Workload, crossover_from_points, fit_points
 from router.sim.model import BASELINE, EAGLE3, Preset, closed_loop
@@ -24,6 +25,7 @@ def model_table(
     levels: list[int] | None = None,
     crossover: int | None = None,
     time_scale: float = 1.0,
+    tau_sampling: float | None = None,
 ) -> Table:
     levels = levels or [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
     spec = model_points(EAGLE3, levels, prompt, output)
@@ -35,7 +37,9 @@ def model_table(
         source="calibrated",
         measured_at="2026-12-02T00:00:00+00:00",
         workload=Workload(prompt, output),
-        speculative=PoolCurve(spec, fit_points(spec, tau=EAGLE3.tau)),
+        speculative=PoolCurve(
+            spec, replace(fit_points(spec, tau=EAGLE3.tau), tau_sampling=tau_sampling)
+        ),
         baseline=PoolCurve(base, fit_points(base)),
         notes="from the analytic model of the simulated presets",
         time_scale=time_scale,

@@ -6,18 +6,19 @@ import pytest
 
 from router.decide.learner import LearnConfig, Learner, marginal_gain
 from router.decide.table import Point, PoolCurve, Table, fit_points
-from router.sim.model import BASELINE, EAGLE3, closed_loop, crossover
+from router.pools import Pool
+from router.sim.model import BASELINE, EAGLE3, Preset, closed_loop, crossover
 
 PROMPT, OUTPUT = 1024, 2048
 
 
-def spt(preset: object, n: int, tau: float | None = None) -> float:
-    point = closed_loop(preset, n, PROMPT, OUTPUT, tau=tau)  # type: ignore[arg-type]
+def spt(preset: Preset, n: int, tau: float | None = None) -> float:
+    point = closed_loop(preset, n, PROMPT, OUTPUT, tau=tau)
     return 1.0 / point.per_request_tps
 
 
 def feed(
-    learner: Learner, pool: str, levels: range, tau: float | None = None, rounds: int = 5
+    learner: Learner, pool: Pool, levels: range, tau: float | None = None, rounds: int = 5
 ) -> None:
     preset = EAGLE3 if pool == "speculative" else BASELINE
     for _ in range(rounds):
@@ -69,7 +70,7 @@ def test_moves_are_bounded_and_need_samples() -> None:
 
 
 def test_calibrated_prior_gives_a_slope_to_a_pool_seen_at_one_concurrency() -> None:
-    def points(preset: object, levels: list[int]) -> tuple[Point, ...]:
+    def points(preset: Preset, levels: list[int]) -> tuple[Point, ...]:
         return tuple(
             Point(n, 1 / spt(preset, n), 0.1, 0.2, 10.0, n / spt(preset, n), 20) for n in levels
         )
@@ -101,7 +102,7 @@ def test_gain_prefers_the_split_that_maximises_total_speed() -> None:
         learner.record("baseline", float(n), 18.71e-3 + 1.294e-3 * n, 0.0, 1.0)
     gain = marginal_gain(learner.curves())
     assert gain is not None
-    loads = {"speculative": 0, "baseline": 0}
+    loads: dict[Pool, int] = {"speculative": 0, "baseline": 0}
     for _ in range(4):
         pool = max(loads, key=lambda p: gain(p, loads[p]))
         loads[pool] += 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from router.decide.policy import (
     BackendView,
     Decision,
@@ -12,16 +14,17 @@ from router.decide.policy import (
     pick_backend,
     reroute,
 )
+from router.pools import BASELINE, SPECULATIVE, Pool
 
 
 def snap(
-    spec: list[int] | list[BackendView],
-    base: list[int] | list[BackendView],
+    spec: Sequence[int | BackendView],
+    base: Sequence[int | BackendView],
     crossover: int = 4,
     hysteresis: int = 0,
     state: RoutingState | None = None,
 ) -> Snapshot:
-    def pool(name: str, loads: list[int] | list[BackendView]) -> PoolView:
+    def pool(name: Pool, loads: Sequence[int | BackendView]) -> PoolView:
         views = tuple(
             x if isinstance(x, BackendView) else BackendView(f"http://{name}{i}", x)
             for i, x in enumerate(loads)
@@ -29,8 +32,8 @@ def snap(
         return PoolView(name, views)
 
     return Snapshot(
-        pool("speculative", spec),
-        pool("baseline", base),
+        pool(SPECULATIVE, spec),
+        pool(BASELINE, base),
         crossover,
         hysteresis,
         state or RoutingState(),
@@ -115,17 +118,23 @@ def test_no_usable_backend_anywhere_gives_no_decision() -> None:
         assert choose(policy, s)[0] is None
 
 
+def picked(pool: PoolView, rr: int = 0) -> str:
+    chosen = pick_backend(pool, rr)
+    assert chosen is not None
+    return chosen.url
+
+
 def test_pick_backend_prefers_fewest_in_flight_and_weights_ramping_ones() -> None:
-    pool = PoolView("p", (BackendView("a", 3), BackendView("b", 1), BackendView("c", 2)))
-    assert pick_backend(pool).url == "b"  # type: ignore[union-attr]
+    pool = PoolView(SPECULATIVE, (BackendView("a", 3), BackendView("b", 1), BackendView("c", 2)))
+    assert picked(pool) == "b"
     # b is ramping back in at weight 0.1: (1+1)/0.1 = 20 > (3+1)/1
-    ramping = PoolView("p", (BackendView("a", 3), BackendView("b", 1, weight=0.1)))
-    assert pick_backend(ramping).url == "a"  # type: ignore[union-attr]
+    ramping = PoolView(SPECULATIVE, (BackendView("a", 3), BackendView("b", 1, weight=0.1)))
+    assert picked(ramping) == "a"
 
 
 def test_pick_backend_rotates_ties() -> None:
-    pool = PoolView("p", (BackendView("a", 0), BackendView("b", 0)))
-    assert {pick_backend(pool, rr).url for rr in range(2)} == {"a", "b"}  # type: ignore[union-attr]
+    pool = PoolView(SPECULATIVE, (BackendView("a", 0), BackendView("b", 0)))
+    assert {picked(pool, rr) for rr in range(2)} == {"a", "b"}
 
 
 def test_reroute_prefers_another_replica_then_the_other_pool() -> None:

@@ -22,7 +22,7 @@ def test_defaults_match_the_default_sim_ports() -> None:
     s = load_settings()
     assert s.speculative_urls == ["http://127.0.0.1:30001"]
     assert s.baseline_urls == ["http://127.0.0.1:30002"]
-    assert s.policy == "predictive" and s.crossover is None
+    assert s.policy == "slo" and s.crossover is None
 
 
 def test_env_lists_and_maps(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,91 @@
+"""``GET /router/status``: one JSON document of what the router knows, from its owners' views.
+
+Each part comes from the component that owns it (counts from the tracker, health from the
+registry, engine loads from the poller, the crossover from the keeper); this module only lays
+them out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from router.account.inflight import InflightTracker
+from router.account.keeper import CrossoverKeeper
+from router.decide.snapshot import Decider
+from router.health.poller import EngineLoad
+from router.health.state import HealthRegistry, usable
+from router.pools import POOLS
+
+
+def _engine(seen: EngineLoad | None, now: float) -> dict[str, Any] | None:
+    if seen is None:
+        return None
+    return {
+        "flavor": seen.flavor,
+        "running": seen.running,
+        "queued": seen.queued,
+        "spec_accept_length": seen.accept_length,
+        "age_s": round(now - seen.scraped_at, 3),
+    }
+
+
+def status_document(
+    *,
+    now: float,
+    tracker: InflightTracker,
+    health: HealthRegistry,
+    loads: Mapping[str, EngineLoad],
+    keeper: CrossoverKeeper,
+    decider: Decider,
+    connections: Callable[[str], dict[str, int]],
+    extra: Mapping[str, Any],
+) -> dict[str, Any]:
+    wall = time.time()
+
+    def ago(t: float | None) -> float | None:
+        return None if t is None else round(now - t, 3)
+
+    pools: dict[str, Any] = {}
+    for pool in POOLS:
+        backends = []
+        for url in decider.pools[pool]:
+            h = health.states[url]
+            backends.append(
+                {
+                    "url": url,
+                    "state": h.state.value,
+                    "usable": usable(h, now),
+                    "in_flight": tracker.by_backend[url],
+                    "load": decider.backend_load(url),
+                    "weight": round(health.weight(url, now), 3),
+                    "last_check": None if h.last_check is None else wall - (now - h.last_check),
+                    "last_check_age_s": ago(h.last_check),
+                    "checks": h.checks,
+                    "consecutive_failures": h.failures,
+                    "consecutive_successes": h.successes,
+                    "last_error": h.last_error,
+                    "ejected_for_s": round(max(0.0, h.ejected_until - now), 3),
+                    "ejections": h.ejections,
+                    "connections": connections(url),
+                    "engine": _engine(loads.get(url), now),
+                }
+            )
+        pools[pool] = {
+            "usable": any(b["usable"] for b in backends),
+            "in_flight": tracker.by_pool[pool],
+            "slow_clients": tracker.slow_clients[pool],
+            "backends": backends,
+        }
+    return {
+        "policy": decider.policy,
+        "crossover": keeper.crossover,
+        "crossover_source": keeper.source,
+        "learning": {**keeper.status(), "explore_share": decider.explore_share},
+        "hysteresis": decider.hysteresis,
+        "load_signal": decider.load_signal,
+        "in_flight": tracker.snapshot(),
+        "pools": pools,
+        **extra,
+    }

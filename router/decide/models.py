@@ -1,0 +1,243 @@
+"""What the router learns of its engines beyond the decode curves, for the ``slo`` policy. Pure.
+
+- ``PrefillFit``: prefill seconds against prompt tokens, a decayed weighted least-squares line,
+  from each request's time to first token less the wait for its join iteration (samples taken
+  at low load weigh more: they carry fewer other joiners' prefills);
+- ``Ewma``: decayed means, for the tokens per iteration of greedy and sampled requests on the
+  speculative pool (drafts are accepted less often at temperature > 0), the output length of
+  recent requests, and the tokens per character of prompts (to size a prompt from its text
+  before the engine has counted it);
+- ``build_model``: a ``PoolModel`` (``router.decide.predict``) from all of that.
+
+Durations are model time (see ``router.decide.table.Table.time_scale``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from router.decide.learner import PoolLearner, _Bin
+from router.decide.predict import MAX_PREFILL_SHARE, PoolModel, peak_throughput
+from router.decide.table import Table
+from router.pools import POOLS, SPECULATIVE, Pool
+
+# Largest batch size a model tabulates; past it ``PoolModel.iteration`` extends linearly.
+TABLE_LIMIT = 256
+# The sims' prefill (30 ms + 2,500 tokens/s): a start for an engine nothing was measured on.
+DEFAULT_PREFILL = (0.03, 1 / 2500)
+# Characters per token of English text for common tokenizers (OpenAI's rule of thumb).
+DEFAULT_TOKENS_PER_CHAR = 0.25
+
+
+class Sample(NamedTuple):
+    """One finished request, as the slo models learn from it (durations in model time)."""
+
+    pool: Pool
+    concurrency: float  # mean requests in flight on its backend while it decoded
+    spt: float  # seconds per output token after the first (0: not a usable decode sample)
+    ttft: float
+    sampling: bool
+    prompt_tokens: int  # as the engine counted them (usage)
+    prompt_chars: int  # as the router sized the prompt from its body
+    output_tokens: int
+    load_at_start: int  # requests in flight on its backend when it was routed
+    prefill_share: float  # the backend's prefill share when it was routed
+
+
+@dataclass(slots=True)
+class Ewma:
+    """A decayed mean that starts at ``value`` with the weight of ``prior`` samples."""
+
+    value: float
+    weight: float = 1.0
+    keep: float = 0.98
+    samples: int = 0
+
+    def add(self, x: float) -> None:
+        if not math.isfinite(x):
+            return
+        self.weight = self.weight * self.keep + 1.0
+        self.value += (x - self.value) / self.weight
+        self.samples += 1
+
+
+@dataclass(slots=True)
+class PrefillFit:
+    """``seconds = base + tokens * per_token``, refitted as samples arrive."""
+
+    base: float = DEFAULT_PREFILL[0]
+    per_token: float = DEFAULT_PREFILL[1]
+    keep: float = 0.995
+    prior: float = 5.0  # the seed line counts as this many samples at two prompt sizes
+    samples: int = 0
+    _sw: float = 0.0
+    _sx: float = 0.0
+    _sy: float = 0.0
+    _sxx: float = 0.0
+    _sxy: float = 0.0
+
+    def __post_init__(self) -> None:
+        # the seed, as pseudo-samples at 100 and 2,000 tokens
+        for x in (100.0, 2000.0):
+            self._put(x, self.base + x * self.per_token, self.prior / 2, keep=1.0)
+
+    def _put(self, x: float, y: float, w: float, keep: float) -> None:
+        self._sw = self._sw * keep + w
+        self._sx = self._sx * keep + w * x
+        self._sy = self._sy * keep + w * y
+        self._sxx = self._sxx * keep + w * x * x
+        self._sxy = self._sxy * keep + w * x * y
+
+    def add(self, tokens: float, seconds: float, weight: float = 1.0) -> None:
+        if not (math.isfinite(seconds) and tokens >= 0 and seconds > 0 and weight > 0):
+            return
+        self._put(tokens, seconds, weight, self.keep)
+        self.samples += 1
+        sw = self._sw
+        mx, my = self._sx / sw, self._sy / sw
+        var = self._sxx / sw - mx * mx
+        if var <= 1e-9:
+            return
+        slope = (self._sxy / sw - mx * my) / var
+        slope = max(0.0, slope)
+        self.per_token = slope
+        self.base = max(0.0, my - slope * mx)
+
+    def seconds(self, tokens: float) -> float:
+        return self.base + tokens * self.per_token
+
+
+def build_model(
+    spi: tuple[float, ...],
+    tau_greedy: float,
+    tau_sampling: float,
+    prefill: PrefillFit,
+    measured: int,
+    scale: float,
+    cap: int | None = None,
+) -> PoolModel:
+    model = PoolModel(
+        spi,
+        tau_greedy=max(1.0, tau_greedy),
+        tau_sampling=max(1.0, tau_sampling),
+        prefill_base=prefill.base,
+        prefill_per_token=prefill.per_token,
+        cap=cap,
+        measured=measured,
+        scale=scale,
+    )
+    return model._replace(peak=peak_throughput(model))
+
+
+def decode_only_spi(spi: float, n: int, output_tokens: int, tau: float, prefill: float) -> float:
+    """Seconds per iteration at concurrency ``n`` with the prefill stalls of a closed loop taken
+    out: a calibration point measured ``n`` clients that each send the next request when the last
+    ends, so about ``(n - 1) / (I + 1)`` requests joined per iteration (``I`` iterations per
+    request), each stalling the batch for its prefill (``router.sim.model.closed_loop``)."""
+    iters = 1.0 + max(1, output_tokens - 1) / tau
+    joins = (n - 1) / (iters + 1.0)
+    return max(spi * 0.1, spi - joins * prefill)
+
+
+class EngineModels:
+    """The ``slo`` policy's knowledge of both pools, kept current from served requests.
+
+    ``curves`` (``router.decide.learner``) hold decode speed as measured, prefill stalls
+    included; here the decode-only iteration time is kept apart from the prefill, because the
+    policy adds the stalls of the traffic it actually sees.
+    """
+
+    def __init__(
+        self, table: Table | None, decay: float = 0.99, prior_weight: float = 10.0
+    ) -> None:
+        self.decay = decay
+        self.pure = {pool: PoolLearner(decay) for pool in POOLS}
+        self.prefill = {pool: PrefillFit() for pool in POOLS}
+        self.tau = {False: Ewma(1.0, weight=0.0), True: Ewma(1.0, weight=0.0)}
+        self.mean_output = Ewma(200.0, weight=1.0)
+        self.tokens_per_char = Ewma(DEFAULT_TOKENS_PER_CHAR, weight=1.0, keep=0.995)
+        self.time_scale = 1.0
+        self.seeded = False
+        if table is not None:
+            self._seed(table, prior_weight)
+
+    def _seed(self, table: Table, prior_weight: float) -> None:
+        self.time_scale = table.time_scale
+        w = table.workload
+        fit = table.speculative.fit
+        tau = fit.tau if fit is not None else 1.0
+        self.tau[False] = Ewma(tau, weight=prior_weight)
+        sampling = fit.tau_sampling if fit is not None and fit.tau_sampling else tau
+        self.tau[True] = Ewma(sampling, weight=prior_weight if fit and fit.tau_sampling else 0.0)
+        if w.output_tokens:
+            self.mean_output = Ewma(float(w.output_tokens), weight=1.0)
+        for pool in POOLS:
+            curve = table.pool(pool)
+            ptau = tau if pool == SPECULATIVE else 1.0
+            points = [p for p in curve.points if p.decode_tps_p50 > 0]
+            if curve.prefill is not None:
+                self.prefill[pool] = PrefillFit(curve.prefill.base, curve.prefill.per_token)
+            elif points and points[0].concurrency == 1 and w.prompt_tokens:
+                # one prompt length: the time to first token alone, less its join iteration
+                first = points[0]
+                seconds = max(1e-4, first.ttft_p50 - ptau / first.decode_tps_p50)
+                base = min(DEFAULT_PREFILL[0], seconds / 2)
+                self.prefill[pool] = PrefillFit(base, (seconds - base) / w.prompt_tokens)
+            stall = self.prefill[pool].seconds(w.prompt_tokens or 0)
+            for p in points:
+                spi = decode_only_spi(
+                    ptau / p.decode_tps_p50, p.concurrency, w.output_tokens or 200, ptau, stall
+                )
+                weight = min(float(max(1, p.samples)), prior_weight)
+                self.pure[pool].bins[p.concurrency] = _Bin(weight, p.samples, spi)
+                self.seeded = True
+
+    # -- input ----------------------------------------------------------------------------------
+    def record(self, sample: Sample, tau_mix: float | None) -> None:
+        """One finished request (model time)."""
+        s = sample
+        if s.prompt_chars > 0 and s.prompt_tokens > 0:
+            self.tokens_per_char.add(s.prompt_tokens / s.prompt_chars)
+        if s.output_tokens > 0:
+            self.mean_output.add(float(s.output_tokens))
+        if not (s.spt > 0 and math.isfinite(s.spt) and s.concurrency >= 1):
+            return
+        spec = s.pool == SPECULATIVE
+        stretch = 1.0 - min(max(s.prefill_share, 0.0), MAX_PREFILL_SHARE)
+        mix = (tau_mix or self.tau[False].value) if spec else 1.0
+        self.pure[s.pool].add(s.concurrency, s.spt * mix * stretch, s.ttft, s.ttft)
+        curve = self.pure[s.pool].curve(1.0)
+        if spec and curve is not None:
+            self.tau[s.sampling].add(curve.spi(s.concurrency) / (s.spt * stretch))
+        if curve is not None and s.prompt_tokens > 0:
+            # the join: half an iteration's wait for the boundary, the prefill, the iteration
+            wait = 1.5 * curve.spi(max(1.0, s.load_at_start + 1)) / stretch
+            self.prefill[s.pool].add(s.prompt_tokens, s.ttft - wait, 1.0 / (1 + s.load_at_start))
+
+    # -- output ---------------------------------------------------------------------------------
+    def tau_of(self, sampling: bool) -> float:
+        ewma = self.tau[sampling]
+        if ewma.weight <= 0 and sampling:
+            return self.tau[False].value  # nothing known of sampling yet: no worse than greedy
+        return ewma.value
+
+    def models(self) -> dict[Pool, PoolModel] | None:
+        out = {}
+        for pool in POOLS:
+            learner = self.pure[pool]
+            curve = learner.curve(1.0)
+            if curve is None:
+                return None
+            spi = tuple(curve.spi(float(max(1, b))) for b in range(TABLE_LIMIT + 1))
+            spec = pool == SPECULATIVE
+            out[pool] = build_model(
+                spi,
+                self.tau_of(False) if spec else 1.0,
+                self.tau_of(True) if spec else 1.0,
+                self.prefill[pool],
+                max(learner.bins),
+                self.time_scale,
+            )
+        return out

@@ -1,0 +1,69 @@
+"""How the proxy answers a client: one interface, a plain-ASGI implementation, and (in
+``router.fastpath.uvicorn``) a faster one for uvicorn's httptools server.
+
+A responder sends the response's messages (several at once where it can write them together),
+reports a client that goes away before the response is done, and may offer a ``BodyWriter``
+that writes the rest of a chunked body straight to the client from the upstream's socket
+callback. ``send_all`` raises ``OSError`` when the client is gone (ASGI spec 2.4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+from router.asgi import Receive, Send
+
+
+class BodyWriter(NamedTuple):
+    ready: Callable[[], bool]  # whether ``write`` may be called now (the client keeps up)
+    write: Callable[[bytes], None]  # frame and write one chunk of the body
+
+
+class Responder(Protocol):
+    async def send_all(self, messages: list[dict[str, Any]]) -> None: ...
+
+    def watch(self, on_disconnect: Callable[[], None]) -> None:
+        """Call ``on_disconnect`` (once) if the client leaves before the response is done.
+        The request body must have been read."""
+
+    def unwatch(self) -> None: ...
+
+    def body_writer(self) -> BodyWriter | None:
+        """A direct writer for the rest of a chunked body, once the response has started."""
+
+
+class PlainResponder:
+    """Any ASGI server: messages one by one, a task blocked in ``receive()`` for disconnects."""
+
+    __slots__ = ("_receive", "_send", "_loop", "_watcher")
+
+    def __init__(self, receive: Receive, send: Send, loop: asyncio.AbstractEventLoop) -> None:
+        self._receive = receive
+        self._send = send
+        self._loop = loop
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def send_all(self, messages: list[dict[str, Any]]) -> None:
+        for message in messages:
+            await self._send(message)
+
+    def watch(self, on_disconnect: Callable[[], None]) -> None:
+        self._watcher = self._loop.create_task(_watch(self._receive, on_disconnect))
+
+    def unwatch(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+
+    def body_writer(self) -> BodyWriter | None:
+        return None
+
+
+async def _watch(receive: Receive, on_disconnect: Callable[[], None]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            on_disconnect()
+            return

@@ -1,0 +1,65 @@
+"""What a failed or refused attempt means: eject the backend? retry elsewhere? what does the
+client get? Pure functions over plain values; the proxy applies the answers.
+
+The rules (``../shared/reliability-checklist.md`` cases 1-5, 15):
+- Resending a request is safe only if the engine cannot have started on it: the connection was
+  refused or timed out, or it closed before a single response byte. Those also take the backend
+  out for a while (passive health).
+- A 429 or 503 answer is a refusal: the engine did not take the request, so it may go elsewhere
+  while nothing has reached the client.
+- Any 5xx answer counts as a failure of the backend and ejects it.
+- Once the response has started, nothing is retried; a broken body ejects the backend unless it
+  was only silent for too long (``idle_timeout``: a slow engine, not a dead one).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+from router.forward.upstream import ErrorKind
+
+RETRY_STATUSES = frozenset({429, 503})
+SAFE_KINDS: frozenset[ErrorKind] = frozenset({"connect", "connect_timeout"})
+
+# What the client is told when an attempt failed and is not retried.
+Refusal = Literal["timeout", "bad_gateway", "no_backend"]
+
+
+class Verdict(NamedTuple):
+    kind: str  # the error kind or ``http_<status>``: the label of retries and failures
+    failed: bool  # counts as an upstream error of the backend
+    eject: bool  # take the backend out now (passive health)
+    retry: bool  # safe, and worth sending the request to another backend
+    served: bool  # a good answer: an earlier ejection's back-off starts over
+
+
+def after_error(kind: ErrorKind, response_started: bool) -> Verdict:
+    """An attempt that failed before its response headers arrived."""
+    safe = kind in SAFE_KINDS or (kind == "reset" and not response_started)
+    return Verdict(kind, failed=True, eject=safe, retry=safe, served=False)
+
+
+def after_status(status: int) -> Verdict:
+    """An attempt whose response headers arrived with ``status``."""
+    return Verdict(
+        f"http_{status}",
+        failed=status >= 500,
+        eject=status >= 500,
+        retry=status in RETRY_STATUSES,
+        served=status < 400,
+    )
+
+
+def mid_response(kind: ErrorKind) -> Verdict:
+    """The body failed after the response started: never retried."""
+    return Verdict(kind, failed=True, eject=kind != "idle_timeout", retry=False, served=False)
+
+
+def refusal(kind: ErrorKind, retried_out: bool) -> Refusal:
+    """The client's answer to a failed attempt that is not retried.
+
+    ``retried_out``: the failure was safe to retry, but attempts or backends ran out.
+    """
+    if kind == "first_byte_timeout":
+        return "timeout"
+    return "no_backend" if retried_out else "bad_gateway"
