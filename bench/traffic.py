@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -341,7 +342,13 @@ def load(path: Path) -> tuple[dict[str, Any], list[Case], list[Deployment], list
     return doc["meta"], plan, deps, [Run.from_dict(r) for r in doc["runs"]]
 
 
+def _stop(signum: int, frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C, so that every sim and router started is stopped (by PID)
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _stop)
     ns = parse_args()
     if ns.report:
         save(ns.out, *load(ns.out.with_suffix(".json")))

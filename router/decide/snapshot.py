@@ -33,7 +33,7 @@ from router.decide.policy import (
     explore,
     reroute,
 )
-from router.decide.predict import PoolModel, Request, predict
+from router.decide.predict import PoolModel, Request
 from router.forward.request import RequestInfo
 from router.health.poller import EngineLoad
 from router.health.state import HealthRegistry
@@ -45,6 +45,7 @@ from router.settings import LoadSignal, PolicyName
 RECENT_WINDOW = 5.0
 SAMPLING_KEEP = 0.02  # weight of each request in the sampling share
 STAY_KEEP = 0.1  # weight of each request in a backend's mean predicted stay
+MAX_STAY = 3600.0  # seconds: a longer predicted stay is a runaway estimate
 
 
 class Tuning(Protocol):
@@ -231,24 +232,14 @@ class Decider:
         self._sampling += (float(req.sampling) - self._sampling) * SAMPLING_KEEP
         view = next(b for b in snap.pool(decision.pool).backends if b.url == decision.backend)
         model = models[decision.pool]
-        if view.cap is not None:
-            model = model._replace(cap=view.cap)
-        p = predict(
-            model,
-            view.load,
-            view.prefill_share,
-            req,
-            snap.mean_output,
-            snap.sampling_share,
-            view.load_avg,
-        )
-        if p.extrapolated:
+        if decision.extrapolated:
             self.extrapolated += 1
         r = self._recent[decision.backend]
         r.prefill += model.prefill(req.prompt_tokens) * model.scale
         r.arrivals += 1.0
-        stay = p.ttft + max(0.0, req.output_tokens - 1) * p.tpot
-        r.stay = stay if r.stay == 0 else r.stay + (stay - r.stay) * STAY_KEEP
+        if decision.stay > 0:  # (an explored or fallback decision carries no prediction)
+            stay = min(MAX_STAY, decision.stay)
+            r.stay = stay if r.stay == 0 else r.stay + (stay - r.stay) * STAY_KEEP
         return decision._replace(load=view.load, prefill_share=view.prefill_share)
 
     def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:

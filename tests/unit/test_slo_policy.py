@@ -164,7 +164,10 @@ def test_no_usable_backend_no_decision() -> None:
 
 def test_a_cap_the_engine_showed_counts_like_the_models() -> None:
     # models that know no cap; the speculative engine showed it runs at most 2
-    uncapped = {SPECULATIVE: SPEC._replace(cap=None), BASELINE: BASE._replace(cap=None)}
+    uncapped: dict[Pool, PoolModel] = {
+        SPECULATIVE: SPEC._replace(cap=None),
+        BASELINE: BASE._replace(cap=None),
+    }
     s = snap(3, 4)._replace(models=uncapped)
     free = choose("slo", s)[0]
     capped = s._replace(speculative=PoolView(SPECULATIVE, (BackendView("http://spec", 3, cap=2),)))
