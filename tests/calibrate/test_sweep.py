@@ -97,7 +97,7 @@ def test_acceptance_from_llamacpp_counters_over_the_sweep() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(404)
 
-    tau, source = run(handler, lambda c: acceptance(c, "http://e", before, after))  # type: ignore[misc]
+    tau, source = run(handler, lambda c: acceptance(c, "http://e", before, after))
     assert tau == 3.7 and source == "llamacpp spec_decode counters over the sweep"
 
 

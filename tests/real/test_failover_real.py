@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import httpx
 
@@ -15,8 +16,9 @@ from tests.support.http import router_status, wait_for
 TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=30.0, pool=None)
 
 
-def spec_backend(router_url: str) -> dict:  # type: ignore[type-arg]
-    return router_status(router_url)["pools"]["speculative"]["backends"][0]  # type: ignore[no-any-return]
+def spec_backend(router_url: str) -> dict[str, Any]:
+    backend: dict[str, Any] = router_status(router_url)["pools"]["speculative"]["backends"][0]
+    return backend
 
 
 def test_killed_engine_fails_over_and_comes_back(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 
@@ -23,9 +25,12 @@ def test_engine_signal_counts_what_llamacpp_runs(
     async def scenario() -> None:
         async with httpx.AsyncClient(timeout=TIMEOUT) as client:
 
-            async def spec_engine() -> dict:  # type: ignore[type-arg]
+            async def spec_engine() -> dict[str, Any] | None:
                 status = (await client.get(by_engine.url + "/router/status")).json()
-                return status["pools"]["speculative"]["backends"][0]["engine"]  # type: ignore[no-any-return]
+                engine: dict[str, Any] | None = status["pools"]["speculative"]["backends"][0][
+                    "engine"
+                ]
+                return engine
 
             # three long streams straight to the speculative engine, not through a router
             around = [
@@ -38,7 +43,7 @@ def test_engine_signal_counts_what_llamacpp_runs(
                 seen = await await_for(
                     lambda: _running(spec_engine, at_least=3), timeout=30, interval=0.1
                 )
-                assert seen["flavor"] == "llamacpp"
+                assert seen is not None and seen["flavor"] == "llamacpp"
                 engine_says = await post(client, by_engine.url + CHAT, chat_body(0, max_tokens=8))
                 own_count = await post(client, by_own_count.url + CHAT, chat_body(0, max_tokens=8))
             finally:
@@ -56,7 +61,9 @@ def test_engine_signal_counts_what_llamacpp_runs(
     asyncio.run(scenario())
 
 
-async def _running(probe, at_least: int = 0, at_most: int = 1 << 30):  # type: ignore[no-untyped-def]
+async def _running(
+    probe: Callable[[], Awaitable[dict[str, Any] | None]], at_least: int = 0, at_most: int = 1 << 30
+) -> dict[str, Any] | None:
     engine = await probe()
     if engine is None:
         return None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from router.tools.loadgen import RequestResult
 from tests.real.conftest import Calibration, RouterFactory
 from tests.real.drive import open_loop
 from tests.support.http import router_status, wait_for
@@ -28,7 +29,7 @@ def test_open_loop_light_then_heavy(
     shutil.copy(calibration.path, table)
     router = start_router(TABLE_PATH=str(table), EXPLORE_SHARE="0")
 
-    async def run(rate: float, duration: float, seed: int) -> list:  # type: ignore[type-arg]
+    async def run(rate: float, duration: float, seed: int) -> list[RequestResult]:
         async with httpx.AsyncClient(timeout=TIMEOUT) as client:
             return await open_loop(client, router.url, rate, duration, seed, max_tokens=32)
 
