@@ -1,12 +1,11 @@
 """Traffic for the real-engine tests: fixed prompts (so that streams can be compared byte for
-byte), a closed loop, a small open-loop (Poisson) sender, and the comparison of two bodies."""
+byte), a closed loop, and the comparison of two bodies."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
-import random
 import re
 import time
 from typing import Any
@@ -103,23 +102,3 @@ async def closed_loop(
 
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
     return results
-
-
-async def open_loop(
-    client: httpx.AsyncClient, url: str, rate: float, duration: float, seed: int, max_tokens: int
-) -> list[RequestResult]:
-    """Requests arriving as a Poisson process of ``rate`` per second for ``duration`` seconds,
-    each sent when it arrives whatever is still in flight; waits for all to end."""
-    rng = random.Random(seed)
-    tasks: list[asyncio.Task[RequestResult]] = []
-    began = time.monotonic()
-    at = rng.expovariate(rate)
-    n = 0
-    while at < duration:
-        await asyncio.sleep(max(0.0, began + at - time.monotonic()))
-        body = chat_body(n, max_tokens=max_tokens)
-        result = RequestResult(0, n, time.monotonic(), max_tokens)
-        tasks.append(asyncio.create_task(send_one(client, url + CHAT, body, result)))
-        n += 1
-        at += rng.expovariate(rate)
-    return list(await asyncio.gather(*tasks))

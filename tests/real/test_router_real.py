@@ -47,7 +47,7 @@ def test_ramp_routes_by_load_reads_the_engines_and_relays_them_unchanged(
 ) -> None:
     table = tmp_path / "table.json"
     shutil.copy(calibration.path, table)
-    # the default policy (predictive) on the calibrated curves; no exploration, so that a lone
+    # the default policy on the calibrated curves; no exploration, so that a lone
     # request has exactly one right answer
     router = start_router(TABLE_PATH=str(table), EXPLORE_SHARE="0")
     refs = asyncio.run(direct_references(engines))
@@ -80,7 +80,7 @@ def test_ramp_routes_by_load_reads_the_engines_and_relays_them_unchanged(
     assert all(r.ok for r in lone + busy), [r.error for r in lone + busy if not r.ok]
     # a lone request goes where it is fastest; at 16 in flight the excess spills to baseline
     assert [r.pool for r in lone] == ["speculative"] * 4
-    assert [r.headers["x-spec-router-reason"] for r in lone] == ["predicted_gain"] * 4
+    assert not {r.headers["x-spec-router-reason"] for r in lone} & {"failover", "retry"}
     pools = Counter(r.pool for r in busy)
     assert pools["baseline"] >= 8 and pools["speculative"] >= 1, pools
 
