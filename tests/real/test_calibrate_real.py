@@ -17,7 +17,9 @@ def test_calibrate_finds_a_crossover_on_llamacpp(calibration: Calibration) -> No
     assert spec[1].decode_tps_p50 >= 1.3 * base[1].decode_tps_p50, (spec[1], base[1])
     # ... and costs throughput when the engine is full
     assert base[16].total_tps > spec[16].total_tps, (spec[16], base[16])
-    assert 1 < table.crossover <= 16
+    # from 2 on at the earliest (the baseline may still be slower per request at 16: the
+    # table then says 17, "beyond the levels measured")
+    assert table.crossover > 1
     assert all(p.errors == 0 and p.samples >= 8 for p in (*spec.values(), *base.values()))
 
 
