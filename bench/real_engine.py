@@ -8,7 +8,7 @@
    the engine's own counters over the whole ramp.
 
     eval "$(scripts/real-engine/build.sh)"; export SPEC_ROUTER_LLAMA_SERVER SPEC_ROUTER_REAL_MODELS
-    python bench/real_engine.py [--steps 1,2,4,8,16,24] [--seconds 30]
+    python bench/real_engine.py [--levels 1,2,4,8,16] [--steps 1,2,4,8,16,24]
 
 Writes bench/results/real-engine.md (+ real-engine-table.json, real-engine.png, .json).
 Absolute speeds on a shared VM vary up to 2x between runs: compare within one run.
@@ -33,17 +33,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from router.calibrate.levels import point_from_run  # noqa: E402
+from router.calibrate.progress import Progress  # noqa: E402
+from router.calibrate.sweep import run_level  # noqa: E402
+from router.calibrate.workload import RequestSource  # noqa: E402
 from router.decide.table import Table, from_json  # noqa: E402
 from router.health import engines as engine_metrics  # noqa: E402
 from router.tools.demo import wait_ready  # noqa: E402
 from router.tools.llamacpp import DRAFT_MAX, MODEL, SLOTS, Build, LlamaServer, cores  # noqa: E402
-from router.tools.loadgen import (  # noqa: E402
-    RequestResult,
-    decode_tps,
-    percentile,
-    run_closed_loop,
-    window_stats,
-)
+from router.tools.loadgen import percentile  # noqa: E402
 from router.tools.processes import Proc, spawn  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -83,21 +81,6 @@ def start_router(spec: str, base: str, **settings: str) -> Proc:
     return proc
 
 
-def step_stats(results: list[RequestResult], start: float, end: float) -> dict[str, Any]:
-    window = window_stats(results, start, end)
-    done = [r for r in results if r.ok and r.start >= start]
-    rates = [x for x in map(decode_tps, done) if x is not None]
-    spec = sum(r.pool == "speculative" for r in results if r.start >= start)
-    sent = sum(1 for r in results if r.start >= start)
-    return {
-        "decode_p50": percentile(rates, 50),
-        "total_tps": window.total_tps,
-        "speculative_share": spec / sent if sent else float("nan"),
-        "requests": sent,
-        "errors": sum(1 for r in results if not r.ok and r.error != "cancelled"),
-    }
-
-
 async def watch(url: str, seen: list[dict[str, Any]], stop: asyncio.Event) -> None:
     async with httpx.AsyncClient(timeout=5) as client:
         while not stop.is_set():
@@ -115,35 +98,43 @@ async def watch(url: str, seen: list[dict[str, Any]], stop: asyncio.Event) -> No
             await asyncio.sleep(1.0)
 
 
-async def ramp(
-    routers: dict[str, str], steps: list[int], seconds: float, warmup: float
-) -> dict[str, list[dict[str, Any]]]:
+async def ramp(routers: dict[str, str], steps: list[int]) -> dict[str, list[dict[str, Any]]]:
+    """At each step, a closed loop through each router in turn, measured as calibration
+    measures a level: warm-up, then max(8, 2 N) measured requests at N in flight."""
     out: dict[str, list[dict[str, Any]]] = {name: [] for name in routers}
-    for c in steps:
-        for name, url in routers.items():  # in turn at each step: both see the same machine
-            began = time.monotonic()
-            results = await run_closed_loop(
-                url + "/v1",
-                concurrency=c,
-                prompt_tokens=PROMPT,
-                output_tokens=OUTPUT,
-                duration=seconds,
-                model=MODEL,
-                ignore_eos=True,
-                output_jitter=0.2,
-                seed=c,
-            )
-            stats = step_stats(results, began + warmup, began + seconds)
-            stats["concurrency"] = c
-            out[name].append(stats)
-            print(
-                f"  c={c:<3} {name:<12} decode p50 {stats['decode_p50']:6.1f} tok/s  total "
-                f"{stats['total_tps']:6.1f} tok/s  speculative {stats['speculative_share']:4.0%}"
-                f"  n={stats['requests']}",
-                file=sys.stderr,
-                flush=True,
-            )
-            await wait_idle(url)
+    limits = httpx.Limits(max_connections=max(steps) + 8, max_keepalive_connections=max(steps))
+    timeout = httpx.Timeout(connect=30.0, read=None, write=60.0, pool=None)
+    quiet = Progress(sys.stderr, 1, tty=False)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        for c in steps:
+            for name, url in routers.items():  # in turn: both see the same machine
+                source = RequestSource(
+                    prompt_tokens=PROMPT, output_tokens=OUTPUT, model=MODEL, ignore_eos=True
+                )
+                run = await run_level(
+                    client, url, source, name, c, max(8, 2 * c), timeout=900, headers={},
+                    progress=quiet,
+                )  # fmt: skip
+                point = point_from_run(run)
+                done = [r for r in run.measured if r.ok]
+                stats = {
+                    "concurrency": c,
+                    "decode_p50": point.decode_tps_p50,
+                    "total_tps": point.total_tps,
+                    "speculative_share": sum(r.pool == "speculative" for r in done) / len(done),
+                    "requests": len(done),
+                    "errors": len(run.failures()),
+                }
+                out[name].append(stats)
+                print(
+                    f"  c={c:<3} {name:<12} decode p50 {stats['decode_p50']:6.1f} tok/s  total "
+                    f"{stats['total_tps']:6.1f} tok/s  speculative "
+                    f"{stats['speculative_share']:4.0%}  n={stats['requests']}  "
+                    f"({run.seconds:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                await wait_idle(url)
     return out
 
 
@@ -219,8 +210,11 @@ def report(
         "",
         "## 2. Load ramp through the router, against round-robin",
         "",
-        f"Closed loop at each step for {meta['step_seconds']:.0f} s (the first "
-        f"{meta['warmup']:.0f} s left out), the two routers in turn at each step. "
+        "At each step a closed loop of N clients through each router in turn, measured as "
+        "calibration measures a level (each client's first request is warm-up; then max(8, 2 N)"
+        " measured requests, fillers keeping N in flight until the last ends): per-request "
+        "decode tok/s p50, total tok/s, the share of measured requests served by the "
+        "speculative server. "
         f"`{meta['policy']}` is the default policy on the table above with an SLO for these "
         "engines (TTFT 3 s, TPOT 100 ms; `SPEC_ROUTER_SLO_TTFT_MS`, `SPEC_ROUTER_SLO_TPOT_MS`).",
         "",
@@ -268,8 +262,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--levels", default="1,2,4,8,16")
     parser.add_argument("--steps", default="1,2,4,8,16,24")
-    parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--warmup", type=float, default=8.0)
     args = parser.parse_args()
     began = time.monotonic()
     load_before = load_average()
@@ -300,10 +292,7 @@ def main() -> int:
             watcher = asyncio.create_task(watch(default.url, seen, stop))
             try:
                 steps = [int(x) for x in args.steps.split(",")]
-                return await ramp(
-                    {"default": default.url, "round_robin": rr.url}, steps, args.seconds,
-                    args.warmup,
-                )  # fmt: skip
+                return await ramp({"default": default.url, "round_robin": rr.url}, steps)
             finally:
                 stop.set()
                 await watcher
@@ -324,8 +313,6 @@ def main() -> int:
         "command": "python bench/real_engine.py " + " ".join(sys.argv[1:]),
         "seconds": time.monotonic() - began,
         "levels": args.levels,
-        "step_seconds": args.seconds,
-        "warmup": args.warmup,
         "policy": policy,
     }
     text = report(table, calibrate_out, runs, seen, accept, meta)

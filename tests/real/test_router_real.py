@@ -61,7 +61,13 @@ def test_ramp_routes_by_load_reads_the_engines_and_relays_them_unchanged(
 
     async def ramp() -> tuple[list[RequestResult], list[RequestResult]]:
         async with httpx.AsyncClient(timeout=TIMEOUT) as client:
-            lone = await closed_loop(client, router.url, 1, 4)
+            # lone requests: each finds nothing in flight and no recent traffic (a client that
+            # sends back to back keeps the speculative engine at about one request on average,
+            # which the default policy counts as load it will share)
+            lone = []
+            for i in range(3):
+                lone += await closed_loop(client, router.url, 1, 1, first=i)
+                await asyncio.sleep(2.0)
 
             async def watch() -> None:
                 while True:
@@ -71,7 +77,7 @@ def test_ramp_routes_by_load_reads_the_engines_and_relays_them_unchanged(
 
             watcher = asyncio.create_task(watch())
             try:
-                busy = await closed_loop(client, router.url, 16, 48, first=4)
+                busy = await closed_loop(client, router.url, 16, 48, first=3)
             finally:
                 watcher.cancel()
             return lone, busy
@@ -79,7 +85,7 @@ def test_ramp_routes_by_load_reads_the_engines_and_relays_them_unchanged(
     lone, busy = asyncio.run(ramp())
     assert all(r.ok for r in lone + busy), [r.error for r in lone + busy if not r.ok]
     # a lone request goes where it is fastest; at 16 in flight the excess spills to baseline
-    assert [r.pool for r in lone] == ["speculative"] * 4
+    assert [r.pool for r in lone] == ["speculative"] * 3
     assert not {r.headers["x-spec-router-reason"] for r in lone} & {"failover", "retry"}
     pools = Counter(r.pool for r in busy)
     assert pools["baseline"] >= 8 and pools["speculative"] >= 1, pools
