@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ignore-eos",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="ask for exactly max_tokens (SGLang's and vLLM's ignore_eos; default: on)",
+        help="ask for exactly max_tokens (ignore_eos of SGLang, vLLM and llama.cpp; default: on)",
     )
     parser.add_argument(
         "--retries",
@@ -126,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1800.0,
         metavar="S",
         help="wall seconds one pool may take at one level (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="measure level by level, each pool in turn (speculative at N, baseline at N, then "
+        "the next N), instead of one pool's whole sweep after the other's: for two engines on "
+        "separate hardware of a machine whose speed drifts (a shared VM), so that both points "
+        "of a level are measured at about the same time",
     )
     parser.add_argument(
         "--time-scale",
@@ -238,10 +246,12 @@ def main(argv: Sequence[str]) -> int:
         level_timeout=args.level_timeout,
         api_key=args.api_key,
         discover_model=args.model is None,
+        interleave=args.interleave,
     )
     progress = Progress(sys.stderr, 2 * len(plan.levels))
+    order = "and, in turn at each level," if plan.interleave else "then"
     progress.say(
-        f"calibrating {plan.urls['speculative']} (speculative), then {plan.urls['baseline']} "
+        f"calibrating {plan.urls['speculative']} (speculative) {order} {plan.urls['baseline']} "
         f"(baseline), at concurrency {','.join(map(str, plan.levels))}"
     )
     try:
@@ -256,6 +266,7 @@ def main(argv: Sequence[str]) -> int:
         counts=measured.counts,
         ignore_eos=args.ignore_eos,
         disturbed=measured.disturbed,
+        interleaved=args.interleave,
     )
     table = build_table(
         measured.points["speculative"],

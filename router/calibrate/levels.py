@@ -79,23 +79,13 @@ class LevelRun:
         return [r for r in self.results if not r.ok and r.error != CANCELLED]
 
 
-def _tokens_per_chunk(r: RequestResult) -> list[float]:
-    """Chunk token counts rescaled so they add up to the usage count (exact for the sims, whose
-    tokens are words; proportional to words for a real tokenizer)."""
-    words = sum(r.chunk_tokens)
-    if r.output_tokens is None or words <= 0:
-        return [float(t) for t in r.chunk_tokens]
-    scale = r.output_tokens / words
-    return [t * scale for t in r.chunk_tokens]
-
-
 def total_tps(results: Sequence[RequestResult], start: float, end: float) -> float:
     """Output tokens of all requests that arrived in ``[start, end)``, per second."""
     if end <= start:
         return math.nan
     tokens = 0.0
     for r in results:
-        for t, n in zip(r.chunk_times, _tokens_per_chunk(r), strict=True):
+        for t, n in zip(r.chunk_times, r.token_counts(), strict=True):
             if start <= t < end:
                 tokens += n
     return tokens / (end - start)
@@ -202,12 +192,14 @@ def describe(
     counts: Sequence[int],
     ignore_eos: bool,
     disturbed: Sequence[str] = (),
+    interleaved: bool = False,
 ) -> str:
     """The table's ``notes``: how its numbers were measured."""
     lo, hi = min(counts), max(counts)
     per_level = f"{lo}" if lo == hi else f"{lo} to {hi}"
+    order = "level by level, the two in turn" if interleaved else "one after the other"
     notes = [
-        "Measured by spec-router calibrate: each pool alone, one after the other, with a closed "
+        f"Measured by spec-router calibrate: each pool alone, {order}, with a closed "
         "loop of N clients at each level (each sends its next request when the last one ends).",
         f"Each worker's first request is warm-up and not measured; then {per_level} measured "
         "requests per level, with fillers keeping the load at N until the last one ends.",

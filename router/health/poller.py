@@ -142,6 +142,11 @@ class HealthPoller:
         if sample.flavor == "unknown":
             return
         accept = engine_metrics.interval_accept_length(self._samples.get(url), sample)
+        last = self._loads.get(url)
+        if accept is None and sample.accept_length is None and last is not None:
+            # Counters (vLLM, llama.cpp) give nothing over an interval without speculative
+            # steps; an idle engine keeps its last value, as SGLang's gauge does.
+            accept = last.accept_length
         self._samples[url] = sample
         running, queued = round(sample.running), round(sample.queued)
         cap = cap_after(self._loads.get(url), running, queued)

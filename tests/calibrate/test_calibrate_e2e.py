@@ -100,11 +100,21 @@ def test_dataset_against_both_endpoints(pools: dict[str, str], tmp_path: Path) -
         "--output-tokens", "8",
         "--requests-per-level", "8",
         "--time-scale", SCALE,
+        "--interleave",
         "--out", str(out),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     table = from_json(json.loads(out.read_text()))
     assert table.workload.dataset == "mix.jsonl" and table.workload.output_tokens == 10
+    # --interleave: level by level, the pools in turn
+    order = [line.split()[:3] for line in done.stderr.splitlines() if line.startswith("[")]
+    assert order == [
+        ["[1/4]", "speculative", "c=1"],
+        ["[2/4]", "baseline", "c=1"],
+        ["[3/4]", "speculative", "c=2"],
+        ["[4/4]", "baseline", "c=2"],
+    ]
+    assert "level by level, the two in turn" in table.notes
 
 
 def test_refuses_a_sweep_with_errors(pools: dict[str, str], tmp_path: Path) -> None:
