@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
         "default for lines without max_tokens",
     )
     parser.add_argument(
+        "--no-probes",
+        dest="probes",
+        action="store_false",
+        help="skip the prefill and temperature-1 probes after the sweep (a few requests at "
+        "concurrency 1 each, for the slo policy's models)",
+    )
+    parser.add_argument(
         "--temperature", type=float, default=0.0, metavar="T", help="synthetic requests only"
     )
     parser.add_argument(
@@ -247,6 +254,7 @@ def main(argv: Sequence[str]) -> int:
         api_key=args.api_key,
         discover_model=args.model is None,
         interleave=args.interleave,
+        probes=args.probes,
     )
     progress = Progress(sys.stderr, 2 * len(plan.levels))
     order = "and, in turn at each level," if plan.interleave else "then"
@@ -277,6 +285,8 @@ def main(argv: Sequence[str]) -> int:
         spec_tau=measured.tau,
         notes=notes,
         time_scale=args.time_scale,
+        spec_tau_sampling=measured.tau_sampling,
+        prefill=measured.prefill,
     )
     save(table, args.out)
     print(report(table))

@@ -11,13 +11,14 @@ full concurrency; fillers are cancelled when the last measured request ends and 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from router.decide.table import (
     Objective,
     Point,
     PoolCurve,
+    Prefill,
     Table,
     Workload,
     crossover_from_points,
@@ -237,6 +238,8 @@ def build_table(
     spec_tau: float = 1.0,
     notes: str = "",
     time_scale: float = 1.0,
+    spec_tau_sampling: float | None = None,
+    prefill: Mapping[str, Prefill] | None = None,
 ) -> Table:
     """The calibrated table: both curves, their fits, and the crossover from the points."""
     spec = sorted(spec, key=lambda p: p.concurrency)
@@ -247,8 +250,12 @@ def build_table(
         objective=objective,
         measured_at=measured_at,
         workload=workload,
-        speculative=PoolCurve(tuple(spec), fit_points(spec, tau=max(1.0, spec_tau))),
-        baseline=PoolCurve(tuple(base), fit_points(base)),
+        speculative=PoolCurve(
+            tuple(spec),
+            replace(fit_points(spec, tau=max(1.0, spec_tau)), tau_sampling=spec_tau_sampling),
+            (prefill or {}).get("speculative"),
+        ),
+        baseline=PoolCurve(tuple(base), fit_points(base), (prefill or {}).get("baseline")),
         notes=notes,
         time_scale=time_scale,
     )

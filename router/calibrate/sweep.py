@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from router.calibrate import probes
 from router.calibrate.levels import (
     CANCELLED,
     CalibrationError,
@@ -28,7 +29,7 @@ from router.calibrate.levels import (
 )
 from router.calibrate.progress import Progress
 from router.calibrate.workload import RequestSource
-from router.decide.table import Point
+from router.decide.table import Point, Prefill
 from router.health import engines as engine_metrics
 from router.tools.loadgen import RequestResult, send_one
 
@@ -50,6 +51,7 @@ class Plan:
     api_key: str | None = None
     discover_model: bool = True
     interleave: bool = False  # level by level, the pools in turn, instead of pool after pool
+    probes: bool = True  # prefill and sampling probes after the sweep (router.calibrate.probes)
 
 
 @dataclass
@@ -61,6 +63,8 @@ class Sweep:
     tau_source: str = "not measured"
     counts: list[int] = field(default_factory=list)  # measured requests asked for, per level
     disturbed: list[str] = field(default_factory=list)  # levels kept though they failed a check
+    prefill: dict[str, Prefill] = field(default_factory=dict)  # per pool, from the probes
+    tau_sampling: float | None = None  # speculative acceptance at temperature 1, from a probe
 
 
 # -- driving one pool -----------------------------------------------------------------------------
@@ -326,4 +330,62 @@ async def sweep(plan: Plan, sources: dict[str, RequestSource], progress: Progres
         result.tau, result.tau_source = await acceptance(
             client, pools["speculative"].url, before, after
         )
+        if plan.probes:
+            await probe(plan, pools, result, progress)
     return result
+
+
+async def probe(plan: Plan, pools: dict[str, _Pool], result: Sweep, progress: Progress) -> None:
+    """Prefill lines for both pools and the speculative acceptance when sampling
+    (``router.calibrate.probes``), into ``result``."""
+    for name, pool in pools.items():
+        first = next((p for p in result.points[name] if p.concurrency == 1), None)
+        if first is None or pool.source.dataset:
+            continue  # needs the level at 1 and a synthetic workload to vary
+        ptau = result.tau if name == "speculative" else 1.0
+        spi1 = probes.iteration_at_one(first, ptau)
+        prompt = pool.source.prompt_tokens
+        samples = [(float(prompt), first.ttft_p50 - spi1)]
+        for tokens in (probes.SHORT_PROMPT, probes.long_prompt(prompt)):
+            point = await _probe_point(plan, pool, progress, prompt_tokens=tokens)
+            samples.append((float(tokens), point.ttft_p50 - spi1))
+        line = probes.prefill_line(samples)
+        if line is not None:
+            result.prefill[name] = line
+            progress.say(
+                f"  {name}: prefill {line.base * 1000:.0f} ms + "
+                f"{line.per_token * 1e6:.0f} us per prompt token"
+            )
+        if name == "speculative" and pool.source.temperature == 0:
+            hot = await _probe_point(plan, pool, progress, temperature=1.0)
+            if hot.decode_tps_p50 > 0 and first.decode_tps_p50 > 0:
+                result.tau_sampling = max(
+                    1.0, result.tau * hot.decode_tps_p50 / first.decode_tps_p50
+                )
+                progress.say(
+                    f"  speculative: acceptance length {result.tau_sampling:.2f} at temperature 1"
+                )
+
+
+async def _probe_point(
+    plan: Plan,
+    pool: _Pool,
+    progress: Progress,
+    prompt_tokens: int | None = None,
+    temperature: float | None = None,
+) -> Point:
+    """A few requests at concurrency 1 with one thing changed from the sweep's."""
+    source = pool.source.variant(prompt_tokens=prompt_tokens, temperature=temperature)
+    await wait_idle(pool.client, pool.url)
+    run = await run_level(
+        pool.client,
+        pool.url,
+        source,
+        pool.name,
+        1,
+        probes.PROBE_REQUESTS,
+        timeout=plan.level_timeout,
+        headers=pool.headers,
+        progress=progress,
+    )
+    return point_from_run(run, plan.time_scale)

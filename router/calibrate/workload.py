@@ -127,6 +127,23 @@ class RequestSource:
         self.model, self.ignore_eos = model, ignore_eos
         self.nonce = secrets.token_hex(3)  # per run: an earlier run's prompts are not cached
 
+    @property
+    def dataset(self) -> bool:
+        return self._dataset is not None
+
+    def variant(
+        self, *, prompt_tokens: int | None = None, temperature: float | None = None
+    ) -> RequestSource:
+        """The same synthetic requests with another prompt length or temperature."""
+        return RequestSource(
+            prompt_tokens=self.prompt_tokens if prompt_tokens is None else prompt_tokens,
+            output_tokens=self.output_tokens,
+            temperature=self.temperature if temperature is None else temperature,
+            endpoint=self.endpoint,
+            model=self.model,
+            ignore_eos=self.ignore_eos,
+        )
+
     def next(self, share: float = 1.0) -> tuple[str, dict[str, Any]]:
         """(path, body) of the next request; ``share`` < 1 shortens its output (warm-up)."""
         if self._dataset is not None:
