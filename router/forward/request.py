@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,8 @@ def inspect(path: str, body: bytes, content_type: bytes | None) -> RequestInfo:
         obj = json.loads(body.decode("utf-8-sig"))  # (a str skips json's encoding sniffing)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", "invalid_json") from None
+    except RecursionError:  # (e.g. 100,000 nested arrays: the C decoder recurses per level)
+        raise BadRequest("request body is nested too deeply", "invalid_json") from None
     if not isinstance(obj, dict):
         raise BadRequest("request body must be a JSON object", "invalid_json")
     model = obj.get("model")
@@ -115,11 +118,21 @@ def inspect(path: str, body: bytes, content_type: bytes | None) -> RequestInfo:
         stream=stream,
         include_usage=include_usage,
         max_tokens=max_tokens if type(max_tokens) is int else None,
-        temperature=float(temperature) if isinstance(temperature, int | float) else None,
+        temperature=_number(temperature),
         parsed=obj,
         prompt_chars=chars,
         prompt_tokens=tokens,
     )
+
+
+def _number(value: Any) -> float | None:
+    """A JSON number as a float (an integer too large for one is infinite); None otherwise."""
+    if not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _text_chars(content: Any) -> int:
@@ -180,7 +193,16 @@ def upstream_body(
             **(options if isinstance(options, dict) else {}),
             "include_usage": True,
         }
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    return _encode(obj)
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (``"\\ud800"`` is valid JSON, not valid UTF-8): escaped, it reaches the
+        # engine as the client wrote it, and the engine decides what it means.
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def forward_headers(

@@ -110,3 +110,25 @@ def test_usage_request_is_spliced_into_the_bytes_and_stays_valid_json() -> None:
     raw2 = b'{"model":"m","stream":true,"stream_options":{"x":1}}'
     out2 = upstream_body(inspect("/v1/completions", raw2, None), raw2, {}, ask_usage=True)
     assert json.loads(out2)["stream_options"] == {"x": 1, "include_usage": True}
+
+
+def test_deeply_nested_json_is_a_bad_request_not_a_crash() -> None:
+    """Checklist case 6: 100,000 nested arrays make the C decoder recurse past the limit."""
+    for body in (b"[" * 100_000 + b"]" * 100_000, b'{"model":"m","x":' + b"[" * 100_000 + b"}"):
+        with pytest.raises(BadRequest) as caught:
+            inspect("/v1/chat/completions", body, b"application/json")
+        assert caught.value.code == "invalid_json" and "nested" in caught.value.message
+
+
+def test_a_temperature_too_large_for_a_float_is_infinite() -> None:
+    body = b'{"model":"m","temperature":1' + b"0" * 400 + b"}"
+    info = inspect("/v1/chat/completions", body, None)
+    assert info.temperature == float("inf") and info.sampling
+
+
+def test_a_lone_surrogate_survives_re_encoding_escaped() -> None:
+    body = b'{"model":"m","stream":true,"stream_options":5,"messages":"\\ud800"}'
+    info = inspect("/v1/chat/completions", body, None)
+    out = upstream_body(info, body, {}, ask_usage=True)
+    assert json.loads(out)["messages"] == "\ud800"
+    assert json.loads(out)["stream_options"] == {"include_usage": True}
