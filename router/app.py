@@ -123,7 +123,7 @@ class RouterApp:
             slo_ttft=settings.slo_ttft_ms / 1000,
             slo_tpot=settings.slo_tpot_ms / 1000,
         )
-        self.metrics = RouterMetrics(self.registry)
+        self.metrics = RouterMetrics(self.registry, backends)
         self.registry.register(
             StateCollector(
                 self.tracker,

@@ -9,13 +9,14 @@ on counters, labels limited to pool, backend, reason, code, kind, state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from router.forward.verdicts import failure_kinds, retry_kinds
 from router.health.state import State
 from router.pools import POOLS, SPECULATIVE
 
@@ -49,7 +50,10 @@ MAIN_REASONS = ("below_crossover", "above_crossover", "predicted_gain", "failove
 
 
 class RouterMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, backends: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        """``backends``: (pool, url) of every backend, whose error series start at 0."""
         self.registry = registry
         p = "spec_router_"
         self.requests = Counter(
@@ -113,6 +117,11 @@ class RouterMetrics:
             for reason in MAIN_REASONS:
                 for code in UPSTREAM_ERROR_CODES:
                     self.requests.labels(pool, reason, code)
+            for kind in retry_kinds():
+                self.retries.labels(pool, kind)
+        for pool, url in backends:
+            for kind in failure_kinds():
+                self.upstream_errors.labels(pool, url, kind)
 
     def _children(self, pool: str, reason: str, code: int) -> tuple[Any, ...]:
         """The labelled series one request touches, looked up once per label set:
