@@ -50,6 +50,17 @@ class PayloadTooLarge(RouterError):
     code = "body_too_large"
 
 
+class RequestTimeout(RouterError):
+    """The request was not received whole in time (slowloris): the connection is closed after."""
+
+    status = 408
+    type_ = "invalid_request_error"
+    code = "request_timeout"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers=[(b"connection", b"close")])
+
+
 class Unauthorized(RouterError):
     status = 401
     type_ = "authentication_error"

@@ -107,6 +107,8 @@ class Settings(BaseSettings):
     max_idle_per_backend: int = Field(default=1024, ge=0)
     keepalive_expiry: float = Field(default=4.0, ge=0)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # Absolute deadline for receiving a whole request, headers and body (slowloris): 408 after.
+    request_timeout: float = Field(default=30.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     # Microseconds the event loop keeps polling after activity before it may sleep (0: never
     # spins). Saves ~0.1 ms per request at low load for CPU just after activity (busypoll.py).

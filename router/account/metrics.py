@@ -119,9 +119,9 @@ class RouterMetrics:
                     self.requests.labels(pool, reason, code)
             for kind in retry_kinds():
                 self.retries.labels(pool, kind)
-        for pool, url in backends:
+        for backend_pool, url in backends:
             for kind in failure_kinds():
-                self.upstream_errors.labels(pool, url, kind)
+                self.upstream_errors.labels(backend_pool, url, kind)
 
     def _children(self, pool: str, reason: str, code: int) -> tuple[Any, ...]:
         """The labelled series one request touches, looked up once per label set:

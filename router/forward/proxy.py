@@ -27,6 +27,7 @@ from router.decide.snapshot import Decider
 from router.errors import (
     NoBackend,
     PayloadTooLarge,
+    RequestTimeout,
     RouterError,
     Unauthorized,
     UpstreamTimeout,
@@ -34,6 +35,7 @@ from router.errors import (
     sse_error_event,
 )
 from router.fastpath import Responders
+from router.fastpath.protocol import REQUEST_STARTED
 from router.fastpath.responder import Responder
 from router.forward import verdicts
 from router.forward.request import (
@@ -123,7 +125,7 @@ class Proxy:
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         try:
             self._authorize(headers)
-            body = await self._read_body(headers, receive)
+            body = await self._read_body(scope, headers, receive)
             content_type = next((v for k, v in headers if k == b"content-type"), None)
             info = inspect(scope["path"], body, content_type)
         except RouterError as exc:
@@ -179,11 +181,26 @@ class Proxy:
         if self._api_keys and not has_api_key(headers, self._api_keys):
             raise Unauthorized("invalid or missing API key")
 
-    async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+    async def _read_body(
+        self, scope: Scope, headers: list[tuple[bytes, bytes]], receive: Receive
+    ) -> bytes:
         limit = self.settings.max_body_bytes
         length = next((v for k, v in headers if k == b"content-length"), None)
         if length is not None and length.isdigit() and int(length) > limit:
             raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+        # One deadline for the whole request, from its first byte where the server's protocol
+        # tells (router.fastpath.protocol), else from now; no lease is taken before the body.
+        extensions = scope.get("extensions")
+        started = extensions.get(REQUEST_STARTED) if extensions else None
+        timeout = self.settings.request_timeout
+        deadline = (self.loop.time() if started is None else started) + timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._receive_body(receive, limit)
+        except TimeoutError:
+            raise RequestTimeout(f"the request body was not received within {timeout:g}s") from None
+
+    async def _receive_body(self, receive: Receive, limit: int) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while True:
