@@ -12,6 +12,7 @@ server the fast paths of ``router.fastpath.uvicorn``.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import math
@@ -102,6 +103,7 @@ class Proxy:
         )
         self._api_keys = [k.get_secret_value().encode() for k in settings.api_keys]
         self._pool_auth = {pool: settings.pool_authorization(pool) for pool in POOLS}
+        self._trusted = [ipaddress.ip_network(n, strict=False) for n in settings.trusted_proxies]
 
     # -- entry ------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -232,6 +234,8 @@ class Proxy:
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
         client = scope.get("client")
+        client_ip = client[0] if client else None
+        trusted = self._trusts(client_ip)
         ask_usage = info.stream and scope["path"] in USAGE_PATHS
         tried: list[str] = []
         max_attempts = self.settings.max_attempts
@@ -246,7 +250,7 @@ class Proxy:
             tried.append(decision.backend)
             pool_key = self._pool_auth[decision.pool]
             headers = forward_headers(
-                scope["headers"], client[0] if client else None, pool_key, bool(self._api_keys)
+                scope["headers"], client_ip, pool_key, bool(self._api_keys), trusted
             )
             payload = upstream_body(
                 info, body, self.settings.pool_model_map(decision.pool), ask_usage
@@ -277,6 +281,16 @@ class Proxy:
             out.retried(verdict.kind)
             lease.move(alt.backend)
             decision = alt
+
+    def _trusts(self, client_ip: str | None) -> bool:
+        """Whether the client is a proxy whose X-Forwarded-For the router keeps."""
+        if not self._trusted or client_ip is None:
+            return False
+        try:
+            address = ipaddress.ip_address(client_ip)
+        except ValueError:  # (a Unix socket's peer, say)
+            return False
+        return any(address in network for network in self._trusted)
 
     def _judge(self, verdict: Verdict, decision: Decision, out: Outcome, detail: str) -> None:
         """Apply what an attempt said about its backend: a failure, an ejection, a good answer."""

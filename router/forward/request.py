@@ -205,28 +205,51 @@ def _encode(obj: dict[str, Any]) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
+def connection_named(raw: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """The header names a ``Connection`` header lists: hop-by-hop too (RFC 9110 7.6.1)."""
+    named = [value for name, value in raw if name == b"connection"]
+    if not named:
+        return frozenset()
+    return frozenset(t.strip().lower() for value in named for t in value.split(b",") if t.strip())
+
+
 def forward_headers(
     raw: list[tuple[bytes, bytes]],
     client_ip: str | None,
     authorization: bytes | None,
     drop_authorization: bool,
+    trust_forwarded: bool = False,
 ) -> list[tuple[bytes, bytes]]:
     """End-to-end request headers for the upstream, with X-Forwarded-For appended.
 
     ``authorization``: the pool's own key replaces the client's; ``drop_authorization``: the
     client's key is the router's own (API_KEYS) and must not leak to the engine.
+    ``trust_forwarded``: the client is a trusted proxy (TRUSTED_PROXIES), whose X-Forwarded-For
+    is kept and appended to; anyone else's is replaced by their address (a client must not
+    choose the address the engine logs or rate-limits by). ``TE: trailers`` is kept (as Go's
+    ReverseProxy does): it is the one TE value that says something end to end.
     """
+    drop = _REQUEST_DROP
+    named = connection_named(raw)
+    if named:
+        drop = drop | named
     out: list[tuple[bytes, bytes]] = []
     forwarded: bytes | None = None
+    trailers = False
     for name, value in raw:
-        if name in _REQUEST_DROP:
+        if name in drop:
+            if name == b"te" and b"trailers" in value.lower():
+                trailers = True
             continue
         if name == b"x-forwarded-for":
-            forwarded = value if forwarded is None else forwarded + b", " + value
+            if trust_forwarded:
+                forwarded = value if forwarded is None else forwarded + b", " + value
             continue
         if name == b"authorization" and (authorization is not None or drop_authorization):
             continue
         out.append((name, value))
+    if trailers:
+        out.append((b"te", b"trailers"))
     if client_ip:
         ip = client_ip.encode()
         forwarded = ip if forwarded is None else forwarded + b", " + ip
@@ -241,8 +264,12 @@ def response_headers(
     raw: list[tuple[bytes, bytes]], keep_length: bool
 ) -> list[tuple[bytes, bytes]]:
     """End-to-end response headers; content-length only when the body passes unchanged."""
+    drop = HOP_BY_HOP
+    named = connection_named(raw)
+    if named - HOP_BY_HOP:  # (usually just "keep-alive" or "close")
+        drop = drop | named
     return [
         (name, value)
         for name, value in raw
-        if name not in HOP_BY_HOP and (keep_length or name != b"content-length")
+        if name not in drop and (keep_length or name != b"content-length")
     ]

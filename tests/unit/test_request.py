@@ -82,17 +82,40 @@ def test_forward_headers_strip_hop_by_hop_and_append_forwarded_for() -> None:
         (b"authorization", b"Bearer client"),
         (b"x-request-id", b"abc"),
     ]
-    out = forward_headers(raw, "127.0.0.1", None, drop_authorization=False)
+    out = forward_headers(raw, "127.0.0.1", None, drop_authorization=False, trust_forwarded=True)
     assert out == [
         (b"authorization", b"Bearer client"),
         (b"x-request-id", b"abc"),
         (b"x-forwarded-for", b"10.0.0.1, 127.0.0.1"),
     ]
+    # checklist case 12: an untrusted client's X-Forwarded-For is replaced by its address
+    untrusted = forward_headers(raw, "127.0.0.1", None, drop_authorization=False)
+    assert (b"x-forwarded-for", b"127.0.0.1") == untrusted[-1]
+    assert sum(1 for k, _ in untrusted if k == b"x-forwarded-for") == 1
     replaced = forward_headers(raw, None, b"Bearer pool", drop_authorization=True)
     assert (b"authorization", b"Bearer pool") in replaced
     assert (b"authorization", b"Bearer client") not in replaced
     dropped = forward_headers(raw, None, None, drop_authorization=True)
     assert not any(k == b"authorization" for k, _ in dropped)
+
+
+def test_headers_named_in_connection_are_hop_by_hop_and_te_trailers_is_kept() -> None:
+    """Checklist case 11 (Go's TestReverseProxyStripHeadersPresentInConnection)."""
+    raw = [
+        (b"connection", b"Upgrade, X-Secret"),
+        (b"connection", b"x-other"),
+        (b"x-secret", b"1"),
+        (b"x-other", b"2"),
+        (b"upgrade", b"websocket"),
+        (b"te", b"trailers, deflate"),
+        (b"proxy-authorization", b"Basic abc"),
+        (b"keep-alive", b"timeout=5"),
+        (b"x-kept", b"3"),
+    ]
+    out = forward_headers(raw, None, None, drop_authorization=False)
+    assert out == [(b"x-kept", b"3"), (b"te", b"trailers")]
+    response = [(b"connection", b"x-secret"), (b"x-secret", b"1"), (b"x-kept", b"3")]
+    assert response_headers(response, keep_length=True) == [(b"x-kept", b"3")]
 
 
 def test_response_headers() -> None:
