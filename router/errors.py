@@ -44,6 +44,12 @@ class BadRequest(RouterError):
         self.code = code
 
 
+class NotFound(RouterError):
+    status = 404
+    type_ = "invalid_request_error"
+    code = "not_found"
+
+
 class PayloadTooLarge(RouterError):
     status = 413
     type_ = "invalid_request_error"

@@ -41,6 +41,7 @@ from router.fastpath.responder import Responder
 from router.forward import verdicts
 from router.forward.request import (
     RequestInfo,
+    check_path,
     forward_headers,
     has_api_key,
     inspect,
@@ -127,6 +128,7 @@ class Proxy:
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         try:
             self._authorize(headers)
+            check_path(scope["path"])
             body = await self._read_body(scope, headers, receive)
             content_type = next((v for k, v in headers if k == b"content-type"), None)
             info = inspect(scope["path"], body, content_type)

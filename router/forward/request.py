@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from router.errors import BadRequest
+from router.errors import BadRequest, NotFound
 
 # Paths whose body must name a model.
 MODEL_PATHS = frozenset(
@@ -27,6 +27,11 @@ MODEL_PATHS = frozenset(
         "/v1/moderations",
     }
 )
+
+# Engine endpoints under /v1 that change the engine rather than ask it (vLLM's runtime LoRA
+# loading): never forwarded. Outside /v1 nothing is (vLLM's /pause, /abort_requests,
+# /update_weights, /tokenize, SGLang's /flush_cache ... answer 404 from the router).
+ENGINE_ADMIN_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those the proxy sets itself.
 HOP_BY_HOP = frozenset(
@@ -78,6 +83,19 @@ def has_api_key(headers: list[tuple[bytes, bytes]], keys: list[bytes]) -> bool:
     for key in keys:  # compare with every key: the time taken reveals nothing
         ok |= hmac.compare_digest(token, key)
     return ok
+
+
+def check_path(path: str) -> None:
+    """Refuse a /v1 path that could reach elsewhere on an engine that normalises paths: dot
+    segments (also percent-encoded: ``path`` is decoded), backslashes, control characters, and
+    the engine's own admin endpoints (checklist case 14)."""
+    if path in ENGINE_ADMIN_PATHS:
+        raise NotFound(f"{path} is not served through the router")
+    if "." in path or "\\" in path or not path.isprintable():
+        segments = path.split("/")
+        if "." in segments or ".." in segments or "\\" in path or not path.isprintable():
+            message = "the path has dot segments, backslashes or control characters"
+            raise BadRequest(message, "invalid_path")
 
 
 def _is_json(content_type: bytes | None) -> bool:

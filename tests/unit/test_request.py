@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from router.errors import BadRequest
+from router.errors import BadRequest, NotFound
 from router.forward.request import forward_headers, inspect, response_headers, upstream_body
 
 
@@ -155,3 +155,30 @@ def test_a_lone_surrogate_survives_re_encoding_escaped() -> None:
     out = upstream_body(info, body, {}, ask_usage=True)
     assert json.loads(out)["messages"] == "\ud800"
     assert json.loads(out)["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/v1/../sim/config", 400),
+        ("/v1/./chat/completions", 400),
+        ("/v1/models/..", 400),
+        ("/v1\\..\\pause", 400),
+        ("/v1/chat\x00/completions", 400),
+        ("/v1/load_lora_adapter", 404),
+        ("/v1/unload_lora_adapter", 404),
+    ],
+)
+def test_paths_that_could_reach_elsewhere_are_refused(path: str, status: int) -> None:
+    """Checklist case 14 (``path`` as uvicorn gives it: percent-decoded)."""
+    from router.forward.request import check_path
+
+    with pytest.raises(BadRequest if status == 400 else NotFound):
+        check_path(path)
+
+
+def test_ordinary_paths_pass() -> None:
+    from router.forward.request import check_path
+
+    for path in ("/v1/chat/completions", "/v1/files/file-1.jsonl", "/v1/models/a.b", "/v1/é"):
+        check_path(path)
