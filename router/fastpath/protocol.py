@@ -15,8 +15,11 @@ complete. So this protocol, a subclass of uvicorn's, puts one absolute deadline
   (``REQUEST_STARTED``). For any other handler this protocol closes the connection
   ``BODY_GRACE`` seconds after the deadline if the body is still incomplete.
 
-It also answers a request that httptools cannot parse (CR, LF or NUL in a header, a bad request
-line, conflicting framing) with a 400 in the OpenAI shape, where uvicorn writes plain text.
+It also bounds a request's head, where uvicorn and httptools set no limit at all: more than
+``MAX_HEAD_BYTES`` before the headers are complete, or more than ``MAX_HEADERS`` headers, get a
+431 (Envoy's defaults: 60 KiB, 100 headers). And it answers a request that httptools cannot parse
+(CR, LF or NUL in a header, a bad request line, conflicting framing) with a 400 in the OpenAI
+shape, where uvicorn writes plain text.
 
 Like ``router.fastpath.uvicorn``, this relies on uvicorn internals (the parser callbacks,
 ``cycle``, ``transport``); ``http_protocol`` returns uvicorn's plain ``"httptools"`` when they are
@@ -35,6 +38,12 @@ log = logging.getLogger("spec_router.protocol")
 
 REQUEST_STARTED = "spec_router.request_started"  # scope["extensions"] key: loop time
 BODY_GRACE = 1.0  # lets the proxy's own 408 go first
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 100
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request already answered."""
 
 
 def _response(status: bytes, body: bytes) -> bytes:
@@ -77,6 +86,7 @@ class _DeadlineMixin:
     transport: asyncio.Transport
     cycle: Any
     scope: Any
+    headers: list[tuple[bytes, bytes]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,12 +94,25 @@ class _DeadlineMixin:
         self._started = 0.0  # when the request being received is due from (loop time)
         self._partial = False  # bytes of a request's head arrived, its headers are not complete
         self._in_body = False
+        self._head_bytes = 0  # received while waiting for a head (a bound, not an exact count)
+        self._refusal: bytes | None = None
 
     # -- uvicorn's protocol, extended -------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._started = self.loop.time()  # the first request is due from the connection's start
         self._arm(self._started + self.request_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_body:
+            super().data_received(data)  # type: ignore[misc]
+            return
+        # Counted whole (this read may hold a body too): checked only if, once parsed, the
+        # head is still incomplete. What httptools buffers is bounded by that plus one read.
+        self._head_bytes += len(data)
+        super().data_received(data)  # type: ignore[misc]
+        if self._partial and not self._in_body and self._head_bytes > MAX_HEAD_BYTES:
+            self._refuse(f"the request head is larger than {MAX_HEAD_BYTES} bytes")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -105,6 +128,9 @@ class _DeadlineMixin:
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        if len(self.headers) > MAX_HEADERS:
+            self._refuse(f"the request has more than {MAX_HEADERS} headers")
+            raise _Refused()  # (uvicorn's data_received catches the parser's error)
         self._partial = False
         self._in_body = True
         self._arm(self._started + self.request_timeout + BODY_GRACE)
@@ -113,13 +139,27 @@ class _DeadlineMixin:
     def on_message_complete(self) -> None:
         self._disarm()
         self._in_body = False
+        self._head_bytes = 0
         super().on_message_complete()  # type: ignore[misc]
 
     def send_400_response(self, msg: str) -> None:
+        if self._refusal is not None:  # answered already (431)
+            return
         body = error_body(f"invalid HTTP request: {msg}", "invalid_request_error", "invalid_http")
         if not self.transport.is_closing():
             self.transport.write(_response(b"400 Bad Request", body))
             self.transport.close()
+
+    def _refuse(self, message: str) -> None:
+        self._disarm()
+        body = error_body(message, "invalid_request_error", "headers_too_large")
+        self._refusal = _response(b"431 Request Header Fields Too Large", body)
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:  # (else: pipelined behind a response)
+            self.transport.write(self._refusal)
+        self.transport.close()
 
     # -- the deadline ---------------------------------------------------------------------------
     def _arm(self, when: float) -> None:
