@@ -44,7 +44,7 @@ E2E_BUCKETS = (
 
 
 # The router's own refusals, and the usual answers of a failing engine, by the usual reasons.
-ROUTER_CODES = ("400", "401", "413", "503")
+ROUTER_CODES = ("400", "401", "404", "408", "413", "503")
 UPSTREAM_ERROR_CODES = ("500", "502", "503", "504")
 MAIN_REASONS = ("below_crossover", "above_crossover", "predicted_gain", "failover")
 

@@ -72,10 +72,15 @@ def check_answer(status: int, routed: bool, body: bytes) -> None:
         return
     assert status < 500, (status, body[:300])
     if status >= 400:
-        error = json.loads(body)["error"]
-        assert set(error) == {"message", "type", "param", "code"}, error
-        assert isinstance(error["message"], str) and error["message"]
-        assert isinstance(error["type"], str) and isinstance(error["code"], str)
+        check_error_shape(body)
+
+
+def check_error_shape(body: bytes) -> None:
+    """``{"error": {"message", "type", "param", "code"}}``, as the router writes every error."""
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and isinstance(error["code"], str)
 
 
 def check_clean(router_url: str) -> None:
