@@ -99,7 +99,9 @@ def router_env(spec: list[str], base: list[str]) -> dict[str, str]:
     return env
 
 
-async def chaos(engines: Engines, progress: Callable[[], float], log: list[str]) -> None:
+async def chaos(
+    engines: Engines, progress: Callable[[], float], log: list[str], calm: asyncio.Event
+) -> None:
     """Kill and restart every engine once, and make one hang mid-stream for a while, at set
     shares of the request budget (not times: the rate depends on what else the machine runs)."""
     names = list(engines.urls)
@@ -122,11 +124,18 @@ async def chaos(engines: Engines, progress: Callable[[], float], log: list[str])
             fault = "hang_after=3,p=0.3" if action == "hang" else "none"
             await asyncio.to_thread(engines.configure, name, fault)
             log.append(f"{stamp} {name} fault={fault}")
+    calm.set()
 
 
-async def slow_client(router: str, busy: Callable[[], bool], tally: Counter[str]) -> None:
+async def slow_client(
+    router: str, busy: Callable[[], bool], tally: Counter[str], calm: asyncio.Event
+) -> None:
+    """Long streams read slowly, from when every engine is back (a stream that long would
+    otherwise meet a kill: visible, but it would not show the router holding back the engine)."""
+    await calm.wait()
+    tally[await slow_read(router, 60000)] += 1
     while busy():
-        tally[await slow_read(router, 6000)] += 1
+        tally[await slow_read(router, 60000)] += 1
 
 
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
@@ -149,9 +158,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         budget = [args.requests]
         clients = [client(router.url, rng, tally, budget) for _ in range(args.clients)]
         load = asyncio.gather(*clients)
+        calm = asyncio.Event()
         extra = asyncio.gather(
-            chaos(engines, lambda: 1 - budget[0] / args.requests, log),
-            slow_client(router.url, lambda: budget[0] > 0, slow),
+            chaos(engines, lambda: 1 - budget[0] / args.requests, log, calm),
+            slow_client(router.url, lambda: budget[0] > 0, slow, calm),
         )
         try:
             async with asyncio.timeout(args.max_seconds):
@@ -160,7 +170,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             log.append("time cap reached before the request budget")
         budget[0] = 0
         try:
-            async with asyncio.timeout(120):
+            async with asyncio.timeout(240):
                 await extra  # (a kill still due is done now; the slow client finishes its read)
         except TimeoutError:
             log.append("the chaos or the slow client did not finish")

@@ -19,6 +19,9 @@ from router.sim.protocol import filler
 from router.tools.processes import Proc, spawn
 
 PRESETS = ("eagle3", "eagle3", "baseline", "baseline")
+# Long enough for the engine to fill the kernel's socket buffers (up to 4 MiB each way on
+# loopback here) and the router's 256 KiB, so that the router must stop reading from it.
+STALL = 35.0
 
 
 def classify(status: int, raw: bytes, body: dict[str, Any]) -> str:
@@ -67,7 +70,9 @@ class _Response:
 
 
 async def slow_read(router: str, tokens: int) -> str:
-    """One long stream, read 1 KiB every 20 ms through a 4 KiB socket buffer."""
+    """One long stream through a 4 KiB socket buffer, not read at all for its first ``STALL`` s (the
+    router must stop reading from the engine, not buffer without bound), then 16 KiB every 5
+    ms."""
     host, port = router.removeprefix("http://").rsplit(":", 1)
     body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     body["max_tokens"] = tokens
@@ -84,13 +89,15 @@ async def slow_read(router: str, tokens: int) -> str:
     response = _Response()
     parser = httptools.HttpResponseParser(response)
     try:
-        async with asyncio.timeout(120):
+        async with asyncio.timeout(STALL + 120):
+            parser.feed_data(await reader.read(1024))
+            await asyncio.sleep(STALL)
             while not response.done:
-                chunk = await reader.read(1024)
+                chunk = await reader.read(16384)
                 if not chunk:
                     return "failed"  # cut: visible
                 parser.feed_data(chunk)
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.005)
     except (OSError, httptools.HttpParserError, TimeoutError):
         return "failed"
     finally:

@@ -52,7 +52,8 @@ def report(result: dict[str, Any], args: argparse.Namespace, command: str) -> tu
         f"{total} requests by {args.clients} closed-loop clients in {result['elapsed']:.0f} s "
         f"(after {sum(result['warm'].values())} warm-up requests), half streamed, 4-48 tokens "
         "each, checked word for word against the sims' deterministic output; plus a slow "
-        "reader's 6000-token streams (1 KiB every 20 ms through a 4 KiB socket buffer).",
+        "reader's 60000-token streams (through a 4 KiB socket buffer, unread for 35 s, then "
+        "16 KiB every 5 ms) from when every engine was back, until the load ended."
         "",
         "## Outcomes",
         "",
