@@ -92,6 +92,9 @@ def report(result: dict[str, Any], args: argparse.Namespace, command: str) -> tu
         "",
         f"Engines' running + queued at the end: {result['idle']}.",
         "",
+        "RSS grows with the request count until the collector's older generations run: cyclic "
+        "garbage, not a leak (`bench/results/soak-rss.md`, `bench/soak_rss.py`).",
+        "",
         "## Checks",
         "",
         *[f"- {'PASS' if passed else 'FAIL'}: {name}" for name, passed in checks.items()],
