@@ -74,4 +74,14 @@ run bench/learning.py
 #    routers to CPU 0 and its sims and replays to CPU 1 itself.
 run bench/traffic.py
 
+# 7. The soak (issue 13): 10,000 checked requests through four sims with client aborts, every
+#    engine SIGKILLed and restarted, one hanging mid-stream and a slow reader; nothing lost,
+#    nothing leaked: bench/results/soak.md. About 6 minutes. The router is pinned to CPU 0 and
+#    the sims to CPU 1 by the script; its own load generator runs on CPU 1.
+run --cpu 1 bench/soak.py
+
+# 8. The fuzz suite's long run: 20x the examples of `make test`, freshly random (issue 13).
+echo "bench: SPEC_ROUTER_FUZZ_PROFILE=long $PY -m pytest -q tests/router/test_fuzz.py" >&2
+SPEC_ROUTER_FUZZ_PROFILE=long "$PY" -m pytest -q -p no:cacheprovider tests/router/test_fuzz.py
+
 # Later benchmarks go here, one `run bench/<name>.py` line each.

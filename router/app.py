@@ -125,7 +125,7 @@ class RouterApp:
             slo_tpot=settings.slo_tpot_ms / 1000,
         )
         self.admission = Admission(settings.queue_size)
-        self.metrics = RouterMetrics(self.registry)
+        self.metrics = RouterMetrics(self.registry, backends)
         self.registry.register(
             StateCollector(
                 self.tracker,

@@ -166,4 +166,9 @@ class HealthPoller:
                 await self.check(url)
             except Exception:  # keep polling whatever happens
                 log.exception("health round for %s failed", url)
-            await asyncio.sleep(self.interval * random.uniform(0.8, 1.2))
+            await asyncio.sleep(probe_delay(self.interval))
+
+
+def probe_delay(interval: float, rng: random.Random | None = None) -> float:
+    """The wait before a backend's next probe: ``interval`` +-20%, so replicas drift apart."""
+    return interval * (rng or random).uniform(0.8, 1.2)
