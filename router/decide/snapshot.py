@@ -93,9 +93,11 @@ class _Recent:
         self.done = self.done * keep + (done - self.last_done)
         self.last_area, self.last_done, self.at = area, done, now
 
-    def expected(self, window: float) -> float:
-        stay = self.area / self.done if self.done > 0 else 0.0
-        return self.arrivals / window * stay
+    def expected(self, window: float) -> float | None:
+        """None until a request has finished there: no stay measured yet."""
+        if self.done <= 0:
+            return None
+        return self.arrivals / window * self.area / self.done
 
 
 class Decider:
@@ -167,7 +169,8 @@ class Decider:
             n = load(url)
             r.update(now, window, tracker.area(url, now), tracker.started[url] - local[url])
             # what this router's traffic will keep it at, plus what others put there
-            expected = r.expected(window) + max(0, n - local[url])
+            ours = r.expected(window)
+            expected = None if ours is None else ours + max(0, n - local[url])
             seen = self.loads.get(url)
             views.append(
                 BackendView(
@@ -285,9 +288,10 @@ class Decider:
                     r = self._recent[url]
                     keep = math.exp(-(now - r.at) / window) if now > r.at else 1.0
                     load = self.backend_load(url)
+                    ours = r.expected(window)
                     recent[url] = {
                         "prefill_share": round(r.prefill * keep / window, 4),
-                        "expected_load": round(r.expected(window) * keep, 2),
+                        "expected_load": None if ours is None else round(ours * keep, 2),
                         # a prediction for the next request here would extrapolate the curve
                         "beyond_measured": load + 1 > max(1, m.measured),
                     }
