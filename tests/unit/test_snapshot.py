@@ -297,7 +297,7 @@ def test_expected_load_is_arrival_rate_times_measured_stay() -> None:
                 if end <= w.clock.now:
                     lease.release()
     status = w.decider.status()
-    expected = sum(b["expected_load"] for b in status["backends"].values())
+    expected = sum(b["expected_load"] or 0.0 for b in status["backends"].values())
     # Little's law: 1 request/s x 2 s = 2 requests in flight across the backends
     assert expected == pytest.approx(2.0, rel=0.25)
     shares = [b["prefill_share"] for b in status["backends"].values()]
