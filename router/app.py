@@ -3,27 +3,34 @@
 ``create_app(settings)`` wires the pieces; the lifespan owns everything with I/O (upstream
 clients, the health poller). ``/v1/*`` goes straight to the raw-ASGI proxy; the router's own
 endpoints (``/health``, ``/ready``, ``/metrics``, ``/router/*``, ``/v1/models``) are a FastAPI
-app, off the hot path. ``app`` at the bottom serves ``uvicorn router.app:app`` (one worker:
-in-flight counts live in this process).
+app, off the hot path. ``app`` (made on first use, at the bottom) serves ``uvicorn
+router.app:app``: one process, whose in-flight counts live in it. ``uvicorn --workers N`` is
+refused (each worker would route with its own counts); ``spec-router serve --workers N``
+(``router.supervisor``) runs N workers over one shared count, and then each ``RouterApp`` is given
+its ``WorkerContext``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from router.account.inflight import InflightTracker
 from router.account.keeper import CrossoverKeeper
 from router.account.metrics import RouterMetrics, StateCollector
 from router.account.outcome import Outcome
+from router.account.shared import CrossoverBoard, SharedTracker
 from router.asgi import Receive, Scope, Send
 from router.control.app import build_control_app
 from router.control.models import list_models
@@ -39,7 +46,13 @@ from router.health.state import HealthConfig, HealthRegistry
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings, SettingsError, load_settings
 
+if TYPE_CHECKING:
+    from router.worker import WorkerContext
+
 log = logging.getLogger("spec_router")
+
+# Seconds between a worker's looks for a table another worker was given (PUT /router/table).
+TABLE_FOLLOW_INTERVAL = 0.25
 
 # Young objects the collector may gather before it runs (CPython's default is 700). A router
 # with thousands of streams in flight keeps thousands of live young objects (tasks, frames,
@@ -74,9 +87,11 @@ class RouterApp:
         settings: Settings,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        worker: WorkerContext | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
+        self.worker = worker
         self.registry = registry if registry is not None else CollectorRegistry()
         self.pools: dict[Pool, list[str]] = {
             SPECULATIVE: settings.speculative_urls,
@@ -84,7 +99,11 @@ class RouterApp:
         }
         backends = [(pool, url) for pool in POOLS for url in self.pools[pool]]
         urls = [url for _, url in backends]
-        self.tracker = InflightTracker(backends, clock)
+        self.tracker = (
+            InflightTracker(backends, clock)
+            if worker is None
+            else SharedTracker(backends, worker.table, worker.slot, clock)
+        )
         self.health = HealthRegistry(
             urls,
             HealthConfig(
@@ -107,8 +126,15 @@ class RouterApp:
             clock,
         )
         self.keeper = CrossoverKeeper(
-            settings, self.tracker, self.poller.loads, load_table(settings), clock
+            settings,
+            self.tracker,
+            self.poller.loads,
+            load_table(settings),
+            clock,
+            board=None if worker is None else CrossoverBoard(worker.table),
+            leader=worker is None or worker.leader,
         )
+        self._table_seq = 0 if worker is None else worker.table.table_seq
         self.decider = Decider(
             self.pools,
             self.tracker,
@@ -126,18 +152,17 @@ class RouterApp:
         )
         self.admission = Admission(settings.queue_size)
         self.metrics = RouterMetrics(self.registry)
-        self.registry.register(
-            StateCollector(
-                self.tracker,
-                self.health,
-                self.keeper,
-                self.poller.loads,
-                settings.policy,
-                settings.load_signal,
-                clock,
-                self.admission,
-            )
+        self.state = StateCollector(
+            self.tracker,
+            self.health,
+            self.keeper,
+            self.poller.loads,
+            settings.policy,
+            settings.load_signal,
+            clock,
+            self.admission,
         )
+        self.registry.register(self.state)
         self.observers: list[Callable[[Outcome], None]] = [
             self.metrics.observe,
             self.keeper.observe,
@@ -171,8 +196,31 @@ class RouterApp:
                     "spinning": busy is not None and busy.running,
                     "turns": 0 if busy is None else busy.spins,
                 },
+                "workers": self._workers(),
             },
         )
+
+    def _workers(self) -> dict[str, Any]:
+        """Which worker answered, and each worker's share of the machine-wide counts above
+        (its connections, health view, queue and learning samples in this document are its
+        own)."""
+        worker, pid = self.worker, os.getpid()
+        if worker is None:
+            share = {
+                "worker": 0,
+                "pid": pid,
+                "in_flight": self.tracker.total,
+                "by_pool": dict(self.tracker.by_pool),
+                "started": sum(self.tracker.started.values()),
+            }
+            return {"count": 1, "this": 0, "pid": pid, "leader": True, "slots": [share]}
+        return {
+            "count": worker.count,
+            "this": worker.slot,
+            "pid": pid,
+            "leader": worker.leader,
+            "slots": worker.table.workers(),
+        }
 
     def _connections(self, url: str) -> dict[str, int]:
         client = self.clients.get(url)
@@ -185,13 +233,44 @@ class RouterApp:
         return {pool: self.decider.pool_usable(pool) for pool in POOLS}
 
     def metrics_text(self) -> bytes:
-        return generate_latest(self.registry)
+        worker = self.worker
+        if worker is None:
+            return generate_latest(self.registry)
+        # Counters and histograms: every worker's files, merged by prometheus-client (a dead
+        # worker's stay, so nothing it counted is lost); live gauges: the shared table.
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=str(worker.metrics_dir))
+        merged.register(self.state)
+        return generate_latest(merged)
 
     def table(self) -> tables.Table:
         return self.keeper.table()
 
     def replace_table(self, raw: Any) -> tables.Table:
-        return self.keeper.replace(raw)
+        table = self.keeper.replace(raw)
+        worker = self.worker
+        if worker is not None:
+            # for the other workers' keepers (they look every TABLE_FOLLOW_INTERVAL)
+            path = worker.table_exchange
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(raw))
+            os.replace(tmp, path)
+            self._table_seq = worker.table.bump_table_seq()
+        return table
+
+    async def _follow_tables(self, worker: WorkerContext) -> None:
+        """Take up a table another worker was given (its crossover is on the board already)."""
+        while True:
+            await asyncio.sleep(TABLE_FOLLOW_INTERVAL)
+            seq = worker.table.table_seq
+            if seq == self._table_seq:
+                continue
+            self._table_seq = seq
+            try:
+                raw = json.loads(worker.table_exchange.read_text())
+                self.keeper.replace(raw, publish=False)
+            except (OSError, ValueError, tables.TableError) as exc:
+                log.warning("cannot take up the table another worker was given: %s", exc)
 
     def pin_crossover(self, value: int) -> None:
         self.keeper.pin(value)
@@ -233,6 +312,8 @@ class RouterApp:
         )
         self.poller.start()
         keeper_task = loop.create_task(self.keeper.run())
+        worker = self.worker
+        follow_task = None if worker is None else loop.create_task(self._follow_tables(worker))
         log.info(
             "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
             self.decider.policy,
@@ -245,7 +326,11 @@ class RouterApp:
             yield self
         finally:
             keeper_task.cancel()
-            await asyncio.gather(keeper_task, return_exceptions=True)
+            if follow_task is not None:
+                follow_task.cancel()
+            await asyncio.gather(
+                keeper_task, *([] if follow_task is None else [follow_task]), return_exceptions=True
+            )
             self.keeper.persist()
             await self.poller.stop()
             for client in self.clients.values():
@@ -322,4 +407,17 @@ def create_app(
         raise SystemExit(2) from None
 
 
-app = create_app()
+_app: RouterApp | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """``router.app:app``, built on first use (not when ``RouterApp`` is imported)."""
+    global _app
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _app is None:
+        from router.worker import refuse_uvicorn_workers
+
+        refuse_uvicorn_workers()
+        _app = create_app()
+    return _app

@@ -153,13 +153,14 @@ class Decider:
                 ),
             )
         views = []
-        local = self.tracker.by_backend
+        own = self.tracker.own_by_backend  # this process's (one worker's, under --workers)
         for url in self.pools[name]:
             r = self._recent[url]
             r.decay(now, window)
             n = load(url)
-            # what this router's own traffic will keep it at, plus what others put there
-            expected = r.arrivals / window * r.stay + max(0, n - local[url])
+            # what this process's own traffic will keep it at, plus what others (other
+            # workers, other replicas) put there
+            expected = r.arrivals / window * r.stay + max(0, n - own[url])
             views.append(
                 BackendView(
                     url,
