@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -34,7 +32,7 @@ from router.account.shared import CrossoverBoard, SharedTracker
 from router.asgi import Receive, Scope, Send
 from router.control.app import build_control_app
 from router.control.models import list_models
-from router.control.status import status_document
+from router.control.status import status_document, workers_document
 from router.decide import table as tables
 from router.decide.snapshot import Decider
 from router.fastpath.busypoll import BusyPoll
@@ -45,14 +43,12 @@ from router.health.poller import HealthPoller
 from router.health.state import HealthConfig, HealthRegistry
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings, SettingsError, load_settings
+from router.worker import TableExchange
 
 if TYPE_CHECKING:
     from router.worker import WorkerContext
 
 log = logging.getLogger("spec_router")
-
-# Seconds between a worker's looks for a table another worker was given (PUT /router/table).
-TABLE_FOLLOW_INTERVAL = 0.25
 
 # Young objects the collector may gather before it runs (CPython's default is 700). A router
 # with thousands of streams in flight keeps thousands of live young objects (tasks, frames,
@@ -134,7 +130,7 @@ class RouterApp:
             board=None if worker is None else CrossoverBoard(worker.table),
             leader=worker is None or worker.leader,
         )
-        self._table_seq = 0 if worker is None else worker.table.table_seq
+        self.exchange = None if worker is None else TableExchange(worker)
         self.decider = Decider(
             self.pools,
             self.tracker,
@@ -150,8 +146,9 @@ class RouterApp:
             slo_ttft=settings.slo_ttft_ms / 1000,
             slo_tpot=settings.slo_tpot_ms / 1000,
         )
-        self.admission = Admission(settings.queue_size)
         self.metrics = RouterMetrics(self.registry)
+        meter = self.metrics.queue_meter() if worker is not None else None
+        self.admission = Admission(settings.queue_size, meter)
         self.state = StateCollector(
             self.tracker,
             self.health,
@@ -160,7 +157,7 @@ class RouterApp:
             settings.policy,
             settings.load_signal,
             clock,
-            self.admission,
+            self.admission if worker is None else None,  # (else: in the merged files)
         )
         self.registry.register(self.state)
         self.observers: list[Callable[[Outcome], None]] = [
@@ -196,31 +193,9 @@ class RouterApp:
                     "spinning": busy is not None and busy.running,
                     "turns": 0 if busy is None else busy.spins,
                 },
-                "workers": self._workers(),
+                "workers": workers_document(self.tracker, self.worker),
             },
         )
-
-    def _workers(self) -> dict[str, Any]:
-        """Which worker answered, and each worker's share of the machine-wide counts above
-        (its connections, health view, queue and learning samples in this document are its
-        own)."""
-        worker, pid = self.worker, os.getpid()
-        if worker is None:
-            share = {
-                "worker": 0,
-                "pid": pid,
-                "in_flight": self.tracker.total,
-                "by_pool": dict(self.tracker.by_pool),
-                "started": sum(self.tracker.started.values()),
-            }
-            return {"count": 1, "this": 0, "pid": pid, "leader": True, "slots": [share]}
-        return {
-            "count": worker.count,
-            "this": worker.slot,
-            "pid": pid,
-            "leader": worker.leader,
-            "slots": worker.table.workers(),
-        }
 
     def _connections(self, url: str) -> dict[str, int]:
         client = self.clients.get(url)
@@ -248,29 +223,9 @@ class RouterApp:
 
     def replace_table(self, raw: Any) -> tables.Table:
         table = self.keeper.replace(raw)
-        worker = self.worker
-        if worker is not None:
-            # for the other workers' keepers (they look every TABLE_FOLLOW_INTERVAL)
-            path = worker.table_exchange
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(raw))
-            os.replace(tmp, path)
-            self._table_seq = worker.table.bump_table_seq()
+        if self.exchange is not None:
+            self.exchange.share(raw)
         return table
-
-    async def _follow_tables(self, worker: WorkerContext) -> None:
-        """Take up a table another worker was given (its crossover is on the board already)."""
-        while True:
-            await asyncio.sleep(TABLE_FOLLOW_INTERVAL)
-            seq = worker.table.table_seq
-            if seq == self._table_seq:
-                continue
-            self._table_seq = seq
-            try:
-                raw = json.loads(worker.table_exchange.read_text())
-                self.keeper.replace(raw, publish=False)
-            except (OSError, ValueError, tables.TableError) as exc:
-                log.warning("cannot take up the table another worker was given: %s", exc)
 
     def pin_crossover(self, value: int) -> None:
         self.keeper.pin(value)
@@ -312,8 +267,8 @@ class RouterApp:
         )
         self.poller.start()
         keeper_task = loop.create_task(self.keeper.run())
-        worker = self.worker
-        follow_task = None if worker is None else loop.create_task(self._follow_tables(worker))
+        exchange = self.exchange
+        follow_task = None if exchange is None else loop.create_task(exchange.follow(self.keeper))
         log.info(
             "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
             self.decider.policy,

@@ -10,6 +10,9 @@ uvicorn's workers know nothing of each other, so each would route with its own c
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -17,12 +20,22 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from router.account.shared import SharedTable
+from router.decide import table as tables
 from router.serve import uvicorn_config
 from router.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from router.account.keeper import CrossoverKeeper
+
+log = logging.getLogger("spec_router.worker")
+
+# Seconds between a worker's looks for a table another worker was given (PUT /router/table).
+TABLE_FOLLOW_INTERVAL = 0.25
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,36 @@ class WorkerContext:
     def table_exchange(self) -> Path:
         """Where a worker leaves an operator's table for the others (``PUT /router/table``)."""
         return self.rundir / "table.json"
+
+
+class TableExchange:
+    """An operator's table, from the worker that took the PUT to the others: the file in the
+    run's directory and a sequence number in the table's header. (The crossover it carries is
+    in force everywhere at once, through the board; this brings the curves and models.)"""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.seen = ctx.table.table_seq
+
+    def share(self, raw: Any) -> None:
+        path = self.ctx.table_exchange
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(raw))
+        os.replace(tmp, path)  # whole or not at all, for a reader in another worker
+        self.seen = self.ctx.table.bump_table_seq()
+
+    async def follow(self, keeper: CrossoverKeeper) -> None:
+        while True:
+            await asyncio.sleep(TABLE_FOLLOW_INTERVAL)
+            seq = self.ctx.table.table_seq
+            if seq == self.seen:
+                continue
+            self.seen = seq
+            try:
+                raw = json.loads(self.ctx.table_exchange.read_text())
+                keeper.replace(raw, publish=False)
+            except (OSError, ValueError, tables.TableError) as exc:
+                log.warning("cannot take up the table another worker was given: %s", exc)
 
 
 class ReadyServer(uvicorn.Server):

@@ -12,14 +12,17 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from router.decide import table as tables
 from tests.conftest import RouterFactory, router_env
 from tests.support.http import await_for, metric_value, router_status, wait_for
 from tests.support.processes import Proc
+from tests.support.tables import model_table
 
 pytestmark = pytest.mark.anyio
 
@@ -159,17 +162,23 @@ async def test_metrics_count_every_workers_requests_once(start_router: RouterFac
             assert client.post("/v1/chat/completions", json=body).status_code == 200
         sent += 1
     assert sum(s["started"] for s in slots(router.url)) == sent
-    # every scrape (any worker may answer it) counts each request once
-    answered_by = set()
-    for _ in range(6):
+    # a scrape of either worker (one connection: one worker) counts each request once
+    answered_by: set[int] = set()
+    for _ in range(200):
         with httpx.Client(base_url=router.url, timeout=30) as client:
-            text = client.get("/metrics").text
             answered_by.add(client.get("/router/status").json()["workers"]["this"])
+            text = client.get("/metrics").text
         assert metric_value(text, "spec_router_requests_total") == sent
         assert metric_value(text, "spec_router_requests_total", code="200") == sent
         assert metric_value(text, "spec_router_request_duration_seconds_count") == sent
         assert metric_value(text, "spec_router_in_flight_requests") == 0
+        if answered_by == {0, 1}:
+            break
+    assert answered_by == {0, 1}
     assert text.count("# TYPE spec_router_requests_total counter") == 1
+    # the queue's metrics keep their names (from the merged files here: each worker queues)
+    assert 'spec_router_queue_outcomes_total{outcome="admitted"} 0.0' in text
+    assert "spec_router_queued_requests 0.0" in text
 
 
 def test_plain_uvicorn_with_workers_is_refused(sims: dict[str, Proc]) -> None:
@@ -180,3 +189,46 @@ def test_plain_uvicorn_with_workers_is_refused(sims: dict[str, Proc]) -> None:
     )
     assert "refusing to run under `uvicorn --workers 2`" in done.stderr
     assert "spec-router serve --workers N" in done.stderr
+
+
+def each_worker(url: str, path: str, n: int = 2) -> dict[int, Any]:
+    """``GET path`` on new connections until every one of ``n`` workers has answered once."""
+    answers: dict[int, Any] = {}
+    for _ in range(200):
+        with httpx.Client(base_url=url, timeout=30) as client:
+            this = client.get("/router/status").json()["workers"]["this"]
+            if this not in answers:
+                answers[this] = client.get(path).json()
+        if len(answers) == n:
+            return answers
+    raise AssertionError(f"only workers {sorted(answers)} answered")
+
+
+def test_an_operators_crossover_and_table_reach_every_worker(
+    start_router: RouterFactory, tmp_path: Path
+) -> None:
+    path = tmp_path / "table.json"
+    tables.save(model_table(32, 64, crossover=5), path)
+    router = start_router(admin_token="s3cret", table_path=str(path), serve_args=WORKERS)
+    auth = {"authorization": "Bearer s3cret"}
+    assert {s["crossover"] for s in each_worker(router.url, "/router/status").values()} == {5}
+    put = httpx.put(f"{router.url}/router/crossover", json={"crossover": 7}, headers=auth)
+    assert put.status_code == 200
+    # in force everywhere at once (the board), whichever worker took the PUT
+    for status in each_worker(router.url, "/router/status").values():
+        assert (status["crossover"], status["crossover_source"]) == (7, "configured")
+        assert status["learning"]["pinned"] is True
+    before = each_worker(router.url, "/router/table")[0]["speculative"]
+    good = tables.to_json(model_table(1024, 256, crossover=3))  # other curves
+    assert httpx.put(f"{router.url}/router/table", json=good, headers=auth).status_code == 200
+    for status in each_worker(router.url, "/router/status").values():
+        assert (status["crossover"], status["crossover_source"]) == (3, "calibrated")
+        assert status["learning"]["pinned"] is False
+
+    # the other worker takes up the table's curves too, and the leader writes the file
+    def curves_taken() -> bool:
+        shown = [t["speculative"] for t in each_worker(router.url, "/router/table").values()]
+        return bool(shown[0] == shown[1] != before)
+
+    wait_for(curves_taken)
+    wait_for(lambda: tables.load(path).crossover == 3)
