@@ -44,6 +44,8 @@ from router.worker import WorkerContext
 QUICK_DEATH = 5.0
 RESTART_PAUSE = 1.0
 STOP_GRACE_EXTRA = 5.0  # past the workers' own graceful-shutdown window, SIGKILL them
+PR_SET_PDEATHSIG = 1  # prctl(2)
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
 
 
 def _log(message: str) -> None:
@@ -141,11 +143,14 @@ class Supervisor:
     # -- workers ----------------------------------------------------------------------------
     def _spawn(self, slot: int) -> None:
         ctx = self.context_of[slot]
+        parent = os.getpid()
+        # no stop signal between the fork and the new pid's entry in ``children``
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         pid = os.fork()
         if pid == 0:  # the worker
             code = 1
             try:
-                code = self._become_worker(ctx)
+                code = self._become_worker(ctx, parent)
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -153,14 +158,17 @@ class Supervisor:
                 sys.stderr.flush()
                 os._exit(code)
         self.children[pid] = slot
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         self.born[slot] = time.monotonic()
         ctx.table.claim(slot, pid)
         _log(f"worker {slot} started (pid {pid})")
 
-    def _become_worker(self, ctx: WorkerContext) -> int:
+    def _become_worker(self, ctx: WorkerContext, parent: int) -> int:
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        _die_with(parent)
         for fd in self._fds:
             os.close(fd)
         from router.worker import run_worker
@@ -207,6 +215,20 @@ class Supervisor:
             if at <= now:
                 del self.restart_at[slot]
                 self._spawn(slot)
+
+
+def _die_with(parent: int) -> None:
+    """A worker whose supervisor was killed (so nobody reclaims or restarts) stops too: Linux
+    sends it SIGTERM then (PR_SET_PDEATHSIG); elsewhere it outlives the supervisor."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _drain(fd: int) -> None:

@@ -232,3 +232,41 @@ def test_an_operators_crossover_and_table_reach_every_worker(
 
     wait_for(curves_taken)
     wait_for(lambda: tables.load(path).crossover == 3)
+
+
+def gone(pid: int) -> bool:
+    """The process has ended (a zombie, not yet reaped by whoever adopted it, counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_sigterm_stops_every_worker_and_a_killed_supervisor_takes_them_along(
+    start_router: RouterFactory,
+) -> None:
+    router = start_router(serve_args=WORKERS)
+    pids = [s["pid"] for s in slots(router.url)]
+    assert router.stop() == 0
+    assert all(gone(pid) for pid in pids)
+    orphaned = start_router(serve_args=WORKERS)
+    pids = [s["pid"] for s in slots(orphaned.url)]
+    orphaned.kill()  # SIGKILL: no reclaim, no restart; the workers must not serve on alone
+    wait_for(lambda: all(gone(pid) for pid in pids))
+
+
+def test_a_bad_table_is_refused_once_before_any_worker_starts(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text('{"version": 1, "crossover": "seven"}')
+    env = router_env("http://127.0.0.1:9", "http://127.0.0.1:10", table_path=str(path))
+    done = subprocess.run(
+        [sys.executable, "-m", "router", "serve", "--port", "0", *WORKERS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "SPEC_ROUTER_TABLE_PATH" in lines[0]
