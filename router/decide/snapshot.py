@@ -6,8 +6,9 @@ counts from the tracker, health from the registry, engine loads from the poller,
 and the curves from the keeper.
 
 Load signals (``LOAD_SIGNAL``):
-- ``local``: this router's own in-flight count per backend. Exact and instant, but blind to
-  other router replicas in front of the same engines.
+- ``local``: this router's own in-flight count per backend (under ``serve --workers N``, the
+  sum over its workers: ``router.account.shared``). Exact and instant, but blind to other router
+  replicas in front of the same engines.
 - ``engine``: the engine's reported running + queued requests at the last scrape, plus the
   requests this replica sent there since that scrape. Replicas agree (they read the same engine)
   at the cost of up to one scrape interval of lag.
