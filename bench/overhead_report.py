@@ -242,9 +242,25 @@ def render_markdown(report: dict[str, Any]) -> str:
         + (" (router/ had uncommitted changes)" if m.get("router_changes_uncommitted") else "")
         + f", {m['date']}",
         f"- Pinning: the proxy under test on CPU {cfg['proxy_core']}; the fake backend "
-        f"(bench/fake_backend.py) and the load generator on CPU {cfg['load_core']}.",
-        f"- Streams: {cfg['chunks']} SSE chunks {cfg['interval_ms']:g} ms apart (the first sent "
-        "with the headers), then `data: [DONE]`.",
+        "(bench/fake_backend.py) and the load generator "
+        + (
+            "unpinned (free to share the proxy's CPU)."
+            if cfg.get("unpinned")
+            else f"on CPU {cfg['load_core']}."
+        ),
+        f"- Streams: {cfg['chunks']} SSE chunks {cfg['interval_ms']:g} ms apart ("
+        + (
+            f"the headers alone, the first chunk {cfg['first_delay_ms']:g} ms later"
+            if cfg.get("first_delay_ms")
+            else "the first sent with the headers"
+        )
+        + "), then `data: [DONE]`; streaming load generator: "
+        + (
+            "bench/loadgen_aiohttp.py" + (", a new connection per request" if "new" in lg else "")
+            if (lg := str(cfg.get("loadgen", "raw"))).startswith("aiohttp")
+            else "bench/loadgen_raw.py"
+        )
+        + ".",
         "",
         "## Targets (issue 3)",
         "",
