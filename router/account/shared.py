@@ -40,8 +40,8 @@ S_SLOW = S_POOL + len(POOLS)
 S_BACKENDS = 8
 B_IN, B_STARTED, B_AREA, B_SINCE = range(4)
 B_WORDS = 4
-# A reader gives up waiting for a consistent slot after this many tries: only a writer that
-# died between its two sequence writes holds a slot odd for that long (reclaim fixes it).
+# A reader gives up waiting for a consistent slot after this many tries: only a writer stopped
+# between its two sequence writes (descheduled, or dead until reclaimed) holds it odd that long.
 READ_TRIES = 100
 
 
@@ -92,11 +92,11 @@ class SharedTable:
             seq_at, b = base + S_SEQ, base + off
             for _ in range(READ_TRIES):
                 seq = ints[seq_at]
-                if seq & 1:
-                    continue
                 area, n, since = floats[b + B_AREA], ints[b + B_IN], floats[b + B_SINCE]
-                if ints[seq_at] == seq:
+                if not seq & 1 and ints[seq_at] == seq:
                     break
+            # (past READ_TRIES the writer is stopped mid-write -- descheduled, or dead until
+            # reclaimed: what was read is at most one count's update off)
             total += area + n * (now - since) if n else area
         return total
 

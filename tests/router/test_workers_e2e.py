@@ -270,3 +270,27 @@ def test_a_bad_table_is_refused_once_before_any_worker_starts(tmp_path: Path) ->
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "SPEC_ROUTER_TABLE_PATH" in lines[0]
+
+
+async def test_many_concurrent_requests_over_two_workers_all_answer_and_leave_nothing(
+    start_router: RouterFactory, sims: dict[str, Proc]
+) -> None:
+    router = start_router(serve_args=WORKERS)
+    short = {**BODY, "max_tokens": 30}
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+
+    async def one(client: httpx.AsyncClient, i: int) -> int:
+        body = {**short, "stream": i % 2 == 0}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            await response.aread()
+            return response.status_code
+
+    async with httpx.AsyncClient(base_url=router.url, limits=limits, timeout=60) as client:
+        codes = await asyncio.gather(*(one(client, i) for i in range(200)))
+    assert codes == [200] * 200
+    assert all(s["started"] for s in slots(router.url))  # both workers took some
+    wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0)
+    spec, base = sims["speculative"], sims["baseline"]
+    wait_for(lambda: (engine_running(spec), engine_running(base)) == (0, 0))
+    text = httpx.get(f"{router.url}/metrics").text
+    assert metric_value(text, "spec_router_requests_total", code="200") == 200
