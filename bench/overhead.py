@@ -75,7 +75,9 @@ CANDIDATES = {
     "asgi_aiohttp": "raw ASGI handler + aiohttp",
 }
 # router_no_busy_poll: the same router with SPEC_ROUTER_BUSY_POLL_US=0 (router/fastpath/busypoll.py)
-TARGETS = ["direct", "nginx", "router", "router_no_busy_poll", *CANDIDATES]
+# router_ref: the router of another checkout (--router-ref DIR, e.g. a `git worktree` of the
+# commit an older report was measured at), with its default settings, in the same run
+TARGETS = ["direct", "nginx", "router", "router_no_busy_poll", "router_ref", *CANDIDATES]
 SCENARIOS = ["c1", "stream", "c64"]
 
 
@@ -108,10 +110,16 @@ class Proc:
                 self.popen.wait(timeout=10)
 
 
-def spawn(name: str, cmd: list[str], core: int | None, env: dict[str, str] | None = None) -> Proc:
+def spawn(
+    name: str,
+    cmd: list[str],
+    core: int | None,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+) -> Proc:
     """Start ``cmd`` pinned to ``core`` and wait for its "listening on URL" line."""
     try:
-        started = spawn_command([*pinned(core), *cmd], env, cwd=str(ROOT))
+        started = spawn_command([*pinned(core), *cmd], env, cwd=str(cwd))
     except RuntimeError as exc:
         raise StartError(f"{name}: {exc}") from None
     # (taskset execs: the PID is the measured process's own)
@@ -405,7 +413,7 @@ def start_target(
     core = args.proxy_core
     if name == "nginx":
         return start_nginx(tmp / "nginx", backend.url, core, args.nginx)
-    if name in ("router", "router_no_busy_poll"):
+    if name in ("router", "router_no_busy_poll", "router_ref"):
         # The router refuses one URL in both pools, so the baseline pool gets a second,
         # identical fake backend on the same core; its CPU is counted with the first's.
         env = {
@@ -415,7 +423,11 @@ def start_target(
         if name == "router_no_busy_poll":
             env["SPEC_ROUTER_BUSY_POLL_US"] = "0"
         cmd = [PY, "-m", "router", "serve", "--host", "127.0.0.1", "--port", "0"]
-        proc = spawn(name, cmd, core, env)
+        cwd = ROOT
+        if name == "router_ref":  # its own package first: `python -m` puts the cwd on the path
+            cwd = args.router_ref
+            env["PYTHONPATH"] = str(cwd)
+        proc = spawn(name, cmd, core, env, cwd)
         wait_ready(proc.url)
         return proc
     script = str(HERE / "candidates" / f"{name}.py")
@@ -508,7 +520,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each")
     p.add_argument("--settle", type=float, default=0.5, help="pause between runs")
-    p.add_argument("--targets", default=",".join(TARGETS), help=f"of {','.join(TARGETS)}")
+    p.add_argument(
+        "--targets",
+        default=",".join(t for t in TARGETS if t != "router_ref"),
+        help=f"of {','.join(TARGETS)}",
+    )
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"of {','.join(SCENARIOS)}")
     p.add_argument("--stream-concurrency", type=int, default=256)
     p.add_argument("--c64", type=int, default=64, help="connections for the wrk scenario")
@@ -524,6 +540,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quiet-wait", type=float, default=60.0, help="max seconds to wait for quiet")
     p.add_argument("--out", type=Path, default=HERE / "results", help="directory for the report")
     p.add_argument("--name", default="overhead", help="report file names: NAME.md, NAME.json")
+    p.add_argument(
+        "--router-ref", type=Path, help="a checkout whose router is the target router_ref"
+    )
     p.add_argument(
         "--loadgen",
         choices=["raw", "aiohttp"],
@@ -547,6 +566,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if "router_ref" in args.targets and args.router_ref is None:
+        p.error("the target router_ref needs --router-ref DIR")
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     for t in args.targets:
         if t not in TARGETS:

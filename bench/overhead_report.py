@@ -170,6 +170,7 @@ STACKS = {
     "its own HTTP/1.1 client on asyncio + httptools), default settings",
     "router_no_busy_poll": "the same router with busy polling off "
     "(`SPEC_ROUTER_BUSY_POLL_US=0`, router/fastpath/busypoll.py)",
+    "router_ref": "the router of another checkout (`--router-ref`), default settings",
     "fastapi_httpx": "FastAPI + httpx, StreamingResponse: the typical pass-through",
     "fastapi_aiohttp": "FastAPI + aiohttp, StreamingResponse",
     "starlette_aiohttp": "Starlette routing + StreamingResponse + aiohttp",
@@ -261,6 +262,10 @@ def render_markdown(report: dict[str, Any]) -> str:
             else "bench/loadgen_raw.py"
         )
         + ".",
+        "",
+        "How another harness's choices (an aiohttp load generator, headers before the first "
+        "chunk, no client keep-alive, no pinning) move the streaming tail, and why: "
+        "[overhead-harnesses.md](overhead-harnesses.md) (bench/harnesses.py).",
         "",
         "## Targets (issue 3)",
         "",

@@ -74,4 +74,12 @@ run bench/learning.py
 #    routers to CPU 0 and its sims and replays to CPU 1 itself.
 run bench/traffic.py
 
+# 7. The streaming tail under another harness's choices, one at a time (issue 14):
+#    bench/results/overhead-harnesses.md. About 15 minutes.
+run bench/harnesses.py
+
+# 8. Scale figures, router against nginx (issue 14): SSE events per core, RSS per idle stream,
+#    --workers 1 against 2: bench/results/scale.md. About 5 minutes.
+run bench/scale.py --reps 3
+
 # Later benchmarks go here, one `run bench/<name>.py` line each.
