@@ -84,7 +84,13 @@ class AnnouncingServer(uvicorn.Server):
 
 
 def run(
-    app: Any, host: str, port: int, *, log_level: str = "warning", http: str = "httptools"
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    log_level: str = "warning",
+    http: str = "httptools",
+    graceful_shutdown: float | None = 30.0,
 ) -> int:
     """Serve ``app`` until SIGINT/SIGTERM; returns a process exit code."""
     try:
@@ -92,7 +98,9 @@ def run(
     except OSError as exc:
         print(f"spec-router: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
         return 1
-    config = uvicorn_config(app, log_level=log_level, http=http)
+    config = uvicorn_config(
+        app, log_level=log_level, http=http, graceful_shutdown=graceful_shutdown
+    )
     server = AnnouncingServer(config, socket_url(sock))
     try:
         server.run(sockets=[sock])

@@ -31,6 +31,8 @@ from typing import NamedTuple
 # Above this share of time spent prefilling, the estimate of the stretch stops growing: the
 # queue of joiners is then the engine's real problem, and the TTFT prediction carries it.
 MAX_PREFILL_SHARE = 0.8
+# An expected load past this is a runaway estimate, not a batch (and must stay finite).
+MAX_LOAD = 100_000.0
 
 
 class PoolModel(NamedTuple):
@@ -101,7 +103,7 @@ def predict(
     departures, so the batch it decodes in tends from ``load`` towards that mean."""
     cap = model.cap if model.cap is not None else math.inf
     run_now = min(load, cap)
-    lifetime = load if load_avg is None else (load + load_avg) / 2
+    lifetime = load if load_avg is None else (load + min(load_avg, MAX_LOAD)) / 2
     run_next = int(min(round(lifetime) + 1, cap))
     t_now = model.iteration(int(run_now)) if run_now else 0.0
     t_next = model.iteration(run_next)

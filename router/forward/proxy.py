@@ -351,6 +351,8 @@ class Proxy:
         headers = response_headers(conn.headers, keep_length)
         headers.append((b"x-spec-router-pool", decision.pool.encode()))
         headers.append((b"x-spec-router-reason", decision.reason.encode()))
+        if decision.tpot > 0:  # what the slo policy expected of this request
+            headers += _predicted(decision)
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         # The per-chunk loop: kept flat (no helper coroutines) because it runs for every chunk
         # of every stream, and that is most of the router's CPU under load. Under uvicorn's
@@ -496,9 +498,19 @@ class Proxy:
             (b"x-spec-router-pool", decision.pool.encode()),
             (b"x-spec-router-reason", decision.reason.encode()),
         ]
+        if decision.tpot > 0:
+            headers += _predicted(decision)
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         end = {"type": "http.response.body", "body": body, "more_body": False}
         await _send_all(responder, [start, end])
+
+
+def _predicted(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """The slo policy's prediction for this request, in milliseconds (for clients and tests)."""
+    return [
+        (b"x-spec-router-predicted-ttft-ms", b"%.1f" % (decision.ttft * 1000)),
+        (b"x-spec-router-predicted-tpot-ms", b"%.2f" % (decision.tpot * 1000)),
+    ]
 
 
 def _slo_headers(headers: list[tuple[bytes, bytes]]) -> tuple[float | None, float | None]:

@@ -33,6 +33,19 @@ class EngineLoad:
     scraped_at: float
     started_at_scrape: int  # this replica's `started` count for the backend at that moment
     flavor: str  # "sglang" or "vllm"
+    # the most requests it runs at once, once seen: at two scrapes in a row it ran the same
+    # number with others queued (a request waiting for the next iteration is queued for a
+    # moment at any load; a queue that stays while the batch does not grow is the cap)
+    cap: int | None = None
+
+
+def cap_after(previous: EngineLoad | None, running: int, queued: int) -> int | None:
+    """The engine's cap on running requests, once seen (see ``EngineLoad.cap``)."""
+    cap = None if previous is None else previous.cap
+    if previous is not None and queued >= 2 and previous.queued >= 2:
+        if running == previous.running and running > (cap or 0):
+            return running
+    return cap
 
 
 class HealthPoller:
@@ -130,13 +143,16 @@ class HealthPoller:
             return
         accept = engine_metrics.interval_accept_length(self._samples.get(url), sample)
         self._samples[url] = sample
+        running, queued = round(sample.running), round(sample.queued)
+        cap = cap_after(self._loads.get(url), running, queued)
         self._loads[url] = EngineLoad(
-            running=round(sample.running),
-            queued=round(sample.queued),
+            running=running,
+            queued=queued,
             accept_length=accept,
             scraped_at=self.clock(),
             started_at_scrape=started,
             flavor=sample.flavor,
+            cap=cap,
         )
 
     async def _loop(self, url: str) -> None:

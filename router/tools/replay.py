@@ -36,6 +36,8 @@ from router.tools.traffic import Arrival
 Endpoint = Literal["chat", "completions"]
 POOL_HEADER = b"x-spec-router-pool"
 REASON_HEADER = b"x-spec-router-reason"
+PREDICTED_TTFT = b"x-spec-router-predicted-ttft-ms"
+PREDICTED_TPOT = b"x-spec-router-predicted-tpot-ms"
 # No first-byte or idle deadline: a queued request may wait long, and the replay's drain
 # deadline ends whatever is still running.
 TIMEOUTS = Timeouts(connect=10.0, first_byte=1e9, idle=1e9)
@@ -77,6 +79,7 @@ class Timing:
     pool: str | None = None
     reason: str | None = None
     error: str | None = None
+    predicted: tuple[float, float] | None = None  # the router's TTFT and TPOT, wall seconds
 
 
 def _on_event(event: bytes, now: float, t: Timing) -> None:
@@ -112,6 +115,9 @@ async def send(
         pool_name, reason = got.get(POOL_HEADER), got.get(REASON_HEADER)
         t.pool = None if pool_name is None else pool_name.decode("latin-1")
         t.reason = None if reason is None else reason.decode("latin-1")
+        ttft, tpot = got.get(PREDICTED_TTFT), got.get(PREDICTED_TPOT)
+        if ttft is not None and tpot is not None:
+            t.predicted = (float(ttft) / 1000, float(tpot) / 1000)
         if conn.status != 200:
             text = b""
             while data := await conn.read():
@@ -219,6 +225,7 @@ async def replay(
             reason=t.reason,
             error=t.error if t.sent is not None else "not sent",
             time_scale=time_scale,
+            predicted=t.predicted,
         )  # fmt: skip
         for a, t in zip(arrivals, timings, strict=True)
     ]

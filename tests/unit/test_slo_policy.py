@@ -160,3 +160,17 @@ def test_no_usable_backend_no_decision() -> None:
         baseline=PoolView(BASELINE, (BackendView("http://base", 0, usable=False),)),
     )
     assert choose("slo", down)[0] is None
+
+
+def test_a_cap_the_engine_showed_counts_like_the_models() -> None:
+    # models that know no cap; the speculative engine showed it runs at most 2
+    uncapped: dict[Pool, PoolModel] = {
+        SPECULATIVE: SPEC._replace(cap=None),
+        BASELINE: BASE._replace(cap=None),
+    }
+    s = snap(3, 4)._replace(models=uncapped)
+    free = choose("slo", s)[0]
+    capped = s._replace(speculative=PoolView(SPECULATIVE, (BackendView("http://spec", 3, cap=2),)))
+    full = choose("slo", capped)[0]
+    assert free is not None and full is not None
+    assert (free.pool, full.pool) == (SPECULATIVE, BASELINE)
