@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test check demo bench clean
+.PHONY: venv test test-real real-engine check demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,15 @@ venv: $(STAMP)
 test: $(STAMP)
 	bash scripts/ensure-prometheus.sh
 	$(BIN)/python -m pytest -q
+
+# The real-engine tier: builds llama.cpp's llama-server and a model pair the first time (several
+# minutes; cached under ~/.cache/spec-router/real-engine), then runs tests/real against them.
+test-real: $(STAMP)
+	PY=$(BIN)/python bash scripts/test-real.sh
+
+# Both llama-servers in the foreground (speculative :30001, baseline :30002), for trying by hand.
+real-engine: $(STAMP)
+	PY=$(BIN)/python bash scripts/real-engine/serve.sh
 
 check: $(STAMP)
 	$(BIN)/ruff check router tests bench

@@ -146,7 +146,7 @@ class RouterApp:
             slo_ttft=settings.slo_ttft_ms / 1000,
             slo_tpot=settings.slo_tpot_ms / 1000,
         )
-        self.metrics = RouterMetrics(self.registry)
+        self.metrics = RouterMetrics(self.registry, backends)
         meter = self.metrics.queue_meter() if worker is not None else None
         self.admission = Admission(settings.queue_size, meter)
         self.state = StateCollector(

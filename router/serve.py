@@ -10,6 +10,7 @@ wait for, instead of sleeping or polling a port they do not know yet.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import socket
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 
 import uvicorn
 
+from router.fastpath.protocol import http_protocol
 from router.settings import SettingsError, load_settings
 
 LISTENING_PREFIX = "spec-router: listening on "
@@ -46,12 +48,18 @@ def uvicorn_config(
     access_log: bool = False,
     graceful_shutdown: float | None = 30.0,
     http: str = "httptools",
+    request_timeout: float | None = None,
 ) -> uvicorn.Config:
+    """``request_timeout``: under httptools, a deadline for each request's headers
+    (``router.fastpath.protocol``); None leaves uvicorn's protocol as it is (the sims)."""
+    protocol: str | type[asyncio.Protocol] = http
+    if http == "httptools" and request_timeout is not None:
+        protocol = http_protocol(request_timeout)
     # uvloop + httptools: the fast server stack; lifespan "on" so start-up errors stop the process.
     return uvicorn.Config(
         app,
         loop="uvloop",
-        http=http,
+        http=protocol,
         lifespan="on",
         log_level=log_level,
         access_log=access_log,
@@ -91,6 +99,7 @@ def run(
     log_level: str = "warning",
     http: str = "httptools",
     graceful_shutdown: float | None = 30.0,
+    request_timeout: float | None = None,
 ) -> int:
     """Serve ``app`` until SIGINT/SIGTERM; returns a process exit code."""
     try:
@@ -99,7 +108,11 @@ def run(
         print(f"spec-router: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
         return 1
     config = uvicorn_config(
-        app, log_level=log_level, http=http, graceful_shutdown=graceful_shutdown
+        app,
+        log_level=log_level,
+        http=http,
+        graceful_shutdown=graceful_shutdown,
+        request_timeout=request_timeout,
     )
     server = AnnouncingServer(config, socket_url(sock))
     try:
@@ -159,4 +172,11 @@ def main(argv: list[str]) -> int:
     except SettingsError as exc:
         print(f"spec-router: {exc}", file=sys.stderr)
         return 2
-    return run(app, args.host, args.port, log_level=settings.log_level, http=args.http)
+    return run(
+        app,
+        args.host,
+        args.port,
+        log_level=settings.log_level,
+        http=args.http,
+        request_timeout=settings.request_timeout,
+    )

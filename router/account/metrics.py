@@ -9,7 +9,7 @@ on counters, labels limited to pool, backend, reason, code, kind, state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -21,6 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from router.forward.verdicts import failure_kinds, retry_kinds
 from router.health.state import State
 from router.pools import POOLS, SPECULATIVE
 
@@ -49,7 +50,7 @@ E2E_BUCKETS = (
 
 
 # The router's own refusals, and the usual answers of a failing engine, by the usual reasons.
-ROUTER_CODES = ("400", "401", "413", "503")
+ROUTER_CODES = ("400", "401", "404", "408", "413", "503")
 UPSTREAM_ERROR_CODES = ("500", "502", "503", "504")
 QUEUE_OUTCOMES = ("admitted", "timed_out", "refused_full")
 MAIN_REASONS = (
@@ -63,7 +64,10 @@ MAIN_REASONS = (
 
 
 class RouterMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, backends: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        """``backends``: (pool, url) of every backend, whose error series start at 0."""
         self.registry = registry
         p = "spec_router_"
         self.requests = Counter(
@@ -127,6 +131,11 @@ class RouterMetrics:
             for reason in MAIN_REASONS:
                 for code in UPSTREAM_ERROR_CODES:
                     self.requests.labels(pool, reason, code)
+            for kind in retry_kinds():
+                self.retries.labels(pool, kind)
+        for backend_pool, url in backends:
+            for kind in failure_kinds():
+                self.upstream_errors.labels(backend_pool, url, kind)
 
     def queue_meter(self) -> Callable[[str, int], None]:
         """The queue's metrics as prometheus-client objects, for ``serve --workers`` (where

@@ -12,6 +12,7 @@ server the fast paths of ``router.fastpath.uvicorn``.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import math
@@ -28,6 +29,7 @@ from router.decide.snapshot import Decider
 from router.errors import (
     NoBackend,
     PayloadTooLarge,
+    RequestTimeout,
     RouterError,
     Unauthorized,
     UpstreamTimeout,
@@ -38,11 +40,13 @@ from router.errors import (
     QueueFull as QueueRefused,
 )
 from router.fastpath import Responders
+from router.fastpath.protocol import REQUEST_STARTED
 from router.fastpath.responder import Responder
 from router.forward import verdicts
 from router.forward.admission import Admission, QueueFull
 from router.forward.request import (
     RequestInfo,
+    check_path,
     forward_headers,
     has_api_key,
     inspect,
@@ -109,6 +113,7 @@ class Proxy:
         )
         self._api_keys = [k.get_secret_value().encode() for k in settings.api_keys]
         self._pool_auth = {pool: settings.pool_authorization(pool) for pool in POOLS}
+        self._trusted = [ipaddress.ip_network(n, strict=False) for n in settings.trusted_proxies]
 
     # -- entry ------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -132,7 +137,8 @@ class Proxy:
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         try:
             self._authorize(headers)
-            body = await self._read_body(headers, receive)
+            check_path(scope["path"])
+            body = await self._read_body(scope, headers, receive)
             content_type = next((v for k, v in headers if k == b"content-type"), None)
             info = inspect(scope["path"], body, content_type)
         except RouterError as exc:
@@ -229,11 +235,26 @@ class Proxy:
         if self._api_keys and not has_api_key(headers, self._api_keys):
             raise Unauthorized("invalid or missing API key")
 
-    async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+    async def _read_body(
+        self, scope: Scope, headers: list[tuple[bytes, bytes]], receive: Receive
+    ) -> bytes:
         limit = self.settings.max_body_bytes
         length = next((v for k, v in headers if k == b"content-length"), None)
         if length is not None and length.isdigit() and int(length) > limit:
             raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+        # One deadline for the whole request, from its first byte where the server's protocol
+        # tells (router.fastpath.protocol), else from now; no lease is taken before the body.
+        extensions = scope.get("extensions")
+        started = extensions.get(REQUEST_STARTED) if extensions else None
+        timeout = self.settings.request_timeout
+        deadline = (self.loop.time() if started is None else started) + timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._receive_body(receive, limit)
+        except TimeoutError:
+            raise RequestTimeout(f"the request body was not received within {timeout:g}s") from None
+
+    async def _receive_body(self, receive: Receive, limit: int) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -265,6 +286,8 @@ class Proxy:
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
         client = scope.get("client")
+        client_ip = client[0] if client else None
+        trusted = self._trusts(client_ip)
         ask_usage = info.stream and scope["path"] in USAGE_PATHS
         tried: list[str] = []
         max_attempts = self.settings.max_attempts
@@ -279,7 +302,7 @@ class Proxy:
             tried.append(decision.backend)
             pool_key = self._pool_auth[decision.pool]
             headers = forward_headers(
-                scope["headers"], client[0] if client else None, pool_key, bool(self._api_keys)
+                scope["headers"], client_ip, pool_key, bool(self._api_keys), trusted
             )
             payload = upstream_body(
                 info, body, self.settings.pool_model_map(decision.pool), ask_usage
@@ -310,6 +333,16 @@ class Proxy:
             out.retried(verdict.kind)
             lease.move(alt.backend)
             decision = alt
+
+    def _trusts(self, client_ip: str | None) -> bool:
+        """Whether the client is a proxy whose X-Forwarded-For the router keeps."""
+        if not self._trusted or client_ip is None:
+            return False
+        try:
+            address = ipaddress.ip_address(client_ip)
+        except ValueError:  # (a Unix socket's peer, say)
+            return False
+        return any(address in network for network in self._trusted)
 
     def _judge(self, verdict: Verdict, decision: Decision, out: Outcome, detail: str) -> None:
         """Apply what an attempt said about its backend: a failure, an ejection, a good answer."""
