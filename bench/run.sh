@@ -84,4 +84,12 @@ run --cpu 1 bench/soak.py
 echo "bench: SPEC_ROUTER_FUZZ_PROFILE=long $PY -m pytest -q tests/router/test_fuzz.py" >&2
 SPEC_ROUTER_FUZZ_PROFILE=long "$PY" -m pytest -q -p no:cacheprovider tests/router/test_fuzz.py
 
+# 9. The streaming tail under another harness's choices, one at a time (issue 14):
+#    bench/results/overhead-harnesses.md. About 15 minutes.
+run bench/harnesses.py
+
+# 10. Scale figures, router against nginx (issue 14): SSE events per core, RSS per idle stream,
+#     --workers 1 against 2: bench/results/scale.md. About 5 minutes.
+run bench/scale.py --reps 3
+
 # Later benchmarks go here, one `run bench/<name>.py` line each.

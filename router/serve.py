@@ -139,7 +139,16 @@ def main(argv: list[str]) -> int:
         help="uvicorn's HTTP implementation (default httptools, which the router's fast paths "
         "need; h11 is pure Python, for debugging)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="router processes on the one socket, routing with one shared in-flight count "
+        "(router/supervisor.py; default 1: this process serves, as before)",
+    )
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
     if args.config:
         import os
 
@@ -152,6 +161,10 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.workers > 1:
+        from router.supervisor import serve
+
+        return serve(settings, args.host, args.port, args.workers, settings.log_level, args.http)
     from router.app import RouterApp
 
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -52,6 +52,7 @@ E2E_BUCKETS = (
 # The router's own refusals, and the usual answers of a failing engine, by the usual reasons.
 ROUTER_CODES = ("400", "401", "404", "408", "413", "503")
 UPSTREAM_ERROR_CODES = ("500", "502", "503", "504")
+QUEUE_OUTCOMES = ("admitted", "timed_out", "refused_full")
 MAIN_REASONS = (
     "below_crossover",
     "above_crossover",
@@ -135,6 +136,29 @@ class RouterMetrics:
         for backend_pool, url in backends:
             for kind in failure_kinds():
                 self.upstream_errors.labels(backend_pool, url, kind)
+
+    def queue_meter(self) -> Callable[[str, int], None]:
+        """The queue's metrics as prometheus-client objects, for ``serve --workers`` (where
+        every worker queues on its own and the files of all are merged at a scrape); with one
+        process ``StateCollector`` reads the queue's own counts instead."""
+        p = "spec_router_"
+        queued = Gauge(
+            p + "queued_requests", "Requests waiting in the router's own queue (QUEUE_SIZE).",
+            registry=self.registry, multiprocess_mode="livesum",
+        )  # fmt: skip
+        outcomes = Counter(
+            p + "queue_outcomes", "How requests left the router's queue.", ["outcome"],
+            registry=self.registry,
+        )  # fmt: skip
+        children = {kind: outcomes.labels(kind) for kind in QUEUE_OUTCOMES}
+
+        def meter(kind: str, delta: int) -> None:
+            if kind == "queued":
+                queued.inc(delta)
+            else:
+                children[kind].inc(delta)
+
+        return meter
 
     def _children(self, pool: str, reason: str, code: int) -> tuple[Any, ...]:
         """The labelled series one request touches, looked up once per label set:

@@ -6,8 +6,9 @@ counts from the tracker, health from the registry, engine loads from the poller,
 and the curves from the keeper.
 
 Load signals (``LOAD_SIGNAL``):
-- ``local``: this router's own in-flight count per backend. Exact and instant, but blind to
-  other router replicas in front of the same engines.
+- ``local``: this router's own in-flight count per backend (under ``serve --workers N``, the
+  sum over its workers: ``router.account.shared``). Exact and instant, but blind to other router
+  replicas in front of the same engines.
 - ``engine``: the engine's reported running + queued requests at the last scrape, plus the
   requests this replica sent there since that scrape. Replicas agree (they read the same engine)
   at the cost of up to one scrape interval of lag.
@@ -164,13 +165,15 @@ class Decider:
         views = []
         tracker = self.tracker
         local = tracker.by_backend
+        own = tracker.own_by_backend  # this process's (one worker's, under --workers)
         for url in self.pools[name]:
             r = self._recent[url]
             n = load(url)
             r.update(now, window, tracker.area(url, now), tracker.started[url] - local[url])
-            # what this router's traffic will keep it at, plus what others put there
+            # what this process's own traffic will keep it at, plus what others (other
+            # workers, other replicas) put there
             ours = r.expected(window)
-            expected = None if ours is None else ours + max(0, n - local[url])
+            expected = None if ours is None else ours + max(0, n - own[url])
             seen = self.loads.get(url)
             views.append(
                 BackendView(

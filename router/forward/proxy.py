@@ -210,7 +210,7 @@ class Proxy:
             while True:
                 left = deadline - self.loop.time()
                 if left <= 0:
-                    admission.timed_out += 1
+                    admission.time_out()
                     raise NoBackend(
                         "no backend could serve the request within its SLO before the "
                         "router's queue deadline",
