@@ -25,7 +25,7 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -194,7 +194,9 @@ def cases(ns: argparse.Namespace) -> list[Case]:
     return out
 
 
-def router_env(d: Deployment, urls: tuple[str, str], table: Path | None) -> dict[str, str]:
+def router_env(
+    d: Deployment, urls: tuple[str, str], table: Path | None, time_scale: float
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_ROUTER_")}
     env |= {
         "SPEC_ROUTER_SPECULATIVE_URLS": urls[0],
@@ -202,6 +204,10 @@ def router_env(d: Deployment, urls: tuple[str, str], table: Path | None) -> dict
         "SPEC_ROUTER_LOG_LEVEL": "warning",
         # The router's core is shared with other work on this machine (README).
         "SPEC_ROUTER_BUSY_POLL_US": "0",
+        # The strict SLO the runs are scored by, in the wall-clock time the router sees: the
+        # sims run time_scale times faster than the model time the scores are in.
+        "SPEC_ROUTER_SLO_TTFT_MS": f"{goodput.STRICT.ttft_s * 1000 * time_scale:g}",
+        "SPEC_ROUTER_SLO_TPOT_MS": f"{goodput.STRICT.tpot_s * 1000 * time_scale:g}",
     }
     if d.policy is not None:
         env["SPEC_ROUTER_POLICY"] = d.policy
@@ -215,7 +221,11 @@ def run_one(d: Deployment, case: Case, ns: argparse.Namespace, tmp: Path, tag: s
     table = None
     if d.table and ns.table:
         table = tmp / f"{tag}.table.json"  # the router writes what it learns back here
-        shutil.copyfile(ns.table, table)
+        # the table is in model time; these sims run at ns.time_scale (the learner divides
+        # what it measures by it, and predictions are multiplied back)
+        doc = json.loads(ns.table.read_text())
+        doc["time_scale"] = ns.time_scale
+        table.write_text(json.dumps(doc))
     out = tmp / f"{tag}.json"
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
@@ -239,7 +249,7 @@ def run_one(d: Deployment, case: Case, ns: argparse.Namespace, tmp: Path, tag: s
             for i, preset in enumerate(d.sims)
         )
         assert len(urls) == 2
-        env = router_env(d, (urls[0], urls[1]), table)
+        env = router_env(d, (urls[0], urls[1]), table, ns.time_scale)
         router = stack.enter_context(
             running(["-m", "router", "serve", "--port", "0"], env, prefix=pinned(0))
         )
@@ -332,7 +342,13 @@ def load(path: Path) -> tuple[dict[str, Any], list[Case], list[Deployment], list
     return doc["meta"], plan, deps, [Run.from_dict(r) for r in doc["runs"]]
 
 
+def _stop(signum: int, frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C, so that every sim and router started is stopped (by PID)
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _stop)
     ns = parse_args()
     if ns.report:
         save(ns.out, *load(ns.out.with_suffix(".json")))

@@ -33,6 +33,7 @@ class Outcome:
     usage: Usage | None = None
     # every failed upstream attempt (pool, backend, kind) and every retry (pool left, kind)
     sampling: bool = True
+    was_queued: bool = False
     prompt_chars: int = 0
     load_at_start: int = 0  # requests in flight on its backend when it was routed there
     prefill_share: float = 0.0  # that backend's recent prefill share then (slo policy)
@@ -45,6 +46,10 @@ class Outcome:
         self.stream = stream
         self.sampling = sampling
         self.prompt_chars = prompt_chars
+
+    def queued(self) -> None:
+        """It waited in the router's queue before it was routed (or refused)."""
+        self.was_queued = True
 
     def attempt(
         self, pool: Pool, backend: str, reason: str, load: int = 0, prefill_share: float = 0.0

@@ -20,6 +20,7 @@ from router.decide.predict import (
     PoolModel,
     Prediction,
     Request,
+    chance,
     failing,
     predict,
     value,
@@ -40,6 +41,8 @@ class BackendView(NamedTuple):
     prefill_share: float = 0.0
     # its recent mean load (None: not tracked)
     load_avg: float | None = None
+    # the most requests the engine runs at once, when it has shown it (else the pool model's)
+    cap: int | None = None
 
 
 # Why a request went where it went (the ``x-spec-router-reason`` header, a metric label).
@@ -52,6 +55,7 @@ Reason = Literal[
     "explore",
     "round_robin",
     "predicted_slo",
+    "overflow",
 ]
 
 
@@ -104,6 +108,11 @@ class Decision(NamedTuple):
     # what the backend looked like when it was chosen (the decider fills these in)
     load: int = 0
     prefill_share: float = 0.0
+    # slo policy: the request's predicted TTFT and TPOT there, wall seconds, and whether that
+    # prediction went beyond the measured batch sizes
+    ttft: float = 0.0
+    tpot: float = 0.0
+    extrapolated: bool = False
 
 
 def pick_backend(pool: PoolView, rr: int = 0, exclude: Container[str] = ()) -> BackendView | None:
@@ -217,34 +226,50 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     req, models = snap.request, snap.models
     if req is None or models is None:
         return predictive(snap)
-    options: list[tuple[Prediction, float, Pool, BackendView]] = []
+    options: list[tuple[Prediction, Pool, BackendView]] = []
+    rr, mean_output, sampling_share = snap.state.rr, snap.mean_output, snap.sampling_share
     for view in (snap.speculative, snap.baseline):
-        model = models[view.name]
+        pool_model = models[view.name]
         candidates = view.usable()
-        for i in range(len(candidates)):
-            b = candidates[(snap.state.rr + i) % len(candidates)]  # ties rotate
+        n = len(candidates)
+        for i in range(n):
+            b = candidates[(rr + i) % n]  # ties rotate
+            model = pool_model if b.cap is None else pool_model._replace(cap=b.cap)
             # a backend ramping back in counts as more loaded, as in pick_backend
             load = b.load if b.weight >= 1.0 else math.ceil((b.load + 1) / b.weight) - 1
-            p = predict(
-                model, load, b.prefill_share, req, snap.mean_output, snap.sampling_share, b.load_avg
-            )
-            options.append((p, p.ttft, view.name, b))
+            p = predict(model, load, b.prefill_share, req, mean_output, sampling_share, b.load_avg)
+            options.append((p, view.name, b))
     if not options:
         return None, snap.state
-    limit = max(req.slo_ttft * RELAXED_TTFT, BALANCE * min(o[1] for o in options))
-    eligible = [o for o in options if o[1] <= limit]
-    scored = [(value(o[0], req, o[3].load), o) for o in eligible]
-    worth, best = max(scored, key=lambda vo: vo[0])
-    dump = max(models, key=lambda name: models[name].capacity())
-    if worth <= NOTHING and best[2] != dump and failing(best[0], req):
-        # Nowhere does it add goodput, and the best of nothing is a smaller pool whose requests
-        # already miss their SLO (so it harms none of them). Left to that, every such request
-        # would pile onto the small pool until its queue holds them all; the excess goes to the
-        # pool with the most throughput instead (in practice the baseline).
-        pool = [o for o in eligible if o[2] == dump] or eligible
-        best = min(pool, key=lambda o: o[1])
-    decision = Decision(best[2], best[3].url, "predicted_slo")
-    return decision, snap.state._replace(rr=snap.state.rr + 1)
+    limit = max(req.slo_ttft * RELAXED_TTFT, BALANCE * min(o[0].ttft for o in options))
+    eligible = [o for o in options if o[0].ttft <= limit]
+    best, worth = eligible[0], -math.inf
+    for o in eligible:
+        v = value(o[0], req, o[2].load)
+        if v > worth:
+            best, worth = o, v
+    if worth <= NOTHING and failing(best[0], req):
+        dump = max(models, key=lambda name: models[name].capacity())
+        if best[1] != dump:
+            # Nowhere does it add goodput, and the best of nothing is a smaller pool whose
+            # requests already miss their SLO (so it harms none of them). Left to that, every
+            # such request would pile onto the small pool until its queue holds them all; the
+            # excess goes to the pool with the most throughput instead (the baseline).
+            pool = [o for o in eligible if o[1] == dump] or eligible
+            best = min(pool, key=lambda o: o[0].ttft)
+    # "overflow": it cannot meet even the relaxed SLO anywhere (a router-side queue, when
+    # configured, holds such requests until one can)
+    overflow = worth <= NOTHING and all(chance(o[0], req) < NOTHING for o in eligible)
+    p, pool_name, chosen = best
+    decision = Decision(
+        pool_name,
+        chosen.url,
+        "overflow" if overflow else "predicted_slo",
+        ttft=p.ttft,
+        tpot=p.tpot,
+        extrapolated=p.extrapolated,
+    )
+    return decision, snap.state._replace(rr=rr + 1)
 
 
 POLICIES: dict[str, Callable[[Snapshot], tuple[Decision | None, RoutingState]]] = {

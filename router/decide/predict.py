@@ -31,6 +31,8 @@ from typing import NamedTuple
 # Above this share of time spent prefilling, the estimate of the stretch stops growing: the
 # queue of joiners is then the engine's real problem, and the TTFT prediction carries it.
 MAX_PREFILL_SHARE = 0.8
+# An expected load past this is a runaway estimate, not a batch (and must stay finite).
+MAX_LOAD = 100_000.0
 
 
 class PoolModel(NamedTuple):
@@ -42,6 +44,7 @@ class PoolModel(NamedTuple):
     cap: int | None = None  # running requests the engine admits; more wait in its queue
     measured: int = 0  # largest batch size the curve was measured at (0: none)
     scale: float = 1.0  # wall seconds per model second
+    peak: float = 0.0  # most output tokens/s one engine gives (``peak_throughput``); 0: unknown
 
     def iteration(self, batch: int) -> float:
         """Model seconds per iteration with ``batch`` running (past the table: linear)."""
@@ -54,15 +57,19 @@ class PoolModel(NamedTuple):
 
     def capacity(self) -> float:
         """Most output tokens per second (model time) one engine gives, at any admitted batch."""
-        top = min(len(self.spi) - 1, self.cap or len(self.spi) - 1)
-        tau = (self.tau_greedy + self.tau_sampling) / 2
-        return max(b * tau / self.iteration(b) for b in range(1, top + 1))
+        return self.peak or peak_throughput(self)
 
     def tau(self, sampling: bool) -> float:
         return self.tau_sampling if sampling else self.tau_greedy
 
     def prefill(self, prompt_tokens: float) -> float:
         return self.prefill_base + prompt_tokens * self.prefill_per_token
+
+
+def peak_throughput(model: PoolModel) -> float:
+    top = min(len(model.spi) - 1, model.cap or len(model.spi) - 1)
+    tau = (model.tau_greedy + model.tau_sampling) / 2
+    return max(b * tau / model.iteration(b) for b in range(1, top + 1))
 
 
 class Request(NamedTuple):
@@ -96,8 +103,8 @@ def predict(
     departures, so the batch it decodes in tends from ``load`` towards that mean."""
     cap = model.cap if model.cap is not None else math.inf
     run_now = min(load, cap)
-    lifetime = load if load_avg is None else (load + load_avg) / 2
-    run_next = int(min(round(lifetime) + 1, cap))
+    lifetime = load if load_avg is None else (load + min(load_avg, MAX_LOAD)) / 2
+    run_next = int(min(math.floor(lifetime + 0.5) + 1, cap))
     t_now = model.iteration(int(run_now)) if run_now else 0.0
     t_next = model.iteration(run_next)
     stretch = 1.0 / (1.0 - min(max(prefill_share, 0.0), MAX_PREFILL_SHARE))

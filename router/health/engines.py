@@ -4,7 +4,11 @@ SGLang exposes ``sglang:num_running_reqs``, ``sglang:num_queue_reqs`` and (with 
 decoding) ``sglang:spec_accept_length``; vLLM exposes ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting`` and counters ``vllm:spec_decode_num_accepted_tokens_total`` /
 ``vllm:spec_decode_num_drafts_total``, from which the mean acceptance length over an interval
-is 1 + accepted/drafts. Which engine it is, is detected from the names present.
+is 1 + accepted/drafts. llama.cpp's ``llama-server --metrics`` exposes
+``llamacpp:requests_processing`` (requests in its slots), ``llamacpp:requests_deferred``
+(waiting for a slot) and, with a draft model, ``llamacpp:spec_decode_num_drafts_total`` and
+``llamacpp:spec_decode_num_accepted_tokens_total``, read as vLLM's (one draft = one
+verification step). Which engine it is, is detected from the names present.
 """
 
 from __future__ import annotations
@@ -19,16 +23,20 @@ _WANTED = {
     "vllm:num_requests_waiting": "queued",
     "vllm:spec_decode_num_accepted_tokens_total": "accepted",
     "vllm:spec_decode_num_drafts_total": "drafts",
+    "llamacpp:requests_processing": "running",
+    "llamacpp:requests_deferred": "queued",
+    "llamacpp:spec_decode_num_accepted_tokens_total": "accepted",
+    "llamacpp:spec_decode_num_drafts_total": "drafts",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class EngineSample:
-    flavor: str  # "sglang", "vllm" or "unknown"
+    flavor: str  # "sglang", "vllm", "llamacpp" or "unknown"
     running: float
     queued: float
-    accept_length: float | None  # SGLang's gauge; None for vLLM until two samples exist
-    accepted_total: float | None = None  # vLLM counters, for interval acceptance
+    accept_length: float | None  # SGLang's gauge; None for vLLM and llama.cpp (counters)
+    accepted_total: float | None = None  # vLLM / llama.cpp counters, for interval acceptance
     drafts_total: float | None = None
 
 
@@ -72,7 +80,9 @@ def parse(text: str) -> EngineSample:
 
 
 def interval_accept_length(prev: EngineSample | None, cur: EngineSample) -> float | None:
-    """Acceptance length for the interval between two samples (vLLM), else the gauge."""
+    """Acceptance length for the interval between two samples (vLLM, llama.cpp), else the
+    gauge; None when no draft was verified in between (an idle engine) or a counter went back
+    (the engine restarted)."""
     if cur.accept_length is not None:
         return cur.accept_length
     if prev is None or cur.accepted_total is None or cur.drafts_total is None:
@@ -80,6 +90,7 @@ def interval_accept_length(prev: EngineSample | None, cur: EngineSample) -> floa
     if prev.accepted_total is None or prev.drafts_total is None:
         return None
     drafts = cur.drafts_total - prev.drafts_total
-    if drafts <= 0:
+    accepted = cur.accepted_total - prev.accepted_total
+    if drafts <= 0 or accepted < 0:
         return None
-    return 1.0 + (cur.accepted_total - prev.accepted_total) / drafts
+    return 1.0 + accepted / drafts

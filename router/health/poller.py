@@ -33,6 +33,19 @@ class EngineLoad:
     scraped_at: float
     started_at_scrape: int  # this replica's `started` count for the backend at that moment
     flavor: str  # "sglang" or "vllm"
+    # the most requests it runs at once, once seen: at two scrapes in a row it ran the same
+    # number with others queued (a request waiting for the next iteration is queued for a
+    # moment at any load; a queue that stays while the batch does not grow is the cap)
+    cap: int | None = None
+
+
+def cap_after(previous: EngineLoad | None, running: int, queued: int) -> int | None:
+    """The engine's cap on running requests, once seen (see ``EngineLoad.cap``)."""
+    cap = None if previous is None else previous.cap
+    if previous is not None and queued >= 2 and previous.queued >= 2:
+        if running == previous.running and running > (cap or 0):
+            return running
+    return cap
 
 
 class HealthPoller:
@@ -129,14 +142,22 @@ class HealthPoller:
         if sample.flavor == "unknown":
             return
         accept = engine_metrics.interval_accept_length(self._samples.get(url), sample)
+        last = self._loads.get(url)
+        if accept is None and sample.accept_length is None and last is not None:
+            # Counters (vLLM, llama.cpp) give nothing over an interval without speculative
+            # steps; an idle engine keeps its last value, as SGLang's gauge does.
+            accept = last.accept_length
         self._samples[url] = sample
+        running, queued = round(sample.running), round(sample.queued)
+        cap = cap_after(self._loads.get(url), running, queued)
         self._loads[url] = EngineLoad(
-            running=round(sample.running),
-            queued=round(sample.queued),
+            running=running,
+            queued=queued,
             accept_length=accept,
             scraped_at=self.clock(),
             started_at_scrape=started,
             flavor=sample.flavor,
+            cap=cap,
         )
 
     async def _loop(self, url: str) -> None:
@@ -145,4 +166,9 @@ class HealthPoller:
                 await self.check(url)
             except Exception:  # keep polling whatever happens
                 log.exception("health round for %s failed", url)
-            await asyncio.sleep(self.interval * random.uniform(0.8, 1.2))
+            await asyncio.sleep(probe_delay(self.interval))
+
+
+def probe_delay(interval: float, rng: random.Random | None = None) -> float:
+    """The wait before a backend's next probe: ``interval`` +-20%, so replicas drift apart."""
+    return interval * (rng or random).uniform(0.8, 1.2)

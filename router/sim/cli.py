@@ -8,11 +8,10 @@ by X, so tok/s measured against the server equal the model's tok/s divided by X.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
-from router.serve import AnnouncingServer, bind_socket, socket_url, uvicorn_config
+from router.serve import run
 from router.sim.model import MS, PRESETS, Preset
 from router.sim.server import SimServer, SimSettings
 
@@ -126,15 +125,4 @@ def main(argv: list[str]) -> int:
 
 def serve(app: SimServer, host: str, port: int, log_level: str) -> int:
     """``router.serve.run`` with a short graceful-shutdown timeout."""
-    try:
-        sock = bind_socket(host, port)
-    except OSError as exc:
-        print(f"spec-router: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
-        return 1
-    config = uvicorn_config(app, log_level=log_level, graceful_shutdown=GRACEFUL_SHUTDOWN)
-    server = AnnouncingServer(config, socket_url(sock))
-    try:
-        server.run(sockets=[sock])
-    finally:
-        sock.close()
-    return 0 if server.started else 3
+    return run(app, host, port, log_level=log_level, graceful_shutdown=GRACEFUL_SHUTDOWN)

@@ -78,8 +78,9 @@ def test_a_client_that_vanishes_mid_feed_is_released(start_router: RouterFactory
     wait_for(lambda: feeds(router.url) == 0)
 
 
-def test_an_open_page_does_not_hold_up_shutdown(start_router: RouterFactory) -> None:
-    router = start_router()
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_open_page_does_not_hold_up_shutdown(start_router: RouterFactory, workers: str) -> None:
+    router = start_router(serve_args=("--workers", workers))
     with (
         httpx.Client(timeout=10) as client,
         client.stream("GET", f"{router.url}/router/ui/events") as stream,

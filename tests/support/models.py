@@ -3,7 +3,7 @@ calibration would know them: for tests and the policy lab."""
 
 from __future__ import annotations
 
-from router.decide.predict import PoolModel
+from router.decide.predict import PoolModel, peak_throughput
 from router.sim.model import Preset, step_time
 
 
@@ -11,7 +11,7 @@ def preset_model(p: Preset, context: float = 800.0, limit: int = 256) -> PoolMod
     """Iteration cost per batch size (at ``context`` tokens per request), acceptance, prefill
     and cap of a sim preset."""
     spi = tuple(step_time(p, max(1, b), max(1, b) * context) for b in range(limit + 1))
-    return PoolModel(
+    model = PoolModel(
         spi,
         tau_greedy=p.tau,
         tau_sampling=p.tau_sampling,
@@ -20,3 +20,4 @@ def preset_model(p: Preset, context: float = 800.0, limit: int = 256) -> PoolMod
         cap=p.max_running,
         measured=limit,
     )
+    return model._replace(peak=peak_throughput(model))

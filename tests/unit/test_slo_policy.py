@@ -102,9 +102,9 @@ def test_harm_to_others_lowers_the_value() -> None:
 # -- the choice ------------------------------------------------------------------------------------
 
 
-def decide(s: Snapshot) -> str:
+def decide(s: Snapshot, reason: str = "predicted_slo") -> str:
     d = choose("slo", s)[0]
-    assert d is not None and d.reason == "predicted_slo"
+    assert d is not None and d.reason == reason
     return d.pool
 
 
@@ -136,8 +136,9 @@ def test_a_long_prompt_goes_where_its_prefill_stalls_nobody() -> None:
 
 def test_overload_goes_to_the_pool_with_the_most_throughput() -> None:
     # both far past their SLO: the excess goes to the baseline, never into a queue
+    # (and it says so: nothing can meet even the relaxed SLO for it)
     s = snap(60, 120, spec_share=0.5, base_share=0.5)
-    assert decide(s) == BASELINE
+    assert decide(s, "overflow") == BASELINE
 
 
 def test_a_backend_where_it_would_queue_is_not_a_candidate() -> None:
@@ -159,3 +160,17 @@ def test_no_usable_backend_no_decision() -> None:
         baseline=PoolView(BASELINE, (BackendView("http://base", 0, usable=False),)),
     )
     assert choose("slo", down)[0] is None
+
+
+def test_a_cap_the_engine_showed_counts_like_the_models() -> None:
+    # models that know no cap; the speculative engine showed it runs at most 2
+    uncapped: dict[Pool, PoolModel] = {
+        SPECULATIVE: SPEC._replace(cap=None),
+        BASELINE: BASE._replace(cap=None),
+    }
+    s = snap(3, 4)._replace(models=uncapped)
+    free = choose("slo", s)[0]
+    capped = s._replace(speculative=PoolView(SPECULATIVE, (BackendView("http://spec", 3, cap=2),)))
+    full = choose("slo", capped)[0]
+    assert free is not None and full is not None
+    assert (free.pool, full.pool) == (SPECULATIVE, BASELINE)
