@@ -87,7 +87,8 @@ def test_an_open_page_does_not_hold_up_shutdown(start_router: RouterFactory, wor
     ):
         lines = stream.iter_lines()
         read_events(lines, 1)
-        assert feeds(router.url) == 1
+        if workers == "1":  # (under --workers the status comes from any worker: its own feeds)
+            assert feeds(router.url) == 1
         # SIGTERM: without the feed ending at once, uvicorn would wait the 30 s of graceful
         # shutdown for it (stop() kills after 10 s: SIGKILL, -9)
         began = time.monotonic()
