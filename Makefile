@@ -4,7 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test check demo bench clean
+.PHONY: venv test test-real real-engine check demo bench clean
+
+# `make demo HOLD=300` keeps the demo's sims and routers up 5 more minutes, ramping load through
+# the router, to watch its live page (/router/ui); the default ends as soon as the demo is done.
+HOLD ?= 0
+
+# Playwright (dev extra) drives the system's chromium in tests/ui; it never fetches a browser.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,7 +23,17 @@ venv: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/ensure-prometheus.sh
+	bash scripts/ensure-chromium.sh
 	$(BIN)/python -m pytest -q
+
+# The real-engine tier: builds llama.cpp's llama-server and a model pair the first time (several
+# minutes; cached under ~/.cache/spec-router/real-engine), then runs tests/real against them.
+test-real: $(STAMP)
+	PY=$(BIN)/python bash scripts/test-real.sh
+
+# Both llama-servers in the foreground (speculative :30001, baseline :30002), for trying by hand.
+real-engine: $(STAMP)
+	PY=$(BIN)/python bash scripts/real-engine/serve.sh
 
 check: $(STAMP)
 	$(BIN)/ruff check router tests bench
@@ -24,7 +41,7 @@ check: $(STAMP)
 	$(BIN)/mypy
 
 demo: $(STAMP)
-	$(BIN)/spec-router demo
+	$(BIN)/spec-router demo --hold $(HOLD)
 
 bench: $(STAMP)
 	bash bench/run.sh

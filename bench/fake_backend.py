@@ -7,7 +7,9 @@ and one ``loop.call_at`` timer per stream in flight (no task per request, none p
 
 ``POST /v1/chat/completions`` (and any other POST) answers a small ``chat.completion`` JSON, or
 with ``"stream": true`` an SSE stream of ``--chunks`` chunks ``--interval-ms`` apart, the first
-one sent together with the headers, ending with ``data: [DONE]``. ``GET /metrics`` answers an
+one sent together with the headers (or, with ``--first-delay-ms``, the headers alone and the
+first chunk that long after, as a server that flushes its headers first does), ending with
+``data: [DONE]``. ``GET /metrics`` answers an
 SGLang-shaped gauge of the streams in flight; any other GET answers a small JSON object, so
 health pollers are content.
 
@@ -101,9 +103,10 @@ class Backend(asyncio.Protocol):
 
     active_streams = 0
 
-    def __init__(self, responses: Responses, interval: float) -> None:
+    def __init__(self, responses: Responses, interval: float, first_delay: float = 0.0) -> None:
         self.r = responses
         self.interval = interval
+        self.first_delay = first_delay
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
@@ -195,9 +198,14 @@ class Backend(asyncio.Protocol):
         assert self.transport is not None
         self.streaming = True
         Backend.active_streams += 1
-        self.transport.write(self.r.stream_head + self.r.frames[0])
-        self.frame = 1
-        self.t0 = self.loop.time()
+        if self.first_delay:
+            self.transport.write(self.r.stream_head)
+            self.frame = 0
+            self.t0 = self.loop.time() + self.first_delay
+        else:
+            self.transport.write(self.r.stream_head + self.r.frames[0])
+            self.frame = 1
+            self.t0 = self.loop.time()
         self._next_or_end()
 
     def _next_or_end(self) -> None:
@@ -241,12 +249,14 @@ def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
         pos += size + 2
 
 
-async def serve(host: str, port: int, chunks: int, interval_ms: float, model: str) -> None:
+async def serve(
+    host: str, port: int, chunks: int, interval_ms: float, model: str, first_delay_ms: float = 0.0
+) -> None:
     loop = asyncio.get_running_loop()
     responses = Responses(chunks, model)
-    interval = interval_ms / 1000.0
+    interval, first = interval_ms / 1000.0, first_delay_ms / 1000.0
     server = await loop.create_server(
-        lambda: Backend(responses, interval), host, port, backlog=4096, reuse_address=True
+        lambda: Backend(responses, interval, first), host, port, backlog=4096, reuse_address=True
     )
     sock_host, sock_port = server.sockets[0].getsockname()[:2]
     print(f"{LISTENING_PREFIX}http://{sock_host}:{sock_port}", flush=True)
@@ -260,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--chunks", type=int, default=20, help="SSE chunks per stream")
     parser.add_argument("--interval-ms", type=float, default=10.0, help="gap between chunks")
+    parser.add_argument(
+        "--first-delay-ms",
+        type=float,
+        default=0.0,
+        help="send the headers alone, then the first chunk this much later (default 0: together)",
+    )
     parser.add_argument("--model", default="bench-model")
     args = parser.parse_args(argv)
     if args.chunks < 1:
@@ -271,7 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # still works, just slower
         runner = asyncio.run
     try:
-        runner(serve(args.host, args.port, args.chunks, args.interval_ms, args.model))
+        runner(
+            serve(
+                args.host, args.port, args.chunks, args.interval_ms, args.model, args.first_delay_ms
+            )
+        )
     except KeyboardInterrupt:
         pass
     return 0

@@ -19,6 +19,16 @@ Writes bench/results/overhead.md and overhead.json (see bench/overhead_report.py
 
     python bench/overhead.py                     # the full run, ~15 minutes
     python bench/overhead.py --reps 2 --duration 2 --targets direct,nginx,router
+
+The knobs by which another harness's streaming run can differ from this one (issue 14), one
+at a time: ``--loadgen aiohttp`` (bench/loadgen_aiohttp.py: TTFT at the first parsed ``data:``
+line, as aiohttp clients measure it; ``--new-connections``: no client keep-alive),
+``--first-delay-ms`` (the backend sends its headers alone, the first chunk that much later),
+``--unpinned`` (backend and load generator free to run on either core, the proxy's too), and
+``--name`` to write the report under another name:
+
+    python bench/overhead.py --scenarios stream --targets direct,nginx,router \
+        --loadgen aiohttp --first-delay-ms 10 --name overhead-aiohttp
 """
 
 from __future__ import annotations
@@ -65,12 +75,41 @@ CANDIDATES = {
     "asgi_aiohttp": "raw ASGI handler + aiohttp",
 }
 # router_no_busy_poll: the same router with SPEC_ROUTER_BUSY_POLL_US=0 (router/fastpath/busypoll.py)
-TARGETS = ["direct", "nginx", "router", "router_no_busy_poll", *CANDIDATES]
+# router_ref: the router of another checkout (--router-ref DIR, e.g. a `git worktree` of the
+# commit an older report was measured at), with its default settings, in the same run
+# router_ui: the same router with its live page's feed (/router/ui/events) read all along, as an
+# open browser tab would (bench/results/ui-overhead.md)
+ROUTERS = ("router", "router_no_busy_poll", "router_ref", "router_ui")
+TARGETS = ["direct", "nginx", *ROUTERS, *CANDIDATES]
 SCENARIOS = ["c1", "stream", "c64"]
 
 
 class StartError(RuntimeError):
     pass
+
+
+class FeedReader:
+    """Reads the router's live-page feed in a thread for as long as it runs, as a tab would."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.sock.sendall(b"GET /router/ui/events HTTP/1.1\r\nhost: bench\r\n\r\n")
+        self.events = 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        self.sock.settimeout(None)
+        with contextlib.suppress(OSError):
+            while chunk := self.sock.recv(65536):
+                self.events += chunk.count(b"\ndata: ")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join(timeout=5)
 
 
 @dataclass
@@ -80,6 +119,7 @@ class Proc:
     output: list[str] = field(default_factory=list)
     url: str = ""
     measured_pid: int = 0  # the process whose CPU is measured (nginx: its worker)
+    feed: FeedReader | None = None  # router_ui: the live page's feed, read all along
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -89,6 +129,8 @@ class Proc:
 
     def stop(self) -> None:
         """SIGTERM by PID, then SIGKILL; never by name."""
+        if self.feed is not None:
+            self.feed.close()
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
             try:
@@ -98,10 +140,16 @@ class Proc:
                 self.popen.wait(timeout=10)
 
 
-def spawn(name: str, cmd: list[str], core: int, env: dict[str, str] | None = None) -> Proc:
+def spawn(
+    name: str,
+    cmd: list[str],
+    core: int | None,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+) -> Proc:
     """Start ``cmd`` pinned to ``core`` and wait for its "listening on URL" line."""
     try:
-        started = spawn_command([*pinned(core), *cmd], env, cwd=str(ROOT))
+        started = spawn_command([*pinned(core), *cmd], env, cwd=str(cwd))
     except RuntimeError as exc:
         raise StartError(f"{name}: {exc}") from None
     # (taskset execs: the PID is the measured process's own)
@@ -198,15 +246,34 @@ def wait_ready(url: str, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+def wait_feed(url: str, timeout: float = 10.0) -> None:
+    """Wait until the router counts one feed connection (``/router/status`` ``ui``)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        try:
+            conn.request("GET", "/router/status")
+            if json.loads(conn.getresponse().read())["ui"]["feed_connections"] == 1:
+                return
+        finally:
+            conn.close()
+        time.sleep(0.1)
+    raise StartError("router_ui: the live page's feed did not connect")
+
+
 def run_loadgen(
     url: str, *, stream: bool, concurrency: int, args: argparse.Namespace, pids: dict[str, int]
 ) -> dict[str, Any]:
+    script = "loadgen_aiohttp.py" if stream and args.loadgen == "aiohttp" else "loadgen_raw.py"
     cmd = [
-        "taskset", "-c", str(args.load_core), PY, str(HERE / "loadgen_raw.py"), url + CHAT,
+        *pinned(None if args.unpinned else args.load_core), PY, str(HERE / script), url + CHAT,
         "-c", str(concurrency), "-d", str(args.duration), "--warmup", str(args.warmup),
     ]  # fmt: skip
     if stream:
         cmd.append("--stream")
+        if args.new_connections and script == "loadgen_aiohttp.py":
+            cmd.append("--new-connections")
     for pid in pids.values():
         cmd += ["--cpu-pid", str(pid)]
     popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -392,7 +459,7 @@ def start_target(
     core = args.proxy_core
     if name == "nginx":
         return start_nginx(tmp / "nginx", backend.url, core, args.nginx)
-    if name in ("router", "router_no_busy_poll"):
+    if name in ROUTERS:
         # The router refuses one URL in both pools, so the baseline pool gets a second,
         # identical fake backend on the same core; its CPU is counted with the first's.
         env = {
@@ -402,8 +469,15 @@ def start_target(
         if name == "router_no_busy_poll":
             env["SPEC_ROUTER_BUSY_POLL_US"] = "0"
         cmd = [PY, "-m", "router", "serve", "--host", "127.0.0.1", "--port", "0"]
-        proc = spawn(name, cmd, core, env)
+        cwd = ROOT
+        if name == "router_ref":  # its own package first: `python -m` puts the cwd on the path
+            cwd = args.router_ref
+            env["PYTHONPATH"] = str(cwd)
+        proc = spawn(name, cmd, core, env, cwd)
         wait_ready(proc.url)
+        if name == "router_ui":
+            proc.feed = FeedReader(proc.url)
+            wait_feed(proc.url)
         return proc
     script = str(HERE / "candidates" / f"{name}.py")
     return spawn(name, [PY, script, "--upstream", backend.url, "--port", "0"], core)
@@ -416,13 +490,15 @@ def log(msg: str) -> None:
 def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     backend_cmd = [PY, str(HERE / "fake_backend.py"), "--port", "0"]
     backend_cmd += ["--chunks", str(args.chunks), "--interval-ms", str(args.interval_ms)]
+    backend_cmd += ["--first-delay-ms", str(args.first_delay_ms)]
     procs: dict[str, Proc] = {}
     notes: dict[str, str] = {}
     headers: dict[str, dict[str, str]] = {}
     runs: list[dict[str, Any]] = []
-    backend = spawn("backend", backend_cmd, args.load_core)
+    load_core = None if args.unpinned else args.load_core
+    backend = spawn("backend", backend_cmd, load_core)
     try:
-        backend_b = spawn("backend_b", backend_cmd, args.load_core)
+        backend_b = spawn("backend_b", backend_cmd, load_core)
     except StartError:
         backend.stop()
         raise
@@ -467,7 +543,10 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     (args.out / "overhead.partial.json").write_text(json.dumps(runs) + "\n")
                     time.sleep(args.settle)
     finally:
-        for proc in procs.values():
+        for name, proc in procs.items():
+            if proc.feed is not None:
+                read = f"live-page feed read all along: {proc.feed.events} snapshots"
+                notes[name] = f"{notes[name]}; {read}" if name in notes else read
             proc.stop()
         backend.stop()
         backend_b.stop()
@@ -493,7 +572,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each")
     p.add_argument("--settle", type=float, default=0.5, help="pause between runs")
-    p.add_argument("--targets", default=",".join(TARGETS), help=f"of {','.join(TARGETS)}")
+    p.add_argument(
+        "--targets",
+        default=",".join(t for t in TARGETS if t != "router_ref"),
+        help=f"of {','.join(TARGETS)}",
+    )
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"of {','.join(SCENARIOS)}")
     p.add_argument("--stream-concurrency", type=int, default=256)
     p.add_argument("--c64", type=int, default=64, help="connections for the wrk scenario")
@@ -508,8 +591,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--retries", type=int, default=3, help="repeats of a run others disturbed")
     p.add_argument("--quiet-wait", type=float, default=60.0, help="max seconds to wait for quiet")
     p.add_argument("--out", type=Path, default=HERE / "results", help="directory for the report")
+    p.add_argument("--name", default="overhead", help="report file names: NAME.md, NAME.json")
+    p.add_argument(
+        "--router-ref", type=Path, help="a checkout whose router is the target router_ref"
+    )
+    p.add_argument(
+        "--loadgen",
+        choices=["raw", "aiohttp"],
+        default="raw",
+        help="streaming load generator: loadgen_raw.py (C parser, callbacks) or "
+        "loadgen_aiohttp.py (aiohttp, as independent harnesses use)",
+    )
+    p.add_argument(
+        "--new-connections", action="store_true", help="aiohttp: a new connection per request"
+    )
+    p.add_argument(
+        "--first-delay-ms",
+        type=float,
+        default=0.0,
+        help="the backend sends its headers alone and the first chunk this much later",
+    )
+    p.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="backend and load generator not pinned (they may run on the proxy's core)",
+    )
     args = p.parse_args(argv)
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if "router_ref" in args.targets and args.router_ref is None:
+        p.error("the target router_ref needs --router-ref DIR")
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     for t in args.targets:
         if t not in TARGETS:
@@ -551,16 +661,19 @@ def main(argv: list[str] | None = None) -> int:
         "retries": args.retries,
         "proxy_core": args.proxy_core,
         "load_core": args.load_core,
+        "loadgen": args.loadgen + (" (new connections)" if args.new_connections else ""),
+        "first_delay_ms": args.first_delay_ms,
+        "unpinned": args.unpinned,
     }
     meta = {"command": command.strip(), "machine": machine(), "config": config}
     summary = summarize(measured["runs"], args.targets, args.scenarios)
     report = {**meta, "notes": measured["notes"], "router_headers": measured["router_headers"]}
     report.update(summary=summary, runs=measured["runs"])
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overhead.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / "overhead.md").write_text(render_markdown(report))
+    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / f"{args.name}.md").write_text(render_markdown(report))
     (args.out / "overhead.partial.json").unlink(missing_ok=True)
-    log(f"wrote {args.out / 'overhead.md'} and overhead.json")
+    log(f"wrote {args.out / args.name}.md and {args.name}.json")
     return 0
 
 

@@ -170,6 +170,9 @@ STACKS = {
     "its own HTTP/1.1 client on asyncio + httptools), default settings",
     "router_no_busy_poll": "the same router with busy polling off "
     "(`SPEC_ROUTER_BUSY_POLL_US=0`, router/fastpath/busypoll.py)",
+    "router_ref": "the router of another checkout (`--router-ref`), default settings",
+    "router_ui": "the same router with its live page's feed (`/router/ui/events`) read all "
+    "along, as one open browser tab would",
     "fastapi_httpx": "FastAPI + httpx, StreamingResponse: the typical pass-through",
     "fastapi_aiohttp": "FastAPI + aiohttp, StreamingResponse",
     "starlette_aiohttp": "Starlette routing + StreamingResponse + aiohttp",
@@ -242,9 +245,29 @@ def render_markdown(report: dict[str, Any]) -> str:
         + (" (router/ had uncommitted changes)" if m.get("router_changes_uncommitted") else "")
         + f", {m['date']}",
         f"- Pinning: the proxy under test on CPU {cfg['proxy_core']}; the fake backend "
-        f"(bench/fake_backend.py) and the load generator on CPU {cfg['load_core']}.",
-        f"- Streams: {cfg['chunks']} SSE chunks {cfg['interval_ms']:g} ms apart (the first sent "
-        "with the headers), then `data: [DONE]`.",
+        "(bench/fake_backend.py) and the load generator "
+        + (
+            "unpinned (free to share the proxy's CPU)."
+            if cfg.get("unpinned")
+            else f"on CPU {cfg['load_core']}."
+        ),
+        f"- Streams: {cfg['chunks']} SSE chunks {cfg['interval_ms']:g} ms apart ("
+        + (
+            f"the headers alone, the first chunk {cfg['first_delay_ms']:g} ms later"
+            if cfg.get("first_delay_ms")
+            else "the first sent with the headers"
+        )
+        + "), then `data: [DONE]`; streaming load generator: "
+        + (
+            "bench/loadgen_aiohttp.py" + (", a new connection per request" if "new" in lg else "")
+            if (lg := str(cfg.get("loadgen", "raw"))).startswith("aiohttp")
+            else "bench/loadgen_raw.py"
+        )
+        + ".",
+        "",
+        "How another harness's choices (an aiohttp load generator, headers before the first "
+        "chunk, no client keep-alive, no pinning) move the streaming tail, and why: "
+        "[overhead-harnesses.md](overhead-harnesses.md) (bench/harnesses.py).",
         "",
         "## Targets (issue 3)",
         "",

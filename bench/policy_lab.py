@@ -32,7 +32,7 @@ from router.decide.policy import (
     Snapshot,
     choose,
 )
-from router.decide.predict import PoolModel, Request, predict
+from router.decide.predict import PoolModel, Request
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import PolicyName
 from router.sim.model import (
@@ -85,6 +85,7 @@ class Engine:
         self.context = 0
         self.busy_until: float | None = None  # end of the iteration under way
         self.joiners: list[Req] = []
+        self.completed = 0
         self.alpha = {
             False: solve_alpha(preset.tau, preset.spec_k),
             True: solve_alpha(preset.tau_sampling, preset.spec_k),
@@ -135,6 +136,7 @@ class Engine:
                 r.last = now
         self.context += gained
         for r in [r for r in self.running if r.done]:
+            self.completed += 1
             self.running.remove(r)
             self.context -= r.arrival.prompt_tokens + r.generated
             done.append(r)
@@ -224,7 +226,7 @@ def bursty(rate: float, duration: float, seed: int) -> list[Arrival]:
 
 
 def azure(
-    name: str, rate: float, duration: float, seed: int, offset: float = 600.0
+    name: str, rate: float, duration: float, seed: int, offset: float = 600.0, hot: float = 0.5
 ) -> list[Arrival]:
     rows = []
     with open(TRACES / f"azure-llm-2023-{name}.csv") as fh:
@@ -240,7 +242,7 @@ def azure(
     for t, p, o in rows:
         at = t * scale - offset
         if 0 <= at <= duration:
-            temp = 1.0 if rng.random() < 0.5 else 0.0
+            temp = 1.0 if rng.random() < hot else 0.0
             out.append(Arrival(at, max(1, p), max(2, o), temp))
     return out
 
@@ -328,21 +330,8 @@ class SloSnapshot:
         self.share: dict[str, tuple[float, float]] = {}  # url -> (value, at)
         self.slo = (ttft, tpot)
         self.arrival: Arrival | None = None
-        self.avg: dict[str, tuple[float, float]] = {}  # url -> (mean load, at)
 
-        self.rate: dict[str, tuple[float, float]] = {}  # url -> (decayed arrivals, at)
-        self.service: dict[str, float] = {}  # url -> mean predicted e2e of requests sent there
-
-    def load_avg(self, url: str, load: int, now: float) -> float:
-        """Little's law: recent arrival rate to the backend x the time requests spend there."""
-        v, at = self.rate.get(url, (0.0, now))
-        rate = v * math.exp(-(now - at) / self.window) / self.window
-        return rate * self.service.get(url, 0.0)
-
-    def served(self, url: str, e2e: float, now: float) -> None:
-        v, at = self.rate.get(url, (0.0, now))
-        self.rate[url] = (v * math.exp(-(now - at) / self.window) + 1.0, now)
-        self.service[url] = self.service.get(url, e2e) * 0.9 + 0.1 * e2e
+        self.stats: dict[str, list[float]] = {}
 
     def prefill_share(self, url: str, now: float) -> float:
         v, at = self.share.get(url, (0.0, now))
@@ -353,6 +342,19 @@ class SloSnapshot:
         v = v * math.exp(-(now - at) / self.window) + self.models[pool].prefill(prompt)
         self.share[url] = (v, now)
 
+    def load_avg(self, e: Engine, now: float) -> float:
+        """Little's law on measured stays, as the router's decider keeps it."""
+        st = self.stats.setdefault(e.url, [0.0, 0.0, 0.0, 0.0, 0, now, 0])
+        arrivals, area, done, area_total, done_last, at, load_last = st
+        keep = math.exp(-(now - at) / self.window)
+        area_total += load_last * (now - at)
+        st[0] = arrivals * keep
+        st[1] = area * keep + load_last * (now - at)
+        st[2] = done * keep + (e.completed - done_last)
+        st[3], st[4], st[5], st[6] = area_total, e.completed, now, e.load
+        stay = st[1] / st[2] if st[2] > 0 else 0.0
+        return float(st[0]) / self.window * stay
+
     def __call__(self, engines: list[Engine], now: float, state: RoutingState) -> Snapshot:
         a = self.arrival
         assert a is not None
@@ -361,7 +363,7 @@ class SloSnapshot:
                 e.url,
                 e.load,
                 prefill_share=self.prefill_share(e.url, now),
-                load_avg=self.load_avg(e.url, e.load, now),
+                load_avg=self.load_avg(e, now),
             )
             for e in engines
         ]
@@ -383,11 +385,7 @@ def slo_policy(snaps: SloSnapshot) -> Chooser:
         d = choose("slo", snap)[0]
         if d is not None:
             snaps.sent(d.backend, d.pool, a.prompt_tokens, a.at)
-            view = snap.speculative if d.pool == SPECULATIVE else snap.baseline
-            b = next(b for b in view.backends if b.url == d.backend)
-            assert snap.request is not None
-            p = predict(snaps.models[d.pool], b.load, b.prefill_share, snap.request, 200.0)
-            snaps.served(d.backend, p.ttft + (a.output_tokens - 1) * p.tpot, a.at)
+            snaps.stats[d.backend][0] += 1.0
         return d
 
     return decide

@@ -74,4 +74,22 @@ run bench/learning.py
 #    routers to CPU 0 and its sims and replays to CPU 1 itself.
 run bench/traffic.py
 
+# 7. The soak (issue 13): 10,000 checked requests through four sims with client aborts, every
+#    engine SIGKILLed and restarted, one hanging mid-stream and a slow reader; nothing lost,
+#    nothing leaked: bench/results/soak.md. About 6 minutes. The router is pinned to CPU 0 and
+#    the sims to CPU 1 by the script; its own load generator runs on CPU 1.
+run --cpu 1 bench/soak.py
+
+# 8. The fuzz suite's long run: 20x the examples of `make test`, freshly random (issue 13).
+echo "bench: SPEC_ROUTER_FUZZ_PROFILE=long $PY -m pytest -q tests/router/test_fuzz.py" >&2
+SPEC_ROUTER_FUZZ_PROFILE=long "$PY" -m pytest -q -p no:cacheprovider tests/router/test_fuzz.py
+
+# 9. The streaming tail under another harness's choices, one at a time (issue 14):
+#    bench/results/overhead-harnesses.md. About 15 minutes.
+run bench/harnesses.py
+
+# 10. Scale figures, router against nginx (issue 14): SSE events per core, RSS per idle stream,
+#     --workers 1 against 2: bench/results/scale.md. About 5 minutes.
+run bench/scale.py --reps 3
+
 # Later benchmarks go here, one `run bench/<name>.py` line each.

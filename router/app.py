@@ -3,8 +3,11 @@
 ``create_app(settings)`` wires the pieces; the lifespan owns everything with I/O (upstream
 clients, the health poller). ``/v1/*`` goes straight to the raw-ASGI proxy; the router's own
 endpoints (``/health``, ``/ready``, ``/metrics``, ``/router/*``, ``/v1/models``) are a FastAPI
-app, off the hot path. ``app`` at the bottom serves ``uvicorn router.app:app`` (one worker:
-in-flight counts live in this process).
+app, off the hot path. ``app`` (made on first use, at the bottom) serves ``uvicorn
+router.app:app``: one process, whose in-flight counts live in it. ``uvicorn --workers N`` is
+refused (each worker would route with its own counts); ``spec-router serve --workers N``
+(``router.supervisor``) runs N workers over one shared count, and then each ``RouterApp`` is given
+its ``WorkerContext``.
 """
 
 from __future__ import annotations
@@ -16,18 +19,23 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from router.account.inflight import InflightTracker
 from router.account.keeper import CrossoverKeeper
 from router.account.metrics import RouterMetrics, StateCollector
 from router.account.outcome import Outcome
+from router.account.recent import RecentWindow
+from router.account.shared import CrossoverBoard, SharedTracker
 from router.asgi import Receive, Scope, Send
 from router.control.app import build_control_app
+from router.control.feed import Feed
+from router.control.live import live_document
 from router.control.models import list_models
-from router.control.status import status_document
+from router.control.status import status_document, workers_document
 from router.decide import table as tables
 from router.decide.snapshot import Decider
 from router.fastpath.busypoll import BusyPoll
@@ -38,6 +46,10 @@ from router.health.poller import HealthPoller
 from router.health.state import HealthConfig, HealthRegistry
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings, SettingsError, load_settings
+from router.worker import TableExchange
+
+if TYPE_CHECKING:
+    from router.worker import WorkerContext
 
 log = logging.getLogger("spec_router")
 
@@ -74,9 +86,11 @@ class RouterApp:
         settings: Settings,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        worker: WorkerContext | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
+        self.worker = worker
         self.registry = registry if registry is not None else CollectorRegistry()
         self.pools: dict[Pool, list[str]] = {
             SPECULATIVE: settings.speculative_urls,
@@ -84,7 +98,11 @@ class RouterApp:
         }
         backends = [(pool, url) for pool in POOLS for url in self.pools[pool]]
         urls = [url for _, url in backends]
-        self.tracker = InflightTracker(backends, clock)
+        self.tracker = (
+            InflightTracker(backends, clock)
+            if worker is None
+            else SharedTracker(backends, worker.table, worker.slot, clock)
+        )
         self.health = HealthRegistry(
             urls,
             HealthConfig(
@@ -110,8 +128,15 @@ class RouterApp:
             authorization={url: settings.pool_authorization(pool) for pool, url in backends},
         )
         self.keeper = CrossoverKeeper(
-            settings, self.tracker, self.poller.loads, load_table(settings), clock
+            settings,
+            self.tracker,
+            self.poller.loads,
+            load_table(settings),
+            clock,
+            board=None if worker is None else CrossoverBoard(worker.table),
+            leader=worker is None or worker.leader,
         )
+        self.exchange = None if worker is None else TableExchange(worker)
         self.decider = Decider(
             self.pools,
             self.tracker,
@@ -127,24 +152,27 @@ class RouterApp:
             slo_ttft=settings.slo_ttft_ms / 1000,
             slo_tpot=settings.slo_tpot_ms / 1000,
         )
-        self.admission = Admission(settings.queue_size)
-        self.metrics = RouterMetrics(self.registry)
-        self.registry.register(
-            StateCollector(
-                self.tracker,
-                self.health,
-                self.keeper,
-                self.poller.loads,
-                settings.policy,
-                settings.load_signal,
-                clock,
-                self.admission,
-            )
+        self.metrics = RouterMetrics(self.registry, backends)
+        meter = self.metrics.queue_meter() if worker is not None else None
+        self.admission = Admission(settings.queue_size, meter)
+        self.state = StateCollector(
+            self.tracker,
+            self.health,
+            self.keeper,
+            self.poller.loads,
+            settings.policy,
+            settings.load_signal,
+            clock,
+            self.admission if worker is None else None,  # (else: in the merged files)
         )
+        self.recent = RecentWindow(clock)
+        self.registry.register(self.state)
         self.observers: list[Callable[[Outcome], None]] = [
             self.metrics.observe,
             self.keeper.observe,
+            self.recent.observe,
         ]
+        self.feed = Feed(self.ui_snapshot, settings.ui_interval)
         self.clients: dict[str, OriginPool] = {}
         self.proxy: Proxy | None = None
         self.busy: BusyPoll | None = None
@@ -175,8 +203,24 @@ class RouterApp:
                     "spinning": busy is not None and busy.running,
                     "turns": 0 if busy is None else busy.spins,
                 },
+                "recent": self.recent.summary(),
+                "ui": {
+                    "feed_connections": self.feed.connections,
+                    "snapshots": self.feed.seq,
+                    "interval_s": self.feed.interval,
+                },
+                "workers": workers_document(self.tracker, self.worker),
             },
         )
+
+    def ui_snapshot(self) -> dict[str, Any]:
+        """One snapshot for the live page (made on the feed's timer, never per request)."""
+        return live_document(self.status(), self.keeper.curves(), self.recent.series())
+
+    def closing(self) -> None:
+        """The server is about to stop: end the live page's feeds, which would otherwise hold
+        the graceful shutdown open (``router.serve`` calls this before uvicorn's shutdown)."""
+        self.feed.close()
 
     def _connections(self, url: str) -> dict[str, int]:
         client = self.clients.get(url)
@@ -203,13 +247,24 @@ class RouterApp:
         return {pool: self.decider.pool_usable(pool) for pool in POOLS}
 
     def metrics_text(self) -> bytes:
-        return generate_latest(self.registry)
+        worker = self.worker
+        if worker is None:
+            return generate_latest(self.registry)
+        # Counters and histograms: every worker's files, merged by prometheus-client (a dead
+        # worker's stay, so nothing it counted is lost); live gauges: the shared table.
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=str(worker.metrics_dir))
+        merged.register(self.state)
+        return generate_latest(merged)
 
     def table(self) -> tables.Table:
         return self.keeper.table()
 
     def replace_table(self, raw: Any) -> tables.Table:
-        return self.keeper.replace(raw)
+        table = self.keeper.replace(raw)
+        if self.exchange is not None:
+            self.exchange.share(raw)
+        return table
 
     def pin_crossover(self, value: int) -> None:
         self.keeper.pin(value)
@@ -253,6 +308,8 @@ class RouterApp:
         )
         self.poller.start()
         keeper_task = loop.create_task(self.keeper.run())
+        exchange = self.exchange
+        follow_task = None if exchange is None else loop.create_task(exchange.follow(self.keeper))
         log.info(
             "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
             self.decider.policy,
@@ -265,7 +322,11 @@ class RouterApp:
             yield self
         finally:
             keeper_task.cancel()
-            await asyncio.gather(keeper_task, return_exceptions=True)
+            if follow_task is not None:
+                follow_task.cancel()
+            await asyncio.gather(
+                keeper_task, *([] if follow_task is None else [follow_task]), return_exceptions=True
+            )
             self.keeper.persist()
             await self.poller.stop()
             for client in self.clients.values():
@@ -342,4 +403,17 @@ def create_app(
         raise SystemExit(2) from None
 
 
-app = create_app()
+_app: RouterApp | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """``router.app:app``, built on first use (not when ``RouterApp`` is imported)."""
+    global _app
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _app is None:
+        from router.worker import refuse_uvicorn_workers
+
+        refuse_uvicorn_workers()
+        _app = create_app()
+    return _app

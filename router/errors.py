@@ -44,10 +44,27 @@ class BadRequest(RouterError):
         self.code = code
 
 
+class NotFound(RouterError):
+    status = 404
+    type_ = "invalid_request_error"
+    code = "not_found"
+
+
 class PayloadTooLarge(RouterError):
     status = 413
     type_ = "invalid_request_error"
     code = "body_too_large"
+
+
+class RequestTimeout(RouterError):
+    """The request was not received whole in time (slowloris): the connection is closed after."""
+
+    status = 408
+    type_ = "invalid_request_error"
+    code = "request_timeout"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers=[(b"connection", b"close")])
 
 
 class Unauthorized(RouterError):

@@ -10,6 +10,7 @@ wait for, instead of sleeping or polling a port they do not know yet.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import socket
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 
 import uvicorn
 
+from router.fastpath.protocol import http_protocol
 from router.settings import SettingsError, load_settings
 
 LISTENING_PREFIX = "spec-router: listening on "
@@ -47,12 +49,18 @@ def uvicorn_config(
     graceful_shutdown: float | None = 30.0,
     http: str = "httptools",
     keep_alive: float = 75.0,
+    request_timeout: float | None = None,
 ) -> uvicorn.Config:
+    """``request_timeout``: under httptools, a deadline for each request's headers
+    (``router.fastpath.protocol``); None leaves uvicorn's protocol as it is (the sims)."""
+    protocol: str | type[asyncio.Protocol] = http
+    if http == "httptools" and request_timeout is not None:
+        protocol = http_protocol(request_timeout)
     # uvloop + httptools: the fast server stack; lifespan "on" so start-up errors stop the process.
     return uvicorn.Config(
         app,
         loop="uvloop",
-        http=http,
+        http=protocol,
         lifespan="on",
         log_level=log_level,
         access_log=access_log,
@@ -72,7 +80,19 @@ def uvicorn_config(
     )
 
 
-class AnnouncingServer(uvicorn.Server):
+class ClosingServer(uvicorn.Server):
+    """A uvicorn server that tells the app it is stopping (``app.closing()``, when it has one)
+    before it waits for open responses: those that never end on their own (the live page's
+    feed) end first, since uvicorn runs the lifespan's shutdown only after every response."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        closing = getattr(self.config.app, "closing", None)
+        if callable(closing):
+            closing()
+        await super().shutdown(sockets=sockets)
+
+
+class AnnouncingServer(ClosingServer):
     """A uvicorn server that prints its URL once it is accepting connections."""
 
     def __init__(self, config: uvicorn.Config, url: str) -> None:
@@ -86,7 +106,14 @@ class AnnouncingServer(uvicorn.Server):
 
 
 def run(
-    app: Any, host: str, port: int, *, log_level: str = "warning", http: str = "httptools"
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    log_level: str = "warning",
+    http: str = "httptools",
+    graceful_shutdown: float | None = 30.0,
+    request_timeout: float | None = None,
 ) -> int:
     """Serve ``app`` until SIGINT/SIGTERM; returns a process exit code."""
     try:
@@ -94,7 +121,13 @@ def run(
     except OSError as exc:
         print(f"spec-router: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
         return 1
-    config = uvicorn_config(app, log_level=log_level, http=http)
+    config = uvicorn_config(
+        app,
+        log_level=log_level,
+        http=http,
+        graceful_shutdown=graceful_shutdown,
+        request_timeout=request_timeout,
+    )
     server = AnnouncingServer(config, socket_url(sock))
     try:
         server.run(sockets=[sock])
@@ -120,7 +153,16 @@ def main(argv: list[str]) -> int:
         help="uvicorn's HTTP implementation (default httptools, which the router's fast paths "
         "need; h11 is pure Python, for debugging)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="router processes on the one socket, routing with one shared in-flight count "
+        "(router/supervisor.py; default 1: this process serves, as before)",
+    )
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
     if args.config:
         import os
 
@@ -133,6 +175,10 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.workers > 1:
+        from router.supervisor import serve
+
+        return serve(settings, args.host, args.port, args.workers, settings.log_level, args.http)
     from router.app import RouterApp
 
     try:
@@ -140,4 +186,11 @@ def main(argv: list[str]) -> int:
     except SettingsError as exc:
         print(f"spec-router: {exc}", file=sys.stderr)
         return 2
-    return run(app, args.host, args.port, log_level=settings.log_level, http=args.http)
+    return run(
+        app,
+        args.host,
+        args.port,
+        log_level=settings.log_level,
+        http=args.http,
+        request_timeout=settings.request_timeout,
+    )

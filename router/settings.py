@@ -8,6 +8,7 @@ List settings take comma-separated values in the environment (``a,b``) or a TOML
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import tomllib
@@ -115,6 +116,8 @@ class Settings(BaseSettings):
     max_idle_per_backend: int = Field(default=1024, ge=0)
     keepalive_expiry: float = Field(default=4.0, ge=0)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # Absolute deadline for receiving a whole request, headers and body (slowloris): 408 after.
+    request_timeout: float = Field(default=30.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     # Microseconds the event loop keeps polling after activity before it may sleep (0: never
     # spins). Saves ~0.1 ms per request at low load for CPU just after activity (busypoll.py).
@@ -122,6 +125,9 @@ class Settings(BaseSettings):
 
     # -- access -------------------------------------------------------------------------------
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    # Addresses (IPs or CIDRs) of proxies in front of the router whose X-Forwarded-For is kept;
+    # anyone else's is replaced by the client's own address.
+    trusted_proxies: CsvList = Field(default_factory=list)
     admin_token: SecretStr | None = None
 
     # -- health -------------------------------------------------------------------------------
@@ -161,6 +167,10 @@ class Settings(BaseSettings):
     explore_share: float = Field(default=0.02, ge=0, le=0.2)
     explore_band: int = Field(default=2, ge=0)
 
+    # -- live page ----------------------------------------------------------------------------
+    # Seconds between two snapshots of the live page's feed (/router/ui/events).
+    ui_interval: float = Field(default=1.0, ge=0.05, le=60)
+
     # -- process ------------------------------------------------------------------------------
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
@@ -175,7 +185,9 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _TomlSource(settings_cls))
 
-    @field_validator("speculative_urls", "baseline_urls", "api_keys", mode="before")
+    @field_validator(
+        "speculative_urls", "baseline_urls", "api_keys", "trusted_proxies", mode="before"
+    )
     @classmethod
     def _split_csv(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -207,6 +219,13 @@ class Settings(BaseSettings):
         if len(set(cleaned)) != len(cleaned):
             raise ValueError("a backend URL is listed twice")
         return cleaned
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_networks(cls, values: list[str]) -> list[str]:
+        for value in values:
+            ipaddress.ip_network(value, strict=False)  # raises ValueError naming it
+        return values
 
     @model_validator(mode="after")
     def _check_pools_disjoint(self) -> Settings:

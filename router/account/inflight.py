@@ -3,48 +3,71 @@
 A lease is taken when a request has been routed and released exactly once when its last byte
 was sent or its client went away. ``release()`` is idempotent so that a ``finally`` can always
 call it; counts are never clamped, so a leak would show instead of hiding.
+
+Readers see the counts through mappings (``by_backend``, ``by_pool``, ``started``,
+``slow_clients``) and ``area``; leases change them through four methods (``_open``, ``_move``,
+``_close``, ``_slow``). Here those are plain dicts of this process; under ``serve --workers N``
+``router.account.shared.SharedTracker`` keeps the same interface over a table every worker
+writes its own slot of, so the same readers see machine-wide counts.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from router.pools import POOLS, Pool
 
 
 class InflightTracker:
+    # What readers see (the machine-wide view, under --workers):
+    by_backend: Mapping[str, int]  # requests in flight per backend
+    by_pool: Mapping[str, int]
+    started: Mapping[str, int]  # requests ever sent to each backend (monotonic)
+    # of those in flight, responses held back by a client that reads slower than the engine
+    # writes (the router buffers a little, then stops reading from the engine)
+    slow_clients: Mapping[str, int]
+    # this process's own in flight per backend (the same as ``by_backend`` with one process)
+    own_by_backend: Mapping[str, int]
+
     def __init__(
         self, backends: Iterable[tuple[Pool, str]], clock: Callable[[], float] = time.monotonic
     ) -> None:
         """``backends``: (pool, url) pairs."""
         self.clock = clock
         self.pool_of: dict[str, Pool] = {}
-        self.by_backend: dict[str, int] = {}
-        self.started: dict[str, int] = {}  # requests ever sent to each backend (monotonic)
+        self._in: dict[str, int] = {}
+        self._started: dict[str, int] = {}
         # in-flight x seconds per backend, so a request's mean concurrency is a difference
         self._area: dict[str, float] = {}
         self._since: dict[str, float] = {}
         now = clock()
         for pool, url in backends:
             self.pool_of[url] = pool
-            self.by_backend[url] = 0
-            self.started[url] = 0
+            self._in[url] = 0
+            self._started[url] = 0
             self._area[url] = 0.0
             self._since[url] = now
-        self.by_pool: dict[str, int] = dict.fromkeys(POOLS, 0)
-        self.total = 0
+        self._pool: dict[str, int] = dict.fromkeys(POOLS, 0)
+        self._slow: dict[str, int] = dict.fromkeys(POOLS, 0)
+        self._total = 0
+        self.by_backend = self.own_by_backend = self._in
+        self.by_pool = self._pool
+        self.started = self._started
+        self.slow_clients = self._slow
         # requests whose client left but which the engine still runs for a moment (SGLang
-        # aborts them 2-4 s later): when each stops counting against its backend's load
-        self._lingering: dict[str, deque[float]] = {url: deque() for url in self.by_backend}
-        # of those in flight, responses held back by a client that reads slower than the
-        # engine writes (the router buffers a little, then stops reading from the engine)
-        self.slow_clients: dict[str, int] = dict.fromkeys(POOLS, 0)
+        # aborts them 2-4 s later): when each stops counting against its backend's load.
+        # (This process's own, under --workers too.)
+        self._lingering: dict[str, deque[float]] = {url: deque() for url in self.pool_of}
+
+    @property
+    def total(self) -> int:
+        return self._total
 
     def area(self, backend: str, now: float) -> float:
         """The integral of ``by_backend[backend]`` over time, up to ``now``."""
-        return self._area[backend] + self.by_backend[backend] * (now - self._since[backend])
+        return self._area[backend] + self._in[backend] * (now - self._since[backend])
 
     def linger(self, backend: str, until: float) -> None:
         """A released request still occupies its engine until ``until``."""
@@ -65,15 +88,35 @@ class InflightTracker:
     def acquire(self, backend: str) -> Lease:
         return Lease(self, backend)
 
-    def _add(self, backend: str, delta: int) -> None:
-        now = self.clock()
-        self._area[backend] += self.by_backend[backend] * (now - self._since[backend])
-        self._since[backend] = now
-        self.by_backend[backend] += delta
-        self.by_pool[self.pool_of[backend]] += delta
-
     def snapshot(self) -> dict[str, int]:
         return {**self.by_pool, "total": self.total}
+
+    # -- what leases call ---------------------------------------------------------------------
+    def _add(self, backend: str, delta: int) -> None:
+        now = self.clock()
+        self._area[backend] += self._in[backend] * (now - self._since[backend])
+        self._since[backend] = now
+        self._in[backend] += delta
+        self._pool[self.pool_of[backend]] += delta
+
+    def _open(self, backend: str) -> None:
+        self._total += 1
+        self._add(backend, 1)
+        self._started[backend] += 1
+
+    def _move(self, old: str, new: str) -> None:
+        self._add(old, -1)
+        self._add(new, 1)
+        self._started[new] += 1
+
+    def _close(self, backend: str, slow: bool) -> None:
+        self._total -= 1
+        self._add(backend, -1)
+        if slow:
+            self._slow[self.pool_of[backend]] -= 1
+
+    def _slow_client(self, backend: str) -> None:
+        self._slow[self.pool_of[backend]] += 1
 
 
 class Lease:
@@ -86,9 +129,7 @@ class Lease:
         self.backend = backend
         self.released = False
         self.slow = False
-        tracker.total += 1
-        tracker._add(backend, 1)
-        tracker.started[backend] += 1
+        tracker._open(backend)
 
     @property
     def pool(self) -> Pool:
@@ -99,15 +140,12 @@ class Lease:
         if self.released or self.slow:
             return
         self.slow = True
-        self._tracker.slow_clients[self.pool] += 1
+        self._tracker._slow_client(self.backend)
 
     def move(self, backend: str) -> None:
         if self.released or backend == self.backend:
             return
-        tracker = self._tracker
-        tracker._add(self.backend, -1)
-        tracker._add(backend, 1)
-        tracker.started[backend] += 1
+        self._tracker._move(self.backend, backend)
         self.backend = backend
 
     def release(self) -> bool:
@@ -115,9 +153,5 @@ class Lease:
         if self.released:
             return False
         self.released = True
-        tracker = self._tracker
-        tracker.total -= 1
-        tracker._add(self.backend, -1)
-        if self.slow:
-            tracker.slow_clients[self.pool] -= 1
+        self._tracker._close(self.backend, self.slow)
         return True

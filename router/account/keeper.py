@@ -5,6 +5,11 @@ in a table an operator PUTs, and pins the crossover an operator sets (``PUT /rou
 or ``CROSSOVER``): a pinned crossover is not learned over until a new table is put. Routing
 reads ``crossover`` and ``gain`` from here. The thin shell around ``router.decide.learner``
 (pure) and ``router.decide.table`` (pure, plus an atomic file write).
+
+Under ``serve --workers N`` every worker has a keeper, but the crossover in force lives on a
+``CrossoverBoard`` in shared memory, so all route with one value: any worker's keeper can pin
+it or put a table there, only the leader's (worker 0) learns it over time and writes the
+table file. The others still learn the curves and models their own requests show.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 from router.account.inflight import InflightTracker
 from router.account.outcome import Outcome
+from router.account.shared import CrossoverBoard
 from router.decide import table as tables
 from router.decide.learner import Gain, LearnConfig, Learner, marginal_gain
 from router.decide.models import EngineModels, Sample
@@ -25,7 +31,7 @@ from router.decide.predict import PoolModel
 from router.decide.snapshot import Traffic
 from router.decide.table import Source, Table
 from router.health.poller import EngineLoad
-from router.pools import SPECULATIVE, Pool
+from router.pools import POOLS, SPECULATIVE, Pool
 from router.settings import DEFAULT_CROSSOVER, Settings
 
 log = logging.getLogger("spec_router.tuning")
@@ -46,20 +52,28 @@ class CrossoverKeeper:
         loads: Mapping[str, EngineLoad],
         table: Table | None,
         clock: Callable[[], float] = time.monotonic,
+        board: CrossoverBoard | None = None,
+        leader: bool = True,
     ) -> None:
         self.settings = settings
+        self.board = board
+        self.leader = leader
         self.tracker = tracker
         self._loads = loads  # the poller's: engine-reported acceptance lengths
         self.clock = clock
         self._crossover: int
         self._source: Source
         if settings.crossover is not None:  # an explicit CROSSOVER is not learned over
-            self._crossover, self._source, self.pinned = settings.crossover, "configured", True
+            self._crossover, self._source, self._pinned = settings.crossover, "configured", True
         elif table is not None:
-            self._crossover, self._source, self.pinned = table.crossover, table.source, False
+            self._crossover, self._source, self._pinned = table.crossover, table.source, False
         else:
-            self._crossover, self._source, self.pinned = DEFAULT_CROSSOVER, "default", False
-        self.table_path = settings.table_path
+            self._crossover, self._source, self._pinned = DEFAULT_CROSSOVER, "default", False
+        if board is not None and board.read() is None:
+            # the first worker up publishes; the rest (and a restarted one) take what is there
+            board.publish(self._crossover, self._source, self._pinned)
+        self.table_path = settings.table_path if leader else None
+        self.start_table = table  # what learning started from (loaded or PUT), for the live page
         self.learning = settings.learn
         self.learner = self._learner(table)
         self.engines = EngineModels(table, settings.learn_decay)
@@ -72,11 +86,24 @@ class CrossoverKeeper:
     # -- what routing reads -----------------------------------------------------------------------
     @property
     def crossover(self) -> int:
+        board = self.board
+        if board is not None:
+            state = board.read()
+            if state is not None:
+                return state[0]
         return self._crossover
 
     @property
     def source(self) -> Source:
-        return self._source
+        return self._state()[1]
+
+    @property
+    def pinned(self) -> bool:
+        return self._state()[2]
+
+    def _state(self) -> tuple[int, Source, bool]:
+        state = self.board.read() if self.board is not None else None
+        return state if state is not None else (self._crossover, self._source, self._pinned)
 
     @property
     def gain(self) -> Gain | None:
@@ -103,6 +130,29 @@ class CrossoverKeeper:
             "reference_acceptance_length": learner.ref_tau,
         }
 
+    def curves(self) -> dict[str, Any]:
+        """Both pools' per-request decode tok/s against concurrency, in model time: the table
+        learning started from (``start``) and what it has learned since (``learned``)."""
+        start = self.start_table
+        learner = self.learner
+        return {
+            "start": None
+            if start is None
+            else {
+                pool: [
+                    (p.concurrency, p.decode_tps_p50)
+                    for p in start.pool(pool).points
+                    if p.decode_tps_p50 > 0
+                ]
+                for pool in POOLS
+            },
+            "start_source": None if start is None else start.source,
+            "learned": {pool: points for pool, points in learner.speeds().items()},
+            "time_scale": learner.time_scale,
+            "acceptance_length": learner.tau,
+            "reference_acceptance_length": learner.ref_tau,
+        }
+
     def _learner(self, table: Table | None) -> Learner:
         s = self.settings
         cfg = LearnConfig(
@@ -114,8 +164,10 @@ class CrossoverKeeper:
         self._gain = marginal_gain(self.learner.curves())
         self._models = self.engines.models()
 
-    def _set(self, value: int, source: Source) -> None:
-        self._crossover, self._source = value, source
+    def _set(self, value: int, source: Source, pinned: bool) -> None:
+        self._crossover, self._source, self._pinned = value, source, pinned
+        if self.board is not None:
+            self.board.publish(value, source, pinned)
 
     # -- input ----------------------------------------------------------------------------------
     def observe(self, out: Outcome) -> None:
@@ -176,21 +228,25 @@ class CrossoverKeeper:
     # -- the operator -----------------------------------------------------------------------------
     def pin(self, value: int) -> None:
         """An operator's crossover: in force, and not learned over, until a new table."""
-        self.pinned = True
-        self._set(value, "configured")
+        self._set(value, "configured", True)
         log.info("crossover pinned at %d", value)
 
-    def replace(self, raw: Any) -> Table:
+    def replace(self, raw: Any, *, publish: bool = True) -> Table:
         """Validate and apply a new table (raises ``TableError``; the old one stays then).
 
         The table's crossover takes over, and learning resumes from it: a pin is lifted.
+        ``publish=False``: another worker took the table and set the board already; only
+        this keeper's curves and models follow it.
         """
         table = tables.from_json(raw)
+        self.start_table = table
         self.learner = self._learner(table)
         self.engines = EngineModels(table, self.settings.learn_decay)
         self._tau_used = None
-        self.pinned = False
-        self._set(table.crossover, table.source)
+        if publish or self.board is None:
+            self._set(table.crossover, table.source, False)
+        else:
+            self._crossover, self._source, self._pinned = table.crossover, table.source, False
         self._publish_gain()
         self.persist()
         return table
@@ -208,19 +264,20 @@ class CrossoverKeeper:
         if tau is not None and (self._tau_used is None or changed):
             self._tau_used = tau
         self._publish_gain()
-        if self.pinned or not self.learning:
+        current, _, pinned = self._state()
+        if pinned or not self.learning or not self.leader:
             return None
-        new = self.learner.step(self._crossover, changed or self._tau_moved_since_seed())
+        new = self.learner.step(current, changed or self._tau_moved_since_seed())
         if new is None:
             return None
         log.info(
             "crossover %d -> %d (learned; target %s, acceptance %s)",
-            self._crossover,
+            current,
             new,
             self.learner.target(),
             "n/a" if tau is None else f"{tau:.2f}",
         )
-        self._set(new, "learned")
+        self._set(new, "learned", False)
         return new
 
     def _tau_moved_since_seed(self) -> bool:
@@ -229,7 +286,8 @@ class CrossoverKeeper:
         return tau is not None and ref > 1.0 and abs(tau - ref) / ref > TAU_CHANGE
 
     def table(self) -> Table:
-        return self.learner.table(self._crossover, self._source, _now_iso())
+        crossover, source, _ = self._state()
+        return self.learner.table(crossover, source, _now_iso())
 
     def persist(self) -> None:
         if self.table_path is None:

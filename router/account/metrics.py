@@ -9,10 +9,10 @@ on counters, labels limited to pool, backend, reason, code, kind, state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -21,6 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from router.forward.verdicts import failure_kinds, retry_kinds
 from router.health.state import State
 from router.pools import POOLS, SPECULATIVE
 
@@ -49,8 +50,9 @@ E2E_BUCKETS = (
 
 
 # The router's own refusals, and the usual answers of a failing engine, by the usual reasons.
-ROUTER_CODES = ("400", "401", "413", "503")
+ROUTER_CODES = ("400", "401", "404", "408", "413", "503")
 UPSTREAM_ERROR_CODES = ("500", "502", "503", "504")
+QUEUE_OUTCOMES = ("admitted", "timed_out", "refused_full")
 MAIN_REASONS = (
     "below_crossover",
     "above_crossover",
@@ -62,7 +64,10 @@ MAIN_REASONS = (
 
 
 class RouterMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, backends: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        """``backends``: (pool, url) of every backend, whose error series start at 0."""
         self.registry = registry
         p = "spec_router_"
         self.requests = Counter(
@@ -126,6 +131,34 @@ class RouterMetrics:
             for reason in MAIN_REASONS:
                 for code in UPSTREAM_ERROR_CODES:
                     self.requests.labels(pool, reason, code)
+            for kind in retry_kinds():
+                self.retries.labels(pool, kind)
+        for backend_pool, url in backends:
+            for kind in failure_kinds():
+                self.upstream_errors.labels(backend_pool, url, kind)
+
+    def queue_meter(self) -> Callable[[str, int], None]:
+        """The queue's metrics as prometheus-client objects, for ``serve --workers`` (where
+        every worker queues on its own and the files of all are merged at a scrape); with one
+        process ``StateCollector`` reads the queue's own counts instead."""
+        p = "spec_router_"
+        queued = Gauge(
+            p + "queued_requests", "Requests waiting in the router's own queue (QUEUE_SIZE).",
+            registry=self.registry, multiprocess_mode="livesum",
+        )  # fmt: skip
+        outcomes = Counter(
+            p + "queue_outcomes", "How requests left the router's queue.", ["outcome"],
+            registry=self.registry,
+        )  # fmt: skip
+        children = {kind: outcomes.labels(kind) for kind in QUEUE_OUTCOMES}
+
+        def meter(kind: str, delta: int) -> None:
+            if kind == "queued":
+                queued.inc(delta)
+            else:
+                children[kind].inc(delta)
+
+        return meter
 
     def _children(self, pool: str, reason: str, code: int) -> tuple[Any, ...]:
         """The labelled series one request touches, looked up once per label set:

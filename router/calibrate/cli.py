@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
         "default for lines without max_tokens",
     )
     parser.add_argument(
+        "--no-probes",
+        dest="probes",
+        action="store_false",
+        help="skip the prefill and temperature-1 probes after the sweep (a few requests at "
+        "concurrency 1 each, for the slo policy's models)",
+    )
+    parser.add_argument(
         "--temperature", type=float, default=0.0, metavar="T", help="synthetic requests only"
     )
     parser.add_argument(
@@ -109,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ignore-eos",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="ask for exactly max_tokens (SGLang's and vLLM's ignore_eos; default: on)",
+        help="ask for exactly max_tokens (ignore_eos of SGLang, vLLM and llama.cpp; default: on)",
     )
     parser.add_argument(
         "--retries",
@@ -126,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1800.0,
         metavar="S",
         help="wall seconds one pool may take at one level (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="measure level by level, each pool in turn (speculative at N, baseline at N, then "
+        "the next N), instead of one pool's whole sweep after the other's: for two engines on "
+        "separate hardware of a machine whose speed drifts (a shared VM), so that both points "
+        "of a level are measured at about the same time",
     )
     parser.add_argument(
         "--time-scale",
@@ -238,10 +253,13 @@ def main(argv: Sequence[str]) -> int:
         level_timeout=args.level_timeout,
         api_key=args.api_key,
         discover_model=args.model is None,
+        interleave=args.interleave,
+        probes=args.probes,
     )
     progress = Progress(sys.stderr, 2 * len(plan.levels))
+    order = "and, in turn at each level," if plan.interleave else "then"
     progress.say(
-        f"calibrating {plan.urls['speculative']} (speculative), then {plan.urls['baseline']} "
+        f"calibrating {plan.urls['speculative']} (speculative) {order} {plan.urls['baseline']} "
         f"(baseline), at concurrency {','.join(map(str, plan.levels))}"
     )
     try:
@@ -256,6 +274,7 @@ def main(argv: Sequence[str]) -> int:
         counts=measured.counts,
         ignore_eos=args.ignore_eos,
         disturbed=measured.disturbed,
+        interleaved=args.interleave,
     )
     table = build_table(
         measured.points["speculative"],
@@ -266,6 +285,8 @@ def main(argv: Sequence[str]) -> int:
         spec_tau=measured.tau,
         notes=notes,
         time_scale=args.time_scale,
+        spec_tau_sampling=measured.tau_sampling,
+        prefill=measured.prefill,
     )
     save(table, args.out)
     print(report(table))

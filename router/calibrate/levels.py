@@ -11,13 +11,14 @@ full concurrency; fillers are cancelled when the last measured request ends and 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from router.decide.table import (
     Objective,
     Point,
     PoolCurve,
+    Prefill,
     Table,
     Workload,
     crossover_from_points,
@@ -79,23 +80,13 @@ class LevelRun:
         return [r for r in self.results if not r.ok and r.error != CANCELLED]
 
 
-def _tokens_per_chunk(r: RequestResult) -> list[float]:
-    """Chunk token counts rescaled so they add up to the usage count (exact for the sims, whose
-    tokens are words; proportional to words for a real tokenizer)."""
-    words = sum(r.chunk_tokens)
-    if r.output_tokens is None or words <= 0:
-        return [float(t) for t in r.chunk_tokens]
-    scale = r.output_tokens / words
-    return [t * scale for t in r.chunk_tokens]
-
-
 def total_tps(results: Sequence[RequestResult], start: float, end: float) -> float:
     """Output tokens of all requests that arrived in ``[start, end)``, per second."""
     if end <= start:
         return math.nan
     tokens = 0.0
     for r in results:
-        for t, n in zip(r.chunk_times, _tokens_per_chunk(r), strict=True):
+        for t, n in zip(r.chunk_times, r.token_counts(), strict=True):
             if start <= t < end:
                 tokens += n
     return tokens / (end - start)
@@ -202,12 +193,14 @@ def describe(
     counts: Sequence[int],
     ignore_eos: bool,
     disturbed: Sequence[str] = (),
+    interleaved: bool = False,
 ) -> str:
     """The table's ``notes``: how its numbers were measured."""
     lo, hi = min(counts), max(counts)
     per_level = f"{lo}" if lo == hi else f"{lo} to {hi}"
+    order = "level by level, the two in turn" if interleaved else "one after the other"
     notes = [
-        "Measured by spec-router calibrate: each pool alone, one after the other, with a closed "
+        f"Measured by spec-router calibrate: each pool alone, {order}, with a closed "
         "loop of N clients at each level (each sends its next request when the last one ends).",
         f"Each worker's first request is warm-up and not measured; then {per_level} measured "
         "requests per level, with fillers keeping the load at N until the last one ends.",
@@ -245,6 +238,8 @@ def build_table(
     spec_tau: float = 1.0,
     notes: str = "",
     time_scale: float = 1.0,
+    spec_tau_sampling: float | None = None,
+    prefill: Mapping[str, Prefill] | None = None,
 ) -> Table:
     """The calibrated table: both curves, their fits, and the crossover from the points."""
     spec = sorted(spec, key=lambda p: p.concurrency)
@@ -255,8 +250,12 @@ def build_table(
         objective=objective,
         measured_at=measured_at,
         workload=workload,
-        speculative=PoolCurve(tuple(spec), fit_points(spec, tau=max(1.0, spec_tau))),
-        baseline=PoolCurve(tuple(base), fit_points(base)),
+        speculative=PoolCurve(
+            tuple(spec),
+            replace(fit_points(spec, tau=max(1.0, spec_tau)), tau_sampling=spec_tau_sampling),
+            (prefill or {}).get("speculative"),
+        ),
+        baseline=PoolCurve(tuple(base), fit_points(base), (prefill or {}).get("baseline")),
         notes=notes,
         time_scale=time_scale,
     )

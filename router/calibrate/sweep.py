@@ -1,9 +1,10 @@
 """Driving the pools: each level's closed loop, the engines' own counters, the progress bar.
 
 The pools are driven directly (no router in between) and one at a time, since they may share
-GPUs. ``sweep`` runs every level of the speculative pool, then of the baseline pool, turns each
-into a ``Point`` with ``router.calibrate.levels`` and stops with ``CalibrationError`` at the
-first level that cannot be trusted.
+GPUs. ``sweep`` runs every level of the speculative pool, then of the baseline pool (or, with
+``Plan.interleave``, each level on one pool and then the other), turns each into a ``Point``
+with ``router.calibrate.levels`` and stops with ``CalibrationError`` at the first level that
+cannot be trusted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from router.calibrate import probes
 from router.calibrate.levels import (
     CANCELLED,
     CalibrationError,
@@ -27,7 +29,7 @@ from router.calibrate.levels import (
 )
 from router.calibrate.progress import Progress
 from router.calibrate.workload import RequestSource
-from router.decide.table import Point
+from router.decide.table import Point, Prefill
 from router.health import engines as engine_metrics
 from router.tools.loadgen import RequestResult, send_one
 
@@ -48,6 +50,8 @@ class Plan:
     level_timeout: float = 1800.0
     api_key: str | None = None
     discover_model: bool = True
+    interleave: bool = False  # level by level, the pools in turn, instead of pool after pool
+    probes: bool = True  # prefill and sampling probes after the sweep (router.calibrate.probes)
 
 
 @dataclass
@@ -59,6 +63,8 @@ class Sweep:
     tau_source: str = "not measured"
     counts: list[int] = field(default_factory=list)  # measured requests asked for, per level
     disturbed: list[str] = field(default_factory=list)  # levels kept though they failed a check
+    prefill: dict[str, Prefill] = field(default_factory=dict)  # per pool, from the probes
+    tau_sampling: float | None = None  # speculative acceptance at temperature 1, from a probe
 
 
 # -- driving one pool -----------------------------------------------------------------------------
@@ -188,9 +194,10 @@ async def acceptance(
     ``avg_spec_accept_length`` (a lifetime mean, warm-up included, per DP rank, behind the
     API key: ``headers``); else its last 40-step gauge."""
     if after is not None and before is not None and after.accept_length is None:
-        interval = engine_metrics.interval_accept_length(before, after)  # vLLM's counters
+        # vLLM's and llama.cpp's counters
+        interval = engine_metrics.interval_accept_length(before, after)
         if interval is not None and interval >= 1.0:
-            return interval, "vllm spec_decode counters over the sweep"
+            return interval, f"{after.flavor} spec_decode counters over the sweep"
     counted = engine_metrics.counted_accept_length(before, after) if after is not None else None
     if after is not None and after.flavor == "sglang" and counted is not None and counted >= 1.0:
         # (counted as requests end; 0.5.23 and later)
@@ -270,7 +277,8 @@ async def measure(
 
 
 async def sweep(plan: Plan, sources: dict[str, RequestSource], progress: Progress) -> Sweep:
-    """Both pools, one after the other; raises ``CalibrationError`` at the first bad level.
+    """Both pools, one after the other (or level by level in turn); raises ``CalibrationError``
+    at the first bad level.
 
     Two checks catch a level that did not run as it should. During the level: the engine's
     own count of running and queued requests must match the concurrency driven (else other
@@ -287,31 +295,106 @@ async def sweep(plan: Plan, sources: dict[str, RequestSource], progress: Progres
     limits = httpx.Limits(max_connections=top + 8, max_keepalive_connections=top + 8)
     timeout = httpx.Timeout(connect=30.0, read=None, write=60.0, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        for name in POOLS:
-            pool = _Pool(name, plan.urls[name], sources[name], client, headers)
-            if plan.discover_model:
+        pools = {
+            name: _Pool(name, plan.urls[name], sources[name], client, headers) for name in POOLS
+        }
+        if plan.discover_model:
+            for pool in pools.values():
                 pool.source.model = await discover_model(client, pool.url, headers)
-            before = await scrape(client, pool.url)
-            points: dict[int, Point] = {}
-            calm: dict[int, bool] = {}
-            for n in plan.levels:
-                points[n], calm[n] = await measure(plan, pool, n, progress)
-                result.counts.append(
-                    requests_per_level(n, plan.output_tokens, plan.requests_per_level)
-                )
-            odd = out_of_line(list(points.values()))
+        before = await scrape(client, pools["speculative"].url)
+        points: dict[str, dict[int, Point]] = {name: {} for name in POOLS}
+        calm: dict[str, dict[int, bool]] = {name: {} for name in POOLS}
+
+        async def level(name: str, n: int) -> None:
+            points[name][n], calm[name][n] = await measure(plan, pools[name], n, progress)
+            result.counts.append(requests_per_level(n, plan.output_tokens, plan.requests_per_level))
+
+        async def check_shape(name: str) -> None:
+            odd = out_of_line(list(points[name].values()))
             if odd and plan.retries > 0:
                 around = ", ".join(map(str, odd))
                 progress.say(f"  {name}: decode speed rose with concurrency at {around}; again")
                 for n in odd:
-                    points[n], calm[n] = await measure(plan, pool, n, progress, again=True)
-            doubtful = {n for n, ok in calm.items() if not ok}
-            doubtful.update(out_of_line(list(points.values())))
-            result.points[name] = [points[n] for n in plan.levels]
+                    points[name][n], calm[name][n] = await measure(
+                        plan, pools[name], n, progress, again=True
+                    )
+
+        if plan.interleave:
+            for n in plan.levels:
+                for name in POOLS:
+                    await level(name, n)
+            for name in POOLS:
+                await check_shape(name)
+        else:
+            for name in POOLS:
+                for n in plan.levels:
+                    await level(name, n)
+                await check_shape(name)
+        for name in POOLS:
+            doubtful = {n for n, ok in calm[name].items() if not ok}
+            doubtful.update(out_of_line(list(points[name].values())))
+            result.points[name] = [points[name][n] for n in plan.levels]
             result.disturbed += [f"{name} at {n}" for n in sorted(doubtful)]
-            if name == "speculative":
-                after = await scrape(client, pool.url)
-                result.tau, result.tau_source = await acceptance(
-                    client, pool.url, before, after, headers
-                )
+        after = await scrape(client, pools["speculative"].url)
+        result.tau, result.tau_source = await acceptance(
+            client, pools["speculative"].url, before, after, headers
+        )
+        if plan.probes:
+            await probe(plan, pools, result, progress)
     return result
+
+
+async def probe(plan: Plan, pools: dict[str, _Pool], result: Sweep, progress: Progress) -> None:
+    """Prefill lines for both pools and the speculative acceptance when sampling
+    (``router.calibrate.probes``), into ``result``."""
+    for name, pool in pools.items():
+        first = next((p for p in result.points[name] if p.concurrency == 1), None)
+        if first is None or pool.source.dataset:
+            continue  # needs the level at 1 and a synthetic workload to vary
+        ptau = result.tau if name == "speculative" else 1.0
+        spi1 = probes.iteration_at_one(first, ptau)
+        prompt = pool.source.prompt_tokens
+        samples = [(float(prompt), first.ttft_p50 - spi1)]
+        for tokens in (probes.SHORT_PROMPT, probes.long_prompt(prompt)):
+            point = await _probe_point(plan, pool, progress, prompt_tokens=tokens)
+            samples.append((float(tokens), point.ttft_p50 - spi1))
+        line = probes.prefill_line(samples)
+        if line is not None:
+            result.prefill[name] = line
+            progress.say(
+                f"  {name}: prefill {line.base * 1000:.0f} ms + "
+                f"{line.per_token * 1e6:.0f} us per prompt token"
+            )
+        if name == "speculative" and pool.source.temperature == 0:
+            hot = await _probe_point(plan, pool, progress, temperature=1.0)
+            if hot.decode_tps_p50 > 0 and first.decode_tps_p50 > 0:
+                result.tau_sampling = max(
+                    1.0, result.tau * hot.decode_tps_p50 / first.decode_tps_p50
+                )
+                progress.say(
+                    f"  speculative: acceptance length {result.tau_sampling:.2f} at temperature 1"
+                )
+
+
+async def _probe_point(
+    plan: Plan,
+    pool: _Pool,
+    progress: Progress,
+    prompt_tokens: int | None = None,
+    temperature: float | None = None,
+) -> Point:
+    """A few requests at concurrency 1 with one thing changed from the sweep's."""
+    source = pool.source.variant(prompt_tokens=prompt_tokens, temperature=temperature)
+    await wait_idle(pool.client, pool.url)
+    run = await run_level(
+        pool.client,
+        pool.url,
+        source,
+        pool.name,
+        1,
+        probes.PROBE_REQUESTS,
+        timeout=plan.level_timeout,
+        headers=pool.headers,
+        progress=progress,
+    )
+    return point_from_run(run, plan.time_scale)

@@ -14,15 +14,18 @@ Every other field (``temperature``, ``top_p``, ``stop``, ...) is sent as it is; 
 ``temperature`` gets the server's default (1.0 on SGLang, vLLM and OpenAI). ``max_tokens`` (or
 ``max_completion_tokens``) is required unless ``--output-tokens`` gives a default. The
 calibrator sets ``stream``, ``stream_options``, ``model`` and (unless ``--no-ignore-eos``)
-``ignore_eos``. Lines are sent in order and start over at the end; a line sent twice may find
-its prompt in the engine's prefix cache, which shortens its time to first token (not its
-decode speed), so give a dataset at least as long as the sweep when TTFT matters.
+``ignore_eos``. Lines are sent in order and start over at the end; a line sent twice (in this
+sweep or an earlier one) may find its prompt in the engine's prefix cache, which shortens its
+time to first token (not its decode speed), so give a dataset at least as long as the sweep,
+or one whose lines differ from earlier runs', when TTFT matters. Synthetic prompts begin with a
+word unique to the request and the run, so they never hit the cache.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -84,11 +87,17 @@ def parse_dataset(lines: Iterable[str], default_max_tokens: int | None = None) -
 
 
 def synthetic(
-    serial: int, prompt_tokens: int, output_tokens: int, temperature: float, endpoint: Endpoint
+    serial: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    temperature: float,
+    endpoint: Endpoint,
+    nonce: str = "",
 ) -> Template:
-    """A prompt of ``prompt_tokens`` words whose first word is unique in the sweep, so that an
-    engine's prefix cache cannot make it free."""
-    prompt = " ".join([f"r{serial}", *itertools.repeat("hello", max(0, prompt_tokens - 1))])
+    """A prompt of ``prompt_tokens`` words whose first word is unique in the sweep (``serial``)
+    and to the run (``nonce``), so that an engine's prefix cache cannot make it free."""
+    words = itertools.repeat("hello", max(0, prompt_tokens - 1))
+    prompt = " ".join([f"{nonce}r{serial}", *words])
     body: dict[str, Any] = {"max_tokens": output_tokens, "temperature": temperature}
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -116,6 +125,24 @@ class RequestSource:
         self.prompt_tokens, self.output_tokens = prompt_tokens, output_tokens
         self.temperature, self.endpoint = temperature, endpoint
         self.model, self.ignore_eos = model, ignore_eos
+        self.nonce = secrets.token_hex(3)  # per run: an earlier run's prompts are not cached
+
+    @property
+    def dataset(self) -> bool:
+        return self._dataset is not None
+
+    def variant(
+        self, *, prompt_tokens: int | None = None, temperature: float | None = None
+    ) -> RequestSource:
+        """The same synthetic requests with another prompt length or temperature."""
+        return RequestSource(
+            prompt_tokens=self.prompt_tokens if prompt_tokens is None else prompt_tokens,
+            output_tokens=self.output_tokens,
+            temperature=self.temperature if temperature is None else temperature,
+            endpoint=self.endpoint,
+            model=self.model,
+            ignore_eos=self.ignore_eos,
+        )
 
     def next(self, share: float = 1.0) -> tuple[str, dict[str, Any]]:
         """(path, body) of the next request; ``share`` < 1 shortens its output (warm-up)."""
@@ -128,6 +155,7 @@ class RequestSource:
                 self.output_tokens,
                 self.temperature,
                 self.endpoint,
+                self.nonce,
             )
         body = dict(template.body)
         body["max_tokens"] = max(2, round(template.max_tokens * share))
@@ -136,7 +164,7 @@ class RequestSource:
         if self.model is not None:
             body["model"] = self.model
         if self.ignore_eos:
-            # SGLang and vLLM: generate exactly max_tokens, so the workload is the one asked for.
+            # SGLang, vLLM, llama.cpp: exactly max_tokens, so the workload is the one asked for.
             body["ignore_eos"] = True
         return PATHS[template.endpoint], body
 

@@ -1,4 +1,4 @@
-"""The router's own endpoints: liveness, readiness, metrics, status, models, admin.
+"""The router's own endpoints: liveness, readiness, metrics, status, models, admin, live page.
 
 A FastAPI app, deliberately off the ``/v1/*`` hot path. Errors use the OpenAI error shape like
 everything else the router answers. It sees the router only through ``Controlled``: the views
@@ -17,6 +17,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from router.control.feed import Feed
+from router.control.page import add_page
 from router.decide import table as tables
 from router.errors import BadRequest, RouterError, Unauthorized, error_body
 from router.forward.request import has_api_key
@@ -28,6 +30,7 @@ class Controlled(Protocol):
     """What the control endpoints read and do (``router.app.RouterApp`` provides it)."""
 
     settings: Settings
+    feed: Feed  # the live page's snapshots (router.control.feed)
 
     def status(self) -> dict[str, Any]: ...
 
@@ -154,6 +157,8 @@ def build_control_app(app: Controlled) -> FastAPI:
         except tables.TableError as exc:
             raise BadRequest(f"table refused: {exc}", "invalid_table") from None
         return JSONResponse({"crossover": table.crossover, "crossover_source": table.source})
+
+    add_page(api, app)
 
     @api.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])
     async def not_started(rest: str) -> Response:

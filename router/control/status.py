@@ -7,9 +7,10 @@ them out.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.account.inflight import InflightTracker
 from router.account.keeper import CrossoverKeeper
@@ -17,6 +18,9 @@ from router.decide.snapshot import Decider
 from router.health.poller import EngineLoad
 from router.health.state import HealthRegistry, usable
 from router.pools import POOLS
+
+if TYPE_CHECKING:
+    from router.worker import WorkerContext
 
 
 def _engine(seen: EngineLoad | None, now: float) -> dict[str, Any] | None:
@@ -91,4 +95,26 @@ def status_document(
         "in_flight": tracker.snapshot(),
         "pools": pools,
         **extra,
+    }
+
+
+def workers_document(tracker: InflightTracker, worker: WorkerContext | None) -> dict[str, Any]:
+    """Which worker answered, and each worker's share of the machine-wide counts (the rest of
+    the document -- connections, health, engine loads, queue, learning -- is that worker's)."""
+    pid = os.getpid()
+    if worker is None:
+        share = {
+            "worker": 0,
+            "pid": pid,
+            "in_flight": tracker.total,
+            "by_pool": dict(tracker.by_pool),
+            "started": sum(tracker.started.values()),
+        }
+        return {"count": 1, "this": 0, "pid": pid, "leader": True, "slots": [share]}
+    return {
+        "count": worker.count,
+        "this": worker.slot,
+        "pid": pid,
+        "leader": worker.leader,
+        "slots": worker.table.workers(),
     }

@@ -181,6 +181,19 @@ class Learner:
             return None
         return {SPECULATIVE: spec, BASELINE: base}
 
+    def speeds(self) -> dict[Pool, list[tuple[int, float, int]]]:
+        """Each pool's learned points as (concurrency, per-request decode tok/s, samples), the
+        speculative one at the acceptance length now: the curves routing uses, in model time."""
+        out: dict[Pool, list[tuple[int, float, int]]] = {}
+        for pool in POOLS:
+            tau = (self.tau or self.ref_tau) if pool == SPECULATIVE else 1.0
+            out[pool] = [
+                (n, tau / b.spi, b.samples)
+                for n, b in sorted(self.pools[pool].bins.items())
+                if b.spi > 0
+            ]
+        return out
+
     def target(self) -> int | None:
         """Lowest concurrency at which the baseline is at least as fast per request."""
         curves = self.curves()

@@ -1,8 +1,7 @@
 """What the router learns of its engines beyond the decode curves, for the ``slo`` policy. Pure.
 
 - ``PrefillFit``: prefill seconds against prompt tokens, a decayed weighted least-squares line,
-  from each request's time to first token less the wait for its join iteration (samples taken
-  at low load weigh more: they carry fewer other joiners' prefills);
+  from the time to first token of requests sent to an idle engine, less one iteration;
 - ``Ewma``: decayed means, for the tokens per iteration of greedy and sampled requests on the
   speculative pool (drafts are accepted less often at temperature > 0), the output length of
   recent requests, and the tokens per character of prompts (to size a prompt from its text
@@ -211,10 +210,12 @@ class EngineModels:
         curve = self.pure[s.pool].curve(1.0)
         if spec and curve is not None:
             self.tau[s.sampling].add(curve.spi(s.concurrency) / (s.spt * stretch))
-        if curve is not None and s.prompt_tokens > 0:
-            # the join: half an iteration's wait for the boundary, the prefill, the iteration
-            wait = 1.5 * curve.spi(max(1.0, s.load_at_start + 1)) / stretch
-            self.prefill[s.pool].add(s.prompt_tokens, s.ttft - wait, 1.0 / (1 + s.load_at_start))
+        if curve is not None and s.prompt_tokens > 0 and s.load_at_start == 0:
+            # Sent to an idle engine, it started at once, alone: its time to first token is its
+            # prefill and one iteration. (Under load it also waits for the iteration boundary
+            # and shares its join iteration with other joiners' prefills, which would read as
+            # a prefill many times too long.)
+            self.prefill[s.pool].add(s.prompt_tokens, s.ttft - curve.spi(1.0))
 
     # -- output ---------------------------------------------------------------------------------
     def tau_of(self, sampling: bool) -> float:

@@ -108,9 +108,10 @@ class Decision(NamedTuple):
     # what the backend looked like when it was chosen (the decider fills these in)
     load: int = 0
     prefill_share: float = 0.0
-    # slo policy: the request's predicted stay there (TTFT + decode), and whether that
+    # slo policy: the request's predicted TTFT and TPOT there, wall seconds, and whether that
     # prediction went beyond the measured batch sizes
-    stay: float = 0.0
+    ttft: float = 0.0
+    tpot: float = 0.0
     extrapolated: bool = False
 
 
@@ -260,12 +261,12 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     # configured, holds such requests until one can)
     overflow = worth <= NOTHING and all(chance(o[0], req) < NOTHING for o in eligible)
     p, pool_name, chosen = best
-    stay = p.ttft + max(0.0, req.output_tokens - 1) * p.tpot
     decision = Decision(
         pool_name,
         chosen.url,
         "overflow" if overflow else "predicted_slo",
-        stay=stay,
+        ttft=p.ttft,
+        tpot=p.tpot,
         extrapolated=p.extrapolated,
     )
     return decision, snap.state._replace(rr=rr + 1)

@@ -104,7 +104,7 @@ def predict(
     cap = model.cap if model.cap is not None else math.inf
     run_now = min(load, cap)
     lifetime = load if load_avg is None else (load + min(load_avg, MAX_LOAD)) / 2
-    run_next = int(min(round(lifetime) + 1, cap))
+    run_next = int(min(math.floor(lifetime + 0.5) + 1, cap))
     t_now = model.iteration(int(run_now)) if run_now else 0.0
     t_next = model.iteration(run_next)
     stretch = 1.0 / (1.0 - min(max(prefill_share, 0.0), MAX_PREFILL_SHARE))

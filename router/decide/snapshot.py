@@ -6,9 +6,10 @@ counts from the tracker, health from the registry, engine loads from the poller,
 and the curves from the keeper.
 
 Load signals (``LOAD_SIGNAL``):
-- ``local``: this router's own in-flight count per backend, plus the requests whose client left
-  that the engine is still running (SGLang aborts them 2-4 s later: ``ENGINE_ABORT_LAG``).
-  Exact and instant, but blind to other router replicas in front of the same engines.
+- ``local``: this router's own in-flight count per backend (under ``serve --workers N``, the
+  sum over its workers: ``router.account.shared``), plus the requests whose client left that
+  the engine is still running (SGLang aborts them 2-4 s later: ``ENGINE_ABORT_LAG``). Exact
+  and instant, but blind to other router replicas in front of the same engines.
 - ``engine``: the engine's reported running + queued requests at the last scrape, plus the
   requests this replica sent there since that scrape -- since ``ENGINE_GAUGE_LAG`` before it
   for SGLang, whose gauges lag (router.health.poller.EngineLoad). Replicas agree (they read
@@ -21,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Container, Mapping
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from router.account.inflight import InflightTracker
 from router.decide.learner import Gain
@@ -46,8 +47,6 @@ from router.settings import LoadSignal, PolicyName
 # averaged: about a request's lifetime, so that predictions see the traffic it will live with.
 RECENT_WINDOW = 5.0
 SAMPLING_KEEP = 0.02  # weight of each request in the sampling share
-STAY_KEEP = 0.1  # weight of each request in a backend's mean predicted stay
-MAX_STAY = 3600.0  # seconds: a longer predicted stay is a runaway estimate
 
 
 class Tuning(Protocol):
@@ -74,24 +73,34 @@ class Traffic(NamedTuple):
 
 
 class _Recent:
-    """A backend's recent traffic, decayed over ``window`` seconds: the prefill time sent to it
-    (as a share of the time) and its arrival rate, with the time its requests are predicted to
-    stay (Little's law gives the load they will keep it at)."""
+    """A backend's recent traffic over about ``window`` seconds, all measured: the prefill time
+    sent to it (a decayed sum: over the window, the share of the time it spends prefilling),
+    its arrival rate, and how long its requests stayed (in-flight time over requests finished).
+    Little's law gives the load that arrival rate will keep it at: it rises as soon as a burst
+    starts, while the load itself still lags. (Not from predicted stays: an estimate fed by its
+    own errors runs away.)"""
 
-    __slots__ = ("prefill", "arrivals", "at", "stay")
+    __slots__ = ("prefill", "arrivals", "area", "done", "last_area", "last_done", "at")
 
     def __init__(self, now: float) -> None:
-        self.prefill = 0.0
-        self.arrivals = 0.0
+        self.prefill = self.arrivals = self.area = self.done = 0.0
+        self.last_area = 0.0
+        self.last_done = 0
         self.at = now
-        self.stay = 0.0
 
-    def decay(self, now: float, window: float) -> float:
+    def update(self, now: float, window: float, area: float, done: int) -> None:
         keep = math.exp(-(now - self.at) / window) if now > self.at else 1.0
         self.prefill *= keep
         self.arrivals *= keep
-        self.at = now
-        return keep
+        self.area = self.area * keep + (area - self.last_area)
+        self.done = self.done * keep + (done - self.last_done)
+        self.last_area, self.last_done, self.at = area, done, now
+
+    def expected(self, window: float) -> float | None:
+        """None until a request has finished there: no stay measured yet."""
+        if self.done <= 0:
+            return None
+        return self.arrivals / window * self.area / self.done
 
 
 class Decider:
@@ -156,13 +165,17 @@ class Decider:
                 ),
             )
         views = []
-        local = self.tracker.by_backend
+        tracker = self.tracker
+        local = tracker.by_backend
+        own = tracker.own_by_backend  # this process's (one worker's, under --workers)
         for url in self.pools[name]:
             r = self._recent[url]
-            r.decay(now, window)
             n = load(url)
-            # what this router's own traffic will keep it at, plus what others put there
-            expected = r.arrivals / window * r.stay + max(0, n - local[url])
+            r.update(now, window, tracker.area(url, now), tracker.started[url] - local[url])
+            # what this process's own traffic will keep it at, plus what others (other
+            # workers, other replicas) put there
+            ours = r.expected(window)
+            expected = None if ours is None else ours + max(0, n - own[url])
             seen = self.loads.get(url)
             views.append(
                 BackendView(
@@ -239,9 +252,6 @@ class Decider:
         r = self._recent[decision.backend]
         r.prefill += model.prefill(req.prompt_tokens) * model.scale
         r.arrivals += 1.0
-        if decision.stay > 0:  # (an explored or fallback decision carries no prediction)
-            stay = min(MAX_STAY, decision.stay)
-            r.stay = stay if r.stay == 0 else r.stay + (stay - r.stay) * STAY_KEEP
         return decision._replace(load=view.load, prefill_share=view.prefill_share)
 
     def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:
@@ -260,12 +270,12 @@ class Decider:
     def retry(self, failed: Decision, tried: Container[str]) -> Decision | None:
         return reroute(self.snapshot(), failed, tried)
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any]:
         """The slo policy's state, for /router/status."""
         models = self.tuning.models
         traffic = self.tuning.traffic
-        pools: dict[str, object] = {}
-        recent: dict[str, object] = {}
+        pools: dict[str, Any] = {}
+        recent: dict[str, Any] = {}
         if models is not None:
             window = RECENT_WINDOW * models[SPECULATIVE].scale
             now = self.clock()
@@ -283,9 +293,10 @@ class Decider:
                     r = self._recent[url]
                     keep = math.exp(-(now - r.at) / window) if now > r.at else 1.0
                     load = self.backend_load(url)
+                    ours = r.expected(window)
                     recent[url] = {
                         "prefill_share": round(r.prefill * keep / window, 4),
-                        "expected_load": round(r.arrivals * keep / window * r.stay, 2),
+                        "expected_load": None if ours is None else round(ours * keep, 2),
                         # a prediction for the next request here would extrapolate the curve
                         "beyond_measured": load + 1 > max(1, m.measured),
                     }

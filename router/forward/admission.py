@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
+
+# What ``meter`` is told: a place taken (+1) or given back (-1) as "queued", and each way out.
+Meter = Callable[[str, int], None]
 
 
 class QueueFull(Exception):
@@ -19,8 +23,12 @@ class QueueFull(Exception):
 
 
 class Admission:
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, meter: Meter | None = None) -> None:
+        """``meter``: for metrics kept outside this object (under ``serve --workers``, one
+        file per worker that prometheus-client merges); single-process metrics read the
+        counts below at scrape time instead."""
         self.size = size
+        self.meter = meter
         self._waiters: deque[asyncio.Future[None]] = deque()
         self.queued = 0  # requests holding a place now
         self.admitted = 0  # that left the queue for a backend
@@ -33,15 +41,30 @@ class Admission:
 
     def enter(self) -> None:
         """Take a place (raises ``QueueFull``); the caller must ``leave()`` on every path."""
+        meter = self.meter
         if self.queued >= self.size:
             self.full += 1
+            if meter is not None:
+                meter("refused_full", 1)
             raise QueueFull()
         self.queued += 1
+        if meter is not None:
+            meter("queued", 1)
 
     def leave(self, admitted: bool) -> None:
         self.queued -= 1
         if admitted:
             self.admitted += 1
+        if self.meter is not None:
+            self.meter("queued", -1)
+            if admitted:
+                self.meter("admitted", 1)
+
+    def time_out(self) -> None:
+        """A waiter's deadline passed (it still ``leave()``s)."""
+        self.timed_out += 1
+        if self.meter is not None:
+            self.meter("timed_out", 1)
 
     async def wait(self, timeout: float, again: bool = False) -> bool:
         """Wait for a request in flight to end; False when ``timeout`` passed first. ``again``:

@@ -12,6 +12,7 @@ server the fast paths of ``router.fastpath.uvicorn``.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import math
@@ -28,6 +29,7 @@ from router.decide.snapshot import Decider
 from router.errors import (
     NoBackend,
     PayloadTooLarge,
+    RequestTimeout,
     RouterError,
     Unauthorized,
     UpstreamTimeout,
@@ -38,11 +40,13 @@ from router.errors import (
     QueueFull as QueueRefused,
 )
 from router.fastpath import Responders
+from router.fastpath.protocol import REQUEST_STARTED
 from router.fastpath.responder import Responder
 from router.forward import verdicts
 from router.forward.admission import Admission, QueueFull
 from router.forward.request import (
     RequestInfo,
+    check_path,
     forward_headers,
     has_api_key,
     inspect,
@@ -119,6 +123,7 @@ class Proxy:
         self.whole_timeouts = Timeouts(settings.connect_timeout, whole, whole, whole)
         self._api_keys = [k.get_secret_value().encode() for k in settings.api_keys]
         self._pool_auth = {pool: settings.pool_authorization(pool) for pool in POOLS}
+        self._trusted = [ipaddress.ip_network(n, strict=False) for n in settings.trusted_proxies]
 
     # -- entry ------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -142,7 +147,8 @@ class Proxy:
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         try:
             self._authorize(headers)
-            body = await self._read_body(headers, receive)
+            check_path(scope["path"])
+            body = await self._read_body(scope, headers, receive)
             content_type = next((v for k, v in headers if k == b"content-type"), None)
             info = inspect(scope["path"], body, content_type)
         except RouterError as exc:
@@ -222,7 +228,7 @@ class Proxy:
             while True:
                 left = deadline - self.loop.time()
                 if left <= 0:
-                    admission.timed_out += 1
+                    admission.time_out()
                     raise NoBackend(
                         "no backend could serve the request within its SLO before the "
                         "router's queue deadline",
@@ -247,11 +253,26 @@ class Proxy:
         if self._api_keys and not has_api_key(headers, self._api_keys):
             raise Unauthorized("invalid or missing API key")
 
-    async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+    async def _read_body(
+        self, scope: Scope, headers: list[tuple[bytes, bytes]], receive: Receive
+    ) -> bytes:
         limit = self.settings.max_body_bytes
         length = next((v for k, v in headers if k == b"content-length"), None)
         if length is not None and length.isdigit() and int(length) > limit:
             raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+        # One deadline for the whole request, from its first byte where the server's protocol
+        # tells (router.fastpath.protocol), else from now; no lease is taken before the body.
+        extensions = scope.get("extensions")
+        started = extensions.get(REQUEST_STARTED) if extensions else None
+        timeout = self.settings.request_timeout
+        deadline = (self.loop.time() if started is None else started) + timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._receive_body(receive, limit)
+        except TimeoutError:
+            raise RequestTimeout(f"the request body was not received within {timeout:g}s") from None
+
+    async def _receive_body(self, receive: Receive, limit: int) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -283,6 +304,8 @@ class Proxy:
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
         client = scope.get("client")
+        client_ip = client[0] if client else None
+        trusted = self._trusts(client_ip)
         ask_usage = info.stream and scope["path"] in USAGE_PATHS
         timeouts = self.timeouts if info.stream else self.whole_timeouts
         tried: list[str] = []
@@ -298,7 +321,7 @@ class Proxy:
             tried.append(decision.backend)
             pool_key = self._pool_auth[decision.pool]
             headers = forward_headers(
-                scope["headers"], client[0] if client else None, pool_key, bool(self._api_keys)
+                scope["headers"], client_ip, pool_key, bool(self._api_keys), trusted
             )
             named = None
             if info.fill_model and self.default_model is not None:
@@ -355,6 +378,16 @@ class Proxy:
             lease.move(alt.backend)
             decision = alt
 
+    def _trusts(self, client_ip: str | None) -> bool:
+        """Whether the client is a proxy whose X-Forwarded-For the router keeps."""
+        if not self._trusted or client_ip is None:
+            return False
+        try:
+            address = ipaddress.ip_address(client_ip)
+        except ValueError:  # (a Unix socket's peer, say)
+            return False
+        return any(address in network for network in self._trusted)
+
     def _judge(self, verdict: Verdict, decision: Decision, out: Outcome, detail: str) -> None:
         """Apply what an attempt said about its backend: a failure, an ejection, a good answer."""
         if verdict.failed:
@@ -395,6 +428,8 @@ class Proxy:
         headers = response_headers(conn.headers, keep_length)
         headers.append((b"x-spec-router-pool", decision.pool.encode()))
         headers.append((b"x-spec-router-reason", decision.reason.encode()))
+        if decision.tpot > 0:  # what the slo policy expected of this request
+            headers += _predicted(decision)
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         # The per-chunk loop: kept flat (no helper coroutines) because it runs for every chunk
         # of every stream, and that is most of the router's CPU under load. Under uvicorn's
@@ -544,9 +579,19 @@ class Proxy:
             (b"x-spec-router-pool", decision.pool.encode()),
             (b"x-spec-router-reason", decision.reason.encode()),
         ]
+        if decision.tpot > 0:
+            headers += _predicted(decision)
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         end = {"type": "http.response.body", "body": body, "more_body": False}
         await _send_all(responder, [start, end])
+
+
+def _predicted(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """The slo policy's prediction for this request, in milliseconds (for clients and tests)."""
+    return [
+        (b"x-spec-router-predicted-ttft-ms", b"%.1f" % (decision.ttft * 1000)),
+        (b"x-spec-router-predicted-tpot-ms", b"%.2f" % (decision.tpot * 1000)),
+    ]
 
 
 def _slo_headers(headers: list[tuple[bytes, bytes]]) -> tuple[float | None, float | None]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from router.errors import BadRequest
+from router.errors import BadRequest, NotFound
 
 # Paths whose body names a model (or gets the pool's default one).
 MODEL_PATHS = frozenset(
@@ -26,6 +27,11 @@ MODEL_PATHS = frozenset(
         "/v1/moderations",
     }
 )
+
+# Engine endpoints under /v1 that change the engine rather than ask it (vLLM's runtime LoRA
+# loading): never forwarded. Outside /v1 nothing is (vLLM's /pause, /abort_requests,
+# /update_weights, /tokenize, SGLang's /flush_cache ... answer 404 from the router).
+ENGINE_ADMIN_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those the proxy sets itself.
 HOP_BY_HOP = frozenset(
@@ -51,7 +57,7 @@ class RequestInfo:
     model: str | None = None
     stream: bool = False
     # a stream whose client did not touch ``stream_options`` (or only declined usage): the
-    # router may ask for usage and remove that event again (see ``wants_usage_added``)
+    # router may ask for usage and remove that event again (see ``usage_addable``)
     add_usage: bool = False
     # no ``model`` (or an empty one) on a path that takes one: both engines serve it (SGLang
     # as "default", vLLM as its first served name); the router names the pool's model
@@ -84,6 +90,19 @@ def has_api_key(headers: list[tuple[bytes, bytes]], keys: list[bytes]) -> bool:
     return ok
 
 
+def check_path(path: str) -> None:
+    """Refuse a /v1 path that could reach elsewhere on an engine that normalises paths: dot
+    segments (also percent-encoded: ``path`` is decoded), backslashes, control characters, and
+    the engine's own admin endpoints (checklist case 14)."""
+    if path in ENGINE_ADMIN_PATHS:
+        raise NotFound(f"{path} is not served through the router")
+    if "." in path or "\\" in path or not path.isprintable():
+        segments = path.split("/")
+        if "." in segments or ".." in segments or "\\" in path or not path.isprintable():
+            message = "the path has dot segments, backslashes or control characters"
+            raise BadRequest(message, "invalid_path")
+
+
 def _is_json(content_type: bytes | None) -> bool:
     if not content_type:
         return True
@@ -104,6 +123,8 @@ def inspect(path: str, body: bytes, content_type: bytes | None) -> RequestInfo:
         obj = json.loads(body.decode("utf-8-sig"))  # (a str skips json's encoding sniffing)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", "invalid_json") from None
+    except RecursionError:  # (e.g. 100,000 nested arrays: the C decoder recurses per level)
+        raise BadRequest("request body is nested too deeply", "invalid_json") from None
     if not isinstance(obj, dict):
         raise BadRequest("request body must be a JSON object", "invalid_json")
     model = obj.get("model")
@@ -119,7 +140,7 @@ def inspect(path: str, body: bytes, content_type: bytes | None) -> RequestInfo:
         stream=stream,
         add_usage=stream and usage_addable(obj.get("stream_options", None)),
         max_tokens=max_tokens if type(max_tokens) is int else None,
-        temperature=float(temperature) if isinstance(temperature, int | float) else None,
+        temperature=_number(temperature),
         parsed=obj,
         prompt_chars=chars,
         prompt_tokens=tokens,
@@ -136,6 +157,16 @@ def usage_addable(options: Any) -> bool:
     chunk, once ``include_usage`` is on (vLLM). Such options pass untouched, and the router
     counts the usage if the engine sends it (docs/engines.md, section 9)."""
     return options is None or (isinstance(options, dict) and options == {"include_usage": False})
+
+
+def _number(value: Any) -> float | None:
+    """A JSON number as a float (an integer too large for one is infinite); None otherwise."""
+    if not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _text_chars(content: Any) -> int:
@@ -200,7 +231,24 @@ def upstream_body(
         obj["model"] = default_model
     if add_usage:  # (an explicit true: {} means true on vLLM 0.11, false elsewhere)
         obj["stream_options"] = {"include_usage": True}
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    return _encode(obj)
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (``"\\ud800"`` is valid JSON, not valid UTF-8): escaped, it reaches the
+        # engine as the client wrote it, and the engine decides what it means.
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def connection_named(raw: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """The header names a ``Connection`` header lists: hop-by-hop too (RFC 9110 7.6.1)."""
+    named = [value for name, value in raw if name == b"connection"]
+    if not named:
+        return frozenset()
+    return frozenset(t.strip().lower() for value in named for t in value.split(b",") if t.strip())
 
 
 def forward_headers(
@@ -208,23 +256,38 @@ def forward_headers(
     client_ip: str | None,
     authorization: bytes | None,
     drop_authorization: bool,
+    trust_forwarded: bool = False,
 ) -> list[tuple[bytes, bytes]]:
     """End-to-end request headers for the upstream, with X-Forwarded-For appended.
 
     ``authorization``: the pool's own key replaces the client's; ``drop_authorization``: the
     client's key is the router's own (API_KEYS) and must not leak to the engine.
+    ``trust_forwarded``: the client is a trusted proxy (TRUSTED_PROXIES), whose X-Forwarded-For
+    is kept and appended to; anyone else's is replaced by their address (a client must not
+    choose the address the engine logs or rate-limits by). ``TE: trailers`` is kept (as Go's
+    ReverseProxy does): it is the one TE value that says something end to end.
     """
+    drop = _REQUEST_DROP
+    named = connection_named(raw)
+    if named:
+        drop = drop | named
     out: list[tuple[bytes, bytes]] = []
     forwarded: bytes | None = None
+    trailers = False
     for name, value in raw:
-        if name in _REQUEST_DROP:
+        if name in drop:
+            if name == b"te" and b"trailers" in value.lower():
+                trailers = True
             continue
         if name == b"x-forwarded-for":
-            forwarded = value if forwarded is None else forwarded + b", " + value
+            if trust_forwarded:
+                forwarded = value if forwarded is None else forwarded + b", " + value
             continue
         if name == b"authorization" and (authorization is not None or drop_authorization):
             continue
         out.append((name, value))
+    if trailers:
+        out.append((b"te", b"trailers"))
     if client_ip:
         ip = client_ip.encode()
         forwarded = ip if forwarded is None else forwarded + b", " + ip
@@ -239,8 +302,12 @@ def response_headers(
     raw: list[tuple[bytes, bytes]], keep_length: bool
 ) -> list[tuple[bytes, bytes]]:
     """End-to-end response headers; content-length only when the body passes unchanged."""
+    drop = HOP_BY_HOP
+    named = connection_named(raw)
+    if named - HOP_BY_HOP:  # (usually just "keep-alive" or "close")
+        drop = drop | named
     return [
         (name, value)
         for name, value in raw
-        if name not in HOP_BY_HOP and (keep_length or name != b"content-length")
+        if name not in drop and (keep_length or name != b"content-length")
     ]

@@ -3,9 +3,12 @@
 The router counts tokens from the engine's own ``usage``. For a stream whose client left
 ``stream_options`` alone, the proxy asks the engine for it (``stream_options.include_usage``) and
 this tap removes that one extra event again, so the client receives what the engine would have
-sent it. A per-pool model name is mapped back to the public one the client asked for.
-``first_event`` reads a stream's first event before anything is relayed: an engine may refuse a
-stream inside a 200 (SGLang).
+sent it. llama.cpp puts its ``timings`` object on the last event of a stream: on the usage event
+when asked for usage, else on the finish event before it. So the finish event is held until the
+next event arrives, and the ``timings`` of a removed usage event go back onto it, byte for byte.
+A per-pool model name is mapped back to the public one the client asked for. ``first_event``
+reads a stream's first event before anything is relayed: an engine may refuse a stream inside
+a 200 (SGLang).
 
 Hot-path care: a chunk that holds whole events and nothing of interest is returned as is, after
 one substring search; events are split only when a chunk carries usage or must be rewritten.
@@ -20,6 +23,7 @@ from typing import Any
 from router.forward.upstream import Connection, UpstreamError
 
 _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
+_FINISH_MARKERS = (b'"finish_reason":"', b'"finish_reason": "')  # a finish reason that is not null
 _MAX_CARRY = 1 << 20
 _DECODER = json.JSONDecoder()  # a "partial event" this large is not SSE as we know it: stop tapping
 
@@ -47,22 +51,56 @@ def _has_usage(data: bytes) -> bool:
     return _USAGE_MARKERS[0] in data or _USAGE_MARKERS[1] in data
 
 
+def _has_finish(data: bytes) -> bool:
+    return _FINISH_MARKERS[0] in data or _FINISH_MARKERS[1] in data
+
+
+def _raw_member(payload: bytes, key: bytes) -> bytes | None:
+    """``"key":value`` exactly as it appears in a JSON object's text (its last occurrence)."""
+    at = payload.rfind(b'"' + key + b'"')
+    colon = payload.find(b":", at + len(key) + 2) if at >= 0 else -1
+    if colon < 0:
+        return None
+    try:
+        rest = payload[colon + 1 :].decode()
+        _, end = _DECODER.raw_decode(rest, len(rest) - len(rest.lstrip()))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return payload[at : colon + 1] + rest[:end].encode()
+
+
+def _graft(event: bytes, member: bytes) -> bytes:
+    """Add ``member`` as the last member of the event's JSON object."""
+    end = event.rfind(b"}")
+    if end < 0 or b'"timings"' in event:
+        return event
+    return event[:end] + b"," + member + event[end:]
+
+
 class SseTap:
     """Pass an SSE body through, noting usage; optionally drop the usage-only event."""
 
-    __slots__ = ("usage", "_strip", "_rename", "_carry", "_gave_up")
+    __slots__ = ("usage", "_strip", "_rename", "_carry", "_held", "_gave_up")
 
     def __init__(self, strip_usage: bool, rename: tuple[bytes, bytes] | None = None) -> None:
         self.usage: Usage | None = None
         self._strip = strip_usage
         self._rename = rename
-        self._carry = b""
+        self._carry = b""  # an incomplete event
+        self._held = b""  # (stripping) a finish event, until the event after it is seen
         self._gave_up = False
 
     def feed(self, data: bytes) -> bytes:
         if self._gave_up:
             return data
-        if not self._carry and data.endswith(b"\n\n") and not self._rename and not _has_usage(data):
+        if (
+            not self._carry
+            and not self._held
+            and data.endswith(b"\n\n")
+            and not self._rename
+            and not _has_usage(data)
+            and not (self._strip and _has_finish(data))
+        ):
             return data  # the common case: whole events, nothing to see
         data = self._carry + data
         cut = data.rfind(b"\n\n")
@@ -70,7 +108,7 @@ class SseTap:
             if len(data) > _MAX_CARRY:
                 self._gave_up = True
                 self._carry = b""
-                return data
+                return self._release() + data
             self._carry = data
             return b""
         complete, self._carry = data[: cut + 2], data[cut + 2 :]
@@ -78,15 +116,22 @@ class SseTap:
 
     def flush(self) -> bytes:
         rest, self._carry = self._carry, b""
-        return self._process(rest) if rest else b""
+        return self._process(rest, final=True) if rest or self._held else b""
 
-    def _process(self, data: bytes) -> bytes:
+    def _release(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
+
+    def _process(self, data: bytes, final: bool = False) -> bytes:
         if self._rename:
             data = data.replace(*self._rename)
-        if not _has_usage(data):
+        data = self._release() + data
+        if not _has_usage(data) and not (self._strip and not final and _has_finish(data)):
             return data
-        out = []
-        for event in data.split(b"\n\n"):
+        events = data.split(b"\n\n")
+        tail = events.pop()  # b"" unless this is the unterminated rest at the end
+        out: list[bytes] = []
+        for event in events:
             if event and _has_usage(event):
                 payload = event.split(b"data:", 1)[-1].strip()
                 try:
@@ -97,9 +142,15 @@ class SseTap:
                 if usage is not None:
                     self.usage = usage
                     if self._strip and isinstance(obj, dict) and obj.get("choices") == []:
+                        timings = _raw_member(payload, b"timings") if "timings" in obj else None
+                        if timings is not None and out and _has_finish(out[-1]):
+                            out[-1] = _graft(out[-1], timings)
                         continue
             out.append(event)
-        return b"\n\n".join(out)
+        if self._strip and not final and out and _has_finish(out[-1]):
+            if not _has_usage(out[-1]):  # a usage event may follow: wait for it
+                self._held = out.pop() + b"\n\n"
+        return b"".join(event + b"\n\n" for event in out) + tail
 
 
 class BodyTap:

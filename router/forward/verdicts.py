@@ -18,13 +18,17 @@ The rules (``../shared/reliability-checklist.md`` cases 1-5, 15):
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 from router.forward.upstream import ErrorKind
 
 RETRY_STATUSES = frozenset({429, 503})
 EJECT_STATUSES = frozenset({502, 503, 504})
 SAFE_KINDS: frozenset[ErrorKind] = frozenset({"connect", "connect_timeout"})
+ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
+# Every 5xx counts as a failure; these are the ones engines and their proxies send, whose
+# counters start at 0 (an unusual 5xx still gets its series when it first happens).
+COUNTED_STATUSES = (500, 502, 503, 504)
 
 # What the client is told when an attempt failed and is not retried.
 Refusal = Literal["timeout", "bad_gateway", "no_backend"]
@@ -75,6 +79,17 @@ def mid_response(kind: ErrorKind) -> Verdict:
     """The body failed after the response started: never retried; a timeout (a slow engine,
     not a dead one) does not eject."""
     return Verdict(kind, failed=True, eject=kind not in SLOW_KINDS, retry=False, served=False)
+
+
+def retry_kinds() -> tuple[str, ...]:
+    """Every ``Verdict.kind`` that can be retried: the labels of the retry counter."""
+    safe = tuple(kind for kind in ERROR_KINDS if after_error(kind, False).retry)
+    return safe + tuple(f"http_{status}" for status in sorted(RETRY_STATUSES))
+
+
+def failure_kinds() -> tuple[str, ...]:
+    """The ``Verdict.kind`` of every failure known in advance: the upstream error labels."""
+    return ERROR_KINDS + tuple(f"http_{status}" for status in COUNTED_STATUSES)
 
 
 def refusal(kind: ErrorKind, retried_out: bool) -> Refusal:

@@ -6,7 +6,11 @@ decoding) ``sglang:spec_accept_length``; vLLM exposes ``vllm:num_requests_runnin
 ``vllm:spec_decode_num_drafts_total``, from which the mean acceptance length over an interval
 is 1 + accepted/drafts. SGLang 0.5.23 also counts ``sglang:generation_tokens_total`` and
 ``sglang:spec_verify_calls_total`` (per finished request), whose ratio over an interval is its
-acceptance length. Which engine it is, is detected from the names present.
+acceptance length. llama.cpp's ``llama-server --metrics`` exposes
+``llamacpp:requests_processing`` (requests in its slots), ``llamacpp:requests_deferred``
+(waiting for a slot) and, with a draft model, ``llamacpp:spec_decode_num_drafts_total`` and
+``llamacpp:spec_decode_num_accepted_tokens_total``, read as vLLM's (one draft = one
+verification step). Which engine it is, is detected from the names present.
 
 A metric's series are not simply added up (``combine``; docs/engines.md, section 2):
 
@@ -40,6 +44,10 @@ _WANTED = {
     "vllm:num_requests_waiting": ("queued", "gauge"),
     "vllm:spec_decode_num_accepted_tokens_total": ("accepted", "counter"),
     "vllm:spec_decode_num_drafts_total": ("drafts", "counter"),
+    "llamacpp:requests_processing": ("running", "gauge"),
+    "llamacpp:requests_deferred": ("queued", "gauge"),
+    "llamacpp:spec_decode_num_accepted_tokens_total": ("accepted", "counter"),
+    "llamacpp:spec_decode_num_drafts_total": ("drafts", "counter"),
 }
 # The labels that tell apart the ranks of one scheduler: their series repeat its values.
 RANK_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
@@ -50,11 +58,11 @@ Series = list[tuple[Labels, float]]
 
 @dataclass(frozen=True, slots=True)
 class EngineSample:
-    flavor: str  # "sglang", "vllm" or "unknown"
+    flavor: str  # "sglang", "vllm", "llamacpp" or "unknown"
     running: float
     queued: float
-    accept_length: float | None  # SGLang's gauge (None: no data yet); None for vLLM
-    accepted_total: float | None = None  # vLLM counters, for interval acceptance
+    accept_length: float | None  # SGLang's gauge (None: no data yet); None for vLLM, llama.cpp
+    accepted_total: float | None = None  # vLLM / llama.cpp counters, for interval acceptance
     drafts_total: float | None = None
     generated_total: float | None = None  # SGLang 0.5.23 counters, for interval acceptance
     verifies_total: float | None = None
@@ -185,7 +193,9 @@ def parse(text: str) -> EngineSample:
 
 
 def interval_accept_length(prev: EngineSample | None, cur: EngineSample) -> float | None:
-    """Acceptance length for the interval between two samples (vLLM), else the gauge."""
+    """Acceptance length for the interval between two samples (vLLM, llama.cpp), else the
+    gauge; None when no draft was verified in between (an idle engine) or a counter went back
+    (the engine restarted)."""
     if cur.accept_length is not None:
         return cur.accept_length
     if prev is None or cur.accepted_total is None or cur.drafts_total is None:
@@ -193,9 +203,10 @@ def interval_accept_length(prev: EngineSample | None, cur: EngineSample) -> floa
     if prev.accepted_total is None or prev.drafts_total is None:
         return None
     drafts = cur.drafts_total - prev.drafts_total
-    if drafts <= 0:
+    accepted = cur.accepted_total - prev.accepted_total
+    if drafts <= 0 or accepted < 0:
         return None
-    return 1.0 + (cur.accepted_total - prev.accepted_total) / drafts
+    return 1.0 + accepted / drafts
 
 
 def counted_accept_length(prev: EngineSample | None, cur: EngineSample) -> float | None:

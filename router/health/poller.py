@@ -222,6 +222,11 @@ class HealthPoller:
         if sample.flavor == "unknown":
             return
         accept = engine_metrics.interval_accept_length(self._samples.get(url), sample)
+        last = self._loads.get(url)
+        if accept is None and sample.accept_length is None and last is not None:
+            # Counters (vLLM, llama.cpp) give nothing over an interval without speculative
+            # steps; an idle engine keeps its last value, as SGLang's gauge does.
+            accept = last.accept_length
         self._samples[url] = sample
         running, queued = round(sample.running), round(sample.queued)
         cap = cap_after(self._loads.get(url), running, queued)
@@ -245,4 +250,9 @@ class HealthPoller:
                 await self.check(url)
             except Exception:  # keep polling whatever happens
                 log.exception("health round for %s failed", url)
-            await asyncio.sleep(self.interval * random.uniform(0.8, 1.2))
+            await asyncio.sleep(probe_delay(self.interval))
+
+
+def probe_delay(interval: float, rng: random.Random | None = None) -> float:
+    """The wait before a backend's next probe: ``interval`` +-20%, so replicas drift apart."""
+    return interval * (rng or random).uniform(0.8, 1.2)

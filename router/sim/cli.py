@@ -15,9 +15,7 @@ import sys
 import time
 from typing import Any
 
-import uvicorn
-
-from router.serve import LISTENING_PREFIX, bind_socket, socket_url, uvicorn_config
+from router.serve import LISTENING_PREFIX, ClosingServer, bind_socket, socket_url, uvicorn_config
 from router.sim.behaviour import VERSIONS, behaviour
 from router.sim.exposition import Topology
 from router.sim.model import MS, PRESETS, Preset
@@ -207,7 +205,7 @@ def serve(app: SimServer, host: str, port: int, log_level: str) -> int:
     url = socket_url(sock)
     # announced once the warm-up is over, not when the port opens (it answers 503 till then)
     app.on_ready = lambda: print(f"{LISTENING_PREFIX}{url}", flush=True)
-    server = uvicorn.Server(config)
+    server = ClosingServer(config)
     try:
         server.run(sockets=[sock])
     finally:

@@ -6,7 +6,9 @@ one with ``round_robin`` in front of them. It ramps a closed-loop load through c
 ``spec-router calibrate`` builds it and loaded into the router with ``PUT /router/table``, as an
 operator would -- then through each router. For every level it prints the share of requests
 sent to the speculative pool, the per-request decode speed and the median time to first token,
-and it draws the same as a PNG.
+and it draws the same as a PNG. The router's live page (``/router/ui``) shows all of it as it
+happens; ``--hold SECONDS`` then keeps everything up that long, ramping load up and down through
+the router, so there is time to watch it.
 
 The sims run ``--time-scale`` times faster than the model (default 0.1, i.e. 10x): every
 number printed is converted back to model time (measured tok/s x time-scale; seconds / scale),
@@ -204,6 +206,47 @@ def plot(points: Sequence[Point], path: Path, policy: str) -> None:
     plt.close(fig)
 
 
+# -- holding the stack up -----------------------------------------------------------------------
+
+
+def hold_levels(levels: Sequence[int]) -> list[int]:
+    """One ramp for the hold: up through ``levels`` and back down (without repeating the ends)."""
+    up = sorted(set(levels))
+    return up + up[-2:0:-1]
+
+
+def hold(url: str, seconds: float, args: argparse.Namespace, levels: Sequence[int]) -> None:
+    """Keep the stack up for ``seconds``, ramping closed-loop load through the router."""
+    if seconds <= 0:
+        return
+    cycle = hold_levels(levels)
+    print(
+        f"\nholding for {seconds:.0f} s: ramping {' -> '.join(map(str, cycle))} concurrent "
+        f"requests through the router, {args.hold_step:g} s each; watch {url}/router/ui "
+        "(Ctrl-C stops)",
+        flush=True,
+    )
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            for n in cycle:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                asyncio.run(
+                    run_closed_loop(
+                        f"{url}/v1",
+                        concurrency=n,
+                        prompt_tokens=args.prompt_tokens,
+                        output_tokens=args.output_tokens,
+                        duration=min(args.hold_step, left),
+                        output_jitter=0.5,
+                    )
+                )
+    except KeyboardInterrupt:
+        print("stopped holding", flush=True)
+
+
 # -- entry --------------------------------------------------------------------------------------
 
 
@@ -220,6 +263,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--policy", default=None, help="the router's policy (default: its default)")
     parser.add_argument("--plot", type=Path, default=Path("out/demo.png"), help="PNG to write")
+    parser.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="afterwards, keep the sims and routers up this long, ramping load through the "
+        "router, to watch its live page (default 0: stop at once)",
+    )
+    parser.add_argument(
+        "--hold-step", type=float, default=4.0, help="seconds per concurrency level while holding"
+    )
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
     scale = args.time_scale
@@ -237,8 +291,9 @@ def main(argv: list[str]) -> int:
         urls = {"router": router, "round_robin": rr, "speculative": spec, "baseline": base}
         print(
             f"spec-router demo: eagle3 sim {spec}, baseline sim {base}, router {router}, "
-            f"round-robin router {rr}; time scale {scale} (numbers below are in model time)\n"
+            f"round-robin router {rr}; time scale {scale} (numbers below are in model time)"
         )
+        print(f"live page: {router}/router/ui (open it to watch the router decide)\n", flush=True)
         points: list[Point] = []
         # 1. Each pool alone at every level: the comparison curves, and a calibration.
         runs: dict[str, list[LevelRun]] = {"speculative": [], "baseline": []}
@@ -264,6 +319,13 @@ def main(argv: list[str]) -> int:
             for target in ("router", "round_robin"):
                 points.append(asyncio.run(run_target(urls[target], target, n, args))[0])
             print(format_level([p for p in points if p.concurrency == n], label), flush=True)
-    plot(points, args.plot, label)
-    print(f"\nplot written to {args.plot}; finished in {time.monotonic() - began:.0f} s")
+        plot(points, args.plot, label)
+        print(f"\nplot written to {args.plot}", flush=True)
+        hold(router, args.hold, args, levels)
+        if not args.hold:
+            print(
+                "(--hold SECONDS, or make demo HOLD=SECONDS, keeps it all up to watch "
+                "the live page)"
+            )
+    print(f"finished in {time.monotonic() - began:.0f} s")
     return 0

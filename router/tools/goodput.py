@@ -54,6 +54,9 @@ class Result:
     pool: str | None  # x-spec-router-pool (None when talking to an engine directly)
     reason: str | None  # x-spec-router-reason
     error: str | None
+    # what the router's slo policy predicted (x-spec-router-predicted-*), model seconds
+    predicted_ttft: float | None = None
+    predicted_tpot: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -88,6 +91,7 @@ def timed_result(
     reason: str | None = None,
     error: str | None = None,
     time_scale: float = 1.0,
+    predicted: tuple[float, float] | None = None,
 ) -> Result:
     """A ``Result`` from wall-clock instants (any one clock; ``start`` = the replay's zero)."""
 
@@ -119,6 +123,8 @@ def timed_result(
         pool=pool,
         reason=reason,
         error=error,
+        predicted_ttft=None if predicted is None else model(predicted[0]),
+        predicted_tpot=None if predicted is None else model(predicted[1]),
     )
 
 

@@ -11,8 +11,18 @@ tok/s from the chunks that arrived in it, and per-request decode tok/s from the 
 each request's chunks in it (which leaves out time to first token, as the usual
 ``(output_tokens - 1) / (t_last - t_first)`` does).
 
-Tokens per chunk are counted with ``count_tokens`` (default: whitespace-separated words, exact
-for ``router.sim``, whose tokens are words). Against real engines use the usage counts.
+Tokens come from the engine's usage chunk: each chunk's share of them is estimated with
+``count_tokens`` (default ``estimate_tokens``: whitespace-separated words, at least one per chunk
+that carries text; exact for ``router.sim``, whose tokens are words, and for llama.cpp, which
+sends one token per event) and the shares are scaled to add up to the usage count.
+
+Real engines send several tokens of one step (a speculative step's accepted drafts) as separate
+events at once. Events less than ``BURST_GAP`` apart are one *burst*: decode rates are counted
+between bursts, never over the zero gaps inside one (which would make a 4-token step look
+infinitely fast).
+
+Prompts start with a nonce drawn once per run, then the worker and sequence numbers, so neither
+another request of the run nor an earlier run finds the prompt in an engine's prefix cache.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import itertools
 import json
 import math
 import random
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -32,10 +43,12 @@ from typing import Any, Literal
 import httpx
 
 POOL_HEADER = "x-spec-router-pool"
+BURST_GAP = 1e-3  # seconds: events closer than this arrived together
 
 
-def count_words(text: str) -> int:
-    return len(text.split())
+def estimate_tokens(text: str) -> int:
+    """Tokens in a chunk's text, estimated: its words, and at least one."""
+    return max(1, len(text.split()))
 
 
 @dataclass
@@ -52,6 +65,8 @@ class RequestResult:
     prompt_tokens: int | None = None  # from the usage chunk
     output_tokens: int | None = None
     error: str | None = None
+    stale_retries: int = 0  # sent again after a keep-alive connection closed under it
+    body: bytes | None = None  # the body as received, when asked for (``send_one(keep_body)``)
 
     @property
     def ok(self) -> bool:
@@ -73,6 +88,14 @@ class RequestResult:
     def ttft(self) -> float | None:
         return None if not self.chunk_times else self.chunk_times[0] - self.start
 
+    def token_counts(self) -> list[float]:
+        """Tokens per chunk, scaled so that they add up to the usage count when there is one."""
+        estimated = sum(self.chunk_tokens)
+        if self.output_tokens is None or estimated <= 0:
+            return [float(t) for t in self.chunk_tokens]
+        scale = self.output_tokens / estimated
+        return [t * scale for t in self.chunk_tokens]
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -85,11 +108,15 @@ class Workload:
     temperature: float = 0.0
     headers: tuple[tuple[str, str], ...] = ()
     extra_body: tuple[tuple[str, Any], ...] = ()
+    ignore_eos: bool = False  # SGLang's, vLLM's and llama.cpp's: exactly max_tokens
+    nonce: str = field(default_factory=lambda: secrets.token_hex(3))
 
     def body(self, worker: int, seq: int, output_tokens: int) -> dict[str, Any]:
-        # A unique first word keeps real engines' prefix caches from making prompts free.
+        # A first word unique to the request and the run keeps real engines' prefix caches from
+        # making prompts free (within a run and across runs).
         words = max(1, self.prompt_tokens)
-        prompt = " ".join([f"w{worker}r{seq}", *itertools.repeat("hello", words - 1)])
+        first = f"{self.nonce}w{worker}r{seq}"
+        prompt = " ".join([first, *itertools.repeat("hello", words - 1)])
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": output_tokens,
@@ -97,6 +124,8 @@ class Workload:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if self.ignore_eos:
+            body["ignore_eos"] = True
         if self.endpoint == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
@@ -124,26 +153,26 @@ async def send_one(
     result: RequestResult,
     *,
     headers: dict[str, str] | None = None,
-    count_tokens: Callable[[str], int] = count_words,
+    count_tokens: Callable[[str], int] = estimate_tokens,
+    keep_body: bool = False,
 ) -> RequestResult:
-    """Send one streamed completion and fill ``result`` in as the answer arrives."""
+    """Send one streamed completion and fill ``result`` in as the answer arrives (with
+    ``keep_body``, also the body's bytes as they came, in ``result.body``).
+
+    A request that the server closed the connection on before any response byte is sent once
+    more, as an HTTP client does with a stale keep-alive connection: llama-server closes each
+    keep-alive connection after its second streamed response without saying so, and a request
+    sent on it in the meantime never reached the engine.
+    """
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as resp:
-            result.status = resp.status_code
-            result.headers = dict(resp.headers)
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")
-                result.error = f"HTTP {resp.status_code}: {text[:300]}"
-                return result
-            buffer = b""
-            async for data in resp.aiter_raw():
-                buffer += data
-                *events, buffer = buffer.split(b"\n\n")
-                now = time.monotonic()
-                for event in events:
-                    _on_event(event, now, result, count_tokens)
-            if result.output_tokens is None:
-                result.error = "stream ended without a usage chunk"
+        for attempt in (0, 1):
+            try:
+                await _stream(client, url, body, result, headers, count_tokens, keep_body)
+                break
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                if attempt or result.status is not None:
+                    raise
+                result.stale_retries += 1
     except asyncio.CancelledError:
         result.error = "cancelled"
         raise
@@ -152,6 +181,40 @@ async def send_one(
     finally:
         result.end = time.monotonic()
     return result
+
+
+async def _stream(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    result: RequestResult,
+    headers: dict[str, str] | None,
+    count_tokens: Callable[[str], int],
+    keep_body: bool,
+) -> None:
+    async with client.stream("POST", url, json=body, headers=headers) as resp:
+        result.status = resp.status_code
+        result.headers = dict(resp.headers)
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode(errors="replace")
+            result.error = f"HTTP {resp.status_code}: {text[:300]}"
+            return
+        buffer = b""
+        kept: list[bytes] = []
+        try:
+            async for data in resp.aiter_raw():
+                if keep_body:
+                    kept.append(data)
+                buffer += data
+                *events, buffer = buffer.split(b"\n\n")
+                now = time.monotonic()
+                for event in events:
+                    _on_event(event, now, result, count_tokens)
+        finally:
+            if keep_body:
+                result.body = b"".join(kept)
+        if result.output_tokens is None:
+            result.error = "stream ended without a usage chunk"
 
 
 def _on_event(
@@ -190,10 +253,11 @@ async def run_closed_loop(
     endpoint: Literal["chat", "completions"] = "chat",
     model: str = "default",
     temperature: float = 0.0,
+    ignore_eos: bool = False,
     headers: dict[str, str] | None = None,
     extra_body: dict[str, Any] | None = None,
     client: httpx.AsyncClient | None = None,
-    count_tokens: Callable[[str], int] = count_words,
+    count_tokens: Callable[[str], int] = estimate_tokens,
 ) -> list[RequestResult]:
     """Run ``concurrency`` workers back to back against ``base_url`` (ending in ``/v1``).
 
@@ -225,6 +289,7 @@ async def run_closed_loop(
         temperature,
         tuple((headers or {}).items()),
         tuple((extra_body or {}).items()),
+        ignore_eos,
     )
     url = base_url.rstrip("/") + work.path
     results: list[RequestResult] = []
@@ -280,47 +345,66 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def decode_tps(result: RequestResult) -> float | None:
-    """``(output_tokens - 1) / (t_last - t_first)`` of a finished request, else None."""
+    """``(output_tokens - 1) / (t_last - t_first)`` of a finished request, else None (also when
+    its tokens arrived in one burst: no decode time was seen)."""
     n = result.output_tokens
     first, last = result.first_token, result.last_token
-    if not result.ok or n is None or n < 2 or first is None or last is None or last <= first:
+    if not result.ok or n is None or n < 2 or first is None or last is None:
+        return None
+    if last - first < BURST_GAP:
         return None
     return (n - 1) / (last - first)
+
+
+def bursts(times: Sequence[float], tokens: Sequence[float]) -> list[tuple[float, float]]:
+    """(arrival of its first event, tokens) of each burst: events less than ``BURST_GAP`` after
+    the previous one join its burst."""
+    out: list[tuple[float, float]] = []
+    last = -math.inf
+    for t, n in zip(times, tokens, strict=True):
+        if out and t - last < BURST_GAP:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        else:
+            out.append((t, n))
+        last = t
+    return out
 
 
 @dataclass(frozen=True)
 class WindowStats:
     start: float
     end: float
-    tokens: int  # tokens that arrived in the window
+    tokens: float  # tokens that arrived in the window
     total_tps: float
     per_request_tps: float  # decode tokens / decode time, summed over requests
-    requests: int  # requests with at least two chunks in the window
+    requests: int  # requests with at least two bursts in the window
     mean_request_tps: float  # unweighted mean of the same per request
 
 
 def window_stats(results: Sequence[RequestResult], start: float, end: float) -> WindowStats:
     """Rates inside ``[start, end)``.
 
-    For each request, its decode span in the window runs from its first chunk in the window to
-    its last; the tokens of the chunks after the first one are the decode tokens. A request's
-    own first chunk is never a decode token, so time to first token stays out.
+    For each request, its decode span in the window runs from its first burst in the window to
+    its last; the tokens of the bursts after the first one are the decode tokens. A request's
+    own first burst is never decode tokens, so time to first token stays out, and the gaps
+    inside a burst are never a span of their own.
     """
-    tokens = 0
-    dec_tokens = 0
+    tokens = 0.0
+    dec_tokens = 0.0
     dec_time = 0.0
     rates = []
     for r in results:
+        counts = r.token_counts()
         idx = [i for i, t in enumerate(r.chunk_times) if start <= t < end]
-        tokens += sum(r.chunk_tokens[i] for i in idx)
-        if len(idx) < 2:
+        tokens += sum(counts[i] for i in idx)
+        seen = bursts([r.chunk_times[i] for i in idx], [counts[i] for i in idx])
+        if len(seen) < 2:
             continue
-        n = sum(r.chunk_tokens[i] for i in idx[1:])
-        span = r.chunk_times[idx[-1]] - r.chunk_times[idx[0]]
-        if span > 0:
-            dec_tokens += n
-            dec_time += span
-            rates.append(n / span)
+        n = sum(k for _, k in seen[1:])
+        span = seen[-1][0] - seen[0][0]
+        dec_tokens += n
+        dec_time += span
+        rates.append(n / span)
     return WindowStats(
         start=start,
         end=end,
@@ -372,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=256)
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds left out of rates")
     parser.add_argument("--model", default="default")
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="ask for exactly --output-tokens (ignore_eos)"
+    )
     args = parser.parse_args(argv)
     t0 = time.monotonic()
     results = asyncio.run(
@@ -382,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
             output_tokens=args.output_tokens,
             duration=args.duration,
             model=args.model,
+            ignore_eos=args.ignore_eos,
         )
     )
     window = window_stats(results, t0 + args.warmup, t0 + args.duration)

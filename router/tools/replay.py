@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import random
+import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -36,6 +37,8 @@ from router.tools.traffic import Arrival
 Endpoint = Literal["chat", "completions"]
 POOL_HEADER = b"x-spec-router-pool"
 REASON_HEADER = b"x-spec-router-reason"
+PREDICTED_TTFT = b"x-spec-router-predicted-ttft-ms"
+PREDICTED_TPOT = b"x-spec-router-predicted-tpot-ms"
 # No first-byte or idle deadline: a queued request may wait long, and the replay's drain
 # deadline ends whatever is still running.
 TIMEOUTS = Timeouts(connect=10.0, first_byte=1e9, idle=1e9)
@@ -43,9 +46,11 @@ TIMEOUTS = Timeouts(connect=10.0, first_byte=1e9, idle=1e9)
 TOKEN_IDS = (1000, 30000)
 
 
-def request_body(arrival: Arrival, index: int, endpoint: Endpoint, model: str) -> dict[str, Any]:
-    """The body of one request; a first word / token unique to the request keeps engines'
-    prefix caches from making its prompt free."""
+def request_body(
+    arrival: Arrival, index: int, endpoint: Endpoint, model: str, nonce: str = ""
+) -> dict[str, Any]:
+    """The body of one request; a first word / token unique to the request and the run
+    (``nonce``) keeps engines' prefix caches from making its prompt free, also on a second run."""
     n = max(1, arrival.prompt_tokens)
     body: dict[str, Any] = {
         "model": model,
@@ -56,10 +61,10 @@ def request_body(arrival: Arrival, index: int, endpoint: Endpoint, model: str) -
         "stream_options": {"include_usage": True},
     }
     if endpoint == "chat":
-        words = " ".join([f"r{index}", *(["hello"] * (n - 1))])
+        words = " ".join([f"{nonce}r{index}", *(["hello"] * (n - 1))])
         body["messages"] = [{"role": "user", "content": words}]
     else:
-        rng = random.Random(index)
+        rng = random.Random(f"{nonce}:{index}")
         body["prompt"] = [rng.randrange(*TOKEN_IDS) for _ in range(n)]
     return body
 
@@ -77,6 +82,7 @@ class Timing:
     pool: str | None = None
     reason: str | None = None
     error: str | None = None
+    predicted: tuple[float, float] | None = None  # the router's TTFT and TPOT, wall seconds
 
 
 def _on_event(event: bytes, now: float, t: Timing) -> None:
@@ -112,6 +118,9 @@ async def send(
         pool_name, reason = got.get(POOL_HEADER), got.get(REASON_HEADER)
         t.pool = None if pool_name is None else pool_name.decode("latin-1")
         t.reason = None if reason is None else reason.decode("latin-1")
+        ttft, tpot = got.get(PREDICTED_TTFT), got.get(PREDICTED_TPOT)
+        if ttft is not None and tpot is not None:
+            t.predicted = (float(ttft) / 1000, float(tpot) / 1000)
         if conn.status != 200:
             text = b""
             while data := await conn.read():
@@ -171,6 +180,7 @@ async def replay(
     # Hundreds of concurrent streams: the router's own HTTP/1.1 client (asyncio protocol +
     # httptools). httpx's pool scans every connection on every event, which at 300+ streams
     # made the replay send requests up to 0.6 s (wall) late on this machine.
+    nonce = secrets.token_hex(3)  # per run
     pool = OriginPool(Origin.parse(base), max_connections=1 << 20, max_idle=1024,
                       keepalive_expiry=4.0)  # fmt: skip
     tasks: list[asyncio.Task[None]] = []
@@ -185,7 +195,7 @@ async def replay(
             delay = start + arrival.at * time_scale - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = json.dumps(request_body(arrival, i, endpoint, model)).encode()
+            body = json.dumps(request_body(arrival, i, endpoint, model, nonce)).encode()
             task = asyncio.create_task(send(pool, target, body, head, t))
             task.add_done_callback(finished)
             tasks.append(task)
@@ -219,6 +229,7 @@ async def replay(
             reason=t.reason,
             error=t.error if t.sent is not None else "not sent",
             time_scale=time_scale,
+            predicted=t.predicted,
         )  # fmt: skip
         for a, t in zip(arrivals, timings, strict=True)
     ]

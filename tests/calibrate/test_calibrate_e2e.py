@@ -100,11 +100,26 @@ def test_dataset_against_both_endpoints(pools: dict[str, str], tmp_path: Path) -
         "--output-tokens", "8",
         "--requests-per-level", "8",
         "--time-scale", SCALE,
+        "--interleave",
         "--out", str(out),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     table = from_json(json.loads(out.read_text()))
     assert table.workload.dataset == "mix.jsonl" and table.workload.output_tokens == 10
+    # --interleave: level by level, the pools in turn (a level measured again, when two
+    # neighbours' noise made decode speed rise with concurrency, is marked and left out)
+    order = [
+        line.split()[:3]
+        for line in done.stderr.splitlines()
+        if line.startswith("[") and "(again)" not in line
+    ]
+    assert order == [
+        ["[1/4]", "speculative", "c=1"],
+        ["[2/4]", "baseline", "c=1"],
+        ["[3/4]", "speculative", "c=2"],
+        ["[4/4]", "baseline", "c=2"],
+    ]
+    assert "level by level, the two in turn" in table.notes
 
 
 def test_refuses_a_sweep_with_errors(pools: dict[str, str], tmp_path: Path) -> None:
@@ -194,3 +209,34 @@ def test_acceptance_over_the_sweep_from_the_engines_counters(
     table = from_json(json.loads(out.read_text()))
     assert table.speculative.fit is not None and 2.4 < table.speculative.fit.tau < 3.2
     assert source in table.notes
+
+
+def test_probes_measure_prefill_and_sampled_acceptance(
+    pools: dict[str, str], tmp_path: Path
+) -> None:
+    """After the sweep: each pool's prefill line, and the speculative acceptance at
+    temperature 1 (the eagle3 preset accepts 2.8 tokens per step greedy, 2.4 sampling)."""
+    out = tmp_path / "table.json"
+    done = calibrate(
+        "--speculative", pools["speculative"],
+        "--baseline", pools["baseline"],
+        "--concurrency", "1,2",
+        "--prompt-tokens", "256",
+        "--output-tokens", "96",
+        "--requests-per-level", "12",
+        "--time-scale", SCALE,
+        "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = from_json(json.loads(out.read_text()))
+    fit = table.speculative.fit
+    assert fit is not None and fit.tau_sampling is not None
+    assert fit.tau_sampling / fit.tau == pytest.approx(EAGLE3.tau_sampling / EAGLE3.tau, rel=0.12)
+    for pool, preset in (("speculative", EAGLE3), ("baseline", BASELINE)):
+        prefill = table.pool(pool).prefill
+        assert prefill is not None, pool
+        # the sims' prefill: (1 + eps) x (30 ms + tokens / 2,500 per s), in model seconds
+        want = preset.prefill_factor / preset.r_pre
+        assert prefill.per_token == pytest.approx(want, rel=0.2), pool
+        assert prefill.base < 0.1
+    assert "acceptance length" in done.stderr and "prefill" in done.stderr

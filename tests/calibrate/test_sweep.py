@@ -112,6 +112,19 @@ def test_acceptance_from_vllm_counters_over_the_sweep() -> None:
     assert tau == 1.0 + 180 / 100 and "vllm" in source
 
 
+def test_acceptance_from_llamacpp_counters_over_the_sweep() -> None:
+    text = "llamacpp:requests_processing 0\nllamacpp:spec_decode_num_drafts_total {drafts}\n"
+    text += "llamacpp:spec_decode_num_accepted_tokens_total {accepted}\n"
+    before = engine_metrics.parse(text.format(accepted=0, drafts=0))
+    after = engine_metrics.parse(text.format(accepted=2700, drafts=1000))
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404)
+
+    tau, source = run(handler, lambda c: acceptance(c, "http://e", before, after))
+    assert tau == 3.7 and source == "llamacpp spec_decode counters over the sweep"
+
+
 def test_acceptance_falls_back_to_the_gauge_then_to_one() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/metrics":

@@ -89,6 +89,10 @@ def test_synthetic_prompts_are_unique_and_sized() -> None:
     assert a["temperature"] == 0.0 and a["max_tokens"] == 7
     path, c = RequestSource(prompt_tokens=3, endpoint="completions").next()
     assert path == "/v1/completions" and len(c["prompt"].split()) == 3
+    # another run (source) starts its prompts differently: no prefix-cache hits across runs
+    _, again = RequestSource(prompt_tokens=5, output_tokens=7, temperature=0.0).next()
+    assert again["messages"][0]["content"].split()[0] != words_a[0]
+    assert a["ignore_eos"] is True
 
 
 def test_dataset_workload() -> None:

@@ -98,6 +98,7 @@ def bulk() -> Iterator[BulkUpstream]:
 def test_a_client_that_stops_reading_gets_every_byte_once_it_reads_again(
     start_router: RouterFactory, bulk: BulkUpstream, http: str
 ) -> None:
+    """Checklist case 19: write flow control, a slow client gets every byte."""
     router = start_router(
         bulk.url, bulk.other_url, serve_args=("--http", http), scrape_metrics="false"
     )

@@ -135,6 +135,8 @@ async def _load(url: str, stop_at: list[float], results: list[Done], stream: boo
 async def test_speculative_engine_killed_under_load(
     start_router: RouterFactory, engine_pair: dict[str, Proc], engine: str
 ) -> None:
+    """Checklist cases 1 and 2: an engine killed under load; requests before their first byte fail
+    over (connect), streams cut end visibly broken."""
     spec, base = engine_pair["speculative"], engine_pair["baseline"]
     router = start_router(spec.url, base.url, crossover="4", eject_base="0.5")
     results: list[Done] = []
@@ -180,6 +182,7 @@ async def test_speculative_engine_killed_under_load(
 def test_both_pools_down_answers_503_at_once(
     start_router: RouterFactory, engine_pair: dict[str, Proc]
 ) -> None:
+    """Checklist case 17: both pools down, a 503 with Retry-After, fast."""
     spec, base = engine_pair["speculative"], engine_pair["baseline"]
     router = start_router(spec.url, base.url, connect_timeout="2", health_interval="5")
     spec.kill()
@@ -206,6 +209,7 @@ def test_both_pools_down_answers_503_at_once(
 def test_refusal_before_any_byte_is_retried_on_the_other_pool(
     start_router: RouterFactory, engine_sims: dict[str, Proc], status: int
 ) -> None:
+    """Checklist case 5: a 503/429 refusal before any byte is retried elsewhere."""
     spec, base = engine_sims["speculative"], engine_sims["baseline"]
     router = start_router(spec.url, base.url)
     configure(spec.url, fault=f"status={status}")
@@ -289,6 +293,7 @@ def test_a_request_that_timed_out_on_a_reused_connection_is_sent_once(
 def test_reset_mid_stream_is_not_retried_and_not_finished(
     start_router: RouterFactory, engine_sims: dict[str, Proc]
 ) -> None:
+    """Checklist case 2: a reset mid-stream is not retried and never ends with [DONE]."""
     sims = engine_sims
     router = start_router(sims["speculative"].url, sims["baseline"].url)
     client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="x", max_retries=0)
@@ -315,6 +320,7 @@ def test_reset_mid_stream_is_not_retried_and_not_finished(
 def test_hang_before_headers_hits_first_byte_timeout(
     start_router: RouterFactory, engine_sims: dict[str, Proc]
 ) -> None:
+    """Checklist case 3: a hang before the headers ends in a 504 at the first-byte timeout."""
     sims = engine_sims
     router = start_router(sims["speculative"].url, sims["baseline"].url, first_byte_timeout="0.5")
     began = time.monotonic()
@@ -332,6 +338,7 @@ def test_hang_before_headers_hits_first_byte_timeout(
 def test_hang_mid_stream_hits_idle_timeout(
     start_router: RouterFactory, engine_sims: dict[str, Proc]
 ) -> None:
+    """Checklist case 4: a hang mid-body ends at the idle (inter-chunk) timeout, not a total one."""
     sims = engine_sims
     router = start_router(sims["speculative"].url, sims["baseline"].url, idle_timeout="0.5")
     began = time.monotonic()
@@ -351,6 +358,7 @@ def test_hang_mid_stream_hits_idle_timeout(
 async def test_flapping_backend_does_not_flip_on_every_probe(
     engine_pair: dict[str, Proc],
 ) -> None:
+    """Checklist case 16: rise/fall thresholds hold a flapping backend steady."""
     spec, base = engine_pair["speculative"], engine_pair["baseline"]
     app = RouterApp(
         Settings(speculative_urls=[spec.url], baseline_urls=[base.url], health_interval=3600)

@@ -51,6 +51,7 @@ def settings(**extra: str) -> dict[str, str]:
 async def test_public_name_and_client_key_in_pool_names_and_keys_out(
     start_router: RouterFactory, named_sims: dict[str, Proc]
 ) -> None:
+    """Checklist case 13: Authorization is end to end unless a pool has its own key."""
     spec, base = named_sims["speculative"], named_sims["baseline"]
     router = start_router(spec.url, base.url, **settings())
     async with contextlib.AsyncExitStack() as stack:

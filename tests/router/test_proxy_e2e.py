@@ -112,7 +112,8 @@ async def test_spillover_counts_only_the_speculative_pool(start_router: RouterFa
 async def test_200_streams_aborted_at_random_points_leave_nothing(
     start_router: RouterFactory, engine_sims: dict[str, Proc]
 ) -> None:
-    # (SGLang-mode sims abort each 2 s after its client left, 0.2 s at this time scale)
+    """Checklist case 7: clients that leave at random points cancel the upstream and release
+    everything (SGLang-mode sims abort each 2 s after its client left, 0.2 s here)."""
     sims = engine_sims
     router = start_router(sims["speculative"].url, sims["baseline"].url)
     rng = random.Random(7)
@@ -161,6 +162,7 @@ async def test_200_streams_aborted_at_random_points_leave_nothing(
 async def test_bad_input_is_refused_without_touching_a_backend(
     start_router: RouterFactory, content: bytes, headers: dict[str, str], status: int, code: str
 ) -> None:
+    """Checklist cases 6 and 8: malformed JSON is a 400 and a huge body a 413, without a backend."""
     router = start_router(max_body_bytes="1024")
     response = httpx.post(f"{router.url}/v1/chat/completions", content=content, headers=headers)
     assert response.status_code == status

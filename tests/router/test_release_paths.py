@@ -173,6 +173,7 @@ async def test_disconnect_after_headers_before_first_token(
 
 @pytest.mark.parametrize("style", STYLES)
 async def test_disconnect_mid_stream(app: RouterApp, sims: dict[str, Proc], style: str) -> None:
+    """Checklist case 7: a disconnect mid-stream releases the lease and the connection."""
     client = Client(body(stream=True), style)
     task = asyncio.create_task(app(client.scope(), client.receive, client.send))
     await await_for(lambda: _true(client.body_chunks >= 3))
@@ -207,6 +208,7 @@ async def test_cancellation_of_the_handler(app: RouterApp, sims: dict[str, Proc]
 async def test_upstream_reset_mid_stream_ends_with_error_event(
     app: RouterApp, sims: dict[str, Proc]
 ) -> None:
+    """Checklist case 2: an upstream reset mid-stream ends with an error event."""
     client = Client(body(stream=True), "2.3")
     scope = client.scope(headers=[(b"x-sim-fault", b"reset_after=10")])
     await app(scope, client.receive, client.send)

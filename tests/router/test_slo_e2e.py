@@ -73,7 +73,9 @@ def expected(
                     b["usable"],
                     b["weight"],
                     recent["prefill_share"],
-                    recent["expected_load"] + b["load"] - b["in_flight"],
+                    None
+                    if recent["expected_load"] is None
+                    else recent["expected_load"] + b["load"] - b["in_flight"],
                 ),
             ),
         )

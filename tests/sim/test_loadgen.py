@@ -9,7 +9,10 @@ import pytest
 
 from router.tools.loadgen import (
     RequestResult,
+    Workload,
+    bursts,
     decode_tps,
+    estimate_tokens,
     percentile,
     run_closed_loop,
     summarize,
@@ -55,6 +58,43 @@ def test_window_stats() -> None:
     assert w.per_request_tps == pytest.approx(8 / 3)
     assert w.mean_request_tps == pytest.approx((2 + 4) / 2)
     assert w.requests == 2
+
+
+def test_a_burst_of_events_is_one_step_not_a_rate() -> None:
+    # llama.cpp sends a speculative step's 4 tokens as 4 events at once: 1 token after the
+    # prompt, then steps of 4 every 50 ms.
+    times = [1.0, 1.05, 1.05, 1.0501, 1.0502, 1.1, 1.1, 1.1, 1.1003]
+    tokens = [1] * 9
+    assert bursts(times, tokens) == [(1.0, 1), (1.05, 4), (1.1, 4)]
+    r = result(times, tokens)
+    w = window_stats([r], 1.04, 2.0)
+    # 4 tokens in 50 ms between the two bursts in the window, not 7 over the 50.3 ms from the
+    # window's first event to its last, nor ~10,000 tok/s inside a burst
+    assert w.mean_request_tps == pytest.approx(80.0) and w.per_request_tps == pytest.approx(80)
+    assert w.tokens == 8 and w.requests == 1
+    # a request whose window holds only one burst gives no rate at all
+    only = window_stats([r], 1.09, 2.0)
+    assert only.requests == 0 and math.isnan(only.mean_request_tps)
+    # nor does a request whose every token came at once
+    assert decode_tps(result([1.0, 1.0, 1.0002], [1, 1, 1])) is None
+
+
+def test_tokens_are_counted_from_usage() -> None:
+    # a real tokenizer: "\n" and "," are tokens, and "hello" may be two
+    r = result([1.0, 2.0, 3.0, 4.0], [estimate_tokens(t) for t in ("hel", "lo", "\n", ",")])
+    r.output_tokens = 8
+    assert r.token_counts() == [2.0, 2.0, 2.0, 2.0]
+    assert window_stats([r], 0.0, 5.0).tokens == 8
+    assert estimate_tokens(" ") == 1 and estimate_tokens("two words") == 2
+
+
+def test_prompts_differ_across_runs_and_can_ignore_eos() -> None:
+    a, b = Workload(4, 8), Workload(4, 8, ignore_eos=True)
+    first = a.body(0, 0, 8)["messages"][0]["content"]
+    assert first != b.body(0, 0, 8)["messages"][0]["content"]  # another run, another nonce
+    assert first.split()[0] != a.body(0, 1, 8)["messages"][0]["content"].split()[0]
+    assert first.split()[1:] == ["hello"] * 3
+    assert "ignore_eos" not in a.body(0, 0, 8) and b.body(0, 0, 8)["ignore_eos"] is True
 
 
 def test_summary_counts_pools_and_errors() -> None:
@@ -143,3 +183,57 @@ def test_output_jitter(baseline: Proc) -> None:
                 output_jitter=1.0,
             )
         )
+
+
+def test_a_keep_alive_connection_closed_under_a_request_is_retried_once() -> None:
+    """As llama-server does: it closes a keep-alive connection after its second streamed
+    response, without a ``Connection: close``; a request sent on it never reaches it."""
+    stream = (
+        b'data: {"choices":[{"delta":{"content":"a b"}}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    response = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    response += b"Content-Length: %d\r\n\r\n%s" % (len(stream), stream)
+    writers: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        served = 0
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:  # the client closed it
+                writer.close()
+                return
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            if served == 2:  # the third request on this connection: closed unanswered
+                writer.close()
+                return
+            writer.write(response)
+            await writer.drain()
+            served += 1
+
+    async def go() -> list[RequestResult]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await run_closed_loop(
+                f"http://127.0.0.1:{port}/v1",
+                concurrency=1,
+                prompt_tokens=1,
+                output_tokens=2,
+                requests=5,
+                desync=False,
+            )
+        finally:
+            server.close()
+            for writer in writers:
+                writer.close()
+                await writer.wait_closed()
+
+    results = asyncio.run(go())
+    assert [r.ok for r in results] == [True] * 5
+    assert [r.stale_retries for r in results] == [0, 0, 1, 0, 1]
+    assert len(writers) == 3 and all(r.output_tokens == 2 for r in results)

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from router.control.app import Controlled, build_control_app
+from router.control.feed import Feed
 from router.decide import table as tables
 from router.errors import NoBackend
 from router.pools import BASELINE, SPECULATIVE, Pool
@@ -35,6 +36,7 @@ class Router:
         self.current = model_table(1024, 256, crossover=4)
         self.pinned: list[int] = []
         self.models_fail = False
+        self.feed = Feed(lambda: {"policy": "spillover"}, 0.05)
 
     def status(self) -> dict[str, Any]:
         return self.document

@@ -105,3 +105,21 @@ def test_a_request_without_temperature_is_sampled() -> None:
     body0 = b'{"model": "m", "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}'
     info = inspect("/v1/chat/completions", body0, None)
     assert not info.sampling and info.prompt_chars == 2
+
+
+def test_prefill_is_learned_only_from_requests_that_found_the_engine_idle() -> None:
+    engines = EngineModels(model_table(400, 200))
+    models = engines.models()
+    assert models is not None
+    before = engines.prefill[BASELINE].seconds(1000)
+    spi1 = models[BASELINE].iteration(1)
+    # under load a time to first token also holds other joiners' prefills: not a sample
+    for tokens in (200, 1000, 3000) * 30:
+        engines.record(sample(BASELINE, prompt_tokens=tokens, ttft=5.0, load_at_start=6), None)
+    assert engines.prefill[BASELINE].seconds(1000) == before
+    # alone on an idle engine: prefill + one iteration
+    for tokens in (200, 1000, 3000) * 60:
+        ttft = 0.05 + tokens / 1000 + spi1
+        engines.record(sample(BASELINE, prompt_tokens=tokens, ttft=ttft, load_at_start=0), None)
+    assert engines.prefill[BASELINE].per_token == pytest.approx(1 / 1000, rel=0.1)
+    assert engines.prefill[BASELINE].seconds(1000) == pytest.approx(1.05, rel=0.1)

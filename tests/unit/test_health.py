@@ -65,6 +65,7 @@ def test_unhealthy_backend_is_kept_and_polled_forever() -> None:
 
 
 def test_ejection_backoff_doubles_caps_and_resets_after_serving() -> None:
+    """Checklist case 16: ejection time grows with repeated ejections, capped."""
     h = probe(BackendHealth(since=0.0), True, 0.0, CFG)
     h = eject(h, 10.0, CFG, "reset")
     assert h.ejected_until == 11.0 and not usable(h, 10.5) and usable(h, 11.0)
@@ -82,6 +83,7 @@ def test_ejection_backoff_doubles_caps_and_resets_after_serving() -> None:
 
 
 def test_recovered_backend_is_ramped_in() -> None:
+    """Checklist case 18: a recovered backend is ramped in from 10% (slow start)."""
     h = probe(BackendHealth(since=0.0), True, 0.0, CFG)
     assert weight(h, 0.0, CFG) == 0.1
     assert abs(weight(h, 5.0, CFG) - 0.5) < 1e-9
@@ -89,3 +91,15 @@ def test_recovered_backend_is_ramped_in() -> None:
     h = eject(h, 20.0, CFG, "reset")
     assert weight(h, 21.0, CFG) == 0.1  # ejection ended at 21: ramp starts there
     assert weight(h, 26.0, CFG) == 0.5
+
+
+def test_probes_are_jittered_within_20_percent() -> None:
+    """Checklist case 16 (Envoy's interval_jitter): replicas must not probe in lock-step."""
+    import random
+
+    from router.health.poller import probe_delay
+
+    rng = random.Random(16)
+    delays = [probe_delay(2.0, rng) for _ in range(1000)]
+    assert all(1.6 <= d <= 2.4 for d in delays)
+    assert max(delays) - min(delays) > 0.6  # spread over the band, not one value

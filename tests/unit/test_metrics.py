@@ -151,6 +151,24 @@ def test_an_unanswered_request_is_code_499(registry: CollectorRegistry) -> None:
     assert value(registry, "spec_router_client_disconnects_total", pool=BASELINE) == 0
 
 
+def test_retry_and_upstream_error_series_exist_at_zero_for_every_known_kind(
+    registry: CollectorRegistry,
+) -> None:
+    """A healthy router's rate() of retries and upstream errors reads 0, not "No data"."""
+    RouterMetrics(registry, [(SPECULATIVE, S1), (BASELINE, B1)])
+    for pool in POOLS:
+        for kind in ("connect", "connect_timeout", "reset", "http_429", "http_503"):
+            assert value(registry, "spec_router_retries_total", pool=pool, kind=kind) == 0
+        # a kind that is never retried has no retry series
+        assert value(registry, "spec_router_retries_total", pool=pool, kind="protocol") is None
+    errors = "spec_router_upstream_errors_total"
+    kinds = ["first_byte_timeout", "idle_timeout", "protocol", "relay", "http_500", "http_504"]
+    for pool, url in ((SPECULATIVE, S1), (BASELINE, B1)):
+        for kind in kinds:
+            assert value(registry, errors, pool=pool, backend=url, kind=kind) == 0
+    assert value(registry, errors, pool=BASELINE, backend=S1, kind="connect") is None
+
+
 def test_failures_retries_and_slow_clients(registry: CollectorRegistry) -> None:
     metrics = RouterMetrics(registry)
     out = Outcome(path="/v1/chat/completions", started=0.0)

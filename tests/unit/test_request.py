@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from router.errors import BadRequest
+from router.errors import BadRequest, NotFound
 from router.forward.request import forward_headers, inspect, response_headers, upstream_body
 
 
@@ -81,17 +81,40 @@ def test_forward_headers_strip_hop_by_hop_and_append_forwarded_for() -> None:
         (b"authorization", b"Bearer client"),
         (b"x-request-id", b"abc"),
     ]
-    out = forward_headers(raw, "127.0.0.1", None, drop_authorization=False)
+    out = forward_headers(raw, "127.0.0.1", None, drop_authorization=False, trust_forwarded=True)
     assert out == [
         (b"authorization", b"Bearer client"),
         (b"x-request-id", b"abc"),
         (b"x-forwarded-for", b"10.0.0.1, 127.0.0.1"),
     ]
+    # checklist case 12: an untrusted client's X-Forwarded-For is replaced by its address
+    untrusted = forward_headers(raw, "127.0.0.1", None, drop_authorization=False)
+    assert (b"x-forwarded-for", b"127.0.0.1") == untrusted[-1]
+    assert sum(1 for k, _ in untrusted if k == b"x-forwarded-for") == 1
     replaced = forward_headers(raw, None, b"Bearer pool", drop_authorization=True)
     assert (b"authorization", b"Bearer pool") in replaced
     assert (b"authorization", b"Bearer client") not in replaced
     dropped = forward_headers(raw, None, None, drop_authorization=True)
     assert not any(k == b"authorization" for k, _ in dropped)
+
+
+def test_headers_named_in_connection_are_hop_by_hop_and_te_trailers_is_kept() -> None:
+    """Checklist case 11 (Go's TestReverseProxyStripHeadersPresentInConnection)."""
+    raw = [
+        (b"connection", b"Upgrade, X-Secret"),
+        (b"connection", b"x-other"),
+        (b"x-secret", b"1"),
+        (b"x-other", b"2"),
+        (b"upgrade", b"websocket"),
+        (b"te", b"trailers, deflate"),
+        (b"proxy-authorization", b"Basic abc"),
+        (b"keep-alive", b"timeout=5"),
+        (b"x-kept", b"3"),
+    ]
+    out = forward_headers(raw, None, None, drop_authorization=False)
+    assert out == [(b"x-kept", b"3"), (b"te", b"trailers")]
+    response = [(b"connection", b"x-secret"), (b"x-secret", b"1"), (b"x-kept", b"3")]
+    assert response_headers(response, keep_length=True) == [(b"x-kept", b"3")]
 
 
 def test_response_headers() -> None:
@@ -139,3 +162,54 @@ def test_a_request_without_a_model_gets_the_pools() -> None:
     named = inspect("/v1/chat/completions", b'{"model": "m"}', None)
     assert not named.fill_model
     assert not inspect("/v1/other", b'{"x": 1}', None).fill_model
+
+
+def test_deeply_nested_json_is_a_bad_request_not_a_crash() -> None:
+    """Checklist case 6: 100,000 nested arrays make the C decoder recurse past the limit."""
+    for body in (b"[" * 100_000 + b"]" * 100_000, b'{"model":"m","x":' + b"[" * 100_000 + b"}"):
+        with pytest.raises(BadRequest) as caught:
+            inspect("/v1/chat/completions", body, b"application/json")
+        assert caught.value.code == "invalid_json" and "nested" in caught.value.message
+
+
+def test_a_temperature_too_large_for_a_float_is_infinite() -> None:
+    body = b'{"model":"m","temperature":1' + b"0" * 400 + b"}"
+    info = inspect("/v1/chat/completions", body, None)
+    assert info.temperature == float("inf") and info.sampling
+
+
+def test_a_lone_surrogate_survives_re_encoding_escaped() -> None:
+    # (re-encoded for the pool's model name; a stream without options also gets usage asked)
+    body = b'{"model":"m","stream":true,"messages":"\\ud800"}'
+    info = inspect("/v1/chat/completions", body, None)
+    out = upstream_body(info, body, {"m": "m-pool"}, ask_usage=True)
+    assert json.loads(out)["messages"] == "\ud800"
+    assert json.loads(out)["model"] == "m-pool"
+    assert json.loads(out)["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/v1/../sim/config", 400),
+        ("/v1/./chat/completions", 400),
+        ("/v1/models/..", 400),
+        ("/v1\\..\\pause", 400),
+        ("/v1/chat\x00/completions", 400),
+        ("/v1/load_lora_adapter", 404),
+        ("/v1/unload_lora_adapter", 404),
+    ],
+)
+def test_paths_that_could_reach_elsewhere_are_refused(path: str, status: int) -> None:
+    """Checklist case 14 (``path`` as uvicorn gives it: percent-decoded)."""
+    from router.forward.request import check_path
+
+    with pytest.raises(BadRequest if status == 400 else NotFound):
+        check_path(path)
+
+
+def test_ordinary_paths_pass() -> None:
+    from router.forward.request import check_path
+
+    for path in ("/v1/chat/completions", "/v1/files/file-1.jsonl", "/v1/models/a.b", "/v1/é"):
+        check_path(path)

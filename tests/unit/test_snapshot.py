@@ -14,12 +14,15 @@ import pytest
 from router.account.inflight import InflightTracker, Lease
 from router.decide.learner import Gain
 from router.decide.policy import Decision
-from router.decide.predict import PoolModel
+from router.decide.predict import PoolModel, Request
 from router.decide.snapshot import Decider, Traffic
 from router.health.poller import EngineLoad
 from router.health.state import HealthConfig, HealthRegistry
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import LoadSignal, PolicyName
+from router.sim.model import BASELINE as BASE_PRESET
+from router.sim.model import EAGLE3
+from tests.support.models import preset_model
 
 S1, S2, B1 = "http://s1", "http://s2", "http://b1"
 POOL_URLS: dict[Pool, list[str]] = {SPECULATIVE: [S1, S2], BASELINE: [B1]}
@@ -267,3 +270,36 @@ def test_pool_usable_follows_health_and_the_clock() -> None:
     w.clock.now += 1.0  # the back-off is over
     assert w.decider.pool_usable(BASELINE) is True
     assert [world(healthy=False).decider.pool_usable(p) for p in POOLS] == [False, False]
+
+
+# -- the slo policy's view: recent prefill share and expected load -------------------------------
+
+
+def slo_world() -> World:
+
+    w = world(policy="slo")
+    w.tuning.models = {SPECULATIVE: preset_model(EAGLE3), BASELINE: preset_model(BASE_PRESET)}
+    return w
+
+
+def test_expected_load_is_arrival_rate_times_measured_stay() -> None:
+    w = slo_world()
+    req = Request(100.0, 50.0, False, 1.0, 0.025)
+    # one request a second for 30 s, each held 2 s (on whichever backend it was sent to)
+    held: list[tuple[float, Lease]] = []
+    for _ in range(30):
+        d = w.decider.decide(req)
+        assert d is not None
+        held.append((w.clock.now + 2.0, w.tracker.acquire(d.backend)))
+        for _ in range(10):
+            w.clock.now += 0.1
+            for end, lease in held:
+                if end <= w.clock.now:
+                    lease.release()
+    status = w.decider.status()
+    expected = sum(b["expected_load"] or 0.0 for b in status["backends"].values())
+    # Little's law: 1 request/s x 2 s = 2 requests in flight across the backends
+    assert expected == pytest.approx(2.0, rel=0.25)
+    shares = [b["prefill_share"] for b in status["backends"].values()]
+    # each request's 100-token prefill (~0.07 s) over a second: a few percent in all
+    assert 0.02 < sum(shares) < 0.2

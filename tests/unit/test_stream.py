@@ -78,3 +78,70 @@ def test_first_event_refusal() -> None:
     assert first_event_refusal(b'data: {"error": {"message": "bad", "code": 400}}\n\n') is None
     assert first_event_refusal(b'data: {"id":"1","choices":[]}\n\n') is None
     assert first_event_refusal(b'data: {"error": not json}\n\n') is None
+
+
+# llama.cpp's chat stream (llama-server 0c1e570), abridged: a role-only first event, one token per
+# event; asked for usage, the usage event carries the request's timings, else the finish event.
+_HEAD = b'"created":1796295233,"id":"chatcmpl-Ys","model":"t.gguf","system_fingerprint":"b1"'
+_OBJECT = b',"object":"chat.completion.chunk"'
+_TIMINGS = (
+    b'"timings":{"cache_n":0,"prompt_n":20,"prompt_ms":37.507,"prompt_per_second'
+    b'":26.66168981790066,"predicted_n":3,"draft_n":1,"draft_n_accepted":1}'
+)
+LLAMA_ROLE = (
+    b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant",'
+    b'"content":null}}],' + _HEAD + _OBJECT + b"}\n\n"
+)
+LLAMA_TOKENS = [
+    b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":"'
+    + t
+    + b'"}}],'
+    + _HEAD
+    + _OBJECT
+    + b"}\n\n"
+    for t in (b"V", b"ar", b" U")
+]
+_FINISH = b'data: {"choices":[{"finish_reason":"length","index":0,"delta":{}}],' + _HEAD + _OBJECT
+LLAMA_USAGE = (
+    b'data: {"choices":[],'
+    + _HEAD
+    + _OBJECT
+    + b',"usage":{"completion_tokens":3,"prompt_tokens":20,"total_tokens":23,'
+    b'"prompt_tokens_details":{"cached_tokens":0}},' + _TIMINGS + b"}\n\n"
+)
+ASKED = LLAMA_ROLE + b"".join(LLAMA_TOKENS) + _FINISH + b"}\n\n" + LLAMA_USAGE + DONE
+NOT_ASKED = LLAMA_ROLE + b"".join(LLAMA_TOKENS) + _FINISH + b"," + _TIMINGS + b"}\n\n" + DONE
+
+
+def test_llamacpp_stripped_stream_is_what_it_sends_unasked_at_any_split() -> None:
+    assert json.loads(NOT_ASKED.split(b"\n\n")[-3][6:])["timings"]["predicted_n"] == 3
+    for size in (1, 2, 5, 17, 100, 333, len(ASKED)):
+        tap = SseTap(strip_usage=True)
+        parts = [ASKED[i : i + size] for i in range(0, len(ASKED), size)]
+        assert feed_all(tap, parts) == NOT_ASKED, size
+        assert tap.usage is not None and tap.usage.completion_tokens == 3
+
+
+def test_llamacpp_stream_asked_for_usage_passes_unchanged() -> None:
+    tap = SseTap(strip_usage=False)
+    assert feed_all(tap, [ASKED[i : i + 40] for i in range(0, len(ASKED), 40)]) == ASKED
+    assert tap.usage is not None and tap.usage.prompt_tokens == 20
+
+
+def test_finish_event_is_held_only_until_the_next_event() -> None:
+    tap = SseTap(strip_usage=True)
+    assert tap.feed(LLAMA_TOKENS[0]) == LLAMA_TOKENS[0]  # tokens are never held
+    finish = _FINISH + b"}\n\n"
+    assert tap.feed(finish) == b""  # a usage event may follow
+    assert tap.feed(DONE) == finish + DONE  # none did: the finish event goes on unchanged
+    tap = SseTap(strip_usage=True)
+    assert tap.feed(finish) == b""
+    assert tap.flush() == finish  # the stream ended after it
+
+
+def test_a_finish_event_with_usage_is_not_held() -> None:
+    # llama.cpp's /v1/completions (and SGLang's, vLLM's with continuous usage) put the usage on
+    # the finish event itself: nothing follows to wait for, and nothing is removed.
+    finish = event({"choices": [{"text": "", "finish_reason": "length"}], "usage": {"x": 1}})
+    tap = SseTap(strip_usage=True)
+    assert tap.feed(finish) == finish

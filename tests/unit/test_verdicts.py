@@ -18,6 +18,7 @@ from router.forward.verdicts import (
 def test_a_refused_or_unreachable_backend_is_ejected_and_the_request_retried(
     kind: ErrorKind,
 ) -> None:
+    """Checklist cases 1 and 15: a connect failure is safe to retry."""
     # case 1: nothing was sent, so failing over is safe even for a POST
     v = after_error(kind, response_started=False)
     assert (v.kind, v.failed, v.eject, v.retry, v.served) == (kind, True, True, True, False)
@@ -36,6 +37,7 @@ def test_a_reset_after_the_headers_is_never_retried() -> None:
 
 @pytest.mark.parametrize("kind", ["first_byte_timeout", "protocol", "idle_timeout", "relay"])
 def test_failures_after_the_request_was_sent_are_not_retried(kind: ErrorKind) -> None:
+    """Checklist case 15: once the request may have started, it is not retried."""
     # case 3: a hang before headers is a timeout, not a reason to send the request twice
     v = after_error(kind, response_started=False)
     assert v.failed and not v.retry and not v.eject

@@ -1,0 +1,197 @@
+"""uvicorn's httptools protocol with what a reverse proxy facing the internet needs from it.
+
+uvicorn has no timeout for receiving a request (checklist case 9, slowloris): its keep-alive
+timer is cancelled by every byte that arrives, so a client that trickles one header byte at a
+time, or opens a connection and sends nothing, holds it for ever (the gap behind
+xorbitsai/inference PR #5213). ASGI code cannot help: an app is called only once the headers are
+complete. So this protocol, a subclass of uvicorn's, puts one absolute deadline
+(``request_timeout``) on receiving each request:
+
+- from the connection's start (for its first request) or the request's first byte (for later
+  ones on a keep-alive connection) until its headers are complete. Missed: a 408 in the OpenAI
+  shape when part of a request came, a plain close when nothing did, and the app never sees it.
+- the body, to the same deadline, is the app's to enforce: the proxy answers 408 itself
+  (``router.forward.proxy``), reading the deadline's start from the scope
+  (``REQUEST_STARTED``). For any other handler this protocol closes the connection
+  ``BODY_GRACE`` seconds after the deadline if the body is still incomplete.
+
+It also bounds a request's head, where uvicorn and httptools set no limit at all: more than
+``MAX_HEAD_BYTES`` before the headers are complete, or more than ``MAX_HEADERS`` headers, get a
+431 (Envoy's defaults: 60 KiB, 100 headers). And it answers a request that httptools cannot parse
+(CR, LF or NUL in a header, a bad request line, conflicting framing) with a 400 in the OpenAI
+shape, where uvicorn writes plain text.
+
+Like ``router.fastpath.uvicorn``, this relies on uvicorn internals (the parser callbacks,
+``cycle``, ``transport``); ``http_protocol`` returns uvicorn's plain ``"httptools"`` when they are
+not what this was written for, and the router still enforces the body deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from router.errors import error_body
+
+log = logging.getLogger("spec_router.protocol")
+
+REQUEST_STARTED = "spec_router.request_started"  # scope["extensions"] key: loop time
+BODY_GRACE = 1.0  # lets the proxy's own 408 go first
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 100
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request already answered."""
+
+
+def _response(status: bytes, body: bytes) -> bytes:
+    head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % (
+        status,
+        len(body),
+    )
+    return head + b"connection: close\r\n\r\n" + body
+
+
+def _base() -> type[Any] | None:
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # uvicorn without httptools
+        return None
+    needed = ("on_message_begin", "on_headers_complete", "on_message_complete", "send_400_response")
+    if not all(hasattr(HttpToolsProtocol, name) for name in needed):
+        return None
+    return HttpToolsProtocol
+
+
+_BASE = _base()
+
+
+def http_protocol(request_timeout: float) -> type[asyncio.Protocol] | str:
+    """What to pass as uvicorn's ``http``: this protocol with ``request_timeout``, or plain
+    ``"httptools"`` when uvicorn's internals are not the ones this was written for."""
+    if _BASE is None:
+        log.warning("uvicorn's httptools protocol is not as expected: no request-header deadline")
+        return "httptools"
+    return type("RouterHttpProtocol", (_DeadlineMixin, _BASE), {"request_timeout": request_timeout})
+
+
+class _DeadlineMixin:
+    """Mixed into uvicorn's ``HttpToolsProtocol`` by ``http_protocol``."""
+
+    request_timeout = 30.0
+    # (attributes of uvicorn's protocol this relies on)
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
+    scope: Any
+    headers: list[tuple[bytes, bytes]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None
+        self._started = 0.0  # when the request being received is due from (loop time)
+        self._partial = False  # bytes of a request's head arrived, its headers are not complete
+        self._in_body = False
+        self._head_bytes = 0  # received while waiting for a head (a bound, not an exact count)
+        self._refusal: bytes | None = None
+
+    # -- uvicorn's protocol, extended -------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._started = self.loop.time()  # the first request is due from the connection's start
+        self._arm(self._started + self.request_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_body:
+            super().data_received(data)  # type: ignore[misc]
+            return
+        # Counted whole (this read may hold a body too): checked only if, once parsed, the
+        # head is still incomplete. What httptools buffers is bounded by that plus one read.
+        self._head_bytes += len(data)
+        super().data_received(data)  # type: ignore[misc]
+        if self._partial and not self._in_body and self._head_bytes > MAX_HEAD_BYTES:
+            self._refuse(f"the request head is larger than {MAX_HEAD_BYTES} bytes")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()  # type: ignore[misc]
+        if self._timer is None:  # a later request on a keep-alive connection
+            self._started = self.loop.time()
+            self._arm(self._started + self.request_timeout)
+        self._partial = True
+        self.scope["extensions"] = {REQUEST_STARTED: self._started}
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        if len(self.headers) > MAX_HEADERS:
+            self._refuse(f"the request has more than {MAX_HEADERS} headers")
+            raise _Refused()  # (uvicorn's data_received catches the parser's error)
+        self._partial = False
+        self._in_body = True
+        self._arm(self._started + self.request_timeout + BODY_GRACE)
+        super().on_headers_complete()  # type: ignore[misc]
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._in_body = False
+        self._head_bytes = 0
+        super().on_message_complete()  # type: ignore[misc]
+
+    def send_400_response(self, msg: str) -> None:
+        if self._refusal is not None:  # answered already (431)
+            return
+        body = error_body(f"invalid HTTP request: {msg}", "invalid_request_error", "invalid_http")
+        if not self.transport.is_closing():
+            self.transport.write(_response(b"400 Bad Request", body))
+            self.transport.close()
+
+    def _refuse(self, message: str) -> None:
+        self._disarm()
+        body = error_body(message, "invalid_request_error", "headers_too_large")
+        self._refusal = _response(b"431 Request Header Fields Too Large", body)
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:  # (else: pipelined behind a response)
+            self.transport.write(self._refusal)
+        self.transport.close()
+
+    # -- the deadline ---------------------------------------------------------------------------
+    def _arm(self, when: float) -> None:
+        self._timer = self.loop.call_at(when, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        owner: object = transport.get_protocol()
+        if owner is not self:  # handed to a WebSocket protocol
+            return
+        cycle = self.cycle
+        if self._in_body:
+            self._in_body = False
+            if cycle is not None and cycle.response_started and not cycle.response_complete:
+                cycle.keep_alive = False  # it is being answered: close once that is done
+            else:
+                transport.close()  # the handler sees a disconnect
+            return
+        if cycle is not None and not cycle.response_complete:
+            # a pipelined request's head, behind a response still under way: end after it
+            cycle.keep_alive = False
+            return
+        if self._partial:
+            message = f"the request was not received within {self.request_timeout:g}s"
+            body = error_body(message, "invalid_request_error", "request_timeout")
+            transport.write(_response(b"408 Request Timeout", body))
+        transport.close()

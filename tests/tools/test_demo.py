@@ -1,0 +1,50 @@
+"""``spec-router demo``: it names the live page, the page answers while the demo runs, and
+``--hold`` keeps the stack up (ramping load through the router) and still ends on its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from router.tools.demo import hold_levels
+
+
+def test_the_hold_ramps_up_and_back_down() -> None:
+    assert hold_levels([1, 2, 4, 8]) == [1, 2, 4, 8, 4, 2]
+    assert hold_levels([4, 1]) == [1, 4]
+    assert hold_levels([3]) == [3]
+
+
+@pytest.mark.slow
+def test_the_demo_names_its_live_page_and_holds(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "router", "demo", "--levels", "2", "--duration", "0.4"]
+    cmd += ["--hold", "1.5", "--hold-step", "0.5", "--plot", str(tmp_path / "demo.png")]
+    began = time.monotonic()
+    lines: list[str] = []
+    page = None
+    up_while_holding = False
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith("live page: "):
+                    page = line.split()[2]
+                    r = httpx.get(page, follow_redirects=True, timeout=10)
+                    assert r.status_code == 200 and "spec-router live" in r.text
+                if line.startswith("holding for") and page is not None:
+                    r = httpx.get(page.replace("/router/ui", "/ready"), timeout=10)
+                    up_while_holding = r.status_code == 200
+            assert proc.wait(timeout=120) == 0, "".join(lines)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert page is not None, "".join(lines)
+    assert up_while_holding, "".join(lines)
+    assert (tmp_path / "demo.png").exists()
+    assert time.monotonic() - began < 120

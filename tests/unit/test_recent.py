@@ -1,0 +1,126 @@
+"""The recent window: share, reasons and latency percentiles of the last minutes, bounded."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from router.account.outcome import Outcome
+from router.account.recent import RATIO, RecentWindow, quantile
+from router.forward.stream import Usage
+from router.tools.loadgen import percentile
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def finished(
+    clock: Clock,
+    pool: str | None,
+    reason: str = "predicted_slo",
+    ttft: float = 0.1,
+    tpot: float = 0.02,
+    tokens: int = 11,
+    stream: bool = True,
+    status: int = 200,
+) -> Outcome:
+    out = Outcome(path="/v1/chat/completions", started=clock.now)
+    out.read(stream=stream)
+    if pool is not None:
+        out.attempt(pool, f"http://{pool}", reason)  # type: ignore[arg-type]
+    out.answered(status)
+    out.first_bytes(clock.now + ttft, 0.0)
+    out.counted(Usage(5, tokens))
+    out.finish(clock.now + ttft + tpot * (tokens - 1))
+    return out
+
+
+def test_share_and_reasons_count_routed_requests_only() -> None:
+    clock = Clock()
+    w = RecentWindow(clock)
+    for _ in range(3):
+        w.observe(finished(clock, "speculative", "below_crossover"))
+    w.observe(finished(clock, "baseline", "above_crossover"))
+    w.observe(finished(clock, None, status=503))  # the router refused: no pool
+    s = w.summary()
+    assert s["requests"] == {"baseline": 1, "none": 1, "speculative": 3}
+    assert s["share_speculative"] == 0.75
+    assert s["reasons"] == {
+        "speculative": {"below_crossover": 3},
+        "baseline": {"above_crossover": 1},
+    }
+
+
+def test_no_requests_no_share() -> None:
+    s = RecentWindow(Clock()).summary()
+    assert s["share_speculative"] is None
+    assert s["latency"]["speculative"]["ttft_p50_ms"] is None
+
+
+def test_percentiles_are_within_the_bin_width_of_the_exact_ones() -> None:
+    clock = Clock()
+    w = RecentWindow(clock)
+    rng = random.Random(7)
+    ttfts = [rng.lognormvariate(-2.0, 0.8) for _ in range(2000)]
+    for t in ttfts:
+        w.observe(finished(clock, "baseline", ttft=t, tpot=t / 20))
+    lat = w.summary()["latency"]["baseline"]
+    assert lat["ttft_n"] == lat["tpot_n"] == 2000
+    for q in (50, 90):
+        exact = percentile(ttfts, q) * 1000
+        assert lat[f"ttft_p{q}_ms"] == pytest.approx(exact, rel=RATIO - 1)
+        assert lat[f"tpot_p{q}_ms"] == pytest.approx(exact / 20, rel=RATIO - 1)
+
+
+def test_latency_only_from_streams_that_succeeded() -> None:
+    clock = Clock()
+    w = RecentWindow(clock)
+    w.observe(finished(clock, "speculative", stream=False))
+    w.observe(finished(clock, "speculative", status=500))
+    w.observe(finished(clock, "speculative", tokens=1))  # a TTFT, but no TPOT
+    lat = w.summary()["latency"]["speculative"]
+    assert (lat["ttft_n"], lat["tpot_n"]) == (1, 0)
+
+
+def test_old_requests_leave_the_window_and_memory_stays_bounded() -> None:
+    clock = Clock()
+    w = RecentWindow(clock, window=60, bucket=5)
+    for _ in range(200):  # 200 busy buckets: many more than the window holds
+        w.observe(finished(clock, "speculative"))
+        w.observe(finished(clock, "baseline"))
+        clock.now += 5
+    assert len(w._buckets) <= w.slots
+    s = w.summary()
+    # 12 buckets of 5 s: the last 11 with requests in them (the current one is empty)
+    assert s["requests"] == {"baseline": 11, "speculative": 11}
+    assert s["latency"]["speculative"]["ttft_n"] == 11
+    clock.now += 61
+    s = w.summary()
+    assert s["requests"] == {} and s["share_speculative"] is None
+    assert w._closed == {} and not w._buckets
+
+
+def test_series_fills_empty_buckets_with_zero() -> None:
+    clock = Clock()
+    w = RecentWindow(clock, window=20, bucket=5)
+    w.observe(finished(clock, "speculative"))
+    clock.now += 10
+    w.observe(finished(clock, "baseline"))
+    w.observe(finished(clock, "baseline"))
+    s = w.series()
+    assert len(s["t"]) == 4 and s["bucket_s"] == 5
+    assert s["t"] == sorted(s["t"]) and s["t"][-1] <= 0
+    assert sum(s["speculative"]) == 1 and sum(s["baseline"]) == 2
+    assert s["baseline"][-1] == 2 and s["speculative"][-1] == 0
+
+
+def test_quantile_of_one_bin() -> None:
+    assert quantile({}, 0.5) is None
+    value = quantile({10: 3}, 0.9)
+    assert value is not None and RATIO**10 <= value < RATIO**11
