@@ -139,10 +139,18 @@ def test_disturbance_compares_engine_load_after_warm_up_with_concurrency() -> No
     assert disturbance(run) is None  # the engine does not report a load
     run.engine_load = [(0.5, 0.0), (1.5, 4.0), (2.5, 3.8), (3.5, 4.0)]  # before warm-up: ignored
     assert disturbance(run) is None
-    run.engine_load = [(1.5, 2.0), (2.5, 2.5)]
-    assert disturbance(run) == "the engine held 2.2 requests on average while 4 were driven"
+    run.engine_load = [(1.5, 1.5), (2.5, 2.0)]
+    assert disturbance(run) == (
+        "the engine held 1.8 requests on average (2.0 at its 90th percentile) while 4 were driven"
+    )
     run.engine_load = [(1.5, 9.0)]  # other traffic on the pool
     assert disturbance(run) is not None
+    # SGLang's gauges read low between reports (a prefill report leaves out the requests it
+    # admits; the next comes 40 decode steps later), and reach the batch at them: not a
+    # disturbance, though the mean (3.2) is below 4 by more than the tolerance
+    lagging = [2.0, 3.0, 3.0, 4.0, 2.0, 3.0, 3.0, 4.0, 2.0, 3.0]
+    run.engine_load = [(1.1 + 0.2 * i, n) for i, n in enumerate(lagging)]
+    assert disturbance(run) is None
 
 
 def test_out_of_line_names_both_neighbours_of_a_rise() -> None:
