@@ -159,8 +159,8 @@ def test_sglang_gauges_lag_vllm_gauges_do_not(engine: str, name: str) -> None:
 def test_sglang_idle_refresh(version: str) -> None:
     # 60 tokens: the 40th iteration reports running 1, then the request ends and the engine
     # idles. 0.5.23 sees its gauge is stale and reports at once; 0.5.3 waits for its 30-s
-    # idle report (3 s here, counted from its last report, 20 iterations = 0.2 s earlier).
-    args = ["--time-scale", "0.1", "--a-ms", "100", "--engine-version", version, "--warmup", "0"]
+    # idle report (1.5 s here, counted from its last report, 20 iterations = 0.2 s earlier).
+    args = ["--time-scale", "0.05", "--a-ms", "200", "--engine-version", version, "--warmup", "0"]
     with running(sim_args("baseline", *args)) as sim:
         with send_and_hold(sim.url, chat_body(60)):  # 10 ms iterations
             wait_for(lambda: gauge(sim.url, "sglang:num_running_reqs") == 1)
@@ -169,12 +169,12 @@ def test_sglang_idle_refresh(version: str) -> None:
         wait_for(lambda: gauge(sim.url, "sglang:num_running_reqs") == 0, timeout=5)
         took = time.monotonic() - ended
         if version == "0.5.3":
-            assert took >= 2.0, took
+            assert took >= 1.0, took
             assert not samples(sim.url, "sglang:spec_verify_calls_total")  # not in 0.5.3
             (labels, _), *_ = samples(sim.url, "sglang:num_running_reqs")
             assert "moe_ep_rank" not in labels and "priority" not in labels
         else:
-            assert took < 1.5, took
+            assert took < 1.0, took
 
 
 def test_ranks_and_priorities() -> None:
@@ -216,19 +216,20 @@ def test_ranks_and_priorities() -> None:
         assert "tp_rank" not in tokens[0][0] and "dp_rank" not in tokens[0][0]
 
 
-def test_vllm_metric_names() -> None:
-    with running(sim_args("eagle3", "--time-scale", "0.05", "--engine", "vllm")) as sim:
-        httpx.post(sim.url + CHAT, json=chat_body(100))
-        text = httpx.get(sim.url + "/metrics").text
-        assert 'vllm:num_requests_running{engine="0",model_name="default"} 0.0' in text
-        assert "vllm:spec_decode_num_drafts_created{" in text
-        drafts = gauge(sim.url, "vllm:spec_decode_num_drafts_total")
-        accepted = gauge(sim.url, "vllm:spec_decode_num_accepted_tokens_total")
-        assert 1.8 < 1 + accepted / drafts < 3.8
-        per_pos = samples(sim.url, "vllm:spec_decode_num_accepted_tokens_per_pos_total")
-        assert sum(v for _, v in per_pos) == accepted
-        assert "sglang:" not in text
-        assert httpx.get(sim.url + "/server_info").status_code == 404
+def test_vllm_metric_names(vllm_eagle3: Proc) -> None:
+    sim = vllm_eagle3
+    # the session's vLLM-mode eagle3 sim
+    httpx.post(sim.url + CHAT, json=chat_body(100))
+    text = httpx.get(sim.url + "/metrics").text
+    assert 'vllm:num_requests_running{engine="0",model_name="default"} 0.0' in text
+    assert "vllm:spec_decode_num_drafts_created{" in text
+    drafts = gauge(sim.url, "vllm:spec_decode_num_drafts_total")
+    accepted = gauge(sim.url, "vllm:spec_decode_num_accepted_tokens_total")
+    assert 1.8 < 1 + accepted / drafts < 3.8
+    per_pos = samples(sim.url, "vllm:spec_decode_num_accepted_tokens_per_pos_total")
+    assert sum(v for _, v in per_pos) == accepted
+    assert "sglang:" not in text
+    assert httpx.get(sim.url + "/server_info").status_code == 404
 
 
 # -- errors and overload --------------------------------------------------------------------
@@ -317,16 +318,19 @@ def test_stream_headers_before_queueing_or_with_the_first_chunk(sglang: Proc, vl
 # -- cancellation ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine", ["sglang", "vllm"])
-def test_abort_after_disconnect(engine: str) -> None:
-    """SGLang lets a started stream run 2 s (0.5 s here) after its client left; vLLM stops."""
-    with running(sim_args("baseline", "--time-scale", "0.25", "--engine", engine)) as sim:
+def test_abort_after_disconnect(sglang: Proc, vllm: Proc) -> None:
+    """SGLang lets a started stream run 2 s (0.2 s here) after its client left; vLLM stops.
+    (The sim measures the lag itself: from the disconnect it saw to the abort.)"""
+    for sim in (sglang, vllm):
         with httpx.stream("POST", sim.url + CHAT, json=chat_body(5000, stream=True)) as r:
             chunks = r.iter_raw()  # (kept: a dropped iterator closes the connection)
             next(chunks)
-        wait_for(lambda: live(sim.url) == 0, timeout=3)
+        wait_for(lambda s=sim: live(s.url) == 0, timeout=3)  # type: ignore[misc]
         lag = config(sim.url)["engine"]["abort_lag"]  # type: ignore[index]
-        assert (lag >= 0.49) if engine == "sglang" else (lag == pytest.approx(0, abs=0.01)), lag
+        if sim is sglang:
+            assert lag >= 0.195, lag
+        else:
+            assert lag == pytest.approx(0, abs=0.01), lag
 
 
 def test_sglang_notices_a_queued_client_leaving_at_its_4_s_poll(sglang: Proc) -> None:
@@ -348,20 +352,29 @@ def test_sglang_notices_a_queued_client_leaving_at_its_4_s_poll(sglang: Proc) ->
 # -- usage, models, keep-alive --------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def vllm_011() -> Iterator[Proc]:
+    args = ["--time-scale", "0.05", "--engine", "vllm", "--engine-version", "0.11"]
+    with running(sim_args("baseline", *args)) as proc:
+        yield proc
+
+
 @pytest.mark.parametrize(("version", "usage"), [("0.11", True), ("0.34", False)])
-def test_vllm_empty_stream_options(version: str, usage: bool) -> None:
-    args = ["--time-scale", "0.05", "--engine", "vllm", "--engine-version", version]
-    with running(sim_args("baseline", *args)) as sim:
-        body = chat_body(3, stream=True, stream_options={})
-        assert (b'"usage":{' in httpx.post(sim.url + CHAT, json=body).content) is usage
-        continuous = chat_body(
-            3, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}
-        )
-        events = sse_events(httpx.post(sim.url + CHAT, json=continuous).content)
-        chunks = [json.loads(e) for e in events[:-1]]
-        assert [c["usage"]["completion_tokens"] for c in chunks] == [0, 1, 2, 3, 3, 3]
-        refused = httpx.post(sim.url + CHAT, json=chat_body(3, stream_options={"a": 1}))
-        assert refused.status_code == 400  # stream options need stream=True
+def test_vllm_empty_stream_options(
+    version: str, usage: bool, request: pytest.FixtureRequest
+) -> None:
+    sim: Proc = request.getfixturevalue("vllm_011" if version == "0.11" else "vllm")
+    # 0.34 is the module's vLLM sim
+    body = chat_body(3, stream=True, stream_options={})
+    assert (b'"usage":{' in httpx.post(sim.url + CHAT, json=body).content) is usage
+    continuous = chat_body(
+        3, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}
+    )
+    events = sse_events(httpx.post(sim.url + CHAT, json=continuous).content)
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [0, 1, 2, 3, 3, 3]
+    refused = httpx.post(sim.url + CHAT, json=chat_body(3, stream_options={"a": 1}))
+    assert refused.status_code == 400  # stream options need stream=True
 
 
 def test_model_names(sglang: Proc, vllm: Proc) -> None:
@@ -386,5 +399,8 @@ def test_idle_keep_alive() -> None:
             began = time.monotonic()
             assert sock.recv(65536) == b""  # the server closed the idle connection
             assert 0.25 <= time.monotonic() - began < 2
-    with running(sim_args("baseline")) as sim:
+
+
+def test_idle_keep_alive_is_5_s_by_default(sglang: Proc, vllm: Proc) -> None:
+    for sim in (sglang, vllm):
         assert config(sim.url)["keep_alive"] == 5.0  # as both engines run uvicorn
