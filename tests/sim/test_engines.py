@@ -9,24 +9,17 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.sim.conftest import chat_body, engine_error
+from tests.support.http import wait_for
 from tests.support.processes import Proc, running, sim_args
 
 CHAT = "/v1/chat/completions"
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.01)
 
 
 def config(url: str) -> dict[str, object]:
@@ -113,7 +106,7 @@ def test_sglang_health_switch_and_timeout() -> None:
         assert httpx.get(sim.url + "/health").status_code == 200  # switched off: no generation
         assert config(sim.url)["health_generations"] == 0
         with send_and_hold(sim.url, chat_body(5, stream=True)):
-            wait_for(lambda: live(sim.url) == 1)
+            wait_for(lambda: live(sim.url) == 1, timeout=5.0)
             began = time.monotonic()
             assert httpx.get(sim.url + "/health_generate").status_code == 503
             assert time.monotonic() - began >= 0.3
@@ -151,8 +144,8 @@ def test_sglang_gauges_lag_vllm_gauges_do_not(engine: str, name: str) -> None:
                 assert gauge(sim.url, name) == 1
             else:
                 assert gauge(sim.url, name) == 0
-                wait_for(lambda: gauge(sim.url, name) == 1)
-        wait_for(lambda: gauge(sim.url, name) == 0)
+                wait_for(lambda: gauge(sim.url, name) == 1, timeout=5.0)
+        wait_for(lambda: gauge(sim.url, name) == 0, timeout=5.0)
 
 
 @pytest.mark.parametrize("version", ["0.5.23", "0.5.3"])
@@ -163,8 +156,8 @@ def test_sglang_idle_refresh(version: str) -> None:
     args = ["--time-scale", "0.05", "--a-ms", "200", "--engine-version", version, "--warmup", "0"]
     with running(sim_args("baseline", *args)) as sim:
         with send_and_hold(sim.url, chat_body(60)):  # 10 ms iterations
-            wait_for(lambda: gauge(sim.url, "sglang:num_running_reqs") == 1)
-            wait_for(lambda: live(sim.url) == 0)
+            wait_for(lambda: gauge(sim.url, "sglang:num_running_reqs") == 1, timeout=5.0)
+            wait_for(lambda: live(sim.url) == 0, timeout=5.0)
         ended = time.monotonic()
         wait_for(lambda: gauge(sim.url, "sglang:num_running_reqs") == 0, timeout=5)
         took = time.monotonic() - ended
@@ -191,7 +184,7 @@ def test_ranks_and_priorities() -> None:
             try:
                 for r in responses:
                     next(iters.setdefault(id(r), r.iter_raw()))
-                wait_for(lambda: live(sim.url) == 3)
+                wait_for(lambda: live(sim.url) == 3, timeout=5.0)
 
                 def by_rank() -> dict[tuple[str, str, str], float]:
                     return {
@@ -200,7 +193,7 @@ def test_ranks_and_priorities() -> None:
                     }
 
                 # DP ranks take requests in turn: rank 0 has two (priorities 1 and None)
-                wait_for(lambda: by_rank().get(("0", "0", "")) == 2)
+                wait_for(lambda: by_rank().get(("0", "0", "")) == 2, timeout=5.0)
                 seen = by_rank()
                 assert seen[("0", "0", "")] == seen[("0", "1", "")] == 2  # TP ranks repeat
                 assert seen[("1", "0", "")] == 1

@@ -8,23 +8,15 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
 
 import httpx
 import pytest
 
 from tests.sim.conftest import chat_body, metrics
+from tests.support.http import wait_for
 from tests.support.processes import Background, Proc, free_port, running, sim_args, sim_on, spawn
 
 CHAT = "/v1/chat/completions"
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.01)
 
 
 def load(url: str) -> tuple[float, float]:
@@ -69,7 +61,7 @@ def test_queue_and_client_aborts_release_slots() -> None:
         )
         thread.start()
         try:
-            wait_for(lambda: load(sim.url) == (8, 4))  # eight running, four waiting
+            wait_for(lambda: load(sim.url) == (8, 4), timeout=5.0)  # eight running, four waiting
         finally:
             ready.set()
             thread.join(timeout=20)
@@ -125,7 +117,7 @@ def test_startup_503_then_ready() -> None:
     # --startup-mode 503: listen while loading and answer 503 (not what the engines do)
     sim = Starting("baseline", "--startup-delay", "0.6", "--startup-mode", "503")
     try:
-        wait_for(lambda: sim.status() is not None)
+        wait_for(lambda: sim.status() is not None, timeout=5.0)
         assert sim.status() == 503
         resp = httpx.post(sim.url + CHAT, json=chat_body())
         assert resp.status_code == 503 and resp.json()["code"] == 503  # SGLang's flat body
