@@ -10,10 +10,16 @@ complete. So this protocol, a subclass of uvicorn's, puts one absolute deadline
 - from the connection's start (for its first request) or the request's first byte (for later
   ones on a keep-alive connection) until its headers are complete. Missed: a 408 in the OpenAI
   shape when part of a request came, a plain close when nothing did, and the app never sees it.
-- the body, to the same deadline, is the app's to enforce: the proxy answers 408 itself
-  (``router.forward.proxy``), reading the deadline's start from the scope
-  (``REQUEST_STARTED``). For any other handler this protocol closes the connection
+- the body, to the same deadline, is the app's to answer: at the deadline this protocol marks
+  the scope (``REQUEST_EXPIRED``) and wakes the app's pending ``receive()``, and the proxy
+  answers 408 itself (``router.forward.proxy``; ``REQUEST_STARTED`` in the scope tells it that
+  this protocol keeps the deadline). For any other handler this protocol closes the connection
   ``BODY_GRACE`` seconds after the deadline if the body is still incomplete.
+
+One timer per connection, armed lazily: a request moves the deadline (``_due``) and the timer,
+when it fires early, re-arms itself for it. Arming and cancelling a timer for every phase of
+every request cost about a tenth of the router's CPU per small request
+(bench/results/overhead.md).
 
 It also bounds a request's head, where uvicorn and httptools set no limit at all: more than
 ``MAX_HEAD_BYTES`` before the headers are complete, or more than ``MAX_HEADERS`` headers, get a
@@ -37,9 +43,11 @@ from router.errors import error_body
 log = logging.getLogger("spec_router.protocol")
 
 REQUEST_STARTED = "spec_router.request_started"  # scope["extensions"] key: loop time
+REQUEST_EXPIRED = "spec_router.request_expired"  # ... True once the body's deadline has passed
 BODY_GRACE = 1.0  # lets the proxy's own 408 go first
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
+CLOCK_SLACK = 0.001  # a timer that fires this close to its deadline has reached it
 
 
 class _Refused(Exception):
@@ -91,6 +99,8 @@ class _DeadlineMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
+        self._due: float | None = None  # the deadline the timer is for (None: nothing due)
+        self._woken = False  # the app was told its body's deadline passed
         self._started = 0.0  # when the request being received is due from (loop time)
         self._partial = False  # bytes of a request's head arrived, its headers are not complete
         self._in_body = False
@@ -116,11 +126,14 @@ class _DeadlineMixin:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._timer is not None:  # (a pending timer would keep this protocol alive)
+            self._timer.cancel()
+            self._timer = None
         super().connection_lost(exc)  # type: ignore[misc]
 
     def on_message_begin(self) -> None:
         super().on_message_begin()  # type: ignore[misc]
-        if self._timer is None:  # a later request on a keep-alive connection
+        if self._due is None:  # a later request on a keep-alive connection
             self._started = self.loop.time()
             self._arm(self._started + self.request_timeout)
         self._partial = True
@@ -133,7 +146,8 @@ class _DeadlineMixin:
             raise _Refused()  # (uvicorn's data_received catches the parser's error)
         self._partial = False
         self._in_body = True
-        self._arm(self._started + self.request_timeout + BODY_GRACE)
+        self._woken = False
+        self._arm(self._started + self.request_timeout)
         super().on_headers_complete()  # type: ignore[misc]
 
     def on_message_complete(self) -> None:
@@ -163,15 +177,25 @@ class _DeadlineMixin:
 
     # -- the deadline ---------------------------------------------------------------------------
     def _arm(self, when: float) -> None:
-        self._timer = self.loop.call_at(when, self._expired)
+        self._due = when
+        timer = self._timer
+        if timer is None or timer.when() > when:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self.loop.call_at(when, self._expired)
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._due = None  # a pending timer finds nothing due and ends
 
     def _expired(self) -> None:
         self._timer = None
+        due = self._due
+        if due is None:
+            return
+        if due - self.loop.time() > CLOCK_SLACK:  # armed for an earlier deadline, since moved
+            self._timer = self.loop.call_at(due, self._expired)
+            return
+        self._due = None
         transport = self.transport
         if transport is None or transport.is_closing():
             return
@@ -179,6 +203,14 @@ class _DeadlineMixin:
         if owner is not self:  # handed to a WebSocket protocol
             return
         cycle = self.cycle
+        if self._in_body and not self._woken:
+            # the app answers (the proxy's 408); closed after a grace if it does not
+            self._woken = True
+            self._arm(due + BODY_GRACE)
+            if cycle is not None and not cycle.response_started:
+                self.scope["extensions"][REQUEST_EXPIRED] = True
+                cycle.message_event.set()
+            return
         if self._in_body:
             self._in_body = False
             if cycle is not None and cycle.response_started and not cycle.response_complete:

@@ -40,7 +40,7 @@ from router.errors import (
     QueueFull as QueueRefused,
 )
 from router.fastpath import Responders
-from router.fastpath.protocol import REQUEST_STARTED
+from router.fastpath.protocol import REQUEST_EXPIRED, REQUEST_STARTED
 from router.fastpath.responder import Responder
 from router.forward import verdicts
 from router.forward.admission import Admission, QueueFull
@@ -263,16 +263,21 @@ class Proxy:
         # One deadline for the whole request, from its first byte where the server's protocol
         # tells (router.fastpath.protocol), else from now; no lease is taken before the body.
         extensions = scope.get("extensions")
-        started = extensions.get(REQUEST_STARTED) if extensions else None
         timeout = self.settings.request_timeout
-        deadline = (self.loop.time() if started is None else started) + timeout
+        late = f"the request body was not received within {timeout:g}s"
+        if extensions and REQUEST_STARTED in extensions:
+            # the server's protocol keeps the deadline and wakes ``receive`` at it: no timer
+            # of our own per request (router.fastpath.protocol)
+            return await self._receive_body(receive, limit, extensions, late)
         try:
-            async with asyncio.timeout_at(deadline):
-                return await self._receive_body(receive, limit)
+            async with asyncio.timeout(timeout):
+                return await self._receive_body(receive, limit, None, late)
         except TimeoutError:
-            raise RequestTimeout(f"the request body was not received within {timeout:g}s") from None
+            raise RequestTimeout(late) from None
 
-    async def _receive_body(self, receive: Receive, limit: int) -> bytes:
+    async def _receive_body(
+        self, receive: Receive, limit: int, expiry: dict[str, object] | None, late: str
+    ) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -287,6 +292,8 @@ class Proxy:
                 chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+            if expiry is not None and expiry.get(REQUEST_EXPIRED):
+                raise RequestTimeout(late)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _open(

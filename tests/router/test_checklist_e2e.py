@@ -236,6 +236,44 @@ def test_case_09_an_idle_connection_is_closed_and_a_slow_body_gets_408_without_a
     assert sim_running(sims["speculative"].url) == 0
 
 
+def test_case_09_a_kept_alive_request_gets_its_whole_deadline_from_its_own_first_byte(
+    start_router: RouterFactory,
+) -> None:
+    """One timer serves a connection's requests (router.fastpath.protocol): the connection's
+    first deadline passes while the second request is on its way, and must not cut it short."""
+    router = start_router(request_timeout="1.0")
+    first = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+    with raw_socket(router.url) as sock:
+        sock.sendall(first)
+        ok = b""
+        while not ok.endswith(b'{"status":"ok"}'):
+            ok += sock.recv(65536)
+        # idle for most of the connection's first deadline (the client's own pace, not a wait
+        # for the router), then a head that never completes
+        time.sleep(0.6)
+        began = time.monotonic()
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+        answer = read_until_closed(sock)
+        elapsed = time.monotonic() - began
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert 0.9 < elapsed < 2.5, elapsed
+    # a body that stalls on a kept-alive connection: the proxy's own 408, from its first byte
+    with raw_socket(router.url) as sock:
+        sock.sendall(first)
+        ok = b""
+        while not ok.endswith(b'{"status":"ok"}'):
+            ok += sock.recv(65536)
+        time.sleep(0.6)
+        began = time.monotonic()
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n"
+        sock.sendall(head + b'{"model":')
+        answer = read_until_closed(sock)
+        elapsed = time.monotonic() - began
+    assert answer.startswith(b"HTTP/1.1 408 ") and b'"code":"request_timeout"' in answer
+    assert 0.9 < elapsed < 2.0, elapsed
+    nothing_routed(router.url)
+
+
 # -- 10. header injection ---------------------------------------------------------------------
 
 
