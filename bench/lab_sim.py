@@ -236,7 +236,7 @@ class Router:
             self.engines.mean_output.value,
             self.sampling,
         )
-        decision, self.state = choose(self.policy, snap)  # type: ignore[arg-type]
+        decision, self.state = choose(self.policy, snap)
         assert decision is not None
         if self.explore_share > 0 and self.policy != "round_robin":
             if abs(snap.speculative.load - snap.crossover) <= EXPLORE_BAND:

@@ -133,7 +133,9 @@ def predict(
 
 
 # How soft ``meets`` is: the spread of a request's real latency around the prediction, as a share
-# of the target.
+# of the target. (A lab sweep, bench/results/policy-lab.md, found 0.4 with HARM_WEIGHT 1.5 and
+# STRICT_WEIGHT 1.0 better in the lab at 70% and 110% load; one HTTP pass did not confirm it at
+# 110%, so the defaults stay as they were until it is measured again.)
 MEETS_WIDTH = 0.1
 # Weight of the chance a placement takes from the requests already there, against its own.
 HARM_WEIGHT = 1.0
