@@ -94,7 +94,7 @@ class Deployment:
     note: str
 
 
-def deployments(policies: list[str]) -> list[Deployment]:
+def deployments(policies: list[str], references: bool = True) -> list[Deployment]:
     names = list(dict.fromkeys(policies))
     if DEFAULT_POLICY not in names:
         names.append(DEFAULT_POLICY)
@@ -106,6 +106,8 @@ def deployments(policies: list[str]) -> list[Deployment]:
             " (left unset: the default)" if default else ""
         )
         out.append(Deployment(label, ("eagle3", "baseline"), None if default else p, True, note))
+    if not references:
+        return out
     out.append(
         Deployment(
             "2x baseline, round-robin",
@@ -311,6 +313,12 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--table", type=Path, default=TABLE, help="crossover table for the policies")
     p.add_argument("--no-table", dest="table", action="store_const", const=None)
+    p.add_argument(
+        "--no-references",
+        dest="references",
+        action="store_false",
+        help="leave out the two-of-a-kind deployments (2x baseline, 2x eagle3)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "traffic.md")
     p.add_argument("--note", default="", help="a line for the report's header")
     p.add_argument(
@@ -355,7 +363,7 @@ def main() -> int:
         print(f"written {ns.out} and {ns.out.with_suffix('.png')} from the JSON")
         return 0
     command = shlex.join(["python", "bench/traffic.py", *sys.argv[1:]])
-    plan, deps = cases(ns), deployments(ns.policies)
+    plan, deps = cases(ns), deployments(ns.policies, ns.references)
     runs: list[Run] = []
     table = None if ns.table is None else os.path.relpath(ns.table, ROOT)
     meta: dict[str, Any] = {

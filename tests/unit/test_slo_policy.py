@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from router.decide import predict as predict_module
 from router.decide.policy import BackendView, PoolView, Snapshot, choose
 from router.decide.predict import PoolModel, Request, meets, predict, value
 from router.pools import BASELINE, SPECULATIVE, Pool
@@ -89,6 +90,23 @@ def test_the_wall_clock_scale() -> None:
 def test_meets_is_a_soft_step() -> None:
     assert meets(0.5, 1.0) == 1.0 and meets(2.0, 1.0) == 0.0
     assert meets(1.0, 1.0) == pytest.approx(0.5)
+
+
+def test_meets_width_follows_the_module_constant(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert meets(1.05, 1.0) == pytest.approx(0.25)  # width 0.1: 1.05 is a quarter of the way
+    monkeypatch.setattr(predict_module, "MEETS_WIDTH", 0.5)
+    assert meets(1.05, 1.0) == pytest.approx(0.45)
+    assert meets(1.05, 1.0, width=0.1) == pytest.approx(0.25)  # an explicit width wins
+
+
+def test_harm_weight_scales_what_others_lose(monkeypatch: pytest.MonkeyPatch) -> None:
+    r = req()
+    p = predict(SPEC, 3, 0.0, r, 200)._replace(others_tpot=0.024, others_delta=0.003)
+    alone = value(p._replace(others_delta=0.0), r, 3)
+    loss = alone - value(p, r, 3)
+    monkeypatch.setattr(predict_module, "HARM_WEIGHT", 2.0)
+    assert loss > 0
+    assert alone - value(p, r, 3) == pytest.approx(2 * loss)
 
 
 def test_harm_to_others_lowers_the_value() -> None:
