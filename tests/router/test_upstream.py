@@ -14,7 +14,8 @@ import anyio
 import pytest
 
 from router.forward.upstream import Connection, Origin, OriginPool, Timeouts, UpstreamError
-from tests.support.bulk_upstream import HEAD, chunk, read_request
+from tests.support.bulk_upstream import HEAD, chunk
+from tests.support.threaded import read_request
 
 pytestmark = pytest.mark.anyio
 
