@@ -15,6 +15,7 @@ the policy gets wrong from what the router's knowledge does.
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections import deque
@@ -35,7 +36,9 @@ from router.decide.policy import (
     explore,
 )
 from router.decide.predict import PoolModel, Request
-from router.decide.snapshot import RECENT_WINDOW
+from router.decide.snapshot import RECENT_WINDOW, Mix, flight
+from router.decide.snapshot import _Recent as _DeciderRecent
+from router.decide.twin import Flight, Stream
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.sim.model import BASELINE as BASE_PRESET
 from router.sim.model import EAGLE3, Preset, prefill_time, sample_gain, solve_alpha, step_time
@@ -56,6 +59,7 @@ class Req:
     last: float | None = None
     rng: random.Random = field(default_factory=random.Random)
     # what the router saw when it routed it, and the backend's in-flight area at its first token
+    request: Request | None = None
     load_at_start: int = 0
     prefill_share: float = 0.0
     area_first: float = 0.0
@@ -63,6 +67,17 @@ class Req:
     @property
     def done(self) -> bool:
         return self.generated >= self.arrival.output_tokens
+
+    # what the router's Decider reads of a request in flight (router.account.outcome.Outcome)
+    stream = True
+
+    @property
+    def started(self) -> float:
+        return self.arrival.at
+
+    @property
+    def first_byte(self) -> float | None:
+        return self.first
 
 
 class Engine:
@@ -147,26 +162,7 @@ class Engine:
         self._start(now)
 
 
-class _Recent:
-    """A backend's decayed prefill time and arrivals, and its measured stays (as the Decider's)."""
-
-    def __init__(self) -> None:
-        self.prefill = self.arrivals = self.area = self.done = 0.0
-        self.last_area, self.last_done, self.at = 0.0, 0, 0.0
-
-    def update(self, now: float, area: float, done: int) -> None:
-        keep = math.exp(-(now - self.at) / RECENT_WINDOW) if now > self.at else 1.0
-        self.prefill *= keep
-        self.arrivals *= keep
-        self.area = self.area * keep + (area - self.last_area)
-        self.done = self.done * keep + (done - self.last_done)
-        self.last_area, self.last_done, self.at = area, done, now
-
-    def expected(self) -> float | None:
-        return None if self.done <= 0 else self.arrivals / RECENT_WINDOW * self.area / self.done
-
-
-TABLE = Path(__file__).resolve().parent / "results" / "calibration-1024-256.json"
+TABLE = Path(__file__).resolve().parent / "results" / "calibration-traffic.json"
 
 
 def true_models() -> dict[Pool, PoolModel]:
@@ -204,16 +200,28 @@ class Router:
         self.explore_share = explore_share
         self.credit = 0.0
         self.state = RoutingState()
-        self.recent: dict[str, _Recent] = {}
-        self.sampling = 0.5
+        self.recent: dict[str, _DeciderRecent] = {}
+        self.mix = Mix()
+        self.caps: dict[str, int] = {}  # as the poller learns them: once a queue is seen
+        self.last_request: Request | None = None
+        self.prefill_sent: dict[str, tuple[list[float], list[float]]] = {}
         self.next_update = LEARN_INTERVAL
 
     # -- deciding -------------------------------------------------------------------------------
     def _view(self, pool: Pool, e: Engine, now: float) -> BackendView:
-        r = self.recent.setdefault(e.url, _Recent())
-        r.update(now, e.area(now), e.completed)
+        r = self.recent.setdefault(e.url, _DeciderRecent(0.0))
+        r.update(now, RECENT_WINDOW, e.area(now), e.completed)
+        flights: tuple[Flight, ...] = ()
+        stream = None
+        if self.policy == "slo" and self.models is not None:
+            model = self.models[pool]
+            flights = tuple(flight(q, now, model) for q in (*e.running, *e.waiting))
+            rate = r.rate(now, RECENT_WINDOW)
+            output = self.mix.output or self.engines.mean_output.value
+            stream = Stream(rate, self.mix.prompt, output, self.mix.sampling, *self.slo)
         return BackendView(e.url, e.load, prefill_share=r.prefill / RECENT_WINDOW,
-                           load_avg=r.expected())  # fmt: skip
+                           load_avg=r.expected(RECENT_WINDOW), cap=self.caps.get(e.url),
+                           flights=flights, stream=stream)  # fmt: skip
 
     def decide(self, a: Arrival, engines: Sequence[Engine], pools: Sequence[Pool], now: float
                ) -> Decision:  # fmt: skip
@@ -234,10 +242,11 @@ class Router:
             req,
             self.models if req is not None else None,
             self.engines.mean_output.value,
-            self.sampling,
+            self.mix.sampling,
         )
         decision, self.state = choose(self.policy, snap)
         assert decision is not None
+        self.last_request = req
         if self.explore_share > 0 and self.policy != "round_robin":
             if abs(snap.speculative.load - snap.crossover) <= EXPLORE_BAND:
                 self.credit += self.explore_share
@@ -247,10 +256,12 @@ class Router:
                         self.credit -= 1.0
                         decision = alt
         if req is not None and self.models is not None:
-            self.sampling += (float(req.sampling) - self.sampling) * 0.02
-            r = self.recent[decision.backend]
-            r.prefill += self.models[decision.pool].prefill(a.prompt_tokens)
-            r.arrivals += 1.0
+            self.mix.add(req)
+            prefill = self.models[decision.pool].prefill(a.prompt_tokens)
+            self.recent[decision.backend].sent(prefill)
+            times, totals = self.prefill_sent.setdefault(decision.backend, ([], []))
+            times.append(now)
+            totals.append((totals[-1] if totals else 0.0) + prefill)
             view = next(b for b in (*spec, *base) if b.url == decision.backend)
             decision = decision._replace(load=view.load, prefill_share=view.prefill_share)
         return decision
@@ -268,10 +279,20 @@ class Router:
             spt = decode / (n - 1)
             self.learner.record(r.pool, concurrency, spt, r.first - r.arrival.at,
                                 r.last - r.arrival.at)  # fmt: skip
+        cap = self.caps.get(engine.url)
+        if cap is not None:
+            concurrency = min(concurrency, float(cap))
+        stall = self._prefill_at(engine.url, r.last) - self._prefill_at(engine.url, r.first)
         sample = Sample(r.pool, concurrency, spt, r.first - r.arrival.at,
                         r.arrival.temperature > 0, r.arrival.prompt_tokens, 0, n,
-                        r.load_at_start, r.prefill_share)  # fmt: skip
-        self.engines.record(sample, self.learner.tau)
+                        r.load_at_start, r.prefill_share, stall)  # fmt: skip
+        self.engines.record(sample)
+
+    def _prefill_at(self, url: str, at: float) -> float:
+        """The prefill time the router had sent to ``url`` by ``at`` (the tracker's counter)."""
+        times, totals = self.prefill_sent.get(url, ([], []))
+        i = bisect.bisect_right(times, at)
+        return totals[i - 1] if i else 0.0
 
     def tick(self, now: float, engines: Sequence[Engine]) -> None:
         """The keeper's timer: the acceptance length, the crossover step, the models."""
@@ -283,6 +304,7 @@ class Router:
         for e in spec:
             e.spec_tokens = e.spec_steps = 0
         self.learner.observe_accept(tau)
+        self.engines.observe_accept(tau)
         self.gain = marginal_gain(self.learner.curves())
         self.models = self.engines.models()
         new = self.learner.step(self.crossover, False)
@@ -321,8 +343,8 @@ def run(
         decision = router.decide(a, engines, pools, a.at)
         if on_decision is not None:
             on_decision(decision, a)
-        req = Req(a, pool_of[decision.backend], load_at_start=decision.load,
-                  prefill_share=decision.prefill_share)  # fmt: skip
+        req = Req(a, pool_of[decision.backend], request=getattr(router, "last_request", None),
+                  load_at_start=decision.load, prefill_share=decision.prefill_share)  # fmt: skip
         next(e for e in engines if e.url == decision.backend).submit(req, a.at)
     advance(math.inf)
     return done

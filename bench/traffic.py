@@ -48,7 +48,7 @@ from router.tools.replay_report import read_json  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 TRACE = Path("/work/shared/traces/azure-llm-2023-conv.csv")
-TABLE = RESULTS / "calibration-1024-256.json"
+TABLE = RESULTS / "calibration-traffic.json"
 DEFAULT_POLICY: str = Settings.model_fields["policy"].default
 # The bursty mix: the lengths are `spec-router replay`'s synthetic defaults (Azure-like).
 BURSTY = [

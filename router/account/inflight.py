@@ -42,6 +42,9 @@ class InflightTracker:
         # in-flight x seconds per backend, so a request's mean concurrency is a difference
         self._area: dict[str, float] = {}
         self._since: dict[str, float] = {}
+        # prefill time (model seconds, as the slo policy estimated it) of this process's requests
+        # sent to each backend, ever: a request's stalls are the difference over its decode
+        self._prefill: dict[str, float] = {}
         now = clock()
         for pool, url in backends:
             self.pool_of[url] = pool
@@ -49,6 +52,7 @@ class InflightTracker:
             self._started[url] = 0
             self._area[url] = 0.0
             self._since[url] = now
+            self._prefill[url] = 0.0
         self._pool: dict[str, int] = dict.fromkeys(POOLS, 0)
         self._slow: dict[str, int] = dict.fromkeys(POOLS, 0)
         self._total = 0
@@ -60,6 +64,9 @@ class InflightTracker:
         # aborts them 2-4 s later): when each stops counting against its backend's load.
         # (This process's own, under --workers too.)
         self._lingering: dict[str, deque[float]] = {url: deque() for url in self.pool_of}
+        # What this process knows of each of its requests in flight, by backend (for the slo
+        # policy: router.account.outcome.Outcome; opaque here). Only leases given one appear.
+        self.flights: dict[str, dict[Lease, object]] = {url: {} for url in self.pool_of}
 
     @property
     def total(self) -> int:
@@ -68,6 +75,13 @@ class InflightTracker:
     def area(self, backend: str, now: float) -> float:
         """The integral of ``by_backend[backend]`` over time, up to ``now``."""
         return self._area[backend] + self._in[backend] * (now - self._since[backend])
+
+    def add_prefill(self, backend: str, seconds: float) -> None:
+        self._prefill[backend] += seconds
+
+    def prefill_sent(self, backend: str) -> float:
+        """The prefill time sent to ``backend`` so far (see ``add_prefill``)."""
+        return self._prefill[backend]
 
     def linger(self, backend: str, until: float) -> None:
         """A released request still occupies its engine until ``until``."""
@@ -85,8 +99,10 @@ class InflightTracker:
             queue.popleft()
         return len(queue)
 
-    def acquire(self, backend: str) -> Lease:
-        return Lease(self, backend)
+    def acquire(self, backend: str, what: object = None) -> Lease:
+        """Count a request on ``backend``; ``what`` (if any) is listed in ``flights`` there
+        while the lease holds."""
+        return Lease(self, backend, what)
 
     def snapshot(self) -> dict[str, int]:
         return {**self.by_pool, "total": self.total}
@@ -122,14 +138,17 @@ class InflightTracker:
 class Lease:
     """One request's hold on the counts; moves with the request when it is retried."""
 
-    __slots__ = ("_tracker", "backend", "released", "slow")
+    __slots__ = ("_tracker", "backend", "released", "slow", "what")
 
-    def __init__(self, tracker: InflightTracker, backend: str) -> None:
+    def __init__(self, tracker: InflightTracker, backend: str, what: object = None) -> None:
         self._tracker = tracker
         self.backend = backend
         self.released = False
         self.slow = False
+        self.what = what
         tracker._open(backend)
+        if what is not None:
+            tracker.flights[backend][self] = what
 
     @property
     def pool(self) -> Pool:
@@ -145,7 +164,11 @@ class Lease:
     def move(self, backend: str) -> None:
         if self.released or backend == self.backend:
             return
-        self._tracker._move(self.backend, backend)
+        tracker = self._tracker
+        tracker._move(self.backend, backend)
+        if self.what is not None:
+            del tracker.flights[self.backend][self]
+            tracker.flights[backend][self] = self.what
         self.backend = backend
 
     def release(self) -> bool:
@@ -153,5 +176,8 @@ class Lease:
         if self.released:
             return False
         self.released = True
-        self._tracker._close(self.backend, self.slow)
+        tracker = self._tracker
+        tracker._close(self.backend, self.slow)
+        if self.what is not None:
+            del tracker.flights[self.backend][self]
         return True

@@ -184,7 +184,7 @@ class CrossoverKeeper:
         ):
             return
         first = out.first_byte
-        decode = spt = concurrency = 0.0
+        decode = spt = concurrency = stall = 0.0
         scale = self.learner.time_scale
         if (
             out.stream
@@ -195,7 +195,12 @@ class CrossoverKeeper:
         ):
             decode = out.ended - first
             concurrency = (self.tracker.area(out.backend, out.ended) - out.area_first) / decode
+            # in flight is not running: past the engine's cap the rest wait in its queue
+            seen = self._loads.get(out.backend)
+            if seen is not None and seen.cap is not None:
+                concurrency = min(concurrency, float(seen.cap))
             spt = decode / (usage.completion_tokens - 1)
+            stall = self.tracker.prefill_sent(out.backend) - out.prefill_first
             self.learner.record(
                 out.pool, concurrency, spt, first - out.started, out.ended - out.started
             )
@@ -211,8 +216,9 @@ class CrossoverKeeper:
             usage.completion_tokens,
             out.load_at_start,
             out.prefill_share,
+            stall,
         )
-        self.engines.record(sample, self.learner.tau)
+        self.engines.record(sample)
 
     def _accept_length(self) -> float | None:
         # (an idle engine reports 0: no speculation happened, not an acceptance of 0)
@@ -256,6 +262,7 @@ class CrossoverKeeper:
         """One learning step; returns the new crossover if it moved."""
         tau = self._accept_length()
         self.learner.observe_accept(tau)
+        self.engines.observe_accept(tau)
         changed = (
             tau is not None
             and self._tau_used is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from router.decide.predict import Request
 from router.forward.stream import Usage
 from router.pools import Pool
 
@@ -26,6 +27,7 @@ class Outcome:
     attempts: int = 0
     first_byte: float | None = None
     area_first: float | None = None  # the backend's in-flight integral at the first byte
+    prefill_first: float = 0.0  # the prefill time sent to the backend by then (slo policy)
     ended: float = 0.0
     error: str | None = None  # the upstream error that ended the request, if any
     client_gone: bool = False
@@ -37,6 +39,7 @@ class Outcome:
     prompt_chars: int = 0
     load_at_start: int = 0  # requests in flight on its backend when it was routed there
     prefill_share: float = 0.0  # that backend's recent prefill share then (slo policy)
+    request: Request | None = None  # what the slo policy knew of it (None under the others)
     failures: list[tuple[Pool, str, str]] = field(default_factory=list)
     retries: list[tuple[Pool, str]] = field(default_factory=list)
 
@@ -73,10 +76,11 @@ class Outcome:
         """The status the client was (or is being) sent."""
         self.status = status
 
-    def first_bytes(self, now: float, area: float) -> None:
-        """The first response body bytes arrived; ``area``: the backend's in-flight integral."""
+    def first_bytes(self, now: float, area: float, prefill: float = 0.0) -> None:
+        """The first response body bytes arrived; ``area``: the backend's in-flight integral,
+        ``prefill``: the prefill time sent to it so far."""
         if self.first_byte is None:
-            self.first_byte, self.area_first = now, area
+            self.first_byte, self.area_first, self.prefill_first = now, area, prefill
 
     def broke(self, kind: str) -> None:
         """An upstream error ended the request."""

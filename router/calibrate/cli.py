@@ -287,6 +287,7 @@ def main(argv: Sequence[str]) -> int:
         time_scale=args.time_scale,
         spec_tau_sampling=measured.tau_sampling,
         prefill=measured.prefill,
+        caps=measured.caps,
     )
     save(table, args.out)
     print(report(table))

@@ -258,6 +258,7 @@ def build_table(
     time_scale: float = 1.0,
     spec_tau_sampling: float | None = None,
     prefill: Mapping[str, Prefill] | None = None,
+    caps: Mapping[str, int | None] | None = None,
 ) -> Table:
     """The calibrated table: both curves, their fits, and the crossover from the points."""
     spec = sorted(spec, key=lambda p: p.concurrency)
@@ -272,8 +273,14 @@ def build_table(
             tuple(spec),
             replace(fit_points(spec, tau=max(1.0, spec_tau)), tau_sampling=spec_tau_sampling),
             (prefill or {}).get("speculative"),
+            (caps or {}).get("speculative"),
         ),
-        baseline=PoolCurve(tuple(base), fit_points(base), (prefill or {}).get("baseline")),
+        baseline=PoolCurve(
+            tuple(base),
+            fit_points(base),
+            (prefill or {}).get("baseline"),
+            (caps or {}).get("baseline"),
+        ),
         notes=notes,
         time_scale=time_scale,
     )

@@ -65,6 +65,7 @@ class Sweep:
     disturbed: list[str] = field(default_factory=list)  # levels kept though they failed a check
     prefill: dict[str, Prefill] = field(default_factory=dict)  # per pool, from the probes
     tau_sampling: float | None = None  # speculative acceptance at temperature 1, from a probe
+    caps: dict[str, int | None] = field(default_factory=dict)  # per pool, as the engine says
 
 
 # -- driving one pool -----------------------------------------------------------------------------
@@ -221,6 +222,32 @@ async def acceptance(
     return 1.0, "the engine reports no acceptance length"
 
 
+async def discover_cap(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> int | None:
+    """The most requests the engine runs at once, where it says: SGLang's
+    ``max_running_requests`` in ``/get_server_info`` (also per DP rank in its internal states),
+    llama.cpp's ``total_slots`` in ``/props``. vLLM does not publish its ``max_num_seqs``."""
+    for path, key in (
+        ("/get_server_info", "max_running_requests"),
+        ("/server_info", "max_running_requests"),
+        ("/props", "total_slots"),
+    ):
+        try:
+            resp = await client.get(url + path, headers=headers, timeout=10)
+            info: Any = resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            continue
+        if not isinstance(info, dict):
+            continue
+        value = info.get(key)
+        if value is None:
+            states = [x for x in info.get("internal_states") or [] if isinstance(x, dict)]
+            ranks = [x[key] for x in states if isinstance(x.get(key), int)]
+            value = sum(ranks) if ranks else None
+        if type(value) is int and value >= 1:
+            return value
+    return None
+
+
 async def discover_model(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> str:
     """The first model the pool serves (``/v1/models``); vLLM refuses any other name."""
     try:
@@ -301,6 +328,8 @@ async def sweep(plan: Plan, sources: dict[str, RequestSource], progress: Progres
         if plan.discover_model:
             for pool in pools.values():
                 pool.source.model = await discover_model(client, pool.url, headers)
+        for name, pool in pools.items():
+            result.caps[name] = await discover_cap(client, pool.url, headers)
         before = await scrape(client, pools["speculative"].url)
         points: dict[str, dict[int, Point]] = {name: {} for name in POOLS}
         calm: dict[str, dict[int, bool]] = {name: {} for name in POOLS}

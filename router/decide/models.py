@@ -2,10 +2,12 @@
 
 - ``PrefillFit``: prefill seconds against prompt tokens, a decayed weighted least-squares line,
   from the time to first token of requests sent to an idle engine, less one iteration;
-- ``Ewma``: decayed means, for the tokens per iteration of greedy and sampled requests on the
-  speculative pool (drafts are accepted less often at temperature > 0), the output length of
-  recent requests, and the tokens per character of prompts (to size a prompt from its text
+- ``Ewma``: decayed means, for the output length of recent requests, the share of them at
+  temperature > 0, and the tokens per character of prompts (to size a prompt from its text
   before the engine has counted it);
+- tokens per iteration of greedy and sampled requests on the speculative pool: the engine's
+  reported acceptance length (a mix of both classes), split by the ratio calibration measured
+  between them (drafts are accepted less often at temperature > 0);
 - ``build_model``: a ``PoolModel`` (``router.decide.predict``) from all of that.
 
 Durations are model time (see ``router.decide.table.Table.time_scale``).
@@ -13,12 +15,13 @@ Durations are model time (see ``router.decide.table.Table.time_scale``).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from router.decide.learner import PoolLearner, _Bin
-from router.decide.predict import MAX_PREFILL_SHARE, PoolModel, peak_throughput
+from router.decide.predict import PoolModel, peak_throughput
 from router.decide.table import Table
 from router.pools import POOLS, SPECULATIVE, Pool
 
@@ -43,6 +46,8 @@ class Sample(NamedTuple):
     output_tokens: int
     load_at_start: int  # requests in flight on its backend when it was routed
     prefill_share: float  # the backend's prefill share when it was routed
+    # prefill time of the requests sent to its backend while it decoded (their stalls)
+    stall: float = 0.0
 
 
 @dataclass(slots=True)
@@ -154,10 +159,14 @@ class EngineModels:
         self.decay = decay
         self.pure = {pool: PoolLearner(decay) for pool in POOLS}
         self.prefill = {pool: PrefillFit() for pool in POOLS}
-        self.tau = {False: Ewma(1.0, weight=0.0), True: Ewma(1.0, weight=0.0)}
+        # tokens per iteration by class (greedy, sampling), and sampling's share of greedy's
+        self.tau = {False: 1.0, True: 1.0}
+        self.ratio: float | None = None
+        self.sampling_share = Ewma(0.5, weight=1.0)  # of the speculative pool's requests
         self.mean_output = Ewma(200.0, weight=1.0)
         self.tokens_per_char = Ewma(DEFAULT_TOKENS_PER_CHAR, weight=1.0, keep=0.995)
         self.time_scale = 1.0
+        self.caps: dict[Pool, int | None] = dict.fromkeys(POOLS)
         self.seeded = False
         if table is not None:
             self._seed(table, prior_weight)
@@ -167,13 +176,14 @@ class EngineModels:
         w = table.workload
         fit = table.speculative.fit
         tau = fit.tau if fit is not None else 1.0
-        self.tau[False] = Ewma(tau, weight=prior_weight)
-        sampling = fit.tau_sampling if fit is not None and fit.tau_sampling else tau
-        self.tau[True] = Ewma(sampling, weight=prior_weight if fit and fit.tau_sampling else 0.0)
+        sampling = fit.tau_sampling if fit is not None and fit.tau_sampling else None
+        self.tau = {False: tau, True: sampling or tau}
+        self.ratio = sampling / tau if sampling else None
         if w.output_tokens:
             self.mean_output = Ewma(float(w.output_tokens), weight=1.0)
         for pool in POOLS:
             curve = table.pool(pool)
+            self.caps[pool] = curve.cap
             ptau = tau if pool == SPECULATIVE else 1.0
             points = [p for p in curve.points if p.decode_tps_p50 > 0]
             if curve.prefill is not None:
@@ -194,22 +204,28 @@ class EngineModels:
                 self.seeded = True
 
     # -- input ----------------------------------------------------------------------------------
-    def record(self, sample: Sample, tau_mix: float | None) -> None:
+    def record(self, sample: Sample) -> None:
         """One finished request (model time)."""
         s = sample
         if s.prompt_chars > 0 and s.prompt_tokens > 0:
             self.tokens_per_char.add(s.prompt_tokens / s.prompt_chars)
         if s.output_tokens > 0:
             self.mean_output.add(float(s.output_tokens))
-        if not (s.spt > 0 and math.isfinite(s.spt) and s.concurrency >= 1):
-            return
         spec = s.pool == SPECULATIVE
-        stretch = 1.0 - min(max(s.prefill_share, 0.0), MAX_PREFILL_SHARE)
-        mix = (tau_mix or self.tau[False].value) if spec else 1.0
-        self.pure[s.pool].add(s.concurrency, s.spt * mix * stretch, s.ttft, s.ttft)
+        if spec:
+            self.sampling_share.add(float(s.sampling))
+        if not (s.spt > 0 and math.isfinite(s.spt) and s.concurrency >= 1 and s.output_tokens >= 2):
+            return
+        # Its decode, less the prefills that stalled it, over the iterations it took: the
+        # decode-only iteration time at its mean concurrency. (A decode that was mostly stalls
+        # says little about the decode itself.)
+        decode = s.spt * (s.output_tokens - 1)
+        if s.stall >= 0.8 * decode:
+            return
+        tau = self.tau_of(s.sampling) if spec else 1.0
+        spi = (decode - max(0.0, s.stall)) / ((s.output_tokens - 1) / tau)
+        self.pure[s.pool].add(s.concurrency, spi, s.ttft, s.ttft)
         curve = self.pure[s.pool].curve(1.0)
-        if spec and curve is not None:
-            self.tau[s.sampling].add(curve.spi(s.concurrency) / (s.spt * stretch))
         if curve is not None and s.prompt_tokens > 0 and s.load_at_start == 0:
             # Sent to an idle engine, it started at once, alone: its time to first token is its
             # prefill and one iteration. (Under load it also waits for the iteration boundary
@@ -217,12 +233,19 @@ class EngineModels:
             # a prefill many times too long.)
             self.prefill[s.pool].add(s.prompt_tokens, s.ttft - curve.spi(1.0))
 
+    def observe_accept(self, tau: float | None) -> None:
+        """The speculative engines' reported acceptance length: tokens per verify step over
+        both classes of their requests, split by the calibrated ratio between the classes."""
+        if tau is None or not math.isfinite(tau) or tau < 1.0:
+            return
+        ratio = self.ratio or 1.0
+        share = min(1.0, max(0.0, self.sampling_share.value))
+        greedy = tau / (1.0 - share + share * ratio)
+        self.tau = {False: max(1.0, greedy), True: max(1.0, greedy * ratio)}
+
     # -- output ---------------------------------------------------------------------------------
     def tau_of(self, sampling: bool) -> float:
-        ewma = self.tau[sampling]
-        if ewma.weight <= 0 and sampling:
-            return self.tau[False].value  # nothing known of sampling yet: no worse than greedy
-        return ewma.value
+        return self.tau[sampling]
 
     def models(self) -> dict[Pool, PoolModel] | None:
         out = {}
@@ -231,7 +254,9 @@ class EngineModels:
             curve = learner.curve(1.0)
             if curve is None:
                 return None
-            spi = tuple(curve.spi(float(max(1, b))) for b in range(TABLE_LIMIT + 1))
+            # never cheaper with more running (noise in a bin must not promise free capacity)
+            spi = tuple(itertools.accumulate(
+                (curve.spi(float(max(1, b))) for b in range(TABLE_LIMIT + 1)), max))  # fmt: skip
             spec = pool == SPECULATIVE
             out[pool] = build_model(
                 spi,
@@ -240,5 +265,6 @@ class EngineModels:
                 self.prefill[pool],
                 max(learner.bins),
                 self.time_scale,
+                self.caps[pool],
             )
         return out

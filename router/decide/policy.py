@@ -15,16 +15,8 @@ from collections.abc import Callable, Container, Mapping
 from typing import Literal, NamedTuple
 
 from router.decide.learner import Gain
-from router.decide.predict import (
-    RELAXED_TTFT,
-    PoolModel,
-    Prediction,
-    Request,
-    chance,
-    failing,
-    predict,
-    value,
-)
+from router.decide.predict import PoolModel, Request
+from router.decide.twin import Flight, Placement, Stream, place
 from router.pools import BASELINE, SPECULATIVE, Pool, other
 
 # Named tuples rather than frozen dataclasses: as immutable, and several times cheaper to build,
@@ -43,6 +35,11 @@ class BackendView(NamedTuple):
     load_avg: float | None = None
     # the most requests the engine runs at once, when it has shown it (else the pool model's)
     cap: int | None = None
+    # for the slo policy (model seconds): the requests in flight there as far as they are known
+    # (``load`` may count more: other routers' and workers', whose sizes are the stream's), and
+    # the traffic expected to keep arriving (router.decide.twin)
+    flights: tuple[Flight, ...] = ()
+    stream: Stream | None = None
 
 
 # Why a request went where it went (the ``x-spec-router-reason`` header, a metric label).
@@ -77,6 +74,9 @@ class RoutingState(NamedTuple):
     rr: int = 0
     # `crossover` policy: True once load reached the crossover, until it falls below the band.
     above: bool = False
+    # `slo` policy: the decayed share of recent requests that no backend could take within
+    # their SLO without costing the others theirs (see ``slo``).
+    pressure: float = 0.0
 
 
 class Snapshot(NamedTuple):
@@ -207,69 +207,119 @@ def predictive(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     return _place(snap, BASELINE, "predicted_gain", snap.state)
 
 
-# A backend is a candidate for a request only while the request's predicted time to first token
-# there is within the relaxed TTFT target or this factor of its best: goodput alone would let one
-# engine's queue absorb every request that cannot meet its SLO anyway, and that queue then grows
-# without end. (A long TPOT is not excluded: an engine past its SLO still serves everyone it
-# admits, and its throughput only grows with its batch; a queue serves no one.)
-BALANCE = 2.0
-# Below this value a placement adds no goodput (see ``slo``).
+# The slo policy's value of a placement: requests expected to meet their SLO there, with this
+# one against without it, at the strict tier (weighted) and at the relaxed one; and a small pull
+# towards this request's lower predicted latency, to break ties.
+STRICT_WEIGHT = 1.0
+TIE_WEIGHT = 0.01
+# A placement is *feasible* while the request itself meets the relaxed tier there and costs the
+# requests already (or soon) there less than this many relaxed-tier requests.
+SPARE = 0.5
+# Below this chance to meet even the relaxed tier anywhere, a request "overflows": a router-side
+# queue, when configured, holds it until a backend can serve it.
 NOTHING = 0.05
+# Pressure: each decision weighs this much in the decayed share of requests with no feasible
+# backend. Past LIMIT the engines are overloaded for longer than a burst: spreading the excess
+# would take both below their SLO, so it goes to the backend with the most throughput, which
+# keeps the other one serving within its SLO (bench/results/traffic.md).
+PRESSURE_KEEP = 0.05
+PRESSURE_LIMIT = 0.5
+
+
+class Option(NamedTuple):
+    pool: Pool
+    backend: BackendView
+    placement: Placement
+    value: float
+    feasible: bool
+
+
+def _phantoms(
+    view: BackendView, model: PoolModel, like: Flight, sampling: float
+) -> tuple[Flight, ...]:
+    """The requests in flight there that this router does not know (other routers' and workers',
+    or a ramping backend's handicap), as requests ``like`` this one halfway through, the
+    ``sampling`` share of them at temperature > 0."""
+    load = view.load if view.weight >= 1.0 else math.ceil((view.load + 1) / view.weight) - 1
+    missing = load - len(view.flights)
+    if missing <= 0:
+        return view.flights
+    running = min(load, model.cap or load)
+    hot = round(missing * min(1.0, max(0.0, sampling)))
+    ghosts: list[Flight] = []
+    for n, hot_class in ((missing - hot, False), (hot, True)):
+        if n:
+            decoding = max(1.0, like.output - 1) / model.tau(hot_class) / 2
+            decoding *= model.iteration(running)
+            age = decoding + model.prefill(like.prompt)
+            ghosts += [like._replace(sampling=hot_class, age=age, decoding=decoding)] * n
+    return view.flights + tuple(ghosts)
+
+
+def _option(pool: Pool, view: BackendView, model: PoolModel, snap: Snapshot) -> Option:
+    req = snap.request
+    assert req is not None
+    scale = model.scale
+    me = Flight(req.prompt_tokens, req.output_tokens, req.sampling, 0.0, None,
+                req.slo_ttft / scale, req.slo_tpot / scale)  # fmt: skip
+    s = view.stream
+    like = me if s is None else me._replace(prompt=s.prompt, output=s.output or snap.mean_output)
+    flights = _phantoms(view, model, like, snap.sampling_share if s is None else s.sampling)
+    stretch = 1.0 / (1.0 - min(max(view.prefill_share, 0.0), 0.8))
+    p = place(model, flights, s, me, stretch)
+    latency = p.ttft / me.slo_ttft + p.tpot / me.slo_tpot
+    value = STRICT_WEIGHT * p.strict + p.relaxed - TIE_WEIGHT * latency
+    feasible = p.own[1] >= 0.5 and p.relaxed - p.own[1] > -SPARE
+    return Option(pool, view, p, value, feasible)
 
 
 def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
-    """Each request where it adds the most expected goodput under its SLO (``router.decide.
-    predict``): its own chance to meet the TTFT and TPOT targets there, minus the chance it
-    takes from the requests already there; among the backends where its predicted end-to-end
-    time to first token is acceptable (see ``BALANCE``). Without a request or models:
-    ``predictive``."""
+    """Each request where it adds the most requests meeting their SLO, by simulating each
+    backend's near future with it and without it (``router.decide.twin``): its own TTFT and
+    TPOT there, and what its prefill and its place in the batch cost the requests already there
+    and those that keep arriving. Under sustained overload (see ``PRESSURE_LIMIT``) the requests
+    no backend can take are sent to the backend with the most throughput. Without a request or
+    models: ``predictive``."""
     req, models = snap.request, snap.models
     if req is None or models is None:
         return predictive(snap)
-    options: list[tuple[Prediction, Pool, BackendView]] = []
-    rr, mean_output, sampling_share = snap.state.rr, snap.mean_output, snap.sampling_share
+    options: list[Option] = []
+    rr = snap.state.rr
     for view in (snap.speculative, snap.baseline):
         pool_model = models[view.name]
         candidates = view.usable()
         n = len(candidates)
         for i in range(n):
             b = candidates[(rr + i) % n]  # ties rotate
-            model = pool_model if b.cap is None else pool_model._replace(cap=b.cap)
-            # a backend ramping back in counts as more loaded, as in pick_backend
-            load = b.load if b.weight >= 1.0 else math.ceil((b.load + 1) / b.weight) - 1
-            p = predict(model, load, b.prefill_share, req, mean_output, sampling_share, b.load_avg)
-            options.append((p, view.name, b))
+            # the cap the engine reported (the table's), unless it has since run more at once
+            if b.cap is not None and (pool_model.cap is None or b.cap > pool_model.cap):
+                model = pool_model._replace(cap=b.cap)
+            else:
+                model = pool_model
+            options.append(_option(view.name, b, model, snap))
     if not options:
         return None, snap.state
-    limit = max(req.slo_ttft * RELAXED_TTFT, BALANCE * min(o[0].ttft for o in options))
-    eligible = [o for o in options if o[0].ttft <= limit]
-    best, worth = eligible[0], -math.inf
-    for o in eligible:
-        v = value(o[0], req, o[2].load)
-        if v > worth:
-            best, worth = o, v
-    if worth <= NOTHING and failing(best[0], req):
-        dump = max(models, key=lambda name: models[name].capacity())
-        if best[1] != dump:
-            # Nowhere does it add goodput, and the best of nothing is a smaller pool whose
-            # requests already miss their SLO (so it harms none of them). Left to that, every
-            # such request would pile onto the small pool until its queue holds them all; the
-            # excess goes to the pool with the most throughput instead (the baseline).
-            pool = [o for o in eligible if o[1] == dump] or eligible
-            best = min(pool, key=lambda o: o[0].ttft)
-    # "overflow": it cannot meet even the relaxed SLO anywhere (a router-side queue, when
-    # configured, holds such requests until one can)
-    overflow = worth <= NOTHING and all(chance(o[0], req) < NOTHING for o in eligible)
-    p, pool_name, chosen = best
+    best = max(options, key=lambda o: o.value)
+    feasible = [o for o in options if o.feasible]
+    pressure = snap.state.pressure + (float(not feasible) - snap.state.pressure) * PRESSURE_KEEP
+    if not best.feasible:
+        if feasible:
+            best = max(feasible, key=lambda o: o.value)
+        elif pressure > PRESSURE_LIMIT:
+            dump = max(models, key=lambda name: models[name].capacity())
+            best = max((o for o in options if o.pool == dump), key=lambda o: o.value, default=best)
+    p = best.placement
+    scale = models[best.pool].scale
+    overflow = not feasible and all(o.placement.own[1] < NOTHING for o in options)
     decision = Decision(
-        pool_name,
-        chosen.url,
+        best.pool,
+        best.backend.url,
         "overflow" if overflow else "predicted_slo",
-        ttft=p.ttft,
-        tpot=p.tpot,
-        extrapolated=p.extrapolated,
+        ttft=p.ttft * scale,
+        tpot=p.tpot * scale,
+        extrapolated=p.batch > max(1, models[best.pool].measured),
     )
-    return decision, snap.state._replace(rr=rr + 1)
+    return decision, snap.state._replace(rr=rr + 1, pressure=pressure)
 
 
 POLICIES: dict[str, Callable[[Snapshot], tuple[Decision | None, RoutingState]]] = {

@@ -37,6 +37,7 @@ from router.decide.policy import (
     reroute,
 )
 from router.decide.predict import PoolModel, Request
+from router.decide.twin import Flight, Stream
 from router.forward.request import RequestInfo
 from router.health.poller import EngineLoad
 from router.health.state import HealthRegistry
@@ -46,7 +47,13 @@ from router.settings import LoadSignal, PolicyName
 # The window (model seconds) over which a backend's recent prefill share and arrival rate are
 # averaged: about a request's lifetime, so that predictions see the traffic it will live with.
 RECENT_WINDOW = 5.0
-SAMPLING_KEEP = 0.02  # weight of each request in the sampling share
+# The window (model seconds) of the arrival rate the slo policy expects to keep coming to a
+# backend (router.decide.twin.Stream): several lifetimes, so one burst does not set it.
+STREAM_WINDOW = 30.0
+SAMPLING_KEEP = 0.02  # weight of each request in the sampling share and the mean sizes
+# The stream's rate: the larger of the recent (RECENT_WINDOW) and the longer-run (STREAM_WINDOW)
+# arrival rates, so a burst counts as soon as it starts and one quiet moment does not erase it.
+BURST_AWARE = True
 
 
 class Tuning(Protocol):
@@ -80,10 +87,10 @@ class _Recent:
     starts, while the load itself still lags. (Not from predicted stays: an estimate fed by its
     own errors runs away.)"""
 
-    __slots__ = ("prefill", "arrivals", "area", "done", "last_area", "last_done", "at")
+    __slots__ = ("prefill", "arrivals", "area", "done", "last_area", "last_done", "at", "stream")
 
     def __init__(self, now: float) -> None:
-        self.prefill = self.arrivals = self.area = self.done = 0.0
+        self.prefill = self.arrivals = self.area = self.done = self.stream = 0.0
         self.last_area = 0.0
         self.last_done = 0
         self.at = now
@@ -92,6 +99,8 @@ class _Recent:
         keep = math.exp(-(now - self.at) / window) if now > self.at else 1.0
         self.prefill *= keep
         self.arrivals *= keep
+        # (the same decay over the longer window: keep ** (RECENT_WINDOW / STREAM_WINDOW))
+        self.stream *= keep ** (RECENT_WINDOW / STREAM_WINDOW)
         self.area = self.area * keep + (area - self.last_area)
         self.done = self.done * keep + (done - self.last_done)
         self.last_area, self.last_done, self.at = area, done, now
@@ -101,6 +110,56 @@ class _Recent:
         if self.done <= 0:
             return None
         return self.arrivals / window * self.area / self.done
+
+    def rate(self, now: float, window: float) -> float:
+        """Arrivals per second (of ``window``'s clock) the stream there is expected to bring:
+        the larger of the recent and the longer-run rate (see ``BURST_AWARE``), as of ``now``."""
+        keep = math.exp(-(now - self.at) / window) if now > self.at else 1.0
+        longer: float = self.stream * keep ** (RECENT_WINDOW / STREAM_WINDOW)
+        longer /= window * STREAM_WINDOW / RECENT_WINDOW
+        return max(longer, self.arrivals * keep / window) if BURST_AWARE else longer
+
+    def sent(self, prefill: float) -> None:
+        """A request was sent there, whose prefill takes ``prefill`` seconds."""
+        self.prefill += prefill
+        self.arrivals += 1.0
+        self.stream += 1.0
+
+
+class Mix:
+    """Decayed means of the requests routed (model-free sizes, for the slo policy's stream)."""
+
+    __slots__ = ("sampling", "prompt", "output", "seen")
+
+    def __init__(self) -> None:
+        self.sampling = 0.5  # share at temperature > 0
+        self.prompt = 0.0
+        self.output = 0.0
+        self.seen = 0
+
+    def add(self, req: Request) -> None:
+        k = SAMPLING_KEEP if self.seen >= 1 / SAMPLING_KEEP else 1.0 / (self.seen + 1)
+        self.seen += 1
+        self.sampling += (float(req.sampling) - self.sampling) * SAMPLING_KEEP
+        self.prompt += (req.prompt_tokens - self.prompt) * k
+        self.output += (req.output_tokens - self.output) * k
+
+
+def flight(out: Any, now: float, model: PoolModel) -> Flight:
+    """A request in flight (``router.account.outcome.Outcome`` with its ``request``), in the
+    model seconds of ``model``. A streamed request's first token is its first byte; a whole
+    answer's first byte is its last, so its progress is guessed from the model instead."""
+    req: Request = out.request
+    scale = model.scale
+    age = (now - out.started) / scale
+    if out.stream:
+        first = out.first_byte
+        decoding = None if first is None else (now - first) / scale
+    else:
+        ttft = model.prefill(req.prompt_tokens) + model.iteration(1)
+        decoding = age - ttft if age > ttft else None
+    return Flight(req.prompt_tokens, req.output_tokens, req.sampling, age, decoding,
+                  req.slo_ttft / scale, req.slo_tpot / scale)  # fmt: skip
 
 
 class Decider:
@@ -137,7 +196,7 @@ class Decider:
         self._explore_credit = 0.0
         now = clock()
         self._recent = {url: _Recent(now) for urls in pools.values() for url in urls}
-        self._sampling = 0.5  # share of recent requests at temperature > 0
+        self._mix = Mix()  # recent requests' sizes and share at temperature > 0
         self.extrapolated = 0  # decisions that predicted beyond the measured batch sizes
 
     def backend_load(self, url: str) -> int:
@@ -150,7 +209,9 @@ class Decider:
         engine = seen.running + seen.queued + (self.tracker.started[url] - seen.started_at_scrape)
         return engine if self.load_signal == "engine" else max(local, engine)
 
-    def _view(self, name: Pool, now: float, window: float | None) -> PoolView:
+    def _view(
+        self, name: Pool, now: float, window: float | None, model: PoolModel | None = None
+    ) -> PoolView:
         health, load = self.health, self.backend_load
         if window is None:
             return PoolView(
@@ -177,6 +238,11 @@ class Decider:
             ours = r.expected(window)
             expected = None if ours is None else ours + max(0, n - own[url])
             seen = self.loads.get(url)
+            flights: tuple[Flight, ...] = ()
+            stream = None
+            if model is not None:
+                flights = tuple([flight(o, now, model) for o in tracker.flights[url].values()])
+                stream = self._stream(r, window, model, now)
             views.append(
                 BackendView(
                     url,
@@ -186,18 +252,31 @@ class Decider:
                     r.prefill / window,
                     expected,
                     None if seen is None else seen.cap,
+                    flights,
+                    stream,
                 )
             )
         return PoolView(name, tuple(views))
+
+    def _stream(self, r: _Recent, window: float, model: PoolModel, now: float) -> Stream:
+        """What the slo policy expects to keep arriving at a backend: its recent arrival rate,
+        at the recent requests' mean size and this router's SLO (model seconds)."""
+        mix, scale = self._mix, model.scale
+        rate = r.rate(now, window) * scale
+        output = mix.output or self.tuning.traffic.mean_output
+        return Stream(rate, mix.prompt, output, mix.sampling, self.slo_ttft / scale,
+                      self.slo_tpot / scale)  # fmt: skip
 
     def snapshot(self, request: Request | None = None) -> Snapshot:
         now = self.clock()
         tuning = self.tuning
         models = tuning.models if request is not None else None
         window = None if models is None else RECENT_WINDOW * models[SPECULATIVE].scale
+        spec = None if models is None else models[SPECULATIVE]
+        base = None if models is None else models[BASELINE]
         return Snapshot(
-            self._view(SPECULATIVE, now, window),
-            self._view(BASELINE, now, window),
+            self._view(SPECULATIVE, now, window, spec),
+            self._view(BASELINE, now, window, base),
             tuning.crossover,
             self.hysteresis,
             self._state,
@@ -205,7 +284,7 @@ class Decider:
             request,
             models,
             tuning.traffic.mean_output,
-            self._sampling,
+            self._mix.sampling,
         )
 
     def request(
@@ -244,14 +323,14 @@ class Decider:
         self, snap: Snapshot, decision: Decision, req: Request, models: Mapping[Pool, PoolModel]
     ) -> Decision:
         """Note what the chosen backend was sent; the decision carries the state it saw."""
-        self._sampling += (float(req.sampling) - self._sampling) * SAMPLING_KEEP
+        self._mix.add(req)
         view = next(b for b in snap.pool(decision.pool).backends if b.url == decision.backend)
         model = models[decision.pool]
         if decision.extrapolated:
             self.extrapolated += 1
-        r = self._recent[decision.backend]
-        r.prefill += model.prefill(req.prompt_tokens) * model.scale
-        r.arrivals += 1.0
+        prefill = model.prefill(req.prompt_tokens)
+        self._recent[decision.backend].sent(prefill * model.scale)
+        self.tracker.add_prefill(decision.backend, prefill)
         return decision._replace(load=view.load, prefill_share=view.prefill_share)
 
     def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:
@@ -287,6 +366,7 @@ class Decider:
                     "tau_sampling": round(m.tau_sampling, 3),
                     "prefill_base_s": round(m.prefill_base, 5),
                     "prefill_per_token_s": m.prefill_per_token,
+                    "cap": m.cap,
                     "time_scale": m.scale,
                 }
                 for url in urls:
@@ -294,7 +374,15 @@ class Decider:
                     keep = math.exp(-(now - r.at) / window) if now > r.at else 1.0
                     load = self.backend_load(url)
                     ours = r.expected(window)
+                    stream = self._stream(r, window, m, now)
                     recent[url] = {
+                        # what the slo policy expects to keep arriving there (model time)
+                        "stream": {
+                            "rate_per_s": round(stream.rate, 4),
+                            "prompt_tokens": round(stream.prompt, 1),
+                            "output_tokens": round(stream.output, 1),
+                            "sampling_share": round(stream.sampling, 3),
+                        },
                         "prefill_share": round(r.prefill * keep / window, 4),
                         "expected_load": None if ours is None else round(ours * keep, 2),
                         # a prediction for the next request here would extrapolate the curve
@@ -306,7 +394,10 @@ class Decider:
             "models": pools or None,
             "backends": recent,
             "extrapolated_decisions": self.extrapolated,
-            "sampling_share": round(self._sampling, 3),
+            # the decayed share of recent requests no backend could take within their SLO;
+            # past policy.PRESSURE_LIMIT the excess goes to the pool with the most throughput
+            "pressure": round(self._state.pressure, 3),
+            "sampling_share": round(self._mix.sampling, 3),
             "mean_output_tokens": round(traffic.mean_output, 1),
             "tokens_per_char": round(traffic.tokens_per_char, 4),
         }

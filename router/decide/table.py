@@ -99,6 +99,9 @@ class PoolCurve:
     points: tuple[Point, ...] = ()
     fit: Fit | None = None
     prefill: Prefill | None = None
+    # the most requests the engine runs at once, as it reported it (SGLang's
+    # max_running_requests, llama.cpp's slots); more wait in its queue. None: not reported.
+    cap: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +271,10 @@ def _pool(raw: Any, name: str) -> PoolCurve:
     points = tuple(sorted((_point(p) for p in raw.get("points", ())), key=lambda p: p.concurrency))
     if len({p.concurrency for p in points}) != len(points):
         raise TableError(f"{name}: a concurrency is listed twice")
-    return PoolCurve(points, _fit(raw.get("fit")), _prefill(raw.get("prefill")))
+    cap = raw.get("cap")
+    if cap is not None and (type(cap) is not int or cap < 1):
+        raise TableError(f"{name}: cap must be a positive integer")
+    return PoolCurve(points, _fit(raw.get("fit")), _prefill(raw.get("prefill")), cap)
 
 
 def from_json(raw: Any) -> Table:

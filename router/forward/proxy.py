@@ -162,6 +162,7 @@ class Proxy:
 
         decider = self.decider
         request = decider.request(info, *_slo_headers(headers)) if decider.policy == "slo" else None
+        out.request = request
         decision = decider.decide(request)
         if decision is None:
             refusal = NoBackend(
@@ -181,7 +182,8 @@ class Proxy:
         try:
             if decision.reason == "overflow" and self.admission.enabled:
                 decision = await self._queue(request, out)
-            lease = self.tracker.acquire(decision.backend)  # released in the finally below
+            # released in the finally below; the slo policy sees the request in flight there
+            lease = self.tracker.acquire(decision.backend, out if request is not None else None)
             conn, decision = await self._open(scope, body, info, decision, lease, out)
             out.answered(conn.status)
             await self._relay(conn, decision, info, send, responder, flags, lease, out)
@@ -212,6 +214,11 @@ class Proxy:
                         self.tracker.linger(lease.backend, self.clock() + lag)
                 if self.admission.enabled:
                     self.admission.released()
+
+    def _first_bytes(self, out: Outcome, backend: str) -> None:
+        now = self.clock()
+        tracker = self.tracker
+        out.first_bytes(now, tracker.area(backend, now), tracker.prefill_sent(backend))
 
     async def _queue(self, request: Request | None, out: Outcome) -> Decision:
         """Hold an overflowing request until a backend can serve it within its SLO."""
@@ -468,8 +475,7 @@ class Proxy:
                 if not data:
                     break
                 if out.first_byte is None:
-                    now = self.clock()
-                    out.first_bytes(now, self.tracker.area(decision.backend, now))
+                    self._first_bytes(out, decision.backend)
                 if feed is not None:
                     data = feed(data)
                 if conn.finished:  # the last bytes go out with the end of the response
@@ -513,15 +519,14 @@ class Proxy:
         writer = responder.body_writer()
         if writer is None:
             return
-        clock, area, backend = self.clock, self.tracker.area, lease.backend
+        first_bytes, backend = self._first_bytes, lease.backend
         ready, write = writer
 
         def sink(data: bytes) -> bool:
             if not ready():  # (one that stays behind is counted slow by _relay's ``backlog``)
                 return False  # nothing consumed: read() gets these bytes
             if out.first_byte is None:
-                now = clock()
-                out.first_bytes(now, area(backend, now))
+                first_bytes(out, backend)
             if feed is not None:
                 data = feed(data)
             if data:
@@ -573,8 +578,7 @@ class Proxy:
             if not data:
                 break
             if out.first_byte is None:
-                now = self.clock()
-                out.first_bytes(now, self.tracker.area(decision.backend, now))
+                self._first_bytes(out, decision.backend)
             parts.append(data)
         body = b"".join(parts).replace(*rename)
         tap = BodyTap()

@@ -20,6 +20,7 @@ from router.decide import table as tables
 from router.decide.models import EngineModels
 from router.decide.policy import BackendView, PoolView, Snapshot, choose
 from router.decide.predict import Request
+from router.decide.twin import Stream
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.sim.model import EAGLE3
 from tests.conftest import TIME_SCALE, RouterFactory
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.anyio
 
 LOAD = 4  # streams held on each engine
 SLO_TTFT, SLO_TPOT = 0.1, 0.0025  # wall seconds: 1 s and 25 ms of model time at scale 0.1
-OUTPUT = 16
+OUTPUT = 64
 
 
 def body(words: int, temperature: float, max_tokens: int = OUTPUT, stream: bool = False) -> Any:
@@ -64,6 +65,10 @@ def expected(
     for pool in POOLS:
         b = doc["pools"][pool]["backends"][0]
         recent = doc["slo"]["backends"][b["url"]]
+        s = recent["stream"]  # what the router expects to keep coming there (model time)
+        scale = float(TIME_SCALE)
+        stream = Stream(s["rate_per_s"], s["prompt_tokens"], s["output_tokens"],
+                        s["sampling_share"], SLO_TTFT / scale, SLO_TPOT / scale)  # fmt: skip
         views[pool] = PoolView(
             pool,
             (
@@ -76,6 +81,7 @@ def expected(
                     None
                     if recent["expected_load"] is None
                     else recent["expected_load"] + b["load"] - b["in_flight"],
+                    stream=stream,
                 ),
             ),
         )
@@ -139,6 +145,13 @@ async def test_prompt_length_and_temperature_move_requests_as_the_model_says(
             doc = await await_for(settled)
             assert doc is not None
             want = expected(doc, models, words, temperature > 0)
+            print(
+                "DOC",
+                words,
+                temperature,
+                doc["slo"],
+                [doc["pools"][p]["backends"][0] for p in POOLS],
+            )
             r = await client.post("/v1/chat/completions", json=body(words, temperature))
             assert r.status_code == 200, r.text
             assert r.headers["x-spec-router-reason"] == "predicted_slo"

@@ -3,6 +3,8 @@ prompt sizing; and how a request's prompt is sized from its body."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from router.decide.models import EngineModels, PrefillFit, Sample, decode_only_spi
@@ -64,24 +66,60 @@ def sample(
     return Sample(**fields)  # type: ignore[arg-type]
 
 
-def test_sampled_requests_teach_their_own_tokens_per_iteration() -> None:
+def test_the_engines_acceptance_is_split_by_the_calibrated_ratio() -> None:
+    table = model_table(400, 200)
+    fit = table.speculative.fit
+    assert fit is not None
+    # calibration's probe found 2.0 tokens per iteration at temperature 1 against 2.8 greedy
+    engines = EngineModels(replace(table, speculative=replace(
+        table.speculative, fit=replace(fit, tau=2.8, tau_sampling=2.0))))  # fmt: skip
+    assert (engines.tau_of(False), engines.tau_of(True)) == (2.8, 2.0)
+    # half the speculative pool's requests sample; the engine reports the mean per verify step
+    for i in range(400):
+        engines.record(sample(sampling=i % 2 == 0))
+    engines.observe_accept(2.4 * 0.9)  # acceptance fell by a tenth
+    assert engines.tau_of(False) == pytest.approx(2.8 * 0.9, rel=0.02)
+    assert engines.tau_of(True) == pytest.approx(2.0 * 0.9, rel=0.02)
+    engines.observe_accept(None)  # no reading: nothing changes
+    engines.observe_accept(0.0)  # an idle engine's 0 is not an acceptance
+    assert engines.tau_of(False) == pytest.approx(2.8 * 0.9, rel=0.02)
+
+
+def test_a_decode_sample_is_taken_without_the_prefills_that_stalled_it() -> None:
     engines = EngineModels(model_table(400, 200))
     models = engines.models()
     assert models is not None
-    spi2 = models[SPECULATIVE].iteration(2)
-    # greedy requests gain 2.8 tokens per iteration, sampled ones 2.0; the engine reports
-    # the mean over its iterations, 2.4
-    for _ in range(200):
-        engines.record(sample(sampling=False, spt=spi2 / 2.8), tau_mix=2.4)
-        engines.record(sample(sampling=True, spt=spi2 / 2.0), tau_mix=2.4)
-    assert engines.tau_of(True) == pytest.approx(2.0, rel=0.1)
-    assert engines.tau_of(False) == pytest.approx(2.8, rel=0.1)
+    spi4 = models[BASELINE].iteration(4)
+    # requests at 4 in flight decoded 199 tokens in 199 iterations of 50 ms, 2 s of which
+    # were other requests' prefills: the decode alone was 40 ms per iteration
+    for _ in range(300):
+        engines.record(sample(BASELINE, concurrency=4.0, spt=0.05, stall=2.0))
+    learned = engines.models()
+    assert learned is not None
+    assert learned[BASELINE].iteration(4) == pytest.approx((0.05 * 199 - 2.0) / 199, rel=0.05)
+    assert learned[BASELINE].iteration(4) != pytest.approx(spi4, rel=0.05)
+    # a decode that was mostly stalls teaches nothing
+    before = learned[BASELINE].iteration(4)
+    for _ in range(300):
+        engines.record(sample(BASELINE, concurrency=4.0, spt=0.05, stall=9.0))
+    after = engines.models()
+    assert after is not None and after[BASELINE].iteration(4) == before
+
+
+def test_learned_iterations_never_get_cheaper_with_more_running() -> None:
+    engines = EngineModels(model_table(400, 200))
+    for _ in range(300):  # noise: a bin at 16 that reads cheaper than the one at 8
+        engines.record(sample(BASELINE, concurrency=16.0, spt=0.005))
+    models = engines.models()
+    assert models is not None
+    spi = models[BASELINE].spi
+    assert all(a <= b for a, b in zip(spi[1:-1], spi[2:], strict=True))
 
 
 def test_tokens_per_character_and_output_length_follow_the_traffic() -> None:
     engines = EngineModels(None)
     for _ in range(400):
-        engines.record(sample(prompt_tokens=100, prompt_chars=300, output_tokens=50, spt=0), None)
+        engines.record(sample(prompt_tokens=100, prompt_chars=300, output_tokens=50, spt=0))
     assert engines.tokens_per_char.value == pytest.approx(1 / 3, rel=0.05)
     assert engines.mean_output.value == pytest.approx(50, rel=0.05)
     assert engines.models() is None  # no curves yet: nothing to predict with
@@ -115,11 +153,11 @@ def test_prefill_is_learned_only_from_requests_that_found_the_engine_idle() -> N
     spi1 = models[BASELINE].iteration(1)
     # under load a time to first token also holds other joiners' prefills: not a sample
     for tokens in (200, 1000, 3000) * 30:
-        engines.record(sample(BASELINE, prompt_tokens=tokens, ttft=5.0, load_at_start=6), None)
+        engines.record(sample(BASELINE, prompt_tokens=tokens, ttft=5.0, load_at_start=6))
     assert engines.prefill[BASELINE].seconds(1000) == before
     # alone on an idle engine: prefill + one iteration
     for tokens in (200, 1000, 3000) * 60:
         ttft = 0.05 + tokens / 1000 + spi1
-        engines.record(sample(BASELINE, prompt_tokens=tokens, ttft=ttft, load_at_start=0), None)
+        engines.record(sample(BASELINE, prompt_tokens=tokens, ttft=ttft, load_at_start=0))
     assert engines.prefill[BASELINE].per_token == pytest.approx(1 / 1000, rel=0.1)
     assert engines.prefill[BASELINE].seconds(1000) == pytest.approx(1.05, rel=0.1)

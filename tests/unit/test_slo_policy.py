@@ -1,123 +1,62 @@
-"""The slo policy's prediction and choice, on plain values (the sims' presets as the models)."""
+"""The slo policy's choice, on plain values (the sims' presets as the models).
+
+The first tests put requests in flight on each engine and check the choice the backend
+simulation (router.decide.twin) leads to; the rest check the choice rules on given predictions.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from router.decide import predict as predict_module
-from router.decide.policy import BackendView, PoolView, Snapshot, choose
-from router.decide.predict import PoolModel, Request, meets, predict, value
+from router.decide import policy as policy_module
+from router.decide.policy import BackendView, PoolView, RoutingState, Snapshot, choose
+from router.decide.predict import PoolModel, Request
+from router.decide.twin import Flight, Placement
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.sim.model import BASELINE as BASE_PRESET
-from router.sim.model import EAGLE3, prefill_time, step_time
+from router.sim.model import EAGLE3
 from tests.support.models import preset_model
 
 SPEC = preset_model(EAGLE3)
 BASE = preset_model(BASE_PRESET)
 MODELS: dict[Pool, PoolModel] = {SPECULATIVE: SPEC, BASELINE: BASE}
+FRESH = RoutingState()
 
 
 def req(prompt: float = 100, output: float = 200, sampling: bool = False) -> Request:
     return Request(prompt, output, sampling, slo_ttft=1.0, slo_tpot=0.025)
 
 
+def decoding(since: float, output: float = 200) -> Flight:
+    """A greedy request with a 500-token prompt that got its first token ``since`` s ago."""
+    return Flight(500, output, False, since + 0.3, since, 1.0, 0.025)
+
+
 def snap(
-    spec_load: int = 0, base_load: int = 0, r: Request | None = None, **views: float
+    spec: tuple[Flight, ...] | int = (),
+    base: tuple[Flight, ...] | int = (),
+    r: Request | None = None,
+    state: RoutingState = FRESH,
+    models: dict[Pool, PoolModel] = MODELS,
 ) -> Snapshot:
-    spec = BackendView("http://spec", spec_load, prefill_share=views.get("spec_share", 0.0))
-    base = BackendView("http://base", base_load, prefill_share=views.get("base_share", 0.0))
+    """Requests in flight on each engine: known ones, or only a count (as another router's)."""
+
+    def view(url: str, flights: tuple[Flight, ...] | int) -> BackendView:
+        if isinstance(flights, int):
+            return BackendView(url, flights)
+        return BackendView(url, len(flights), flights=flights)
+
     return Snapshot(
-        PoolView(SPECULATIVE, (spec,)),
-        PoolView(BASELINE, (base,)),
+        PoolView(SPECULATIVE, (view("http://spec", spec),)),
+        PoolView(BASELINE, (view("http://base", base),)),
         7,
+        state=state,
         request=r or req(),
-        models=MODELS,
+        models=models,
+        sampling_share=0.0,
     )
-
-
-# -- prediction ---------------------------------------------------------------------------------
-
-
-def test_an_idle_engine_answers_after_the_prefill_and_one_iteration() -> None:
-    p = predict(SPEC, 0, 0.0, req(prompt=1000), 200)
-    assert p.ttft == pytest.approx(prefill_time(EAGLE3, 1000) + step_time(EAGLE3, 1, 800))
-    assert p.tpot == pytest.approx(step_time(EAGLE3, 1, 800) / EAGLE3.tau)
-    assert p.others_tpot == 0 and p.others_delta == 0 and not p.extrapolated
-
-
-def test_sampled_requests_gain_fewer_tokens_per_iteration() -> None:
-    greedy = predict(SPEC, 3, 0.0, req(sampling=False), 200)
-    sampled = predict(SPEC, 3, 0.0, req(sampling=True), 200)
-    assert sampled.tpot / greedy.tpot == pytest.approx(EAGLE3.tau / EAGLE3.tau_sampling)
-    # the baseline engine does not speculate: temperature changes nothing there
-    assert predict(BASE, 3, 0.0, req(sampling=True), 200).tpot == pytest.approx(
-        predict(BASE, 3, 0.0, req(sampling=False), 200).tpot
-    )
-
-
-def test_prefill_of_other_joiners_stretches_every_iteration() -> None:
-    calm = predict(BASE, 4, 0.0, req(), 200)
-    busy = predict(BASE, 4, 0.5, req(), 200)
-    assert busy.tpot == pytest.approx(2 * calm.tpot)
-
-
-def test_a_long_prompt_costs_the_requests_already_there() -> None:
-    short = predict(BASE, 4, 0.0, req(prompt=50), 200)
-    long = predict(BASE, 4, 0.0, req(prompt=4000), 200)
-    assert long.others_delta > short.others_delta > 0
-    assert long.ttft > short.ttft
-
-
-def test_past_the_cap_a_request_waits_for_a_slot() -> None:
-    below = predict(SPEC, EAGLE3.max_running - 1, 0.0, req(), 200)
-    above = predict(SPEC, EAGLE3.max_running + 20, 0.0, req(), 200)
-    assert above.ttft > below.ttft + 10 * below.tpot * 200 / EAGLE3.max_running
-
-
-def test_beyond_the_measured_batch_sizes_is_flagged() -> None:
-    narrow = SPEC._replace(measured=8)
-    assert not predict(narrow, 6, 0.0, req(), 200).extrapolated
-    assert predict(narrow, 8, 0.0, req(), 200).extrapolated
-
-
-def test_the_wall_clock_scale() -> None:
-    fast = SPEC._replace(scale=0.25)
-    assert predict(fast, 2, 0.0, req(), 200).tpot == pytest.approx(
-        0.25 * predict(SPEC, 2, 0.0, req(), 200).tpot
-    )
-
-
-def test_meets_is_a_soft_step() -> None:
-    assert meets(0.5, 1.0) == 1.0 and meets(2.0, 1.0) == 0.0
-    assert meets(1.0, 1.0) == pytest.approx(0.5)
-
-
-def test_meets_width_follows_the_module_constant(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert meets(1.05, 1.0) == pytest.approx(0.25)  # width 0.1: 1.05 is a quarter of the way
-    monkeypatch.setattr(predict_module, "MEETS_WIDTH", 0.5)
-    assert meets(1.05, 1.0) == pytest.approx(0.45)
-    assert meets(1.05, 1.0, width=0.1) == pytest.approx(0.25)  # an explicit width wins
-
-
-def test_harm_weight_scales_what_others_lose(monkeypatch: pytest.MonkeyPatch) -> None:
-    r = req()
-    p = predict(SPEC, 3, 0.0, r, 200)._replace(others_tpot=0.024, others_delta=0.003)
-    alone = value(p._replace(others_delta=0.0), r, 3)
-    loss = alone - value(p, r, 3)
-    monkeypatch.setattr(predict_module, "HARM_WEIGHT", 2.0)
-    assert loss > 0
-    assert alone - value(p, r, 3) == pytest.approx(2 * loss)
-
-
-def test_harm_to_others_lowers_the_value() -> None:
-    r = req()
-    p = predict(SPEC, 3, 0.0, r, 200)
-    alone = value(p, r, 0)
-    crowded = value(p._replace(others_tpot=0.025, others_delta=0.003), r, 3)
-    assert crowded < alone
-
-
-# -- the choice ------------------------------------------------------------------------------------
 
 
 def decide(s: Snapshot, reason: str = "predicted_slo") -> str:
@@ -126,58 +65,43 @@ def decide(s: Snapshot, reason: str = "predicted_slo") -> str:
     return d.pool
 
 
+# -- what the simulation leads to ------------------------------------------------------------------
+
+
 def test_a_lone_request_goes_to_the_speculative_engine() -> None:
-    assert decide(snap(0, 0)) == SPECULATIVE
+    d = choose("slo", snap())[0]
+    assert d is not None and d.pool == SPECULATIVE
+    # its predicted TPOT there: one iteration of a lone request over EAGLE-3's 2.8 tokens
+    assert d.tpot == pytest.approx(SPEC.iteration(1) / EAGLE3.tau, rel=0.02)
 
 
 def test_temperature_moves_a_request_off_a_speculative_engine_near_its_slo() -> None:
-    # with 4 running, EAGLE-3 at tau 2.8 still meets 25 ms per token; at 2.4 it does not, and
-    # neither does the baseline with 5: the greedy request is worth speculating, the sampled
-    # one is better off not adding to the speculative batch
-    assert (
-        predict(SPEC, 4, 0.0, req(), 200).tpot
-        < 0.025
-        < predict(SPEC, 4, 0.0, req(sampling=True), 200).tpot
-    )
-    assert predict(BASE, 5, 0.0, req(), 200).tpot > 0.025
-    assert decide(snap(4, 5, req(sampling=False))) == SPECULATIVE
-    assert decide(snap(4, 5, req(sampling=True))) == BASELINE
+    # four long requests on each engine: with one more, EAGLE-3 decodes a greedy request at
+    # 23 ms per token (2.8 tokens an iteration), a sampled one at 27 ms (2.4), the baseline
+    # either at 25 ms. The greedy request meets its SLO speculating; the sampled one comes
+    # closer on the baseline, where it also slows the others less.
+    four = (decoding(1.0, output=2000),) * 4
+    greedy = choose("slo", snap(four, four, req(sampling=False)))[0]
+    sampled = choose("slo", snap(four, four, req(sampling=True)))[0]
+    assert greedy is not None and sampled is not None
+    assert greedy.pool == SPECULATIVE and greedy.tpot < 0.025
+    assert sampled.pool == BASELINE
 
 
 def test_a_long_prompt_goes_where_its_prefill_stalls_nobody() -> None:
-    # a 6,000-token prefill (2.6 s) would stall the four requests decoding on the speculative
-    # engine, which have little slack left, past their SLO; the baseline's five are past the
-    # strict one already. A short prompt still goes to speculation.
-    assert decide(snap(4, 5, req(prompt=30))) == SPECULATIVE
-    assert decide(snap(4, 5, req(prompt=6000))) == BASELINE
-
-
-def test_overload_goes_to_the_pool_with_the_most_throughput() -> None:
-    # both far past their SLO: the excess goes to the baseline, never into a queue
-    # (and it says so: nothing can meet even the relaxed SLO for it)
-    s = snap(60, 120, spec_share=0.5, base_share=0.5)
-    assert decide(s, "overflow") == BASELINE
+    # three requests decoding on EAGLE-3 within their SLO, with about 100 tokens to go: a
+    # 6,000-token prefill (2.6 s) would take all three past 25 ms per token. The baseline's
+    # five long requests are past it already. A short prompt still goes to speculation.
+    spec = (decoding(1.0, output=150),) * 3
+    base = (decoding(1.0, output=2000),) * 5
+    assert decide(snap(spec, base, req(prompt=30))) == SPECULATIVE
+    assert decide(snap(spec, base, req(prompt=6000))) == BASELINE
 
 
 def test_a_backend_where_it_would_queue_is_not_a_candidate() -> None:
-    # the speculative engine is full (its cap is 48): a request there waits for a slot, so
-    # it goes to the busy but admitting baseline even though speculation would decode faster
+    # the speculative engine is full (its cap is 48): a request there waits for a slot, so it
+    # goes to the busy but admitting baseline even though speculation would decode faster
     assert decide(snap(EAGLE3.max_running + 30, 10)) == BASELINE
-
-
-def test_without_models_it_decides_as_predictive() -> None:
-    s = snap(0, 0)._replace(models=None)
-    d = choose("slo", s)[0]
-    assert d is not None and d.reason == "below_crossover"  # predictive without gain: spillover
-
-
-def test_no_usable_backend_no_decision() -> None:
-    s = snap(0, 0)
-    down = s._replace(
-        speculative=PoolView(SPECULATIVE, (BackendView("http://spec", 0, usable=False),)),
-        baseline=PoolView(BASELINE, (BackendView("http://base", 0, usable=False),)),
-    )
-    assert choose("slo", down)[0] is None
 
 
 def test_a_cap_the_engine_showed_counts_like_the_models() -> None:
@@ -186,9 +110,133 @@ def test_a_cap_the_engine_showed_counts_like_the_models() -> None:
         SPECULATIVE: SPEC._replace(cap=None),
         BASELINE: BASE._replace(cap=None),
     }
-    s = snap(3, 4)._replace(models=uncapped)
+    s = snap(3, 4, models=uncapped)
     free = choose("slo", s)[0]
     capped = s._replace(speculative=PoolView(SPECULATIVE, (BackendView("http://spec", 3, cap=2),)))
     full = choose("slo", capped)[0]
     assert free is not None and full is not None
     assert (free.pool, full.pool) == (SPECULATIVE, BASELINE)
+
+
+def test_a_smaller_cap_seen_does_not_override_the_one_the_engine_reported() -> None:
+    # the table says 48 (the engine's own max_running_requests); two scrapes that happened to
+    # see 3 running with some queued do not make it 3
+    s = snap(3, 4)
+    seen = s._replace(speculative=PoolView(SPECULATIVE, (BackendView("http://spec", 3, cap=3),)))
+    assert choose("slo", s)[0] == choose("slo", seen)[0]
+
+
+def test_unknown_requests_count_as_the_traffic_the_router_sees() -> None:
+    # the same load, known request by request or only as a count: both slow the batch
+    known = snap((decoding(1.0),) * 6, ())
+    counted = snap(6, 0)
+    for s in (known, counted):
+        d = choose("slo", s)[0]
+        assert d is not None and d.pool == BASELINE
+
+
+def test_beyond_the_measured_batch_sizes_is_flagged() -> None:
+    narrow: dict[Pool, PoolModel] = {
+        SPECULATIVE: SPEC._replace(measured=4),
+        BASELINE: BASE._replace(measured=4),
+    }
+    inside = choose("slo", snap(1, 1, models=narrow))[0]
+    beyond = choose("slo", snap(8, 8, models=narrow))[0]
+    assert inside is not None and not inside.extrapolated
+    assert beyond is not None and beyond.extrapolated
+
+
+def test_the_wall_clock_scale() -> None:
+    fast: dict[Pool, PoolModel] = {pool: m._replace(scale=0.25) for pool, m in MODELS.items()}
+    # SLO targets are wall seconds: a quarter of them on engines four times as fast is the same
+    quick = Request(100, 200, False, slo_ttft=0.25, slo_tpot=0.025 / 4)
+    d = choose("slo", snap(r=quick, models=fast))[0]
+    same = choose("slo", snap())[0]
+    assert d is not None and same is not None
+    assert d.pool == same.pool and d.tpot == pytest.approx(same.tpot / 4)
+
+
+def test_without_models_it_decides_as_predictive() -> None:
+    s = snap()._replace(models=None)
+    d = choose("slo", s)[0]
+    assert d is not None and d.reason == "below_crossover"  # predictive without gain: spillover
+
+
+def test_no_usable_backend_no_decision() -> None:
+    s = snap()
+    down = s._replace(
+        speculative=PoolView(SPECULATIVE, (BackendView("http://spec", 0, usable=False),)),
+        baseline=PoolView(BASELINE, (BackendView("http://base", 0, usable=False),)),
+    )
+    assert choose("slo", down)[0] is None
+
+
+# -- the choice rules, on given predictions --------------------------------------------------------
+
+
+def predicting(monkeypatch: pytest.MonkeyPatch, by_pool: dict[str, Placement]) -> None:
+    """Make the simulation answer ``by_pool[pool]`` for each backend (``strict``, ``relaxed``:
+    what the placement adds; ``own``: the request's own chances)."""
+
+    def fake(model: PoolModel, *args: object, **kw: object) -> Placement:
+        return by_pool[SPECULATIVE if model is SPEC else BASELINE]
+
+    place: Callable[..., Placement] = fake
+    monkeypatch.setattr(policy_module, "place", place)
+
+
+def p(strict: float, relaxed: float, own: tuple[float, float]) -> Placement:
+    return Placement(strict, relaxed, own, 0.5, 0.02, 1)
+
+
+def test_the_most_goodput_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    predicting(monkeypatch, {SPECULATIVE: p(1, 1, (1, 1)), BASELINE: p(0, 1, (0, 1))})
+    assert decide(snap()) == SPECULATIVE
+    predicting(monkeypatch, {SPECULATIVE: p(0.2, 0.6, (1, 1)), BASELINE: p(0, 1, (0, 1))})
+    assert decide(snap()) == BASELINE  # the others would lose more there than it gains
+
+
+def test_a_placement_that_costs_the_others_is_taken_only_when_nothing_else_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # speculation: it meets its SLO (+2) but takes the relaxed tier from one of the others
+    # (-1): worth +1 in all. The baseline: it meets only the relaxed tier and costs nobody.
+    costly = p(1.0, 0.0, (1, 1))
+    predicting(monkeypatch, {SPECULATIVE: costly, BASELINE: p(0.0, 0.9, (0, 0.9))})
+    assert decide(snap()) == BASELINE
+    # where the baseline cannot meet even the relaxed tier, the best value is taken
+    predicting(monkeypatch, {SPECULATIVE: costly, BASELINE: p(0.0, 0.1, (0, 0.1))})
+    assert decide(snap()) == SPECULATIVE
+
+
+def test_under_sustained_overload_the_excess_goes_to_the_most_throughput(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # nothing is feasible: by value, speculation; once the pressure says it has lasted,
+    # the pool with the most throughput (the baseline, 256 running at most against 48)
+    assert BASE.capacity() > SPEC.capacity()
+    costly = p(1.0, 0.0, (1, 1))
+    predicting(monkeypatch, {SPECULATIVE: costly, BASELINE: p(0.0, 0.1, (0, 0.1))})
+    calm = choose("slo", snap())
+    assert calm[0] is not None and calm[0].pool == SPECULATIVE
+    assert calm[1].pressure == pytest.approx(policy_module.PRESSURE_KEEP)
+    pressed = choose("slo", snap(state=RoutingState(pressure=0.9)))
+    assert pressed[0] is not None and pressed[0].pool == BASELINE
+    # it builds up over infeasible decisions and fades over feasible ones
+    state = RoutingState()
+    for _ in range(40):
+        state = choose("slo", snap(state=state))[1]
+    assert state.pressure > policy_module.PRESSURE_LIMIT
+    predicting(monkeypatch, {SPECULATIVE: p(1, 1, (1, 1)), BASELINE: p(0, 1, (0, 1))})
+    for _ in range(40):
+        state = choose("slo", snap(state=state))[1]
+    assert state.pressure < policy_module.PRESSURE_LIMIT
+
+
+def test_overflow_is_a_request_that_meets_nothing_anywhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    predicting(monkeypatch, {SPECULATIVE: p(0, 0.01, (0, 0.01)), BASELINE: p(0, 0.02, (0, 0.02))})
+    assert decide(snap(), "overflow") == BASELINE
+    predicting(monkeypatch, {SPECULATIVE: p(0, 0.3, (0, 0.3)), BASELINE: p(0, 0.02, (0, 0.02))})
+    assert decide(snap()) == SPECULATIVE  # a chance somewhere: placed, not held

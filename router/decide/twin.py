@@ -1,0 +1,308 @@
+"""A backend's near future, simulated: what one more request does to it, and it to them.
+
+The ``slo`` policy asks, for each backend: if this request went there, how many of the requests
+there now, this one, and the ones that keep arriving while it runs would meet their SLO, against
+how many would if it went elsewhere? This module answers with a small deterministic simulation
+of the engine's continuous-batching loop (the loop ``router.sim.model`` describes, and SGLang and
+vLLM servers run), over what the router knows:
+
+- the requests in flight there (``Flight``): how long ago each was sent, whether and when its
+  first token came, its prompt and expected output length, its class and SLO;
+- the engine's model (``router.decide.predict.PoolModel``): seconds per iteration at each batch
+  size, tokens per iteration by class, the prefill line, the running cap;
+- the traffic that keeps arriving there (``Stream``): its rate, mean lengths and SLO, as evenly
+  spaced requests of the mean size.
+
+Time advances in whole iterations. A joining request stalls its iteration for its prefill and
+gets its first token at the iteration's end; after that every running request gains its class's
+tokens per iteration, so between events (a join, a finish, an arrival) every iteration of a batch
+costs the same and the simulation jumps to the next event: O(n log n) for n requests.
+
+Pure arithmetic over plain values, in the engines' *model* seconds (``PoolModel.scale`` turns
+wall seconds into them and back).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from router.decide.predict import PoolModel
+
+# The relaxed tier: a request that misses its SLO but stays within these multiples of it still
+# counts (the traffic benchmark's relaxed goodput: TTFT 1 s -> 3 s, TPOT 25 ms -> 50 ms).
+RELAXED_TTFT, RELAXED_TPOT = 3.0, 2.0
+# How soft ``meets`` is: the spread of real latency around the prediction, as a share of the
+# target (what the simulation cannot know: the arrivals' real times and sizes, acceptance draws).
+MEETS_WIDTH = 0.1
+# When the stream's first request arrives, as a share of the gap between its requests.
+STREAM_PHASE = 0.5
+# How the stream's prefills stall the others: "poisson" (the chance a request's headroom
+# absorbs the stalls of a Poisson stream of mean-size prefills over its remaining life) or
+# "lumps" (each evenly spaced arrival stalls its join iteration).
+STALLS = "poisson"
+# A backstop on the work one simulation does (a runaway queue): past it, the rest is not scored.
+MAX_EVENTS = 20_000
+
+
+class Flight(NamedTuple):
+    """A request in flight on the backend, as the router knows it (model seconds)."""
+
+    prompt: float  # prompt tokens
+    output: float  # output tokens it is expected to generate
+    sampling: bool  # temperature > 0
+    age: float  # since it was sent
+    decoding: float | None  # since its first token; None: no token yet
+    slo_ttft: float
+    slo_tpot: float
+
+
+class Stream(NamedTuple):
+    """The requests expected to keep arriving at the backend (model seconds)."""
+
+    rate: float  # per second
+    prompt: float  # mean prompt tokens
+    output: float  # mean output tokens
+    sampling: float  # share at temperature > 0
+    slo_ttft: float
+    slo_tpot: float
+
+
+class Outcome(NamedTuple):
+    strict: float  # requests expected to meet their SLO, of all simulated
+    relaxed: float  # ... to meet the relaxed tier
+    ttft: float  # the added request's (model seconds; 0 without one)
+    tpot: float
+    end: float  # when the added request finishes (model seconds from now; NaN without one)
+    batch: int  # the largest batch the simulation ran
+    own: tuple[float, float] = (0.0, 0.0)  # the added request's chance to meet each tier
+
+
+def meets(value: float, target: float) -> float:
+    """A soft ``value <= target``: 1 well below, 0 well above, linear within ``MEETS_WIDTH``."""
+    lo, hi = target * (1 - MEETS_WIDTH), target * (1 + MEETS_WIDTH)
+    if value <= lo:
+        return 1.0
+    if value >= hi:
+        return 0.0
+    return (hi - value) / (hi - lo)
+
+
+def attainment(ttft: float, tpot: float, slo_ttft: float, slo_tpot: float) -> tuple[float, float]:
+    """(strict, relaxed): how surely a request with this TTFT and TPOT meets each tier."""
+    strict = meets(ttft, slo_ttft) * meets(tpot, slo_tpot)
+    relaxed = meets(ttft, slo_ttft * RELAXED_TTFT) * meets(tpot, slo_tpot * RELAXED_TPOT)
+    return strict, relaxed
+
+
+def poisson_cdf(k: float, mean: float) -> float:
+    """P(N <= k) for N ~ Poisson(mean), linear between whole k (smooth in the headroom)."""
+    if k < 0:
+        return 0.0
+    whole = int(k)
+    term = total = math.exp(-mean)
+    for i in range(1, whole + 2):
+        if i == whole + 1:
+            return total + (k - whole) * term * mean / i
+        term *= mean / i
+        total += term
+    return total  # (not reached)
+
+
+def within(spent: float, tokens: float, target: float, exposure: float, stall: float) -> float:
+    """The chance that a request whose decode took ``spent`` seconds for ``tokens`` tokens (and
+    ``exposure`` more seconds of it are still to come, open to a stream of ``stall``-second
+    prefills arriving ``exposure`` times on average) stays within ``target`` per token."""
+    headroom = target * max(1.0, tokens - 1) - spent
+    if headroom < 0:
+        return meets(spent / max(1.0, tokens - 1), target)
+    if exposure <= 0 or stall <= 0:
+        return 1.0
+    return poisson_cdf(headroom / stall, exposure)
+
+
+class _Req:
+    __slots__ = ("prompt", "output", "tau", "arrived", "first", "slo_ttft", "slo_tpot", "done",
+                 "future")  # fmt: skip
+
+    def __init__(self, prompt: float, output: float, tau: float, slo_ttft: float,
+                 slo_tpot: float, arrived: float, done: float = 0.0) -> None:  # fmt: skip
+        self.prompt = prompt
+        self.output = max(1.0, output)
+        self.tau = tau
+        self.arrived = arrived  # simulation time (negative: before it began)
+        self.first = math.nan  # time of its first token
+        self.slo_ttft = slo_ttft
+        self.slo_tpot = slo_tpot
+        self.done = done  # prefill already under way when the simulation began (seconds)
+        self.future = False  # one of the stream's
+
+
+def simulate(
+    model: PoolModel,
+    flights: Sequence[Flight],
+    stream: Stream | None = None,
+    extra: Flight | None = None,
+    horizon: float | None = None,
+    stretch: float = 1.0,
+) -> Outcome:
+    """Run the backend forward from now until every request has finished: those in flight,
+    ``extra`` (sent now), and the ``stream``'s arrivals until ``horizon`` (by default, until
+    ``extra`` finishes; none without either).
+
+    ``stretch``: how much longer than the model's decode iterations the recent ones took
+    (prefill stalls), used only to guess how far the running requests have got."""
+    cap = model.cap if model.cap is not None else math.inf
+    running: list[tuple[float, int]] = []  # (iteration it finishes at, index into reqs)
+    reqs: list[_Req] = []
+    decoding = [f for f in flights if f.decoding is not None]
+    spi_now = model.iteration(int(min(max(1, len(decoding)), cap))) * stretch
+    for f in decoding:
+        r = _Req(f.prompt, f.output, model.tau(f.sampling), f.slo_ttft, f.slo_tpot, -f.age)
+        r.first = -(f.decoding or 0.0)
+        reqs.append(r)
+        left = (r.output - 1) / r.tau - (f.decoding or 0.0) / spi_now
+        running.append((max(0.5, left), len(reqs) - 1))
+    heapq.heapify(running)
+    waiting: deque[_Req] = deque(
+        _Req(f.prompt, f.output, model.tau(f.sampling), f.slo_ttft, f.slo_tpot, -f.age, f.age)
+        for f in sorted((f for f in flights if f.decoding is None), key=lambda f: -f.age)
+    )
+    added: _Req | None = None
+    if extra is not None:
+        added = _Req(extra.prompt, extra.output, model.tau(extra.sampling), extra.slo_ttft,
+                     extra.slo_tpot, 0.0)  # fmt: skip
+        waiting.append(added)
+    # the stream's arrivals: evenly spaced, the first STREAM_PHASE of a gap from now
+    gap = math.inf
+    stream_tau = 1.0
+    if stream is not None and stream.rate > 0:
+        gap = 1.0 / stream.rate
+        s = stream.sampling
+        stream_tau = 1.0 / (s / model.tau(True) + (1 - s) / model.tau(False))
+    next_arrival = gap * STREAM_PHASE
+    limit = horizon if horizon is not None else (math.inf if added is not None else 0.0)
+    poisson = STALLS == "poisson" and gap < math.inf
+    stall = model.prefill(stream.prompt) if poisson and stream is not None else 0.0
+    rate = 1.0 / gap if poisson else 0.0
+
+    def score(r: _Req, at: float) -> tuple[float, float]:
+        ttft = r.first - r.arrived
+        if not poisson:
+            tpot = (at - r.first) / (r.output - 1) if r.output > 1 else 0.0
+            return attainment(ttft, tpot, r.slo_ttft, r.slo_tpot)
+        if r.future:
+            ttft += model.prefill(r.prompt)
+        spent, exposure = at - r.first, rate * (at - max(0.0, r.first))
+        strict = meets(ttft, r.slo_ttft)
+        if strict:
+            strict *= within(spent, r.output, r.slo_tpot, exposure, stall)
+        relaxed = meets(ttft, r.slo_ttft * RELAXED_TTFT)
+        if relaxed:
+            relaxed *= within(spent, r.output, r.slo_tpot * RELAXED_TPOT, exposure, stall)
+        return strict, relaxed
+
+    strict = relaxed = 0.0
+    t = it = 0.0
+    end = math.nan
+    tpot = 0.0
+    own = (0.0, 0.0)
+    biggest = len(running)
+    events = 0
+    while events < MAX_EVENTS:
+        events += 1
+        if waiting and len(running) < cap:
+            joiners: list[_Req] = []
+            while waiting and len(running) + len(joiners) < cap:
+                joiners.append(waiting.popleft())
+            batch = len(running) + len(joiners)
+            biggest = max(biggest, batch)
+            dt = model.iteration(batch)
+            for r in joiners:
+                if not r.future or not poisson:
+                    dt += max(0.0, model.prefill(r.prompt) - r.done)
+            t += dt
+            it += 1
+            for r in joiners:
+                r.first = t
+                if r.output > 1:
+                    reqs.append(r)
+                    heapq.heappush(running, (it + (r.output - 1) / r.tau, len(reqs) - 1))
+                    continue
+                a, b = score(r, t)
+                strict, relaxed = strict + a, relaxed + b
+                if r is added:
+                    end = limit = min(limit, t)
+                    own = (a, b)
+        elif running:
+            spi = model.iteration(len(running))
+            k = max(1.0, math.ceil(running[0][0] - it - 1e-9))
+            if next_arrival < limit:
+                k = min(k, max(1.0, math.ceil((next_arrival - t) / spi)))
+            t += k * spi
+            it += k
+            while running and running[0][0] <= it + 1e-9:
+                r = reqs[heapq.heappop(running)[1]]
+                per_token = (t - r.first) / (r.output - 1)
+                a, b = score(r, t)
+                strict, relaxed = strict + a, relaxed + b
+                if r is added:
+                    end = limit = min(limit, t)
+                    tpot = per_token
+                    own = (a, b)
+        elif next_arrival < limit:
+            t = max(t, next_arrival)
+        else:
+            break
+        while next_arrival <= t and next_arrival < limit:
+            assert stream is not None
+            r = _Req(
+                stream.prompt,
+                stream.output,
+                stream_tau,
+                stream.slo_ttft,
+                stream.slo_tpot,
+                next_arrival,
+            )
+            r.future = True
+            waiting.append(r)
+            next_arrival += gap
+    ttft = added.first if added is not None and not math.isnan(added.first) else 0.0
+    return Outcome(strict, relaxed, ttft, tpot, end, biggest, own)
+
+
+class Placement(NamedTuple):
+    """What sending one request to a backend is expected to do (see ``place``)."""
+
+    strict: float  # requests meeting their SLO there, with it less without it (itself included)
+    relaxed: float  # ... the relaxed tier
+    own: tuple[float, float]  # its own chance to meet (strict, relaxed)
+    ttft: float  # its predicted TTFT and TPOT (model seconds)
+    tpot: float
+    batch: int  # the largest batch the simulation with it ran
+
+
+def place(
+    model: PoolModel,
+    flights: Sequence[Flight],
+    stream: Stream | None,
+    request: Flight,
+    stretch: float = 1.0,
+) -> Placement:
+    """The backend's future with ``request`` sent now against without it, over the same
+    arrivals (until ``request`` would finish)."""
+    with_it = simulate(model, flights, stream, request, stretch=stretch)
+    horizon = with_it.end if not math.isnan(with_it.end) else None
+    without = simulate(model, flights, stream, None, horizon=horizon or 0.0, stretch=stretch)
+    own = with_it.own
+    return Placement(
+        with_it.strict - without.strict,
+        with_it.relaxed - without.relaxed,
+        own,
+        with_it.ttft,
+        with_it.tpot,
+        with_it.batch,
+    )
