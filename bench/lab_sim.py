@@ -16,6 +16,7 @@ the policy gets wrong from what the router's knowledge does.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import random
 from collections import deque
@@ -188,7 +189,8 @@ class Router:
     ) -> None:
         self.policy = policy
         self.mode = models
-        t = tables.load(table)
+        # the lab runs in model time (the table's time scale is that of the sims it measured)
+        t = dataclasses.replace(tables.load(table), time_scale=1.0)
         self.learner = Learner(LearnConfig(), t)
         self.engines = EngineModels(t)
         self.crossover = t.crossover
