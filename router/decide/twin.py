@@ -44,6 +44,13 @@ STREAM_PHASE = 0.5
 # absorbs the stalls of a Poisson stream of mean-size prefills over its remaining life) or
 # "lumps" (each evenly spaced arrival stalls its join iteration).
 STALLS = "poisson"
+# Past this many requests decoding on a backend, alike ones are simulated as groups (each
+# standing for its members: same class and SLO, neighbours in the iterations they have left),
+# which keeps a decision's cost flat however many are in flight.
+COHORTS = 24
+# Past about this many of the stream's arrivals during a request's life, they are simulated as
+# arriving in groups (the same rate), which bounds a decision's cost at high request rates.
+STREAM_EVENTS = 16
 # A backstop on the work one simulation does (a runaway queue): past it, the rest is not scored.
 MAX_EVENTS = 20_000
 
@@ -102,6 +109,8 @@ def poisson_cdf(k: float, mean: float) -> float:
     """P(N <= k) for N ~ Poisson(mean), linear between whole k (smooth in the headroom)."""
     if k < 0:
         return 0.0
+    if k > mean + 8.0 * math.sqrt(mean) + 8.0:
+        return 1.0  # (the rest of the tail is below 1e-9)
     whole = int(k)
     term = total = math.exp(-mean)
     for i in range(1, whole + 2):
@@ -126,7 +135,7 @@ def within(spent: float, tokens: float, target: float, exposure: float, stall: f
 
 class _Req:
     __slots__ = ("prompt", "output", "tau", "arrived", "first", "slo_ttft", "slo_tpot", "done",
-                 "future")  # fmt: skip
+                 "future", "weight")  # fmt: skip
 
     def __init__(self, prompt: float, output: float, tau: float, slo_ttft: float,
                  slo_tpot: float, arrived: float, done: float = 0.0) -> None:  # fmt: skip
@@ -139,6 +148,45 @@ class _Req:
         self.slo_tpot = slo_tpot
         self.done = done  # prefill already under way when the simulation began (seconds)
         self.future = False  # one of the stream's
+        self.weight = 1  # how many alike requests it stands for (see ``COHORTS``)
+
+
+def _decoding(
+    model: PoolModel, flights: Sequence[Flight], stretch: float
+) -> list[tuple[float, _Req]]:
+    """The requests decoding now, with the iterations each has left; past ``COHORTS`` of them,
+    merged into that many groups of requests alike (same class and SLO, neighbours in what is
+    left), each standing for its members. (Shared by the simulations of one placement: none of
+    them changes these.)"""
+    cap = model.cap if model.cap is not None else math.inf
+    spi_now = model.iteration(int(min(max(1, len(flights)), cap))) * stretch
+    rows = []
+    for f in flights:
+        since = f.decoding or 0.0
+        tau = model.tau(f.sampling)
+        left = max(0.5, (max(1.0, f.output) - 1) / tau - since / spi_now)
+        rows.append((tau, f.slo_ttft, f.slo_tpot, left, f.prompt, f.output, -f.age, -since))
+    if len(rows) > COHORTS:
+        rows.sort()
+        size = math.ceil(len(rows) / COHORTS)
+    else:
+        size = 1
+    out: list[tuple[float, _Req]] = []
+    i = 0
+    while i < len(rows):
+        j = i + 1
+        while j < len(rows) and j - i < size and rows[j][:3] == rows[i][:3]:
+            j += 1
+        group = rows[i:j]
+        n = len(group)
+        tau, slo_ttft, slo_tpot = group[0][:3]
+        r = _Req(sum(g[4] for g in group) / n, sum(g[5] for g in group) / n, tau, slo_ttft,
+                 slo_tpot, sum(g[6] for g in group) / n)  # fmt: skip
+        r.first = sum(g[7] for g in group) / n
+        r.weight = n
+        out.append((sum(g[3] for g in group) / n, r))
+        i = j
+    return out
 
 
 def simulate(
@@ -148,25 +196,25 @@ def simulate(
     extra: Flight | None = None,
     horizon: float | None = None,
     stretch: float = 1.0,
+    decoding: list[tuple[float, _Req]] | None = None,
+    group: int = 1,
 ) -> Outcome:
     """Run the backend forward from now until every request has finished: those in flight,
     ``extra`` (sent now), and the ``stream``'s arrivals until ``horizon`` (by default, until
     ``extra`` finishes; none without either).
 
     ``stretch``: how much longer than the model's decode iterations the recent ones took
-    (prefill stalls), used only to guess how far the running requests have got."""
+    (prefill stalls), used only to guess how far the running requests have got.
+    ``decoding``: those of ``flights`` decoding, as ``_decoding`` prepares them (if done).
+    ``group``: the stream's requests arrive this many at a time (at the same mean rate)."""
     cap = model.cap if model.cap is not None else math.inf
-    running: list[tuple[float, int]] = []  # (iteration it finishes at, index into reqs)
-    reqs: list[_Req] = []
-    decoding = [f for f in flights if f.decoding is not None]
-    spi_now = model.iteration(int(min(max(1, len(decoding)), cap))) * stretch
-    for f in decoding:
-        r = _Req(f.prompt, f.output, model.tau(f.sampling), f.slo_ttft, f.slo_tpot, -f.age)
-        r.first = -(f.decoding or 0.0)
-        reqs.append(r)
-        left = (r.output - 1) / r.tau - (f.decoding or 0.0) / spi_now
-        running.append((max(0.5, left), len(reqs) - 1))
+    iteration, prefill_of = model.iteration, model.prefill
+    if decoding is None:
+        decoding = _decoding(model, [f for f in flights if f.decoding is not None], stretch)
+    running: list[tuple[float, int, _Req]] = [(left, i, r) for i, (left, r) in enumerate(decoding)]
     heapq.heapify(running)
+    batch = sum(r.weight for _, _, r in running)  # requests running (cohorts count theirs)
+    order = len(running)  # tie-break in the heap
     waiting: deque[_Req] = deque(
         _Req(f.prompt, f.output, model.tau(f.sampling), f.slo_ttft, f.slo_tpot, -f.age, f.age)
         for f in sorted((f for f in flights if f.decoding is None), key=lambda f: -f.age)
@@ -180,14 +228,14 @@ def simulate(
     gap = math.inf
     stream_tau = 1.0
     if stream is not None and stream.rate > 0:
-        gap = 1.0 / stream.rate
-        s = stream.sampling
-        stream_tau = 1.0 / (s / model.tau(True) + (1 - s) / model.tau(False))
+        gap = group / stream.rate
+        sh = stream.sampling
+        stream_tau = 1.0 / (sh / model.tau(True) + (1 - sh) / model.tau(False))
     next_arrival = gap * STREAM_PHASE
     limit = horizon if horizon is not None else (math.inf if added is not None else 0.0)
     poisson = STALLS == "poisson" and gap < math.inf
-    stall = model.prefill(stream.prompt) if poisson and stream is not None else 0.0
-    rate = 1.0 / gap if poisson else 0.0
+    stall = prefill_of(stream.prompt) if poisson and stream is not None else 0.0
+    rate = group / gap if poisson else 0.0
 
     def score(r: _Req, at: float) -> tuple[float, float]:
         ttft = r.first - r.arrived
@@ -195,7 +243,7 @@ def simulate(
             tpot = (at - r.first) / (r.output - 1) if r.output > 1 else 0.0
             return attainment(ttft, tpot, r.slo_ttft, r.slo_tpot)
         if r.future:
-            ttft += model.prefill(r.prompt)
+            ttft += prefill_of(r.prompt)
         spent, exposure = at - r.first, rate * (at - max(0.0, r.first))
         strict = meets(ttft, r.slo_ttft)
         if strict:
@@ -210,48 +258,50 @@ def simulate(
     end = math.nan
     tpot = 0.0
     own = (0.0, 0.0)
-    biggest = len(running)
+    biggest = batch
     events = 0
     while events < MAX_EVENTS:
         events += 1
-        if waiting and len(running) < cap:
+        if waiting and batch < cap:
             joiners: list[_Req] = []
-            while waiting and len(running) + len(joiners) < cap:
-                joiners.append(waiting.popleft())
-            batch = len(running) + len(joiners)
+            while waiting and batch < cap:
+                r = waiting.popleft()
+                joiners.append(r)
+                batch += r.weight
             biggest = max(biggest, batch)
-            dt = model.iteration(batch)
+            dt = iteration(batch)
             for r in joiners:
                 if not r.future or not poisson:
-                    dt += max(0.0, model.prefill(r.prompt) - r.done)
+                    dt += max(0.0, prefill_of(r.prompt) - r.done) * r.weight
             t += dt
             it += 1
             for r in joiners:
                 r.first = t
                 if r.output > 1:
-                    reqs.append(r)
-                    heapq.heappush(running, (it + (r.output - 1) / r.tau, len(reqs) - 1))
+                    order += 1
+                    heapq.heappush(running, (it + (r.output - 1) / r.tau, order, r))
                     continue
+                batch -= r.weight
                 a, b = score(r, t)
-                strict, relaxed = strict + a, relaxed + b
+                strict, relaxed = strict + a * r.weight, relaxed + b * r.weight
                 if r is added:
                     end = limit = min(limit, t)
                     own = (a, b)
         elif running:
-            spi = model.iteration(len(running))
+            spi = iteration(batch)
             k = max(1.0, math.ceil(running[0][0] - it - 1e-9))
             if next_arrival < limit:
                 k = min(k, max(1.0, math.ceil((next_arrival - t) / spi)))
             t += k * spi
             it += k
             while running and running[0][0] <= it + 1e-9:
-                r = reqs[heapq.heappop(running)[1]]
-                per_token = (t - r.first) / (r.output - 1)
+                r = heapq.heappop(running)[2]
+                batch -= r.weight
                 a, b = score(r, t)
-                strict, relaxed = strict + a, relaxed + b
+                strict, relaxed = strict + a * r.weight, relaxed + b * r.weight
                 if r is added:
                     end = limit = min(limit, t)
-                    tpot = per_token
+                    tpot = (t - r.first) / (r.output - 1)
                     own = (a, b)
         elif next_arrival < limit:
             t = max(t, next_arrival)
@@ -268,6 +318,7 @@ def simulate(
                 next_arrival,
             )
             r.future = True
+            r.weight = group  # (so many: as if they came together, one standing for the rest)
             waiting.append(r)
             next_arrival += gap
     ttft = added.first if added is not None and not math.isnan(added.first) else 0.0
@@ -294,9 +345,18 @@ def place(
 ) -> Placement:
     """The backend's future with ``request`` sent now against without it, over the same
     arrivals (until ``request`` would finish)."""
-    with_it = simulate(model, flights, stream, request, stretch=stretch)
+    decoding = _decoding(model, [f for f in flights if f.decoding is not None], stretch)
+    group = 1
+    if stream is not None and stream.rate > 0:
+        # about how long the request will live: past STREAM_EVENTS arrivals in that time,
+        # they come in groups
+        life = model.prefill(request.prompt) + max(1.0, request.output) / model.tau(
+            request.sampling) * model.iteration(len(flights) + 1)  # fmt: skip
+        group = max(1, math.floor(stream.rate * life / STREAM_EVENTS))
+    with_it = simulate(model, flights, stream, request, decoding=decoding, group=group)
     horizon = with_it.end if not math.isnan(with_it.end) else None
-    without = simulate(model, flights, stream, None, horizon=horizon or 0.0, stretch=stretch)
+    without = simulate(model, flights, stream, None, horizon=horizon or 0.0, decoding=decoding,
+                       group=group)  # fmt: skip
     own = with_it.own
     return Placement(
         with_it.strict - without.strict,

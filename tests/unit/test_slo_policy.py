@@ -240,3 +240,22 @@ def test_overflow_is_a_request_that_meets_nothing_anywhere(
     assert decide(snap(), "overflow") == BASELINE
     predicting(monkeypatch, {SPECULATIVE: p(0, 0.3, (0, 0.3)), BASELINE: p(0, 0.02, (0, 0.02))})
     assert decide(snap()) == SPECULATIVE  # a chance somewhere: placed, not held
+
+
+def test_only_the_least_loaded_replicas_of_a_pool_are_simulated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[int] = []
+
+    def fake(model: PoolModel, flights: object, *args: object, **kw: object) -> Placement:
+        seen.append(len(flights))  # type: ignore[arg-type]
+        return p(0, 1, (0, 1))
+
+    monkeypatch.setattr(policy_module, "place", fake)
+    loads = (7, 0, 30, 3)
+    spec = PoolView(SPECULATIVE, tuple(BackendView(f"http://s{i}", n) for i, n in enumerate(loads)))
+    s = snap()._replace(speculative=spec)
+    d = choose("slo", s)[0]
+    assert d is not None
+    # the two least loaded speculative replicas (0 and 3 in flight) and the one baseline
+    assert sorted(seen) == [0, 0, 3]
