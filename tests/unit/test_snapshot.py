@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from router.account.inflight import InflightTracker, Lease
+from router.account.outcome import Outcome
 from router.decide.learner import Gain
 from router.decide.policy import Decision
 from router.decide.predict import PoolModel, Request
@@ -303,3 +304,45 @@ def test_expected_load_is_arrival_rate_times_measured_stay() -> None:
     shares = [b["prefill_share"] for b in status["backends"].values()]
     # each request's 100-token prefill (~0.07 s) over a second: a few percent in all
     assert 0.02 < sum(shares) < 0.2
+
+
+def test_the_slo_policy_sees_each_request_in_flight_and_the_stream() -> None:
+    w = slo_world()
+    req = Request(1000.0, 200.0, True, 1.0, 0.025)
+    streamed = Outcome("/v1/chat/completions", w.clock.now, stream=True)
+    streamed.request = req
+    whole = Outcome("/v1/chat/completions", w.clock.now, stream=False)
+    whole.request = req._replace(sampling=False)
+    held = [w.tracker.acquire(B1, streamed), w.tracker.acquire(B1, whole), w.tracker.acquire(B1)]
+    w.clock.now += 0.2
+    flights = w.decider.snapshot(req).baseline.backends[0].flights
+    # two known (the third lease carries nothing: it counts in the load only), none decoding yet
+    assert [(f.prompt, f.sampling, f.decoding) for f in flights] == [
+        (1000.0, True, None),
+        (1000.0, False, None),
+    ]
+    assert all(f.age == pytest.approx(0.2) for f in flights)
+    streamed.first_bytes(w.clock.now, 0.0)
+    w.clock.now += 1.0
+    by_class = {f.sampling: f for f in w.decider.snapshot(req).baseline.backends[0].flights}
+    # a stream decodes from its first byte; a whole answer's progress is guessed from the model
+    # (its prefill of 1,000 tokens and one iteration: about 0.45 s after it was sent)
+    assert by_class[True].decoding == pytest.approx(1.0)
+    model = preset_model(BASE_PRESET)
+    assert by_class[False].decoding == pytest.approx(1.2 - model.prefill(1000) - model.iteration(1))
+    for lease in held:
+        lease.release()
+    assert w.decider.snapshot(req).baseline.backends[0].flights == ()
+    # the stream: what was sent there recently, at the mean size of what was routed
+    for _ in range(20):
+        d = w.decider.decide(req)
+        assert d is not None
+        w.clock.now += 0.5
+    views = w.decider.snapshot(req).speculative.backends + w.decider.snapshot(req).baseline.backends
+    streams = [b.stream for b in views]
+    assert all(s is not None for s in streams)
+    total = sum(s.rate for s in streams if s is not None)
+    # 2 requests a second, over the larger of the 5 s and the 30 s windows (10 s of them)
+    assert 1.0 < total < 3.0
+    s = next(s for s in streams if s is not None)
+    assert (s.prompt, s.output, s.slo_ttft, s.slo_tpot) == (1000.0, 200.0, 1.0, 0.025)
