@@ -208,8 +208,9 @@ def predictive(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
 
 
 # The slo policy's value of a placement: requests expected to meet their SLO there, with this
-# one against without it, at the strict tier (weighted) and at the relaxed one; and a small pull
-# towards this request's lower predicted latency, to break ties.
+# one against without it, at the strict tier (weighted) and at the relaxed one; and, to break
+# ties, a small pull towards what slows every request there least (its own time to first token
+# and per token, and what it adds to the others': the placement that serves them all fastest).
 STRICT_WEIGHT = 1.0
 TIE_WEIGHT = 0.01
 # A placement is *feasible* while the request itself meets the relaxed tier there and costs the
@@ -226,6 +227,9 @@ PRESSURE_KEEP = 0.05
 PRESSURE_LIMIT = 0.5
 # Replicas of a pool simulated for each request: the least loaded ones.
 CANDIDATES = 2
+# How far the running requests have got is guessed from the iteration time stretched by the
+# share of recent time the engine spent prefilling; past this share the guess stops growing.
+MAX_PREFILL_SHARE = 0.8
 
 
 class Option(NamedTuple):
@@ -267,9 +271,9 @@ def _option(pool: Pool, view: BackendView, model: PoolModel, snap: Snapshot) -> 
     s = view.stream
     like = me if s is None else me._replace(prompt=s.prompt, output=s.output or snap.mean_output)
     flights = _phantoms(view, model, like, snap.sampling_share if s is None else s.sampling)
-    stretch = 1.0 / (1.0 - min(max(view.prefill_share, 0.0), 0.8))
+    stretch = 1.0 / (1.0 - min(max(view.prefill_share, 0.0), MAX_PREFILL_SHARE))
     p = place(model, flights, s, me, stretch)
-    latency = p.ttft / me.slo_ttft + p.tpot / me.slo_tpot
+    latency = p.ttft / me.slo_ttft + p.slowness
     value = STRICT_WEIGHT * p.strict + p.relaxed - TIE_WEIGHT * latency
     feasible = p.own[1] >= 0.5 and p.relaxed - p.own[1] > -SPARE
     return Option(pool, view, p, value, feasible)

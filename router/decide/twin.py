@@ -86,6 +86,8 @@ class Outcome(NamedTuple):
     end: float  # when the added request finishes (model seconds from now; NaN without one)
     batch: int  # the largest batch the simulation ran
     own: tuple[float, float] = (0.0, 0.0)  # the added request's chance to meet each tier
+    # every request's time per output token over its SLO's, summed: how slow they all are
+    slowness: float = 0.0
 
 
 def meets(value: float, target: float) -> float:
@@ -253,7 +255,7 @@ def simulate(
             relaxed *= within(spent, r.output, r.slo_tpot * RELAXED_TPOT, exposure, stall)
         return strict, relaxed
 
-    strict = relaxed = 0.0
+    strict = relaxed = slowness = 0.0
     t = it = 0.0
     end = math.nan
     tpot = 0.0
@@ -299,6 +301,7 @@ def simulate(
                 batch -= r.weight
                 a, b = score(r, t)
                 strict, relaxed = strict + a * r.weight, relaxed + b * r.weight
+                slowness += (t - r.first) / (r.output - 1) / r.slo_tpot * r.weight
                 if r is added:
                     end = limit = min(limit, t)
                     tpot = (t - r.first) / (r.output - 1)
@@ -322,7 +325,7 @@ def simulate(
             waiting.append(r)
             next_arrival += gap
     ttft = added.first if added is not None and not math.isnan(added.first) else 0.0
-    return Outcome(strict, relaxed, ttft, tpot, end, biggest, own)
+    return Outcome(strict, relaxed, ttft, tpot, end, biggest, own, slowness)
 
 
 class Placement(NamedTuple):
@@ -334,6 +337,8 @@ class Placement(NamedTuple):
     ttft: float  # its predicted TTFT and TPOT (model seconds)
     tpot: float
     batch: int  # the largest batch the simulation with it ran
+    # what it adds to every request's time per output token (over their SLOs'), its own included
+    slowness: float = 0.0
 
 
 def place(
@@ -365,4 +370,5 @@ def place(
         with_it.ttft,
         with_it.tpot,
         with_it.batch,
+        with_it.slowness - without.slowness,
     )

@@ -113,9 +113,15 @@ def busy_connections(app: RouterApp) -> int:
     return sum(c.open_connections - c.idle_connections for c in app.clients.values())
 
 
+def flights(app: RouterApp) -> int:
+    """Requests the slo policy sees in flight (each lease carries its request)."""
+    return sum(len(by_lease) for by_lease in app.tracker.flights.values())
+
+
 async def assert_released(app: RouterApp, sims: dict[str, Proc]) -> None:
     assert app.tracker.total == 0
     assert app.tracker.by_pool == {"speculative": 0, "baseline": 0}
+    assert flights(app) == 0
     assert busy_connections(app) == 0
     for sim in sims.values():
         await await_for(drained(sim.url), timeout=2.0)
@@ -153,6 +159,7 @@ async def test_disconnect_while_waiting_for_upstream_headers(
     scope = client.scope(headers=[(b"x-sim-fault", b"hang_before_headers")])
     task = asyncio.create_task(app(scope, client.receive, client.send))
     await await_for(lambda: _true(busy_connections(app) == 1 and app.tracker.total == 1))
+    assert flights(app) == 1  # (the default policy, slo, sees it in flight)
     client.gone.set()
     await asyncio.wait_for(task, 5)
     assert not client.started.is_set()
