@@ -241,12 +241,13 @@ class Option(NamedTuple):
 
 
 def _phantoms(
-    view: BackendView, model: PoolModel, like: Flight, sampling: float
+    view: BackendView, model: PoolModel, like: Flight, sampling: float, weight: float = 1.0
 ) -> tuple[Flight, ...]:
     """The requests in flight there that this router does not know (other routers' and workers',
-    or a ramping backend's handicap), as requests ``like`` this one halfway through, the
-    ``sampling`` share of them at temperature > 0."""
-    load = view.load if view.weight >= 1.0 else math.ceil((view.load + 1) / view.weight) - 1
+    or a ramping backend's handicap: ``weight``, its ramp relative to the other backends'), as
+    requests ``like`` this one halfway through, the ``sampling`` share of them at temperature
+    > 0."""
+    load = view.load if weight >= 1.0 else math.ceil((view.load + 1) / weight) - 1
     missing = load - len(view.flights)
     if missing <= 0:
         return view.flights
@@ -262,7 +263,12 @@ def _phantoms(
     return view.flights + tuple(ghosts)
 
 
-def _option(pool: Pool, view: BackendView, model: PoolModel, snap: Snapshot) -> Option:
+def _option(
+    pool: Pool, view: BackendView, model: PoolModel, snap: Snapshot, top: float = 1.0
+) -> Option:
+    """``view`` with the request, against without it; ``top``: the highest ramp weight among
+    the usable backends (a ramp handicaps a backend against the others, so when every backend
+    ramps, as when the router has just started, none is handicapped)."""
     req = snap.request
     assert req is not None
     scale = model.scale
@@ -270,7 +276,8 @@ def _option(pool: Pool, view: BackendView, model: PoolModel, snap: Snapshot) -> 
                 req.slo_ttft / scale, req.slo_tpot / scale)  # fmt: skip
     s = view.stream
     like = me if s is None else me._replace(prompt=s.prompt, output=s.output or snap.mean_output)
-    flights = _phantoms(view, model, like, snap.sampling_share if s is None else s.sampling)
+    sampling = snap.sampling_share if s is None else s.sampling
+    flights = _phantoms(view, model, like, sampling, min(1.0, view.weight / top))
     stretch = 1.0 / (1.0 - min(max(view.prefill_share, 0.0), MAX_PREFILL_SHARE))
     p = place(model, flights, s, me, stretch)
     latency = p.ttft / me.slo_ttft + p.slowness
@@ -303,7 +310,9 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         return predictive(snap)
     options: list[Option] = []
     rr = snap.state.rr
-    for view in (snap.speculative, snap.baseline):
+    pools = (snap.speculative, snap.baseline)
+    top = max((b.weight for view in pools for b in view.usable()), default=1.0)
+    for view in pools:
         pool_model = models[view.name]
         for b in _candidates(view, rr):
             # the cap the engine reported (the table's), unless it has since run more at once
@@ -311,7 +320,7 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
                 model = pool_model._replace(cap=b.cap)
             else:
                 model = pool_model
-            options.append(_option(view.name, b, model, snap))
+            options.append(_option(view.name, b, model, snap, top))
     if not options:
         return None, snap.state
     best = max(options, key=lambda o: o.value)

@@ -86,7 +86,8 @@ class Outcome(NamedTuple):
     end: float  # when the added request finishes (model seconds from now; NaN without one)
     batch: int  # the largest batch the simulation ran
     own: tuple[float, float] = (0.0, 0.0)  # the added request's chance to meet each tier
-    # every request's time per output token over its SLO's, summed: how slow they all are
+    # the time per output token over its SLO's of every request there now (not the stream's
+    # forecast ones: which backend those go to is not yet decided), summed: how slow they are
     slowness: float = 0.0
 
 
@@ -301,7 +302,8 @@ def simulate(
                 batch -= r.weight
                 a, b = score(r, t)
                 strict, relaxed = strict + a * r.weight, relaxed + b * r.weight
-                slowness += (t - r.first) / (r.output - 1) / r.slo_tpot * r.weight
+                if not r.future:
+                    slowness += (t - r.first) / (r.output - 1) / r.slo_tpot * r.weight
                 if r is added:
                     end = limit = min(limit, t)
                     tpot = (t - r.first) / (r.output - 1)

@@ -13,7 +13,7 @@ import pytest
 from router.decide import policy as policy_module
 from router.decide.policy import BackendView, PoolView, RoutingState, Snapshot, choose
 from router.decide.predict import PoolModel, Request
-from router.decide.twin import Flight, Placement
+from router.decide.twin import Flight, Placement, Stream
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.sim.model import BASELINE as BASE_PRESET
 from router.sim.model import EAGLE3
@@ -133,6 +133,41 @@ def test_unknown_requests_count_as_the_traffic_the_router_sees() -> None:
     for s in (known, counted):
         d = choose("slo", s)[0]
         assert d is not None and d.pool == BASELINE
+
+
+def test_a_ramp_handicaps_a_backend_only_against_the_others() -> None:
+    # a recovered speculative engine ramped back in at a tenth of its weight counts as nine
+    # requests busier than it is; when every backend ramps (the router has just started) none
+    # is handicapped, and a lone request goes to speculation with its TPOT predicted as if idle
+    def ramping(spec_weight: float, base_weight: float) -> Snapshot:
+        return snap()._replace(
+            speculative=PoolView(SPECULATIVE, (BackendView("http://spec", 0, weight=spec_weight),)),
+            baseline=PoolView(BASELINE, (BackendView("http://base", 0, weight=base_weight),)),
+        )
+
+    idle = choose("slo", snap())[0]
+    both = choose("slo", ramping(0.1, 0.1))[0]
+    alone = choose("slo", ramping(0.1, 1.0))[0]
+    assert idle is not None and both is not None and alone is not None
+    assert (both.pool, both.tpot) == (SPECULATIVE, idle.tpot)
+    assert alone.pool == BASELINE
+
+
+def test_a_backend_with_recent_traffic_is_not_shunned_when_every_slo_is_met() -> None:
+    # both engines idle; the speculative one has been getting a request a second, the baseline
+    # none. The forecast arrivals would share the speculative batch with this request, but
+    # where they go is decided when they come: with every SLO met either way (3 s, 100 ms),
+    # the request goes where it is fastest
+    r = Request(100, 200, False, slo_ttft=3.0, slo_tpot=0.1)
+
+    def stream(rate: float) -> Stream:
+        return Stream(rate, 100, 200, 0.5, 3.0, 0.1)
+
+    s = snap(r=r)._replace(
+        speculative=PoolView(SPECULATIVE, (BackendView("http://spec", 0, stream=stream(1.0)),)),
+        baseline=PoolView(BASELINE, (BackendView("http://base", 0, stream=stream(0.0)),)),
+    )
+    assert decide(s) == SPECULATIVE
 
 
 def test_beyond_the_measured_batch_sizes_is_flagged() -> None:
