@@ -247,7 +247,8 @@ def _phantoms(
     or a ramping backend's handicap: ``weight``, its ramp relative to the other backends'), as
     requests ``like`` this one halfway through, the ``sampling`` share of them at temperature
     > 0."""
-    load = view.load if weight >= 1.0 else math.ceil((view.load + 1) / weight) - 1
+    # (to the nearest request: a backend a hair behind the others in its ramp is not one busier)
+    load = view.load if weight >= 1.0 else math.floor((view.load + 1) / weight + 0.5) - 1
     missing = load - len(view.flights)
     if missing <= 0:
         return view.flights

@@ -138,7 +138,8 @@ def test_unknown_requests_count_as_the_traffic_the_router_sees() -> None:
 def test_a_ramp_handicaps_a_backend_only_against_the_others() -> None:
     # a recovered speculative engine ramped back in at a tenth of its weight counts as nine
     # requests busier than it is; when every backend ramps (the router has just started) none
-    # is handicapped, and a lone request goes to speculation with its TPOT predicted as if idle
+    # is handicapped (nor one a hair behind the other: its ramp started a poll later), and a
+    # lone request goes to speculation with its TPOT predicted as if idle
     def ramping(spec_weight: float, base_weight: float) -> Snapshot:
         return snap()._replace(
             speculative=PoolView(SPECULATIVE, (BackendView("http://spec", 0, weight=spec_weight),)),
@@ -146,7 +147,7 @@ def test_a_ramp_handicaps_a_backend_only_against_the_others() -> None:
         )
 
     idle = choose("slo", snap())[0]
-    both = choose("slo", ramping(0.1, 0.1))[0]
+    both = choose("slo", ramping(0.3859, 0.3863))[0]
     alone = choose("slo", ramping(0.1, 1.0))[0]
     assert idle is not None and both is not None and alone is not None
     assert (both.pool, both.tpot) == (SPECULATIVE, idle.tpot)
