@@ -14,8 +14,11 @@ def test_calibrate_finds_a_crossover_on_llamacpp(calibration: Calibration) -> No
     spec = {p.concurrency: p for p in table.speculative.points}
     base = {p.concurrency: p for p in table.baseline.points}
     assert sorted(spec) == sorted(base) == list(LEVELS)
-    # one interleaved run, so ratios: speculation pays for a lone request ...
-    assert spec[1].decode_tps_p50 >= 1.3 * base[1].decode_tps_p50, (spec[1], base[1])
+    # one interleaved run, so ratios: speculation pays for a lone request ... (by how much
+    # depends on the run: the prompts carry a per-run nonce, and on this random-weight pair the
+    # draft's acceptance follows the text. Seven runs on one machine: acceptance 3.9-6.2, the
+    # speculative server 1.24-2.3 times the baseline's speed at 1)
+    assert spec[1].decode_tps_p50 >= 1.15 * base[1].decode_tps_p50, (spec[1], base[1])
     # ... and the crossover the table states is the one its measured points give. (Whether the
     # speculative server also loses total throughput at 16 is llama.cpp's business, not the
     # router's: on this random-weight model on a shared CPU it went each way in two fresh-clone
