@@ -75,7 +75,7 @@ def wait_ready(url: str, timeout: float = 30.0) -> None:
 
 
 def router_env(
-    spec: str, base: str, policy: str | None, admin: str | None = None
+    spec: str, base: str, policy: str | None, admin: str | None = None, time_scale: float = 1.0
 ) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_ROUTER_")}
     env.update(
@@ -83,6 +83,11 @@ def router_env(
         SPEC_ROUTER_BASELINE_URLS=base,
         SPEC_ROUTER_LOG_LEVEL="warning",
         SPEC_ROUTER_HEALTH_INTERVAL="0.5",
+        # serve's default SLO (1 s TTFT, 25 ms TPOT) in the wall-clock time of sims that run
+        # ``time_scale`` times as long as the engines they model: unscaled, an SLO ten times
+        # laxer is met everywhere and the slo policy has nothing to route for
+        SPEC_ROUTER_SLO_TTFT_MS=f"{1000 * time_scale:g}",
+        SPEC_ROUTER_SLO_TPOT_MS=f"{25 * time_scale:g}",
     )
     if policy:
         env["SPEC_ROUTER_POLICY"] = policy
@@ -284,8 +289,12 @@ def main(argv: list[str]) -> int:
         spec = stack.enter_context(running([*sim, "--preset", "eagle3", "--seed", "1"])).url
         base = stack.enter_context(running([*sim, "--preset", "baseline", "--seed", "2"])).url
         serve = ["-m", "router", "serve", "--port", "0"]
-        router = stack.enter_context(running(serve, router_env(spec, base, args.policy, token))).url
-        rr = stack.enter_context(running(serve, router_env(spec, base, "round_robin"))).url
+        router = stack.enter_context(
+            running(serve, router_env(spec, base, args.policy, token, args.time_scale))
+        ).url
+        rr = stack.enter_context(
+            running(serve, router_env(spec, base, "round_robin", time_scale=args.time_scale))
+        ).url
         for url in (router, rr):
             wait_ready(url)
         urls = {"router": router, "round_robin": rr, "speculative": spec, "baseline": base}

@@ -11,13 +11,33 @@ from pathlib import Path
 import httpx
 import pytest
 
-from router.tools.demo import hold_levels
+from router.settings import Settings
+from router.tools.demo import hold_levels, router_env
 
 
 def test_the_hold_ramps_up_and_back_down() -> None:
     assert hold_levels([1, 2, 4, 8]) == [1, 2, 4, 8, 4, 2]
     assert hold_levels([4, 1]) == [1, 4]
     assert hold_levels([3]) == [3]
+
+
+def test_the_routers_slo_is_the_default_one_in_the_sims_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # sims at 0.1 run ten times as fast as the engines they model: the router's SLO in wall
+    # time is a tenth of serve's default (1 s, 25 ms), as the router reads its environment
+    for key, value in router_env("http://127.0.0.1:9", "http://127.0.0.1:10", "slo").items():
+        if key.startswith("SPEC_ROUTER_"):
+            monkeypatch.setenv(key, value)
+    unscaled = Settings()
+    for key, value in router_env(
+        "http://127.0.0.1:9", "http://127.0.0.1:10", "slo", None, 0.1
+    ).items():
+        if key.startswith("SPEC_ROUTER_"):
+            monkeypatch.setenv(key, value)
+    scaled = Settings()
+    assert scaled.slo_ttft_ms == pytest.approx(unscaled.slo_ttft_ms * 0.1)
+    assert scaled.slo_tpot_ms == pytest.approx(unscaled.slo_tpot_ms * 0.1)
 
 
 @pytest.mark.slow
