@@ -252,6 +252,16 @@ class Settings(BaseSettings):
         return max(1, round(self.health_interval))
 
 
+def default_slo_env(time_scale: float = 1.0) -> dict[str, str]:
+    """``serve``'s default SLO as settings for a router in front of sims that run ``time_scale``
+    times as long as the engines they model (its wall-clock time; the demo and the benches)."""
+    fields = Settings.model_fields
+    return {
+        f"{ENV_PREFIX}SLO_TTFT_MS": f"{fields['slo_ttft_ms'].default * time_scale:g}",
+        f"{ENV_PREFIX}SLO_TPOT_MS": f"{fields['slo_tpot_ms'].default * time_scale:g}",
+    }
+
+
 def _describe(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = err.get("loc") or ()

@@ -339,7 +339,8 @@ class Placement(NamedTuple):
     ttft: float  # its predicted TTFT and TPOT (model seconds)
     tpot: float
     batch: int  # the largest batch the simulation with it ran
-    # what it adds to every request's time per output token (over their SLOs'), its own included
+    # what it adds to the time per output token (over their SLOs') of the requests there now,
+    # its own included (``Outcome.slowness``)
     slowness: float = 0.0
 
 

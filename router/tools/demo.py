@@ -33,6 +33,7 @@ import httpx
 
 from router.calibrate.levels import LevelRun, build_table, point_from_run
 from router.decide.table import Table, Workload, to_json
+from router.settings import default_slo_env
 from router.tools.loadgen import RequestResult, percentile, run_closed_loop, window_stats
 from router.tools.processes import running
 
@@ -83,12 +84,10 @@ def router_env(
         SPEC_ROUTER_BASELINE_URLS=base,
         SPEC_ROUTER_LOG_LEVEL="warning",
         SPEC_ROUTER_HEALTH_INTERVAL="0.5",
-        # serve's default SLO (1 s TTFT, 25 ms TPOT) in the wall-clock time of sims that run
-        # ``time_scale`` times as long as the engines they model: unscaled, an SLO ten times
-        # laxer is met everywhere and the slo policy has nothing to route for
-        SPEC_ROUTER_SLO_TTFT_MS=f"{1000 * time_scale:g}",
-        SPEC_ROUTER_SLO_TPOT_MS=f"{25 * time_scale:g}",
     )
+    # serve's default SLO in the sims' wall-clock time: unscaled, an SLO ten times laxer is met
+    # everywhere and the slo policy has nothing to route for
+    env.update(default_slo_env(time_scale))
     if policy:
         env["SPEC_ROUTER_POLICY"] = policy
     if admin:

@@ -26,18 +26,17 @@ def test_the_routers_slo_is_the_default_one_in_the_sims_time(
 ) -> None:
     # sims at 0.1 run ten times as fast as the engines they model: the router's SLO in wall
     # time is a tenth of serve's default (1 s, 25 ms), as the router reads its environment
-    for key, value in router_env("http://127.0.0.1:9", "http://127.0.0.1:10", "slo").items():
-        if key.startswith("SPEC_ROUTER_"):
-            monkeypatch.setenv(key, value)
-    unscaled = Settings()
-    for key, value in router_env(
-        "http://127.0.0.1:9", "http://127.0.0.1:10", "slo", None, 0.1
-    ).items():
-        if key.startswith("SPEC_ROUTER_"):
-            monkeypatch.setenv(key, value)
-    scaled = Settings()
-    assert scaled.slo_ttft_ms == pytest.approx(unscaled.slo_ttft_ms * 0.1)
-    assert scaled.slo_tpot_ms == pytest.approx(unscaled.slo_tpot_ms * 0.1)
+    def settings(time_scale: float) -> Settings:
+        env = router_env("http://127.0.0.1:9", "http://127.0.0.1:10", "slo", None, time_scale)
+        for key, value in env.items():
+            if key.startswith("SPEC_ROUTER_"):
+                monkeypatch.setenv(key, value)
+        return Settings()
+
+    unscaled, scaled = settings(1.0), settings(0.1)
+    assert (unscaled.slo_ttft_ms, unscaled.slo_tpot_ms) == (1000.0, 25.0)
+    assert scaled.slo_ttft_ms == pytest.approx(100.0)
+    assert scaled.slo_tpot_ms == pytest.approx(2.5)
 
 
 @pytest.mark.slow
