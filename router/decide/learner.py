@@ -133,6 +133,9 @@ class Learner:
         self.cfg = cfg
         self.pools = {pool: PoolLearner(cfg.decay) for pool in POOLS}
         self.ref_tau = 1.0  # acceptance length the speculative points were measured at
+        # ... or not known: a table without one (the engine reported none to calibrate) says
+        # 1.0, its speculative points then in tokens, not iterations (see ``observe_accept``)
+        self.ref_known = False
         self.tau: float | None = None  # latest engine-reported acceptance length
         self.seeded = False
         self.time_scale = 1.0  # of the engines: samples are divided by it (see Table)
@@ -148,6 +151,7 @@ class Learner:
         fit = table.speculative.fit
         if fit is not None:
             self.ref_tau = fit.tau
+            self.ref_known = fit.tau > 1.0
         for pool in POOLS:
             tau = self.ref_tau if pool == SPECULATIVE else 1.0
             bins = self.pools[pool].bins
@@ -161,8 +165,15 @@ class Learner:
     # -- input ----------------------------------------------------------------------------------
     def observe_accept(self, tau: float | None) -> None:
         if tau is not None and math.isfinite(tau) and tau >= 1.0:
-            if self.tau is None and not self.seeded:
-                self.ref_tau = tau  # no calibrated table: the first reading is the reference
+            if not self.ref_known:
+                # The first reading where none was known (no table, or a table without one):
+                # what was learned so far is at it, so it becomes the reference, and what was
+                # measured in tokens per second is rescaled into iterations. (Left at 1.0, the
+                # reading would make every iteration ``tau`` times shorter than measured.)
+                for b in self.pools[SPECULATIVE].bins.values():
+                    b.spi *= tau / self.ref_tau
+                self.ref_tau = tau
+                self.ref_known = True
             self.tau = tau
 
     def record(self, pool: Pool, concurrency: float, spt: float, ttft: float, e2e: float) -> None:

@@ -162,6 +162,8 @@ class EngineModels:
         # tokens per iteration by class (greedy, sampling), and sampling's share of greedy's
         self.tau = {False: 1.0, True: 1.0}
         self.ratio: float | None = None
+        # whether ``tau`` is the engine's (a table's or a reading) or a placeholder 1.0
+        self.tau_known = False
         self.sampling_share = Ewma(0.5, weight=1.0)  # of the speculative pool's requests
         self.mean_output = Ewma(200.0, weight=1.0)
         self.tokens_per_char = Ewma(DEFAULT_TOKENS_PER_CHAR, weight=1.0, keep=0.995)
@@ -178,6 +180,7 @@ class EngineModels:
         tau = fit.tau if fit is not None else 1.0
         sampling = fit.tau_sampling if fit is not None and fit.tau_sampling else None
         self.tau = {False: tau, True: sampling or tau}
+        self.tau_known = tau > 1.0
         self.ratio = sampling / tau if sampling else None
         if w.output_tokens:
             self.mean_output = Ewma(float(w.output_tokens), weight=1.0)
@@ -241,6 +244,12 @@ class EngineModels:
         ratio = self.ratio or 1.0
         share = min(1.0, max(0.0, self.sampling_share.value))
         greedy = tau / (1.0 - share + share * ratio)
+        if not self.tau_known:
+            # the first reading where the table had none: the speculative iterations seeded
+            # and learned so far were counted as one token each (``Learner.observe_accept``)
+            for b in self.pure[SPECULATIVE].bins.values():
+                b.spi *= greedy / self.tau[False]
+            self.tau_known = True
         self.tau = {False: max(1.0, greedy), True: max(1.0, greedy * ratio)}
 
     # -- output ---------------------------------------------------------------------------------

@@ -32,7 +32,9 @@ from pathlib import Path
 import httpx
 
 from router.calibrate.levels import LevelRun, build_table, point_from_run
+from router.calibrate.sweep import acceptance, discover_cap, scrape
 from router.decide.table import Table, Workload, to_json
+from router.health.engines import EngineSample
 from router.settings import default_slo_env
 from router.tools.loadgen import RequestResult, percentile, run_closed_loop, window_stats
 from router.tools.processes import running
@@ -144,8 +146,31 @@ async def run_target(
     return point, run
 
 
+async def engine_facts(
+    spec: str, urls: dict[str, str], before: EngineSample | None
+) -> tuple[float, dict[str, int | None]]:
+    """What ``spec-router calibrate`` reads from the engines themselves, read the same way: the
+    speculative engine's acceptance length over the runs since ``before`` (its metrics then),
+    and each engine's cap on running requests. (A table whose acceptance length is not the
+    engine's says its iterations are that many times shorter than they are, and the router's
+    model of the pool goes wrong the moment it reads the real one from the engine.)"""
+    async with httpx.AsyncClient() as client:
+        after = await scrape(client, spec)
+        tau, _ = await acceptance(client, spec, before, after)
+        caps = {pool: await discover_cap(client, url, {}) for pool, url in urls.items()}
+    return tau, caps
+
+
+async def scrape_metrics(url: str) -> EngineSample | None:
+    async with httpx.AsyncClient() as client:
+        return await scrape(client, url)
+
+
 def calibrated_table(
-    runs: dict[str, list[LevelRun]], args: argparse.Namespace, tau: float
+    runs: dict[str, list[LevelRun]],
+    args: argparse.Namespace,
+    tau: float,
+    caps: dict[str, int | None] | None = None,
 ) -> Table:
     """What `spec-router calibrate` would write, from the pool-alone runs the demo made anyway."""
     points = {
@@ -161,6 +186,7 @@ def calibrated_table(
         spec_tau=tau,
         notes="measured by spec-router demo against its simulated engines",
         time_scale=args.time_scale,
+        caps=caps,
     )
 
 
@@ -305,14 +331,16 @@ def main(argv: list[str]) -> int:
         points: list[Point] = []
         # 1. Each pool alone at every level: the comparison curves, and a calibration.
         runs: dict[str, list[LevelRun]] = {"speculative": [], "baseline": []}
+        before = asyncio.run(scrape_metrics(spec))
         for n in levels:
             for pool in runs:
                 point, run = asyncio.run(run_target(urls[pool], pool, n, args))
                 points.append(point)
                 runs[pool].append(run)
             print(f"calibrating: concurrency {n} measured on each pool alone", flush=True)
-        info = httpx.get(f"{spec}/server_info").json()
-        table = calibrated_table(runs, args, float(info.get("avg_spec_accept_length") or 1.0))
+        pools = {pool: urls[pool] for pool in runs}
+        tau, caps = asyncio.run(engine_facts(spec, pools, before))
+        table = calibrated_table(runs, args, tau, caps)
         put = httpx.put(
             f"{router}/router/table",
             json=to_json(table),

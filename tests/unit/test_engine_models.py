@@ -161,3 +161,35 @@ def test_prefill_is_learned_only_from_requests_that_found_the_engine_idle() -> N
         engines.record(sample(BASELINE, prompt_tokens=tokens, ttft=ttft, load_at_start=0))
     assert engines.prefill[BASELINE].per_token == pytest.approx(1 / 1000, rel=0.1)
     assert engines.prefill[BASELINE].seconds(1000) == pytest.approx(1.05, rel=0.1)
+
+
+def test_a_table_without_an_acceptance_length_is_rescaled_by_the_first_reading() -> None:
+    # calibrate found no acceptance length (an engine that reports none there: the table says
+    # 1.0, its speculative iterations then one token each); the engine reports 2.8 later
+    table = model_table(400, 200)
+    fit = table.speculative.fit
+    assert fit is not None
+    known, unknown = (
+        EngineModels(table),
+        EngineModels(
+            replace(table, speculative=replace(table.speculative, fit=replace(fit, tau=1.0)))
+        ),
+    )
+    for engines in (known, unknown):
+        engines.observe_accept(2.8)
+    a, b = known.models(), unknown.models()
+    assert a is not None and b is not None
+    # the same engine either way: per-request decode speed as calibrated, not 2.8x faster
+    for n in (1, 8, 32):
+        speed_a = a[SPECULATIVE].tau_greedy / a[SPECULATIVE].iteration(n)
+        speed_b = b[SPECULATIVE].tau_greedy / b[SPECULATIVE].iteration(n)
+        assert speed_b == pytest.approx(speed_a, rel=0.05)
+    # (the seed's correction for closed-loop prefill stalls counted iterations of one token
+    # each, so the rescaled curve is a few percent off the one calibrated with the reading)
+    assert b[SPECULATIVE].capacity() == pytest.approx(a[SPECULATIVE].capacity(), rel=0.1)
+    # once known, later readings move the speed (acceptance fell: fewer tokens per iteration)
+    unknown.observe_accept(1.4)
+    c = unknown.models()
+    assert c is not None
+    assert c[SPECULATIVE].iteration(8) == pytest.approx(b[SPECULATIVE].iteration(8))
+    assert c[SPECULATIVE].tau_greedy == pytest.approx(1.4, rel=0.02)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router.decide.learner import LearnConfig, Learner, marginal_gain
-from router.decide.table import Point, PoolCurve, Table, fit_points
+from router.decide.table import Point, PoolCurve, Table, Workload, fit_points
 from router.pools import Pool
 from router.sim.model import BASELINE, EAGLE3, Preset, closed_loop, crossover
 
@@ -125,3 +125,32 @@ def test_curve_interpolates_and_never_extrapolates_downhill() -> None:
     assert abs(c.spt(1.0) - 0.015) < 1e-12
     noisy = Curve((1.0, 2.0), (0.050, 0.040))
     assert noisy.spi(10.0) == 0.040  # flat, not cheaper and cheaper
+
+
+def test_a_table_without_an_acceptance_length_is_rescaled_by_the_first_reading() -> None:
+    levels = [1, 2, 4, 8, 16, 32]
+    spec = tuple(
+        Point(n, 1 / spt(EAGLE3, n), 0.1, 0.2, 10.0, n / spt(EAGLE3, n), 20) for n in levels
+    )
+    base = tuple(
+        Point(n, 1 / spt(BASELINE, n), 0.1, 0.2, 10.0, n / spt(BASELINE, n), 20) for n in levels
+    )
+
+    def learner(tau: float) -> Learner:
+        table = Table(
+            crossover=8, source="calibrated", measured_at="2026-12-04T00:00:00Z",
+            workload=Workload(PROMPT, OUTPUT),
+            speculative=PoolCurve(spec, fit_points(spec, tau=tau)),
+            baseline=PoolCurve(base, fit_points(base)),
+        )  # fmt: skip
+        out = Learner(LearnConfig(), table)
+        out.observe_accept(EAGLE3.tau)
+        return out
+
+    # a table that says 1.0 (the engine reported no acceptance to calibrate) against one that
+    # says 2.8, then the engine reports 2.8: the same speeds, not 2.8x faster
+    known, unknown = learner(EAGLE3.tau).curves(), learner(1.0).curves()
+    assert known is not None and unknown is not None
+    for n in levels:
+        assert unknown["speculative"].spt(n) == pytest.approx(known["speculative"].spt(n))
+        assert unknown["speculative"].spt(n) == pytest.approx(spt(EAGLE3, n))
