@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from router.settings import default_slo_env  # noqa: E402
+from router.settings import sim_time_env  # noqa: E402
 from router.sim.model import BASELINE, EAGLE3, closed_loop, decode_bound_tps  # noqa: E402
 from router.tools.demo import wait_ready  # noqa: E402
 from router.tools.loadgen import run_closed_loop, window_stats  # noqa: E402
@@ -173,8 +173,8 @@ def main() -> int:
                 "SPEC_ROUTER_EXPLORE_SHARE": "0.02" if ns.learn else "0",
                 "SPEC_ROUTER_HYSTERESIS": "0",
                 "SPEC_ROUTER_LOG_LEVEL": "warning",
-                # slo: serve's default SLO in the wall-clock time of these sims
-                **default_slo_env(a.time_scale),
+                # serve's default SLO and engine lags in the wall-clock time of these sims
+                **sim_time_env(a.time_scale),
             }
             (Path(tmp) / f"{policy}.json").write_text(table.read_text())
             routers[policy] = stack.enter_context(running(SERVE, env, prefix=pinned(0))).url

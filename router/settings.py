@@ -252,13 +252,21 @@ class Settings(BaseSettings):
         return max(1, round(self.health_interval))
 
 
-def default_slo_env(time_scale: float = 1.0) -> dict[str, str]:
-    """``serve``'s default SLO as settings for a router in front of sims that run ``time_scale``
-    times as long as the engines they model (its wall-clock time; the demo and the benches)."""
+# The settings that are durations of the engines' own behaviour (and the SLO on it): a router
+# in front of sims that run ``time_scale`` times as long as the engines they model needs them in
+# the sims' time (``sim_time_env``).
+ENGINE_TIMES = ("slo_ttft_ms", "slo_tpot_ms", "engine_abort_lag", "engine_gauge_lag")
+
+
+def sim_time_env(time_scale: float = 1.0) -> dict[str, str]:
+    """``serve``'s defaults for the engine-time settings (``ENGINE_TIMES``) in the wall-clock
+    time of sims at ``time_scale`` (the demo and the benches). Unscaled, a sim at 0.1 is held
+    to an SLO ten times laxer than the one it models, and a request whose client left is still
+    counted against its engine for ten times as long as the engine runs it."""
     fields = Settings.model_fields
     return {
-        f"{ENV_PREFIX}SLO_TTFT_MS": f"{fields['slo_ttft_ms'].default * time_scale:g}",
-        f"{ENV_PREFIX}SLO_TPOT_MS": f"{fields['slo_tpot_ms'].default * time_scale:g}",
+        f"{ENV_PREFIX}{name.upper()}": f"{fields[name].default * time_scale:g}"
+        for name in ENGINE_TIMES
     }
 
 

@@ -35,7 +35,7 @@ from router.calibrate.levels import LevelRun, build_table, point_from_run
 from router.calibrate.sweep import acceptance, discover_cap, scrape
 from router.decide.table import Table, Workload, to_json
 from router.health.engines import EngineSample
-from router.settings import default_slo_env
+from router.settings import sim_time_env
 from router.tools.loadgen import RequestResult, percentile, run_closed_loop, window_stats
 from router.tools.processes import running
 
@@ -87,9 +87,10 @@ def router_env(
         SPEC_ROUTER_LOG_LEVEL="warning",
         SPEC_ROUTER_HEALTH_INTERVAL="0.5",
     )
-    # serve's default SLO in the sims' wall-clock time: unscaled, an SLO ten times laxer is met
-    # everywhere and the slo policy has nothing to route for
-    env.update(default_slo_env(time_scale))
+    # serve's default SLO and engine lags in the sims' wall-clock time: unscaled, an SLO ten
+    # times laxer is met everywhere, and each level's cancelled requests would still count
+    # against the engines for most of the next level
+    env.update(sim_time_env(time_scale))
     if policy:
         env["SPEC_ROUTER_POLICY"] = policy
     if admin:

@@ -21,11 +21,12 @@ def test_the_hold_ramps_up_and_back_down() -> None:
     assert hold_levels([3]) == [3]
 
 
-def test_the_routers_slo_is_the_default_one_in_the_sims_time(
+def test_the_routers_slo_and_engine_lags_are_the_defaults_in_the_sims_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # sims at 0.1 run ten times as fast as the engines they model: the router's SLO in wall
-    # time is a tenth of serve's default (1 s, 25 ms), as the router reads its environment
+    # time is a tenth of serve's default (1 s, 25 ms), as the router reads its environment;
+    # so are the engines' lags (SGLang aborts a left client's stream 2 s later: 0.2 s here)
     def settings(time_scale: float) -> Settings:
         env = router_env("http://127.0.0.1:9", "http://127.0.0.1:10", "slo", None, time_scale)
         for key, value in env.items():
@@ -37,6 +38,9 @@ def test_the_routers_slo_is_the_default_one_in_the_sims_time(
     assert (unscaled.slo_ttft_ms, unscaled.slo_tpot_ms) == (1000.0, 25.0)
     assert scaled.slo_ttft_ms == pytest.approx(100.0)
     assert scaled.slo_tpot_ms == pytest.approx(2.5)
+    assert (unscaled.engine_abort_lag, unscaled.engine_gauge_lag) == (2.0, 2.0)
+    assert scaled.engine_abort_lag == pytest.approx(0.2)
+    assert scaled.engine_gauge_lag == pytest.approx(0.2)
 
 
 @pytest.mark.slow
