@@ -218,10 +218,17 @@ def simulate(
     heapq.heapify(running)
     batch = sum(r.weight for _, _, r in running)  # requests running (cohorts count theirs)
     order = len(running)  # tie-break in the heap
-    waiting: deque[_Req] = deque(
-        _Req(f.prompt, f.output, model.tau(f.sampling), f.slo_ttft, f.slo_tpot, -f.age, f.age)
-        for f in sorted((f for f in flights if f.decoding is None), key=lambda f: -f.age)
-    )
+    waiting: deque[_Req] = deque()
+    # Those with no first token yet, oldest first. The engine prefills one after another (a
+    # join iteration costs its joiners' prefills summed), so since the oldest came it has done
+    # at most that long of their prefill work, in order: a burst of requests that just came has
+    # nearly all of its prefills still ahead, not each one's age of it.
+    budget = max((f.age for f in flights if f.decoding is None), default=0.0)
+    for f in sorted((f for f in flights if f.decoding is None), key=lambda f: -f.age):
+        done = min(prefill_of(f.prompt), budget)
+        budget -= done
+        waiting.append(_Req(f.prompt, f.output, model.tau(f.sampling), f.slo_ttft, f.slo_tpot,
+                            -f.age, done))  # fmt: skip
     added: _Req | None = None
     if extra is not None:
         added = _Req(extra.prompt, extra.output, model.tau(extra.sampling), extra.slo_ttft,

@@ -72,6 +72,21 @@ def test_past_the_cap_a_request_waits_for_a_slot() -> None:
     assert full.batch == 2
 
 
+def test_a_burst_that_just_came_still_has_its_prefills_ahead() -> None:
+    # 60 requests came over the last 50 ms and none has its first token: the engine prefills
+    # them one after another (a join iteration costs its joiners' prefills summed), so about
+    # 60 prefills are still ahead of the next request, not each one's 50 ms of age less
+    each = prefill_time(BASE_PRESET, 32)
+    burst = [Flight(32, 96, False, 0.05 * i / 60, None, 1.0, 0.025) for i in range(60)]
+    out = simulate(BASE, burst, extra=new(prompt=32, output=96))
+    assert out.ttft >= 60 * each - 0.05
+    # one request waiting alone has had its age of prefill work
+    alone = simulate(BASE, [Flight(1000, 96, False, 0.2, None, 1.0, 0.025)], extra=new(32, 96))
+    assert alone.ttft == pytest.approx(
+        BASE.iteration(2) + prefill_time(BASE_PRESET, 1000) - 0.2 + each
+    )
+
+
 def test_a_stream_of_arrivals_costs_a_long_request_its_headroom() -> None:
     # the baseline decodes at 20 ms per token; a stream of 1,000-token prompts (0.43 s each)
     # twice a second leaves a 400-token request little chance of staying under 25 ms
