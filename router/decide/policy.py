@@ -40,6 +40,9 @@ class BackendView(NamedTuple):
     # the traffic expected to keep arriving (router.decide.twin)
     flights: tuple[Flight, ...] = ()
     stream: Stream | None = None
+    # of ``load``, requests whose client left that the engine has yet to abort (counted for
+    # ENGINE_ABORT_LAG): they hold a place in its batch a little longer, no SLO any more
+    leaving: int = 0
 
 
 # Why a request went where it went (the ``x-spec-router-reason`` header, a metric label).
@@ -253,8 +256,14 @@ def _phantoms(
     if missing <= 0:
         return view.flights
     running = min(load, model.cap or load)
-    hot = round(missing * min(1.0, max(0.0, sampling)))
     ghosts: list[Flight] = []
+    # those being aborted: in the next iteration, then gone; met whatever happens (no SLO),
+    # so they count for nothing either way, only as a place in the batch
+    leaving = min(view.leaving, missing)
+    if leaving:
+        ghosts += [Flight(like.prompt, 2.0, False, 0.0, 0.0, math.inf, math.inf)] * leaving
+        missing -= leaving
+    hot = round(missing * min(1.0, max(0.0, sampling)))
     for n, hot_class in ((missing - hot, False), (hot, True)):
         if n:
             decoding = max(1.0, like.output - 1) / model.tau(hot_class) / 2

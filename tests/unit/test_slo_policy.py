@@ -135,6 +135,24 @@ def test_unknown_requests_count_as_the_traffic_the_router_sees() -> None:
         assert d is not None and d.pool == BASELINE
 
 
+def test_requests_being_aborted_hold_no_slo() -> None:
+    # a closed loop's clients left at the end of a run: 13 of their requests still count on the
+    # speculative engine until it aborts them, 20 on the baseline; the next burst's first
+    # requests meet their SLO on speculation, as if it were idle, and go there. Counted as
+    # requests with an SLO to keep, they would make it look too busy to take any.
+    def leaving(spec: int, base: int) -> Snapshot:
+        return snap()._replace(
+            speculative=PoolView(SPECULATIVE, (BackendView("http://spec", spec, leaving=spec),)),
+            baseline=PoolView(BASELINE, (BackendView("http://base", base, leaving=base),)),
+        )
+
+    d = choose("slo", leaving(13, 20))[0]
+    assert d is not None and (d.pool, d.reason) == (SPECULATIVE, "predicted_slo")
+    # ... while the same counts of requests that are not leaving (another router's) are busy
+    busy = choose("slo", snap(13, 20))[0]
+    assert busy is not None and busy.tpot > d.tpot * 2
+
+
 def test_a_ramp_handicaps_a_backend_only_against_the_others() -> None:
     # a recovered speculative engine ramped back in at a tenth of its weight counts as nine
     # requests busier than it is; when every backend ramps (the router has just started) none
