@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -12,7 +13,10 @@ import httpx
 import pytest
 
 from router.settings import Settings
-from router.tools.demo import hold_levels, router_env
+from router.sim.model import BASELINE, EAGLE3
+from router.tools.demo import engine_facts, hold_levels, router_env, scrape_metrics
+from router.tools.loadgen import run_closed_loop
+from router.tools.processes import Proc
 
 
 def test_the_hold_ramps_up_and_back_down() -> None:
@@ -41,6 +45,22 @@ def test_the_routers_slo_and_engine_lags_are_the_defaults_in_the_sims_time(
     assert (unscaled.engine_abort_lag, unscaled.engine_gauge_lag) == (2.0, 2.0)
     assert scaled.engine_abort_lag == pytest.approx(0.2)
     assert scaled.engine_gauge_lag == pytest.approx(0.2)
+
+
+def test_the_demo_table_has_the_engines_acceptance_length_and_caps(sims: dict[str, Proc]) -> None:
+    # as calibrate reads them: a table that says 1.0 for an engine that accepts 2.8 tokens an
+    # iteration makes the router take each of its iterations for 2.8 times shorter than it is
+    spec, base = sims["speculative"].url, sims["baseline"].url
+    before = asyncio.run(scrape_metrics(spec))
+    asyncio.run(
+        run_closed_loop(
+            f"{spec}/v1", concurrency=2, prompt_tokens=32, output_tokens=64, duration=1.0
+        )
+    )
+    urls = {"speculative": spec, "baseline": base}
+    tau, caps = asyncio.run(engine_facts(spec, urls, before))
+    assert tau == pytest.approx(EAGLE3.tau, rel=0.15)  # greedy requests: the preset's 2.8
+    assert caps == {"speculative": EAGLE3.max_running, "baseline": BASELINE.max_running}
 
 
 @pytest.mark.slow
