@@ -5,8 +5,10 @@ one with ``round_robin`` in front of them. It ramps a closed-loop load through c
 1, 2, 4, ... 64 against each pool alone -- which is also a calibration: the table is built as
 ``spec-router calibrate`` builds it and loaded into the router with ``PUT /router/table``, as an
 operator would -- then through each router. For every level it prints the share of requests
-sent to the speculative pool, the per-request decode speed and the median time to first token,
-and it draws the same as a PNG. The router's live page (``/router/ui``) shows all of it as it
+sent to the speculative pool, the per-request decode speed, the median time to first token and
+the shares of requests that ended within serve's default SLO (strict: TTFT <= 1 s and TPOT <= 25
+ms; relaxed: 3 s and 50 ms; model time), which is what the default policy routes for, and it
+draws the speeds as a PNG. The router's live page (``/router/ui``) shows all of it as it
 happens; ``--hold SECONDS`` then keeps everything up that long, ramping load up and down through
 the router, so there is time to watch it.
 
@@ -36,6 +38,7 @@ from router.calibrate.sweep import acceptance, discover_cap, scrape
 from router.decide.table import Table, Workload, to_json
 from router.health.engines import EngineSample
 from router.settings import sim_time_env
+from router.tools.goodput import RELAXED, STRICT
 from router.tools.loadgen import RequestResult, percentile, run_closed_loop, window_stats
 from router.tools.processes import running
 
@@ -60,6 +63,10 @@ class Point:
     ttft_p50: float
     spec_share: float | None  # share of requests the router sent to speculative
     errors: int
+    # shares of the requests that ended within serve's default SLO (model time), strict and
+    # relaxed (``router.tools.goodput``): what the default policy routes for
+    strict: float = math.nan
+    relaxed: float = math.nan
 
 
 # -- processes ----------------------------------------------------------------------------------
@@ -117,6 +124,8 @@ def measure(
     share = sum(p == "speculative" for p in routed) / len(routed) if routed else None
     ttfts = [r.ttft for r in results if r.ok and r.ttft is not None]
     errors = sum(1 for r in results if r.error not in (None, "cancelled"))
+    ended = [r for r in results if r.error != "cancelled"]
+    within = [attained(r, scale) for r in ended]
     return Point(
         target,
         concurrency,
@@ -125,7 +134,21 @@ def measure(
         ttft_p50=percentile(ttfts, 50) / scale if ttfts else math.nan,
         spec_share=share if target in ("router", "round_robin") else None,
         errors=errors,
+        strict=sum(a for a, _ in within) / len(within) if within else math.nan,
+        relaxed=sum(b for _, b in within) / len(within) if within else math.nan,
     )
+
+
+def attained(r: RequestResult, scale: float) -> tuple[bool, bool]:
+    """Whether a request ended within the strict and the relaxed SLO, in model time."""
+    if not r.ok or r.ttft is None:
+        return False, False
+    ttft = r.ttft / scale
+    n = r.output_tokens or 0
+    tpot = (r.chunk_times[-1] - r.chunk_times[0]) / (n - 1) / scale if n >= 2 else 0.0
+    strict = ttft <= STRICT.ttft_s and tpot <= STRICT.tpot_s
+    relaxed = ttft <= RELAXED.ttft_s and tpot <= RELAXED.tpot_s
+    return strict, relaxed
 
 
 async def run_target(
@@ -206,7 +229,8 @@ def format_level(points: Sequence[Point], policy: str) -> str:
         title = TARGET_TITLES[target].format(policy=policy)
         lines.append(
             f"  {title:<{width}} {p.per_request_tps:6.1f} tok/s per request"
-            f"  {p.total_tps:7.1f} tok/s total  TTFT p50 {p.ttft_p50 * 1000:7.0f} ms{share}{errors}"
+            f"  {p.total_tps:7.1f} tok/s total  TTFT p50 {p.ttft_p50 * 1000:7.0f} ms"
+            f"  within SLO {p.strict:4.0%} / {p.relaxed:4.0%}{share}{errors}"
         )
     return "\n".join(lines)
 

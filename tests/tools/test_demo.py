@@ -14,8 +14,8 @@ import pytest
 
 from router.settings import Settings
 from router.sim.model import BASELINE, EAGLE3
-from router.tools.demo import engine_facts, hold_levels, router_env, scrape_metrics
-from router.tools.loadgen import run_closed_loop
+from router.tools.demo import attained, engine_facts, hold_levels, router_env, scrape_metrics
+from router.tools.loadgen import RequestResult, run_closed_loop
 from router.tools.processes import Proc
 
 
@@ -23,6 +23,20 @@ def test_the_hold_ramps_up_and_back_down() -> None:
     assert hold_levels([1, 2, 4, 8]) == [1, 2, 4, 8, 4, 2]
     assert hold_levels([4, 1]) == [1, 4]
     assert hold_levels([3]) == [3]
+
+
+def test_within_slo_is_judged_in_model_time() -> None:
+    # sims at 0.1: 0.08 s to the first token is 0.8 model s; 97 tokens over 0.192 s is 20 ms
+    # per token (strict and relaxed); over 0.384 s, 40 ms (relaxed only); a failure meets none
+    def result(first: float, last: float, status: int = 200) -> RequestResult:
+        return RequestResult(0, 0, 10.0, 97, status, chunk_times=[10.0 + first, 10.0 + last],
+                             output_tokens=97)  # fmt: skip
+
+    assert attained(result(0.08, 0.08 + 0.192), 0.1) == (True, True)
+    assert attained(result(0.08, 0.08 + 0.384), 0.1) == (False, True)
+    assert attained(result(0.25, 0.25 + 0.192), 0.1) == (False, True)  # 2.5 s to the first
+    assert attained(result(0.35, 0.35 + 0.192), 0.1) == (False, False)
+    assert attained(result(0.08, 0.08 + 0.192, status=502), 0.1) == (False, False)
 
 
 def test_the_routers_slo_and_engine_lags_are_the_defaults_in_the_sims_time(
