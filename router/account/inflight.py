@@ -99,6 +99,11 @@ class InflightTracker:
             queue.popleft()
         return len(queue)
 
+    def lingering_left(self, backend: str, now: float) -> tuple[float, ...]:
+        """How much longer (seconds) each of those will run there."""
+        self.lingering(backend, now)
+        return tuple([until - now for until in self._lingering[backend]])
+
     def acquire(self, backend: str, what: object = None) -> Lease:
         """Count a request on ``backend``; ``what`` (if any) is listed in ``flights`` there
         while the lease holds."""

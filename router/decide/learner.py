@@ -165,7 +165,7 @@ class Learner:
     # -- input ----------------------------------------------------------------------------------
     def observe_accept(self, tau: float | None) -> None:
         if tau is not None and math.isfinite(tau) and tau >= 1.0:
-            if not self.ref_known:
+            if not self.ref_known and tau > 1.0:  # (1.0 is no reading of speculation)
                 # The first reading where none was known (no table, or a table without one):
                 # what was learned so far is at it, so it becomes the reference, and what was
                 # measured in tokens per second is rescaled into iterations. (Left at 1.0, the

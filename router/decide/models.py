@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from router.decide.learner import PoolLearner, _Bin
 from router.decide.predict import PoolModel, peak_throughput
-from router.decide.table import Table
+from router.decide.table import PoolCurve, Table, Workload
 from router.pools import POOLS, SPECULATIVE, Pool
 
 # Largest batch size a model tabulates; past it ``PoolModel.iteration`` extends linearly.
@@ -170,6 +170,8 @@ class EngineModels:
         self.time_scale = 1.0
         self.caps: dict[Pool, int | None] = dict.fromkeys(POOLS)
         self.seeded = False
+        self._table: Table | None = None
+        self._prior_weight = prior_weight
         if table is not None:
             self._seed(table, prior_weight)
 
@@ -184,27 +186,31 @@ class EngineModels:
         self.ratio = sampling / tau if sampling else None
         if w.output_tokens:
             self.mean_output = Ewma(float(w.output_tokens), weight=1.0)
+        self._table, self._prior_weight = table, prior_weight
         for pool in POOLS:
-            curve = table.pool(pool)
-            self.caps[pool] = curve.cap
-            ptau = tau if pool == SPECULATIVE else 1.0
-            points = [p for p in curve.points if p.decode_tps_p50 > 0]
-            if curve.prefill is not None:
-                self.prefill[pool] = PrefillFit(curve.prefill.base, curve.prefill.per_token)
-            elif points and points[0].concurrency == 1 and w.prompt_tokens:
-                # one prompt length: the time to first token alone, less its join iteration
-                first = points[0]
-                seconds = max(1e-4, first.ttft_p50 - ptau / first.decode_tps_p50)
-                base = min(DEFAULT_PREFILL[0], seconds / 2)
-                self.prefill[pool] = PrefillFit(base, (seconds - base) / w.prompt_tokens)
-            stall = self.prefill[pool].seconds(w.prompt_tokens or 0)
-            for p in points:
-                spi = decode_only_spi(
-                    ptau / p.decode_tps_p50, p.concurrency, w.output_tokens or 200, ptau, stall
-                )
-                weight = min(float(max(1, p.samples)), prior_weight)
-                self.pure[pool].bins[p.concurrency] = _Bin(weight, p.samples, spi)
-                self.seeded = True
+            self._seed_pool(pool, table.pool(pool), w, tau if pool == SPECULATIVE else 1.0)
+
+    def _seed_pool(self, pool: Pool, curve: PoolCurve, w: Workload, ptau: float) -> None:
+        """A pool's prefill line and decode-only iterations from its calibrated points, measured
+        at ``ptau`` tokens per iteration."""
+        self.caps[pool] = curve.cap
+        points = [p for p in curve.points if p.decode_tps_p50 > 0]
+        if curve.prefill is not None:
+            self.prefill[pool] = PrefillFit(curve.prefill.base, curve.prefill.per_token)
+        elif points and points[0].concurrency == 1 and w.prompt_tokens:
+            # one prompt length: the time to first token alone, less its join iteration
+            first = points[0]
+            seconds = max(1e-4, first.ttft_p50 - ptau / first.decode_tps_p50)
+            base = min(DEFAULT_PREFILL[0], seconds / 2)
+            self.prefill[pool] = PrefillFit(base, (seconds - base) / w.prompt_tokens)
+        stall = self.prefill[pool].seconds(w.prompt_tokens or 0)
+        for p in points:
+            spi = decode_only_spi(
+                ptau / p.decode_tps_p50, p.concurrency, w.output_tokens or 200, ptau, stall
+            )
+            weight = min(float(max(1, p.samples)), self._prior_weight)
+            self.pure[pool].bins[p.concurrency] = _Bin(weight, p.samples, spi)
+            self.seeded = True
 
     # -- input ----------------------------------------------------------------------------------
     def record(self, sample: Sample) -> None:
@@ -244,11 +250,20 @@ class EngineModels:
         ratio = self.ratio or 1.0
         share = min(1.0, max(0.0, self.sampling_share.value))
         greedy = tau / (1.0 - share + share * ratio)
-        if not self.tau_known:
-            # the first reading where the table had none: the speculative iterations seeded
-            # and learned so far were counted as one token each (``Learner.observe_accept``)
-            for b in self.pure[SPECULATIVE].bins.values():
-                b.spi *= greedy / self.tau[False]
+        if not self.tau_known and greedy > 1.0:
+            # The first reading where the table had none (one of 1.0 is no reading of a
+            # speculative engine): what was seeded and learned so far took one iteration for one
+            # token (``Learner.observe_accept``). The table's points are seeded again at it (the
+            # iterations, and the prefill line when it came from the time to first token);
+            # without a table the few requests learned before it are rescaled.
+            if self._table is not None:
+                learned = self.prefill[SPECULATIVE]
+                self._seed_pool(SPECULATIVE, self._table.speculative, self._table.workload, greedy)
+                if learned.samples:
+                    self.prefill[SPECULATIVE] = learned
+            else:
+                for b in self.pure[SPECULATIVE].bins.values():
+                    b.spi *= greedy / self.tau[False]
             self.tau_known = True
         self.tau = {False: max(1.0, greedy), True: max(1.0, greedy * ratio)}
 

@@ -41,8 +41,9 @@ class BackendView(NamedTuple):
     flights: tuple[Flight, ...] = ()
     stream: Stream | None = None
     # of ``load``, requests whose client left that the engine has yet to abort (counted for
-    # ENGINE_ABORT_LAG): they hold a place in its batch a little longer, no SLO any more
-    leaving: int = 0
+    # ENGINE_ABORT_LAG): how much longer each holds a place in its batch (wall seconds); they
+    # have no SLO any more
+    leaving: tuple[float, ...] = ()
 
 
 # Why a request went where it went (the ``x-spec-router-reason`` header, a metric label).
@@ -257,12 +258,24 @@ def _phantoms(
         return view.flights
     running = min(load, model.cap or load)
     ghosts: list[Flight] = []
-    # those being aborted: in the next iteration, then gone; met whatever happens (no SLO),
-    # so they count for nothing either way, only as a place in the batch
-    leaving = min(view.leaving, missing)
+    # those being aborted: in the batch until the engine drops them, then gone; met whatever
+    # happens (no SLO), so they count for nothing either way, only as places in the batch
+    leaving = view.leaving[:missing]
     if leaving:
-        ghosts += [Flight(like.prompt, 2.0, False, 0.0, 0.0, math.inf, math.inf)] * leaving
-        missing -= leaving
+        spi, tau = model.iteration(running), model.tau(False)
+        ghosts += [
+            Flight(
+                like.prompt,
+                1.0 + tau * max(1.0, left / model.scale / spi),
+                False,
+                0.0,
+                0.0,
+                math.inf,
+                math.inf,
+            )  # fmt: skip
+            for left in leaving
+        ]
+        missing -= len(leaving)
     hot = round(missing * min(1.0, max(0.0, sampling)))
     for n, hot_class in ((missing - hot, False), (hot, True)):
         if n:

@@ -254,7 +254,7 @@ class Decider:
                     None if seen is None else seen.cap,
                     flights,
                     stream,
-                    tracker.lingering(url, now),
+                    tracker.lingering_left(url, now),
                 )
             )
         return PoolView(name, tuple(views))

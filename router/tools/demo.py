@@ -141,10 +141,10 @@ def measure(
 
 def attained(r: RequestResult, scale: float) -> tuple[bool, bool]:
     """Whether a request ended within the strict and the relaxed SLO, in model time."""
-    if not r.ok or r.ttft is None:
+    if not r.ok or r.ttft is None or r.output_tokens is None:  # (no usage: as goodput.py)
         return False, False
     ttft = r.ttft / scale
-    n = r.output_tokens or 0
+    n = r.output_tokens
     tpot = (r.chunk_times[-1] - r.chunk_times[0]) / (n - 1) / scale if n >= 2 else 0.0
     strict = ttft <= STRICT.ttft_s and tpot <= STRICT.tpot_s
     relaxed = ttft <= RELAXED.ttft_s and tpot <= RELAXED.tpot_s

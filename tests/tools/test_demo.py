@@ -37,6 +37,9 @@ def test_within_slo_is_judged_in_model_time() -> None:
     assert attained(result(0.25, 0.25 + 0.192), 0.1) == (False, True)  # 2.5 s to the first
     assert attained(result(0.35, 0.35 + 0.192), 0.1) == (False, False)
     assert attained(result(0.08, 0.08 + 0.192, status=502), 0.1) == (False, False)
+    no_usage = result(0.08, 0.08 + 0.192)
+    no_usage.output_tokens = None  # an answer without its usage counts as failed (goodput.py)
+    assert attained(no_usage, 0.1) == (False, False)
 
 
 def test_the_routers_slo_and_engine_lags_are_the_defaults_in_the_sims_time(

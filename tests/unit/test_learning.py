@@ -136,7 +136,7 @@ def test_a_table_without_an_acceptance_length_is_rescaled_by_the_first_reading()
         Point(n, 1 / spt(BASELINE, n), 0.1, 0.2, 10.0, n / spt(BASELINE, n), 20) for n in levels
     )
 
-    def learner(tau: float) -> Learner:
+    def learner(tau: float, first: float | None = None) -> Learner:
         table = Table(
             crossover=8, source="calibrated", measured_at="2026-12-04T00:00:00Z",
             workload=Workload(PROMPT, OUTPUT),
@@ -144,13 +144,26 @@ def test_a_table_without_an_acceptance_length_is_rescaled_by_the_first_reading()
             baseline=PoolCurve(base, fit_points(base)),
         )  # fmt: skip
         out = Learner(LearnConfig(), table)
+        if first is not None:
+            out.observe_accept(first)
         out.observe_accept(EAGLE3.tau)
         return out
 
     # a table that says 1.0 (the engine reported no acceptance to calibrate) against one that
-    # says 2.8, then the engine reports 2.8: the same speeds, not 2.8x faster
-    known, unknown = learner(EAGLE3.tau).curves(), learner(1.0).curves()
-    assert known is not None and unknown is not None
+    # says 2.8, then the engine reports 2.8: the same speeds, not 2.8x faster; a reading of
+    # 1.0 before it (no speculation seen yet) is not taken for the reference
+    early = learner(1.0, first=1.0)
+    known, unknown, late = learner(EAGLE3.tau).curves(), learner(1.0).curves(), early.curves()
+    assert known is not None and unknown is not None and late is not None
     for n in levels:
         assert unknown["speculative"].spt(n) == pytest.approx(known["speculative"].spt(n))
         assert unknown["speculative"].spt(n) == pytest.approx(spt(EAGLE3, n))
+        assert late["speculative"].spt(n) == pytest.approx(spt(EAGLE3, n))
+    # the table it writes back carries the reference: read again, nothing is rescaled twice
+    saved = early.table(8, "learned", "2026-12-04T00:00:00Z")
+    again = Learner(LearnConfig(), saved)
+    again.observe_accept(EAGLE3.tau)
+    curves = again.curves()
+    assert curves is not None
+    for n in levels:
+        assert curves["speculative"].spt(n) == pytest.approx(spt(EAGLE3, n), rel=0.01)

@@ -138,12 +138,15 @@ def test_unknown_requests_count_as_the_traffic_the_router_sees() -> None:
 def test_requests_being_aborted_hold_no_slo() -> None:
     # a closed loop's clients left at the end of a run: 13 of their requests still count on the
     # speculative engine until it aborts them, 20 on the baseline; the next burst's first
-    # requests meet their SLO on speculation, as if it were idle, and go there. Counted as
-    # requests with an SLO to keep, they would make it look too busy to take any.
-    def leaving(spec: int, base: int) -> Snapshot:
+    # requests meet their SLO on speculation and go there. Counted as requests with an SLO to
+    # keep, they would make it look too busy to take any.
+    def leaving(spec: int, base: int, left: float = 0.2) -> Snapshot:
+        def view(url: str, n: int) -> BackendView:
+            return BackendView(url, n, leaving=(left,) * n)
+
         return snap()._replace(
-            speculative=PoolView(SPECULATIVE, (BackendView("http://spec", spec, leaving=spec),)),
-            baseline=PoolView(BASELINE, (BackendView("http://base", base, leaving=base),)),
+            speculative=PoolView(SPECULATIVE, (view("http://spec", spec),)),
+            baseline=PoolView(BASELINE, (view("http://base", base),)),
         )
 
     d = choose("slo", leaving(13, 20))[0]
@@ -151,6 +154,11 @@ def test_requests_being_aborted_hold_no_slo() -> None:
     # ... while the same counts of requests that are not leaving (another router's) are busy
     busy = choose("slo", snap(13, 20))[0]
     assert busy is not None and busy.tpot > d.tpot * 2
+    # they hold their places in the batch while they stay: the longer, the slower its start
+    soon, late = choose("slo", leaving(13, 20, 0.01))[0], choose("slo", leaving(13, 20, 2.0))[0]
+    assert soon is not None and late is not None
+    assert soon.pool == late.pool == SPECULATIVE
+    assert soon.tpot < late.tpot
 
 
 def test_a_ramp_handicaps_a_backend_only_against_the_others() -> None:
