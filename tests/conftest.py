@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from router.settings import sim_time_env
 from tests.support.http import router_ready, wait_for
 from tests.support.processes import Proc, sim_args, spawn
 
@@ -104,7 +105,9 @@ def router_env(spec_url: str, base_url: str, **settings: str) -> dict[str, str]:
             "SPEC_ROUTER_BASELINE_URLS": base_url,
             "SPEC_ROUTER_HEALTH_INTERVAL": "0.2",
             # SGLang-mode sims abort a request 2 model s after its client left: 0.2 s here
-            "SPEC_ROUTER_ENGINE_ABORT_LAG": str(2 * float(TIME_SCALE)),
+            "SPEC_ROUTER_ENGINE_ABORT_LAG": sim_time_env(float(TIME_SCALE))[
+                "SPEC_ROUTER_ENGINE_ABORT_LAG"
+            ],
             "SPEC_ROUTER_LOG_LEVEL": "warning",
         }
     )

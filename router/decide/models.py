@@ -170,12 +170,12 @@ class EngineModels:
         self.time_scale = 1.0
         self.caps: dict[Pool, int | None] = dict.fromkeys(POOLS)
         self.seeded = False
-        self._table: Table | None = None
+        self._table = table  # kept to seed the speculative pool again (``observe_accept``)
         self._prior_weight = prior_weight
         if table is not None:
-            self._seed(table, prior_weight)
+            self._seed(table)
 
-    def _seed(self, table: Table, prior_weight: float) -> None:
+    def _seed(self, table: Table) -> None:
         self.time_scale = table.time_scale
         w = table.workload
         fit = table.speculative.fit
@@ -186,7 +186,6 @@ class EngineModels:
         self.ratio = sampling / tau if sampling else None
         if w.output_tokens:
             self.mean_output = Ewma(float(w.output_tokens), weight=1.0)
-        self._table, self._prior_weight = table, prior_weight
         for pool in POOLS:
             self._seed_pool(pool, table.pool(pool), w, tau if pool == SPECULATIVE else 1.0)
 

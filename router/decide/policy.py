@@ -272,7 +272,7 @@ def _phantoms(
                 0.0,
                 math.inf,
                 math.inf,
-            )  # fmt: skip
+            )
             for left in leaving
         ]
         missing -= len(leaving)

@@ -223,8 +223,9 @@ def simulate(
     # join iteration costs its joiners' prefills summed), so since the oldest came it has done
     # at most that long of their prefill work, in order: a burst of requests that just came has
     # nearly all of its prefills still ahead, not each one's age of it.
-    budget = max((f.age for f in flights if f.decoding is None), default=0.0)
-    for f in sorted((f for f in flights if f.decoding is None), key=lambda f: -f.age):
+    queued = sorted((f for f in flights if f.decoding is None), key=lambda f: -f.age)
+    budget = queued[0].age if queued else 0.0
+    for f in queued:
         done = min(prefill_of(f.prompt), budget)
         budget -= done
         waiting.append(_Req(f.prompt, f.output, model.tau(f.sampling), f.slo_ttft, f.slo_tpot,
