@@ -217,6 +217,7 @@ class CrossoverKeeper:
             out.load_at_start,
             out.prefill_share,
             stall,
+            out.joined,
         )
         self.engines.record(sample)
 

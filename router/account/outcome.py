@@ -38,6 +38,8 @@ class Outcome:
     was_queued: bool = False
     prompt_chars: int = 0
     load_at_start: int = 0  # requests in flight on its backend when it was routed there
+    sent_mark: int = 0  # requests ever sent to that backend by then, itself included
+    joined: int = 0  # requests sent to that backend after it, before its first byte
     prefill_share: float = 0.0  # that backend's recent prefill share then (slo policy)
     request: Request | None = None  # what the slo policy knew of it (None under the others)
     failures: list[tuple[Pool, str, str]] = field(default_factory=list)
@@ -55,12 +57,19 @@ class Outcome:
         self.was_queued = True
 
     def attempt(
-        self, pool: Pool, backend: str, reason: str, load: int = 0, prefill_share: float = 0.0
+        self,
+        pool: Pool,
+        backend: str,
+        reason: str,
+        load: int = 0,
+        prefill_share: float = 0.0,
+        sent: int = 0,
     ) -> None:
-        """The request is (re)sent to ``backend``, which had ``load`` requests in flight."""
+        """The request is (re)sent to ``backend``, which had ``load`` requests in flight and
+        has been sent ``sent`` requests ever, this one included."""
         self.attempts += 1
         self.pool, self.backend, self.reason = pool, backend, reason
-        self.load_at_start, self.prefill_share = load, prefill_share
+        self.load_at_start, self.prefill_share, self.sent_mark = load, prefill_share, sent
 
     def attempt_failed(self, kind: str) -> None:
         """The current attempt's backend failed (counted against it, whatever happens next)."""
@@ -76,11 +85,12 @@ class Outcome:
         """The status the client was (or is being) sent."""
         self.status = status
 
-    def first_bytes(self, now: float, area: float, prefill: float = 0.0) -> None:
+    def first_bytes(self, now: float, area: float, prefill: float = 0.0, sent: int = 0) -> None:
         """The first response body bytes arrived; ``area``: the backend's in-flight integral,
-        ``prefill``: the prefill time sent to it so far."""
+        ``prefill``: the prefill time sent to it so far, ``sent``: requests ever sent to it."""
         if self.first_byte is None:
             self.first_byte, self.area_first, self.prefill_first = now, area, prefill
+            self.joined = max(0, sent - self.sent_mark)
 
     def broke(self, kind: str) -> None:
         """An upstream error ended the request."""

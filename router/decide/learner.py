@@ -76,6 +76,14 @@ def marginal_gain(curves: dict[Pool, Curve] | None) -> Gain | None:
     return gain
 
 
+# A sample moves its bin's seconds per iteration by at most this factor: one request slowed by
+# something else (a host starved of CPU, a preempted engine) must not redefine a concurrency;
+# a real change still shows within a few samples.
+CLIP = 2.0
+# What a concurrency seen for the first time starts from (see ``PoolLearner._new_bin``).
+NEW_BIN_WEIGHT = 3.0
+
+
 @dataclass(slots=True)
 class _Bin:
     """Decayed means at one concurrency."""
@@ -87,6 +95,8 @@ class _Bin:
     e2e: float = 0.0
 
     def add(self, spi: float, ttft: float, e2e: float, keep: float) -> None:
+        if self.weight > 0:  # (see CLIP)
+            spi = min(max(spi, self.spi / CLIP), self.spi * CLIP)
         self.weight = self.weight * keep + 1.0
         k = 1.0 / self.weight
         self.spi += (spi - self.spi) * k
@@ -102,8 +112,29 @@ class PoolLearner:
     samples: int = 0
 
     def add(self, n: float, spi: float, ttft: float, e2e: float) -> None:
-        self.bins.setdefault(max(1, round(n)), _Bin()).add(spi, ttft, e2e, self.decay)
+        key = max(1, round(n))
+        b = self.bins.get(key)
+        if b is None:
+            b = self.bins[key] = self._new_bin(key)
+        b.add(spi, ttft, e2e, self.decay)
         self.samples += 1
+
+    def _new_bin(self, n: int) -> _Bin:
+        """A concurrency seen for the first time starts where the curve through the others
+        puts it, worth ``NEW_BIN_WEIGHT`` samples: its first sample alone must not define it
+        (with more running never cheaper, one slow request at a low concurrency would
+        otherwise set the whole curve above it)."""
+        if len(self.bins) < 2:
+            return _Bin()
+        ns = sorted(self.bins)
+        xs = tuple(float(x) for x in ns)
+
+        def at(values: list[float]) -> float:
+            return Curve(xs, tuple(values)).spi(float(n))
+
+        bins = [self.bins[x] for x in ns]
+        return _Bin(NEW_BIN_WEIGHT, 0, at([b.spi for b in bins]), at([b.ttft for b in bins]),
+                    at([b.e2e for b in bins]))  # fmt: skip
 
     def curve(self, tau: float) -> Curve | None:
         if len(self.bins) < 2:

@@ -48,6 +48,8 @@ class Sample(NamedTuple):
     prefill_share: float  # the backend's prefill share when it was routed
     # prefill time of the requests sent to its backend while it decoded (their stalls)
     stall: float = 0.0
+    # requests sent to its backend after it and before its first token (joined its prefill)
+    joined: int = 0
 
 
 @dataclass(slots=True)
@@ -234,11 +236,12 @@ class EngineModels:
         spi = (decode - max(0.0, s.stall)) / ((s.output_tokens - 1) / tau)
         self.pure[s.pool].add(s.concurrency, spi, s.ttft, s.ttft)
         curve = self.pure[s.pool].curve(1.0)
-        if curve is not None and s.prompt_tokens > 0 and s.load_at_start == 0:
+        if curve is not None and s.prompt_tokens > 0 and s.load_at_start == s.joined == 0:
             # Sent to an idle engine, it started at once, alone: its time to first token is its
             # prefill and one iteration. (Under load it also waits for the iteration boundary
             # and shares its join iteration with other joiners' prefills, which would read as
-            # a prefill many times too long.)
+            # a prefill many times too long; so does the first of a burst, which the others
+            # join before its first token.)
             self.prefill[s.pool].add(s.prompt_tokens, s.ttft - curve.spi(1.0))
 
     def observe_accept(self, tau: float | None) -> None:

@@ -163,6 +163,42 @@ def test_prefill_is_learned_only_from_requests_that_found_the_engine_idle() -> N
     assert engines.prefill[BASELINE].seconds(1000) == pytest.approx(1.05, rel=0.1)
 
 
+def test_the_first_of_a_burst_teaches_no_prefill() -> None:
+    """It found the engine idle, but the requests sent right after it joined its prefill
+    before its first token: its time to first token holds theirs too (a closed loop's users
+    all starting at once made the learned prefill grow phase after phase)."""
+    engines = EngineModels(model_table(400, 200))
+    before = engines.prefill[BASELINE].seconds(1000)
+    for tokens in (200, 1000, 3000) * 30:
+        burst = sample(BASELINE, prompt_tokens=tokens, ttft=5.0, load_at_start=0, joined=31)
+        engines.record(burst)
+    assert engines.prefill[BASELINE].seconds(1000) == before
+    engines.record(sample(BASELINE, prompt_tokens=1000, ttft=5.0, load_at_start=0, joined=0))
+    assert engines.prefill[BASELINE].seconds(1000) > before  # (alone: it counts)
+
+
+def test_one_slow_request_at_a_new_concurrency_does_not_set_the_curve() -> None:
+    """More running is never cheaper, so a bin reads at least every bin below it: one request
+    slowed by something else, alone in a bin of its own, once set the whole curve above it."""
+    engines = EngineModels(model_table(400, 200))
+    models = engines.models()
+    assert models is not None
+    calibrated = models[BASELINE].iteration(24)
+    engines.record(sample(BASELINE, concurrency=5.0, spt=models[BASELINE].iteration(5) * 10))
+    after = engines.models()
+    assert after is not None
+    assert after[BASELINE].iteration(24) == pytest.approx(calibrated, rel=0.01)
+    assert after[BASELINE].iteration(5) < models[BASELINE].iteration(5) * 1.5
+    # a real change still shows, within a few requests
+    for _ in range(20):
+        engines.record(sample(BASELINE, concurrency=5.0, spt=models[BASELINE].iteration(5) * 3))
+    learned = engines.models()
+    assert learned is not None
+    assert learned[BASELINE].iteration(5) == pytest.approx(
+        models[BASELINE].iteration(5) * 3, rel=0.2
+    )
+
+
 def test_a_table_without_an_acceptance_length_is_rescaled_by_the_first_reading() -> None:
     # calibrate found no acceptance length (an engine that reports none there: the table says
     # 1.0, its speculative iterations then one token each); the engine reports 2.8 later

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from router.account.outcome import Outcome
 from router.forward.stream import Usage
+from router.pools import BASELINE, SPECULATIVE
 
 
 def test_the_first_byte_is_stamped_once_with_its_area() -> None:
@@ -41,3 +42,18 @@ def test_client_and_error_flags() -> None:
     out.client_left()
     out.broke("reset")
     assert out.stream and out.slow_client and out.client_gone and out.error == "reset"
+
+
+def test_the_requests_that_joined_before_the_first_byte_are_counted() -> None:
+    """Requests sent to its backend after it and before its first byte shared its prefill (the
+    engine prefills them together), so its time to first token is not its prefill alone."""
+    out = Outcome(path="/v1/chat/completions", started=1.0)
+    out.attempt(SPECULATIVE, "http://a", "predicted_slo", load=0, sent=5)  # the 5th sent there
+    out.first_bytes(2.0, 1.0, sent=8)
+    assert out.joined == 3
+    out.first_bytes(3.0, 1.0, sent=20)  # (stamped once)
+    assert out.joined == 3
+    alone = Outcome(path="/v1/chat/completions", started=1.0)
+    alone.attempt(BASELINE, "http://b", "predicted_slo", load=0, sent=1)
+    alone.first_bytes(2.0, 1.0, sent=1)
+    assert alone.joined == 0
