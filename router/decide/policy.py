@@ -229,6 +229,11 @@ NOTHING = 0.05
 # keeps the other one serving within its SLO (bench/results/traffic.md).
 PRESSURE_KEEP = 0.05
 PRESSURE_LIMIT = 0.5
+# ... and only while the traffic arriving is at least this share of what the engines can serve
+# (``offered``): a closed loop of users at the edge of the SLO, which waits for its answers, has
+# no feasible backend either, yet concentrating it on one engine only trades one engine's
+# requests for the other's (bench/results/policy-lab.md, the demo's 32 users).
+OVERLOAD = 0.85
 # Replicas of a pool simulated for each request: the least loaded ones.
 CANDIDATES = 2
 # How far the running requests have got is guessed from the iteration time stretched by the
@@ -309,6 +314,27 @@ def _option(
     return Option(pool, view, p, value, feasible)
 
 
+def offered(snap: Snapshot, models: Mapping[Pool, PoolModel]) -> float | None:
+    """The requests arriving (the backends' streams) over the most the usable backends can
+    serve, each engine prefilling the streams' mean prompt and then giving their mean output
+    at its peak throughput; None while no stream is known."""
+    rate = served = 0.0
+    for view in (snap.speculative, snap.baseline):
+        model = models[view.name]
+        for b in view.usable():
+            s = b.stream
+            if s is None:
+                return None
+            rate += s.rate
+            served += 1.0 / (model.prefill(s.prompt) + s.output / model.capacity())
+    return rate / served if served > 0 else None
+
+
+def _overloaded(snap: Snapshot, models: Mapping[Pool, PoolModel]) -> bool:
+    share = offered(snap, models)
+    return share is None or share >= OVERLOAD  # (no streams known: as before they were)
+
+
 def _candidates(view: PoolView, rr: int) -> list[BackendView]:
     """A pool's ``CANDIDATES`` least loaded usable replicas (weighted while ramping; ties
     rotate): which of a pool's replicas is worth the most is rarely in doubt, and each one
@@ -352,7 +378,7 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     if not best.feasible:
         if feasible:
             best = max(feasible, key=lambda o: o.value)
-        elif pressure > PRESSURE_LIMIT:
+        elif pressure > PRESSURE_LIMIT and _overloaded(snap, models):
             dump = max(models, key=lambda name: models[name].capacity())
             best = max((o for o in options if o.pool == dump), key=lambda o: o.value, default=best)
     p = best.placement

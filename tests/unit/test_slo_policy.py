@@ -295,6 +295,43 @@ def test_under_sustained_overload_the_excess_goes_to_the_most_throughput(
     assert state.pressure < policy_module.PRESSURE_LIMIT
 
 
+def arriving(s: Snapshot, rate: float) -> Snapshot:
+    """``s`` with ``rate`` requests a second (model time) arriving at each backend, of 100
+    prompt and 200 output tokens."""
+
+    def fed(view: PoolView) -> PoolView:
+        stream = Stream(rate, 100, 200, 0.0, 1.0, 0.025)
+        return view._replace(backends=tuple(b._replace(stream=stream) for b in view.backends))
+
+    return s._replace(speculative=fed(s.speculative), baseline=fed(s.baseline))
+
+
+def test_what_is_offered_is_the_arrivals_against_what_the_engines_serve() -> None:
+    assert policy_module.offered(snap(), MODELS) is None  # no stream known: no measure
+    # each engine serves a request of the stream's size in its prefill and its output at its
+    # peak throughput
+    served = sum(1 / (m.prefill(100) + 200 / m.capacity()) for m in (SPEC, BASE))
+    assert policy_module.offered(arriving(snap(), 1.0), MODELS) == pytest.approx(2 / served)
+    assert policy_module.offered(arriving(snap(), 0.0), MODELS) == 0.0
+
+
+def test_no_sustained_overload_while_the_engines_could_serve_what_arrives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing feasible, pressure past its limit, and still by value: the requests are not
+    arriving faster than the engines serve them (a closed loop of users at the edge of their
+    SLO, who wait for their answers), so concentrating them on one engine would only trade
+    that engine's requests for the other's (the demo's 32 users)."""
+    costly = p(1.0, 0.0, (1, 1))
+    predicting(monkeypatch, {SPECULATIVE: costly, BASELINE: p(0.0, 0.1, (0, 0.1))})
+    pressed = snap(state=RoutingState(pressure=0.9))
+    served = sum(1 / (m.prefill(100) + 200 / m.capacity()) for m in (SPEC, BASE))
+    light = arriving(pressed, served / 2 * 0.5)  # half of what the pair serves
+    assert decide(light) == SPECULATIVE
+    heavy = arriving(pressed, served / 2 * 1.1)
+    assert decide(heavy) == BASELINE
+
+
 def test_overflow_is_a_request_that_meets_nothing_anywhere(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
