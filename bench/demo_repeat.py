@@ -103,7 +103,8 @@ def main(argv: list[str]) -> int:
         for repeat in range(1, args.repeat + 1):
             for n in (int(x) for x in args.router_levels.split(",")):
                 for name, url in (("slo", router), ("round_robin", rr)):
-                    point, run = asyncio.run(demo.run_target(url, name, n, args))
+                    target = "router" if name == "slo" else name  # (the demo's target names)
+                    point, run = asyncio.run(demo.run_target(url, target, n, args))
                     line = (
                         f"repeat {repeat} users {n:3d} {name:11s} within SLO "
                         f"{point.strict:4.0%} / {point.relaxed:4.0%}  "

@@ -51,6 +51,9 @@ COHORTS = 24
 # Past about this many of the stream's arrivals during a request's life, they are simulated as
 # arriving in groups (the same rate), which bounds a decision's cost at high request rates.
 STREAM_EVENTS = 16
+# Past this share of the time spent on the stream's prefills, a predicted TPOT stops growing
+# with them (the engine is then past what it can serve; the request's chances say so anyway).
+MAX_STALL_SHARE = 0.9
 # A backstop on the work one simulation does (a runaway queue): past it, the rest is not scored.
 MAX_EVENTS = 20_000
 
@@ -82,7 +85,7 @@ class Outcome(NamedTuple):
     strict: float  # requests expected to meet their SLO, of all simulated
     relaxed: float  # ... to meet the relaxed tier
     ttft: float  # the added request's (model seconds; 0 without one)
-    tpot: float
+    tpot: float  # (under "poisson" stalls, with their expected share of its decode)
     end: float  # when the added request finishes (model seconds from now; NaN without one)
     batch: int  # the largest batch the simulation ran
     own: tuple[float, float] = (0.0, 0.0)  # the added request's chance to meet each tier
@@ -315,6 +318,8 @@ def simulate(
                 if r is added:
                     end = limit = min(limit, t)
                     tpot = (t - r.first) / (r.output - 1)
+                    if poisson:  # what it should expect: with the stream's stalls (on average)
+                        tpot /= 1.0 - min(MAX_STALL_SHARE, rate * stall)
                     own = (a, b)
         elif next_arrival < limit:
             t = max(t, next_arrival)
