@@ -1,0 +1,78 @@
+"""What the router learns from, through the proxy: which requests found their engine idle and
+alone (the only ones whose time to first token is their prefill), against real sims."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from router.app import RouterApp
+from router.decide.models import Sample
+from router.settings import Settings
+from tests.support.http import await_for
+from tests.support.processes import Proc
+
+pytestmark = pytest.mark.anyio
+
+
+def body() -> dict[str, Any]:
+    # a long prompt: its prefill (~0.1 s at the sims' time scale) leaves the others of a burst
+    # all the time they need to be sent before its first token
+    return {
+        "model": "sim",
+        "messages": [{"role": "user", "content": "hello " * 3000}],
+        "max_tokens": 8,
+        "stream": True,
+    }
+
+
+async def test_the_first_of_a_burst_is_known_to_have_had_company(
+    engine_sims: dict[str, Proc],
+) -> None:
+    # every request to the speculative engine (spillover below a crossover of 64)
+    settings = Settings(
+        speculative_urls=[engine_sims["speculative"].url],
+        baseline_urls=[engine_sims["baseline"].url],
+        policy="spillover",
+        crossover=64,
+        health_interval=0.2,
+    )
+    app = RouterApp(settings)
+    samples: list[Sample] = []
+    record = app.keeper.engines.record
+
+    def keep(sample: Sample) -> None:
+        samples.append(sample)
+        record(sample)
+
+    app.keeper.engines.record = keep  # type: ignore[method-assign]
+    async with app.running():
+
+        async def ready() -> bool:
+            return all(app.usable_pools().values())
+
+        await await_for(ready)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            alone = await client.post("/v1/chat/completions", json=body())
+            assert alone.status_code == 200
+            burst = await asyncio.gather(
+                *(client.post("/v1/chat/completions", json=body()) for _ in range(4))
+            )
+            assert [r.status_code for r in burst] == [200] * 4
+        await await_for(lambda: _done(samples, 5))
+    assert app.tracker.total == 0
+    first, *rest = samples
+    assert (first.load_at_start, first.joined) == (0, 0)  # idle and alone: a prefill sample
+    # all four were sent before the first of them had its first token (each prefill takes
+    # ~0.1 s): the first sent had three join it, the last none; so the burst's first, which
+    # found the engine idle too, teaches no prefill
+    assert sorted(s.joined for s in rest) == [0, 1, 2, 3]
+    assert min(s.load_at_start for s in rest) == 0
+
+
+async def _done(samples: list[Sample], n: int) -> bool:
+    return len(samples) >= n
