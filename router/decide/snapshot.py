@@ -34,6 +34,7 @@ from router.decide.policy import (
     Snapshot,
     choose,
     explore,
+    offered,
     reroute,
 )
 from router.decide.predict import PoolModel, Request
@@ -396,12 +397,24 @@ class Decider:
             "backends": recent,
             "extrapolated_decisions": self.extrapolated,
             # the decayed share of recent requests no backend could take within their SLO;
-            # past policy.PRESSURE_LIMIT the excess goes to the pool with the most throughput
+            # past policy.PRESSURE_LIMIT the excess goes to the pool with the most throughput,
+            # while what arrives is at least policy.OVERLOAD of what the engines can serve
             "pressure": round(self._state.pressure, 3),
+            "offered": self._offered(),
             "sampling_share": round(self._mix.sampling, 3),
             "mean_output_tokens": round(traffic.mean_output, 1),
             "tokens_per_char": round(traffic.tokens_per_char, 4),
         }
+
+    def _offered(self) -> float | None:
+        """What arrives over what the engines can serve (``policy.offered``), as the next
+        request would see it; None without models or streams."""
+        models = self.tuning.models
+        if models is None:
+            return None
+        share = offered(self.snapshot(Request(0.0, 0.0, False, self.slo_ttft, self.slo_tpot)),
+                        models)  # fmt: skip
+        return None if share is None else round(share, 3)
 
     def pool_usable(self, pool: Pool) -> bool:
         now = self.clock()

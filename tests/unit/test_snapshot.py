@@ -14,7 +14,7 @@ import pytest
 from router.account.inflight import InflightTracker, Lease
 from router.account.outcome import Outcome
 from router.decide.learner import Gain
-from router.decide.policy import Decision
+from router.decide.policy import Decision, offered
 from router.decide.predict import PoolModel, Request
 from router.decide.snapshot import Decider, Traffic
 from router.health.poller import EngineLoad
@@ -304,6 +304,13 @@ def test_expected_load_is_arrival_rate_times_measured_stay() -> None:
     shares = [b["prefill_share"] for b in status["backends"].values()]
     # each request's 100-token prefill (~0.07 s) over a second: a few percent in all
     assert 0.02 < sum(shares) < 0.2
+    # what arrives against what the usable backends can serve, as the policy's pressure rule
+    # measures it for the next request: one request a second is far from overload
+    assert w.tuning.models is not None
+    assert status["offered"] == pytest.approx(
+        offered(w.decider.snapshot(req), w.tuning.models), abs=0.001
+    )
+    assert 0.05 < status["offered"] < 0.5
 
 
 def test_the_slo_policy_sees_each_request_in_flight_and_the_stream() -> None:
