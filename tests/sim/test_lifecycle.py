@@ -67,10 +67,11 @@ def test_queue_and_client_aborts_release_slots() -> None:
             thread.join(timeout=20)
         assert result and result[0] > 0
 
-        # every slot released and every request counted as aborted, seen together: the gauges
-        # are published at the engine's step boundaries and have been seen at zero up to ~40 ms
-        # before the last of the counter's aborts (9 of 12), which a check right after the
-        # gauges alone then missed
+        # every slot released and every request counted as aborted, seen together: as SGLang's,
+        # the sim's prefill report shows the running batch without the requests joining it and
+        # the queue after they left it, so when the last queued requests join a batch whose
+        # other requests were all aborted, the gauges read 0/0 while those still run (until
+        # their own aborts, ~40 ms later here: seen as 9 of 12 counted)
         def released() -> bool:
             m = metrics(sim.url)
             gauges = (m["sglang:num_running_reqs"], m["sglang:num_queue_reqs"])
