@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from router.calibrate.levels import LevelRun  # noqa: E402
 from router.decide.table import to_json  # noqa: E402
 from router.tools import demo  # noqa: E402
-from router.tools.loadgen import RequestResult  # noqa: E402
+from router.tools.loadgen import RequestResult, decode_tps  # noqa: E402
 from router.tools.processes import running  # noqa: E402
 
 HEADER = "x-spec-router-predicted-tpot-ms"
@@ -48,11 +48,10 @@ def predicted_vs_measured(results: list[RequestResult], scale: float) -> str:
     for pool in ("speculative", "baseline"):
         pairs = []
         for r in results:
-            n = r.output_tokens
-            if r.pool != pool or not r.ok or HEADER not in r.headers or not n or n < 2:
+            tps = decode_tps(r)
+            if r.pool != pool or HEADER not in r.headers or not tps:
                 continue
-            measured = (r.chunk_times[-1] - r.chunk_times[0]) / (n - 1) / scale
-            pairs.append((float(r.headers[HEADER]) / 1000 / scale, measured))
+            pairs.append((float(r.headers[HEADER]) / 1000 / scale, 1 / tps / scale))
         if pairs:
             pred = statistics.median(p for p, _ in pairs) * 1000
             real = statistics.median(m for _, m in pairs) * 1000

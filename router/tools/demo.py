@@ -38,9 +38,10 @@ from router.calibrate.sweep import acceptance, discover_cap, scrape
 from router.decide.table import Table, Workload, to_json
 from router.health.engines import EngineSample
 from router.settings import sim_time_env
-from router.tools.goodput import RELAXED, STRICT
+from router.tools.goodput import RELAXED, STRICT, timed_result
 from router.tools.loadgen import RequestResult, percentile, run_closed_loop, window_stats
 from router.tools.processes import running
+from router.tools.traffic import Arrival
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64)
 TARGETS = ("router", "round_robin", "speculative", "baseline")
@@ -140,15 +141,21 @@ def measure(
 
 
 def attained(r: RequestResult, scale: float) -> tuple[bool, bool]:
-    """Whether a request ended within the strict and the relaxed SLO, in model time."""
-    if not r.ok or r.ttft is None or r.output_tokens is None:  # (no usage: as goodput.py)
-        return False, False
-    ttft = r.ttft / scale
-    n = r.output_tokens
-    tpot = (r.chunk_times[-1] - r.chunk_times[0]) / (n - 1) / scale if n >= 2 else 0.0
-    strict = ttft <= STRICT.ttft_s and tpot <= STRICT.tpot_s
-    relaxed = ttft <= RELAXED.ttft_s and tpot <= RELAXED.tpot_s
-    return strict, relaxed
+    """Whether a request ended within the strict and the relaxed SLO, in model time, judged as
+    ``spec-router replay`` judges its requests (``router.tools.goodput``)."""
+    judged = timed_result(
+        Arrival(0.0, 0, r.max_tokens),
+        start=r.start,
+        sent=r.start,
+        status=r.status,
+        first_token=r.first_token,
+        last_token=r.last_token,
+        end=r.end,
+        output_tokens=r.output_tokens,
+        error=r.error,
+        time_scale=scale,
+    )
+    return judged.meets(STRICT), judged.meets(RELAXED)
 
 
 async def run_target(
