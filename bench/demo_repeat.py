@@ -33,8 +33,6 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from router.calibrate.levels import LevelRun  # noqa: E402
-from router.decide.table import to_json  # noqa: E402
 from router.tools import demo  # noqa: E402
 from router.tools.loadgen import RequestResult, decode_tps  # noqa: E402
 from router.tools.processes import running  # noqa: E402
@@ -88,17 +86,12 @@ def main(argv: list[str]) -> int:
         ).url
         for url in (router, rr):
             demo.wait_ready(url)
-        pools = {"speculative": spec, "baseline": base}
-        runs: dict[str, list[LevelRun]] = {pool: [] for pool in pools}
-        before = asyncio.run(demo.scrape_metrics(spec))
-        for n in (int(x) for x in args.levels.split(",")):
-            for pool, url in pools.items():
-                runs[pool].append(asyncio.run(demo.run_target(url, pool, n, args))[1])
-        tau, caps = asyncio.run(demo.engine_facts(spec, pools, before))
-        table = demo.calibrated_table(runs, args, tau, caps)
-        auth = {"authorization": f"Bearer {token}"}
-        httpx.put(f"{router}/router/table", json=to_json(table), headers=auth).raise_for_status()
-        print(f"calibrated (acceptance length {tau:.2f}, caps {caps}); model time below")
+        levels = [int(x) for x in args.levels.split(",")]
+        demo.calibrate_router(router, token, {"speculative": spec, "baseline": base}, levels, args)
+        table = httpx.get(f"{router}/router/table").json()
+        tau = (table["speculative"].get("fit") or {}).get("tau")
+        caps = {pool: table[pool].get("cap") for pool in ("speculative", "baseline")}
+        print(f"calibrated (acceptance length {tau}, caps {caps}); model time below")
         for repeat in range(1, args.repeat + 1):
             for n in (int(x) for x in args.router_levels.split(",")):
                 for name, url in (("slo", router), ("round_robin", rr)):

@@ -224,6 +224,33 @@ def calibrated_table(
 # -- output -------------------------------------------------------------------------------------
 
 
+def calibrate_router(
+    router: str, token: str, pools: dict[str, str], levels: Sequence[int], args: argparse.Namespace
+) -> list[Point]:
+    """Each pool alone at every level, as ``spec-router calibrate`` would measure it; the table
+    built from that loaded into ``router`` (``PUT /router/table``, with the admin ``token``).
+    Returns each pool's point at each level."""
+    points: list[Point] = []
+    runs: dict[str, list[LevelRun]] = {pool: [] for pool in pools}
+    spec = pools["speculative"]
+    before = asyncio.run(scrape_metrics(spec))
+    for n in levels:
+        for pool, url in pools.items():
+            point, run = asyncio.run(run_target(url, pool, n, args))
+            points.append(point)
+            runs[pool].append(run)
+        print(f"calibrating: concurrency {n} measured on each pool alone", flush=True)
+    tau, caps = asyncio.run(engine_facts(spec, pools, before))
+    table = calibrated_table(runs, args, tau, caps)
+    put = httpx.put(
+        f"{router}/router/table",
+        json=to_json(table),
+        headers={"authorization": f"Bearer {token}"},
+    )
+    put.raise_for_status()
+    return points
+
+
 def format_level(points: Sequence[Point], policy: str) -> str:
     by = {p.target: p for p in points}
     n = points[0].concurrency
@@ -360,25 +387,9 @@ def main(argv: list[str]) -> int:
             f"round-robin router {rr}; time scale {scale} (numbers below are in model time)"
         )
         print(f"live page: {router}/router/ui (open it to watch the router decide)\n", flush=True)
-        points: list[Point] = []
         # 1. Each pool alone at every level: the comparison curves, and a calibration.
-        runs: dict[str, list[LevelRun]] = {"speculative": [], "baseline": []}
-        before = asyncio.run(scrape_metrics(spec))
-        for n in levels:
-            for pool in runs:
-                point, run = asyncio.run(run_target(urls[pool], pool, n, args))
-                points.append(point)
-                runs[pool].append(run)
-            print(f"calibrating: concurrency {n} measured on each pool alone", flush=True)
-        pools = {pool: urls[pool] for pool in runs}
-        tau, caps = asyncio.run(engine_facts(spec, pools, before))
-        table = calibrated_table(runs, args, tau, caps)
-        put = httpx.put(
-            f"{router}/router/table",
-            json=to_json(table),
-            headers={"authorization": f"Bearer {token}"},
-        )
-        put.raise_for_status()
+        pools = {"speculative": spec, "baseline": base}
+        points = calibrate_router(router, token, pools, levels, args)
         status = httpx.get(f"{router}/router/status").json()
         label = f"{status['policy']}, crossover {status['crossover']}"
         print(f"table loaded into the router (PUT /router/table): {label}\n", flush=True)
