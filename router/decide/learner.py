@@ -172,6 +172,9 @@ class Learner:
         self.time_scale = 1.0  # of the engines: samples are divided by it (see Table)
         self.workload = Workload()
         self.objective = "tpot"
+        # what the table says that serving does not measure, written back with what it learns:
+        # each pool's prefill line and cap, the speculative acceptance at temperature > 0
+        self._kept: dict[Pool, PoolCurve] = {pool: PoolCurve() for pool in POOLS}
         if table is not None:
             self._seed(table)
 
@@ -184,9 +187,11 @@ class Learner:
             self.ref_tau = fit.tau
             self.ref_known = fit.tau > 1.0
         for pool in POOLS:
+            curve = table.pool(pool)
+            self._kept[pool] = PoolCurve((), curve.fit, curve.prefill, curve.cap)
             tau = self.ref_tau if pool == SPECULATIVE else 1.0
             bins = self.pools[pool].bins
-            for p in table.pool(pool).points:
+            for p in curve.points:
                 if p.decode_tps_p50 > 0:
                     weight = min(float(max(1, p.samples)), self.cfg.prior_weight)
                     spi = tau / p.decode_tps_p50
@@ -268,8 +273,10 @@ class Learner:
             # the fit carries the acceptance length the points are at, for the next start
             xs = [float(p.concurrency) for p in points]
             ys = [tau / p.decode_tps_p50 for p in points]
-            fit = Fit(fit_line(xs, ys), tau) if points else None
-            pools[pool] = PoolCurve(points, fit)
+            kept = self._kept[pool]
+            sampling = kept.fit.tau_sampling if kept.fit is not None else None
+            fit = Fit(fit_line(xs, ys), tau, sampling) if points else None
+            pools[pool] = PoolCurve(points, fit, kept.prefill, kept.cap)
         return Table(
             crossover=crossover,
             source=source,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from router.decide.learner import LearnConfig, Learner, marginal_gain
-from router.decide.table import Point, PoolCurve, Table, Workload, fit_points
+from router.decide.table import Point, PoolCurve, Prefill, Table, Workload, fit_points
 from router.pools import Pool
 from router.sim.model import BASELINE, EAGLE3, Preset, closed_loop, crossover
+from tests.support.tables import model_table
 
 PROMPT, OUTPUT = 1024, 2048
 
@@ -167,3 +170,30 @@ def test_a_table_without_an_acceptance_length_is_rescaled_by_the_first_reading()
     assert curves is not None
     for n in levels:
         assert curves["speculative"].spt(n) == pytest.approx(spt(EAGLE3, n), rel=0.01)
+
+
+def test_the_learned_table_keeps_what_serving_does_not_measure() -> None:
+    """The table the router serves and persists (``GET /router/table``, ``TABLE_PATH``) is the
+    learned one: it keeps the calibrated prefill line, caps and acceptance at temperature 1,
+    which no served request measures, so a restart from it still has them."""
+    base = model_table(32, 64)
+    fit = base.speculative.fit
+    assert fit is not None
+    table = replace(
+        base,
+        speculative=replace(
+            base.speculative,
+            fit=replace(fit, tau_sampling=2.0),
+            cap=48,
+            prefill=Prefill(0.03, 0.0004),
+        ),  # fmt: skip
+        baseline=replace(base.baseline, cap=256, prefill=Prefill(0.02, 0.0003)),
+    )
+    learner = Learner(LearnConfig(), table)
+    for _ in range(30):
+        learner.record("speculative", 3.0, 0.03, 0.2, 3.0)
+    learned = learner.table(4, "learned", "now")
+    assert (learned.speculative.cap, learned.baseline.cap) == (48, 256)
+    assert learned.speculative.prefill == Prefill(0.03, 0.0004)
+    assert learned.baseline.prefill == Prefill(0.02, 0.0003)
+    assert learned.speculative.fit is not None and learned.speculative.fit.tau_sampling == 2.0
