@@ -15,7 +15,6 @@ the policy gets wrong from what the router's knowledge does.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import math
 import random
@@ -24,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from router.account.inflight import PrefillLog
+from router.account.keeper import MATES
 from router.decide import table as tables
 from router.decide.learner import LearnConfig, Learner, marginal_gain
 from router.decide.models import EngineModels, Sample
@@ -64,6 +65,7 @@ class Req:
     load_at_start: int = 0
     prefill_share: float = 0.0
     area_first: float = 0.0
+    prefill: float = 0.0  # its prefill as the router estimated it (Decision.prefill)
 
     @property
     def done(self) -> bool:
@@ -99,6 +101,8 @@ class Engine:
         self.seed = seed
         self._area, self._area_at = 0.0, 0.0  # integral of the load over time
         self.spec_tokens = self.spec_steps = 0  # acceptance, as the engine reports it
+        # the router's estimate of each prefill here, by its first token (InflightTracker's)
+        self.prefilled = PrefillLog()
 
     @property
     def load(self) -> int:
@@ -140,6 +144,8 @@ class Engine:
                 g = 1
                 r.first = now
                 r.area_first = self.area(now)
+                if r.prefill:
+                    self.prefilled.add(now, r.prefill)
             else:
                 g = 1
                 if k:
@@ -206,7 +212,6 @@ class Router:
         self.mix = Mix()
         self.caps: dict[str, int] = {}  # as the poller learns them: once a queue is seen
         self.last_request: Request | None = None
-        self.prefill_sent: dict[str, tuple[list[float], list[float]]] = {}
         self.next_update = LEARN_INTERVAL
 
     # -- deciding -------------------------------------------------------------------------------
@@ -261,11 +266,9 @@ class Router:
             self.mix.add(req)
             prefill = self.models[decision.pool].prefill(a.prompt_tokens)
             self.recent[decision.backend].sent(prefill)
-            times, totals = self.prefill_sent.setdefault(decision.backend, ([], []))
-            times.append(now)
-            totals.append((totals[-1] if totals else 0.0) + prefill)
             view = next(b for b in (*spec, *base) if b.url == decision.backend)
-            decision = decision._replace(load=view.load, prefill_share=view.prefill_share)
+            decision = decision._replace(load=view.load, prefill_share=view.prefill_share,
+                                         prefill=prefill)  # fmt: skip
         return decision
 
     # -- learning -------------------------------------------------------------------------------
@@ -284,17 +287,11 @@ class Router:
         cap = self.caps.get(engine.url)
         if cap is not None:
             concurrency = min(concurrency, float(cap))
-        stall = self._prefill_at(engine.url, r.last) - self._prefill_at(engine.url, r.first)
+        stall = engine.prefilled.between(r.first + min(spt / 2, MATES), r.last)
         sample = Sample(r.pool, concurrency, spt, r.first - r.arrival.at,
                         r.arrival.temperature > 0, r.arrival.prompt_tokens, 0, n,
                         r.load_at_start, r.prefill_share, stall)  # fmt: skip
         self.engines.record(sample)
-
-    def _prefill_at(self, url: str, at: float) -> float:
-        """The prefill time the router had sent to ``url`` by ``at`` (the tracker's counter)."""
-        times, totals = self.prefill_sent.get(url, ([], []))
-        i = bisect.bisect_right(times, at)
-        return totals[i - 1] if i else 0.0
 
     def tick(self, now: float, engines: Sequence[Engine]) -> None:
         """The keeper's timer: the acceptance length, the crossover step, the models."""
@@ -346,7 +343,8 @@ def run(
         if on_decision is not None:
             on_decision(decision, a)
         req = Req(a, pool_of[decision.backend], request=getattr(router, "last_request", None),
-                  load_at_start=decision.load, prefill_share=decision.prefill_share)  # fmt: skip
+                  load_at_start=decision.load, prefill_share=decision.prefill_share,
+                  prefill=decision.prefill)  # fmt: skip
         next(e for e in engines if e.url == decision.backend).submit(req, a.at)
     advance(math.inf)
     return done

@@ -37,8 +37,9 @@ if _DIR:
                     "capacity": m.capacity(),
                     "tau": [m.tau_greedy, m.tau_sampling],
                     "cap": m.cap,
-                    "spi": [round(x, 4) for x in m.spi[:65:4]],
+                    "spi": [round(x, 4) for x in m.spi[:65]],
                     "prefill_100": m.prefill(100),
+                    "prefill_32": m.prefill(32),
                 }
                 for pool, m in models.items()
             },
@@ -54,6 +55,11 @@ if _DIR:
                     "ttft": round(o.placement.ttft, 4),
                     "tpot": round(o.placement.tpot, 4),
                     "stream_rate": o.backend.stream and round(o.backend.stream.rate, 3),
+                    "stream": o.backend.stream and [round(x, 4) for x in o.backend.stream[1:4]],
+                    "flights": len(o.backend.flights),
+                    "decoding": sum(f.decoding is not None for f in o.backend.flights),
+                    "prefill_share": round(o.backend.prefill_share, 3),
+                    "batch": o.placement.batch,
                 }
                 for o in _options
             ],
@@ -65,3 +71,14 @@ if _DIR:
     _policy._option = _logged_option
     _policy.slo = _logged_slo
     _policy.POLICIES["slo"] = _logged_slo
+
+    from router.decide import models as _models
+
+    _record = _models.EngineModels.record
+
+    def _logged_record(self: Any, sample: Any) -> None:
+        _record(self, sample)
+        _file.write(json.dumps({"t": time.monotonic(), "sample": sample._asdict()}) + "\n")
+        _file.flush()
+
+    _models.EngineModels.record = _logged_record  # type: ignore[method-assign]

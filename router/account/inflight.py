@@ -13,11 +13,42 @@ writes its own slot of, so the same readers see machine-wide counts.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 
 from router.pools import POOLS, Pool
+
+
+class PrefillLog:
+    """Seconds of prefill against the time each ran (its request's first token), cumulative, so
+    the prefill between two times is a difference; the last ``KEEP`` to ``2 * KEEP`` entries are
+    kept (a lookup from before them counts from the oldest kept)."""
+
+    KEEP = 16_384
+    __slots__ = ("times", "totals", "total", "base")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.totals: list[float] = []
+        self.total = 0.0
+        self.base = 0.0  # the total before the first entry kept
+
+    def add(self, now: float, seconds: float) -> None:
+        self.total += seconds
+        self.times.append(now)
+        self.totals.append(self.total)
+        if len(self.times) > 2 * self.KEEP:
+            self.base = self.totals[-self.KEEP - 1]
+            del self.times[: -self.KEEP], self.totals[: -self.KEEP]
+
+    def at(self, t: float) -> float:
+        i = bisect.bisect_right(self.times, t)
+        return self.totals[i - 1] if i else self.base
+
+    def between(self, start: float, end: float) -> float:
+        return max(0.0, self.at(end) - self.at(start))
 
 
 class InflightTracker:
@@ -43,8 +74,9 @@ class InflightTracker:
         self._area: dict[str, float] = {}
         self._since: dict[str, float] = {}
         # prefill time (model seconds, as the slo policy estimated it) of this process's requests
-        # sent to each backend, ever: a request's stalls are the difference over its decode
-        self._prefill: dict[str, float] = {}
+        # whose first token came from each backend, against when: a request's stalls are the
+        # prefills that ran while it decoded
+        self._begun: dict[str, PrefillLog] = {}
         now = clock()
         for pool, url in backends:
             self.pool_of[url] = pool
@@ -52,7 +84,7 @@ class InflightTracker:
             self._started[url] = 0
             self._area[url] = 0.0
             self._since[url] = now
-            self._prefill[url] = 0.0
+            self._begun[url] = PrefillLog()
         self._pool: dict[str, int] = dict.fromkeys(POOLS, 0)
         self._slow: dict[str, int] = dict.fromkeys(POOLS, 0)
         self._total = 0
@@ -76,12 +108,13 @@ class InflightTracker:
         """The integral of ``by_backend[backend]`` over time, up to ``now``."""
         return self._area[backend] + self._in[backend] * (now - self._since[backend])
 
-    def add_prefill(self, backend: str, seconds: float) -> None:
-        self._prefill[backend] += seconds
+    def prefilled(self, backend: str, now: float, seconds: float) -> None:
+        """A request's first token came from ``backend``: its prefill (``seconds``) ran there."""
+        self._begun[backend].add(now, seconds)
 
-    def prefill_sent(self, backend: str) -> float:
-        """The prefill time sent to ``backend`` so far (see ``add_prefill``)."""
-        return self._prefill[backend]
+    def prefill_between(self, backend: str, start: float, end: float) -> float:
+        """The prefill time that ran on ``backend`` from ``start`` to ``end`` (by first tokens)."""
+        return self._begun[backend].between(start, end)
 
     def linger(self, backend: str, until: float) -> None:
         """A released request still occupies its engine until ``until``."""

@@ -27,7 +27,6 @@ class Outcome:
     attempts: int = 0
     first_byte: float | None = None
     area_first: float | None = None  # the backend's in-flight integral at the first byte
-    prefill_first: float = 0.0  # the prefill time sent to the backend by then (slo policy)
     ended: float = 0.0
     error: str | None = None  # the upstream error that ended the request, if any
     client_gone: bool = False
@@ -41,6 +40,7 @@ class Outcome:
     sent_mark: int = 0  # requests ever sent to that backend by then, itself included
     joined: int = 0  # requests sent to that backend after it, before its first byte
     prefill_share: float = 0.0  # that backend's recent prefill share then (slo policy)
+    prefill: float = 0.0  # its prefill there, as the slo policy estimated it (model seconds)
     request: Request | None = None  # what the slo policy knew of it (None under the others)
     failures: list[tuple[Pool, str, str]] = field(default_factory=list)
     retries: list[tuple[Pool, str]] = field(default_factory=list)
@@ -64,12 +64,15 @@ class Outcome:
         load: int = 0,
         prefill_share: float = 0.0,
         sent: int = 0,
+        prefill: float = 0.0,
     ) -> None:
         """The request is (re)sent to ``backend``, which had ``load`` requests in flight and
-        has been sent ``sent`` requests ever, this one included."""
+        has been sent ``sent`` requests ever, this one included; ``prefill``: its estimated
+        prefill there."""
         self.attempts += 1
         self.pool, self.backend, self.reason = pool, backend, reason
         self.load_at_start, self.prefill_share, self.sent_mark = load, prefill_share, sent
+        self.prefill = prefill
 
     def attempt_failed(self, kind: str) -> None:
         """The current attempt's backend failed (counted against it, whatever happens next)."""
@@ -85,11 +88,11 @@ class Outcome:
         """The status the client was (or is being) sent."""
         self.status = status
 
-    def first_bytes(self, now: float, area: float, prefill: float = 0.0, sent: int = 0) -> None:
+    def first_bytes(self, now: float, area: float, sent: int = 0) -> None:
         """The first response body bytes arrived; ``area``: the backend's in-flight integral,
-        ``prefill``: the prefill time sent to it so far, ``sent``: requests ever sent to it."""
+        ``sent``: requests ever sent to it."""
         if self.first_byte is None:
-            self.first_byte, self.area_first, self.prefill_first = now, area, prefill
+            self.first_byte, self.area_first = now, area
             self.joined = max(0, sent - self.sent_mark)
 
     def broke(self, kind: str) -> None:

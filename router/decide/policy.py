@@ -117,6 +117,7 @@ class Decision(NamedTuple):
     ttft: float = 0.0
     tpot: float = 0.0
     extrapolated: bool = False
+    prefill: float = 0.0  # its prefill there, as the slo policy's model says (model seconds)
 
 
 def pick_backend(pool: PoolView, rr: int = 0, exclude: Container[str] = ()) -> BackendView | None:

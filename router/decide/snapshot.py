@@ -332,8 +332,7 @@ class Decider:
             self.extrapolated += 1
         prefill = model.prefill(req.prompt_tokens)
         self._recent[decision.backend].sent(prefill * model.scale)
-        self.tracker.add_prefill(decision.backend, prefill)
-        return decision._replace(load=view.load, prefill_share=view.prefill_share)
+        return decision._replace(load=view.load, prefill_share=view.prefill_share, prefill=prefill)
 
     def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:
         """Send a bounded share of requests near the crossover the other way (see learning)."""

@@ -218,9 +218,9 @@ class Proxy:
     def _first_bytes(self, out: Outcome, backend: str) -> None:
         now = self.clock()
         tracker = self.tracker
-        out.first_bytes(
-            now, tracker.area(backend, now), tracker.prefill_sent(backend), tracker.started[backend]
-        )
+        out.first_bytes(now, tracker.area(backend, now), tracker.started[backend])
+        if out.prefill:
+            tracker.prefilled(backend, now, out.prefill)
 
     async def _queue(self, request: Request | None, out: Outcome) -> Decision:
         """Hold an overflowing request until a backend can serve it within its SLO."""
@@ -334,6 +334,7 @@ class Proxy:
                 decision.load,
                 decision.prefill_share,
                 self.tracker.started[decision.backend],
+                decision.prefill,
             )
             tried.append(decision.backend)
             pool_key = self._pool_auth[decision.pool]

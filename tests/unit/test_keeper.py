@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from router.account.inflight import InflightTracker
-from router.account.keeper import CrossoverKeeper
+from router.account.inflight import InflightTracker, PrefillLog
+from router.account.keeper import MATES, CrossoverKeeper
 from router.account.outcome import Outcome
 from router.decide import table as tables
 from router.forward.stream import Usage
@@ -126,6 +126,43 @@ def test_only_complete_200_streams_of_two_tokens_or_more_are_learned(
     keeper = make()
     keeper.observe(dataclasses.replace(streamed(keeper), **change))
     assert [p.samples for p in keeper.learner.pools.values()] == [0, 0]
+
+
+def test_a_samples_stalls_are_the_prefills_that_ran_while_it_decoded() -> None:
+    """Prefills count against a request's decode when they ran during it (their first tokens
+    came after its own, and not with it) — not when they were sent: a request queued in the
+    engine, or sent before its first token and prefilled after its end, stalled nothing."""
+    keeper = make()
+    samples: list[Any] = []
+    keeper.engines.record = samples.append  # type: ignore[method-assign,assignment]
+    tracker = keeper.tracker
+    out = streamed(keeper)  # first byte at 1.0, end at 3.0, 0.2 s per token
+    out.prefill = 0.5
+    tracker.prefilled(S1, 1.0, 0.5)  # its own
+    tracker.prefilled(S1, 1.0 + MATES / 2, 0.5)  # prefilled with it, in the same iteration
+    tracker.prefilled(S1, 2.0, 0.25)  # ran while it decoded
+    tracker.prefilled(S1, 2.5, 0.125)  # ... and on another engine: not its stall
+    tracker.prefilled(S1, 3.5, 1.0)  # after it ended (sent before, queued in the engine)
+    tracker.prefilled(S2, 2.5, 4.0)
+    keeper.observe(out)
+    (sample,) = samples
+    assert sample.stall == pytest.approx(0.375)
+
+
+def test_a_prefill_log_answers_between_two_times_in_bounded_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(PrefillLog, "KEEP", 4)
+    log = PrefillLog()
+    assert log.between(0.0, 10.0) == 0.0
+    for t in range(1, 21):
+        log.add(float(t), 1.0)
+    assert len(log.times) <= 8
+    assert log.between(15.0, 20.0) == 5.0  # (15, 20]
+    assert log.between(16.5, 17.5) == 1.0
+    assert log.between(20.0, 30.0) == 0.0
+    # from before what is kept: counted from the oldest entry kept, never more than happened
+    assert 0.0 < log.between(0.0, 20.0) <= 20.0
 
 
 def test_nothing_is_learned_with_learning_off() -> None:
