@@ -94,11 +94,13 @@ class _Bin:
     ttft: float = 0.0
     e2e: float = 0.0
 
-    def add(self, spi: float, ttft: float, e2e: float, keep: float) -> None:
+    def add(self, spi: float, ttft: float, e2e: float, keep: float, weight: float = 1.0) -> None:
+        """One sample worth ``weight`` (0 to 1) samples; the bin keeps ``keep`` of its weight
+        per whole sample."""
         if self.weight > 0:  # (see CLIP)
             spi = min(max(spi, self.spi / CLIP), self.spi * CLIP)
-        self.weight = self.weight * keep + 1.0
-        k = 1.0 / self.weight
+        self.weight = self.weight * keep**weight + weight
+        k = weight / self.weight
         self.spi += (spi - self.spi) * k
         self.ttft += (ttft - self.ttft) * k
         self.e2e += (e2e - self.e2e) * k
@@ -111,12 +113,12 @@ class PoolLearner:
     bins: dict[int, _Bin] = field(default_factory=dict)
     samples: int = 0
 
-    def add(self, n: float, spi: float, ttft: float, e2e: float) -> None:
+    def add(self, n: float, spi: float, ttft: float, e2e: float, weight: float = 1.0) -> None:
         key = max(1, round(n))
         b = self.bins.get(key)
         if b is None:
             b = self.bins[key] = self._new_bin(key)
-        b.add(spi, ttft, e2e, self.decay)
+        b.add(spi, ttft, e2e, self.decay, weight)
         self.samples += 1
 
     def _new_bin(self, n: int) -> _Bin:

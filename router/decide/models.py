@@ -31,6 +31,9 @@ TABLE_LIMIT = 256
 DEFAULT_PREFILL = (0.03, 1 / 2500)
 # Characters per token of English text for common tokenizers (OpenAI's rule of thumb).
 DEFAULT_TOKENS_PER_CHAR = 0.25
+# Decode iterations a request must span to count as a whole sample of its concurrency's
+# iteration time; shorter ones count in proportion.
+FULL_SAMPLE = 16.0
 
 
 class Sample(NamedTuple):
@@ -233,8 +236,12 @@ class EngineModels:
         if s.stall >= 0.8 * decode:
             return
         tau = self.tau_of(s.sampling) if spec else 1.0
-        spi = (decode - max(0.0, s.stall)) / ((s.output_tokens - 1) / tau)
-        self.pure[s.pool].add(s.concurrency, spi, s.ttft, s.ttft)
+        iterations = (s.output_tokens - 1) / tau
+        spi = (decode - max(0.0, s.stall)) / iterations
+        # a short decode is a few iterations, any of which one unseen stall can double (the
+        # first of a burst, whose followers' prefills run between its few tokens): worth less
+        weight = min(1.0, iterations / FULL_SAMPLE)
+        self.pure[s.pool].add(s.concurrency, spi, s.ttft, s.ttft, weight)
         curve = self.pure[s.pool].curve(1.0)
         if curve is not None and s.prompt_tokens > 0 and s.load_at_start == s.joined == 0:
             # Sent to an idle engine, it started at once, alone: its time to first token is its

@@ -199,6 +199,25 @@ def test_one_slow_request_at_a_new_concurrency_does_not_set_the_curve() -> None:
     )
 
 
+def test_a_short_decode_counts_for_its_few_iterations() -> None:
+    """The first of a burst with a few tokens to give: its one or two iterations held the
+    prefills of the burst behind it, which the router cannot all see. Four such samples (two
+    iterations each) at 4x must move the curve less than one long decode at 4x would."""
+    engines = EngineModels(model_table(400, 200))
+    models = engines.models()
+    assert models is not None
+    before = models[BASELINE].iteration(8)
+    for _ in range(4):
+        engines.record(sample(BASELINE, concurrency=8.0, spt=before * 4, output_tokens=3))
+    short = engines.models()
+    assert short is not None
+    fresh = EngineModels(model_table(400, 200))
+    fresh.record(sample(BASELINE, concurrency=8.0, spt=before * 4, output_tokens=200))
+    long = fresh.models()
+    assert long is not None
+    assert before < short[BASELINE].iteration(8) < long[BASELINE].iteration(8)
+
+
 def test_a_table_without_an_acceptance_length_is_rescaled_by_the_first_reading() -> None:
     # calibrate found no acceptance length (an engine that reports none there: the table says
     # 1.0, its speculative iterations then one token each); the engine reports 2.8 later
