@@ -15,6 +15,7 @@ the policy gets wrong from what the router's knowledge does.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import random
@@ -348,3 +349,49 @@ def run(
         next(e for e in engines if e.url == decision.backend).submit(req, a.at)
     advance(math.inf)
     return done
+
+
+def run_closed(
+    users: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    duration: float,
+    router: Router,
+    seed: int = 0,
+    temperature: float = 0.0,
+    presets: tuple[Preset, Preset] = (EAGLE3, BASE_PRESET),
+    pools: tuple[Pool, Pool] = (SPECULATIVE, BASELINE),
+) -> tuple[list[Req], list[Arrival]]:
+    """A closed loop: ``users`` clients that each send the next request the moment the last one
+    ends (all starting together, as the demo's), for ``duration`` model seconds; the requests
+    that finished by then, and every arrival."""
+    engines = [Engine(p, f"e{i}", seed + i) for i, p in enumerate(presets)]
+    pool_of = {e.url: pools[i] for i, e in enumerate(engines)}
+    done: list[Req] = []
+    arrivals: list[Arrival] = []
+    due = [0.0] * users  # each user's next arrival, in order of time
+    while True:
+        busy = [e for e in engines if e.busy_until is not None]
+        nxt = min(busy, key=lambda e: e.busy_until or 0.0) if busy else None
+        at = due[0] if due else math.inf
+        if nxt is not None and (nxt.busy_until or 0.0) <= at:
+            now = nxt.busy_until or 0.0
+            if now > duration:
+                return done, arrivals
+            before = len(done)
+            nxt.finish_iteration(now, done)
+            for r in done[before:]:
+                router.finished(r, nxt)
+                bisect.insort(due, now)
+            continue
+        if at > duration:
+            return done, arrivals
+        due.pop(0)
+        a = Arrival(at, prompt_tokens, output_tokens, temperature)
+        arrivals.append(a)
+        router.tick(at, engines)
+        decision = router.decide(a, engines, pools, at)
+        req = Req(a, pool_of[decision.backend], request=getattr(router, "last_request", None),
+                  load_at_start=decision.load, prefill_share=decision.prefill_share,
+                  prefill=decision.prefill)  # fmt: skip
+        next(e for e in engines if e.url == decision.backend).submit(req, at)

@@ -13,6 +13,13 @@ conclusions over real sockets.
 
 ``--seeds N`` runs N engine seeds (the acceptance draws) on the HTTP bench's workload (seed 1);
 ``--workload-seeds`` also varies the workload (the thinning, the bursty generator) with them.
+
+``--closed 32,64`` runs closed loops of that many users instead (each sends its next request
+when the last ends, all starting together: the demo's workload, ``--closed-sizes`` 32 prompt
+and 96 output tokens, greedy), ``CLOSED_DURATION`` model seconds each, scoring the requests
+sent from ``CLOSED_WARMUP`` until ``CLOSED_SLACK`` before the end:
+
+    python bench/policy_lab.py --closed 24,32,40,64 --policies slo,round_robin --seeds 6
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lab_sim import Req, Router, run  # noqa: E402
+from lab_sim import Req, Router, run, run_closed  # noqa: E402
 
 from router.pools import SPECULATIVE  # noqa: E402
 from router.sim.model import BASELINE, EAGLE3, Preset  # noqa: E402
@@ -38,6 +45,7 @@ from router.tools.traffic import Arrival  # noqa: E402
 TRACES = Path("/work/shared/traces")  # as bench/traffic.py
 # bench/traffic.py's defaults
 START, DURATION, WARMUP, DRAIN = 600.0, 120.0, 10.0, 60.0
+CLOSED_DURATION, CLOSED_WARMUP, CLOSED_SLACK = 60.0, 8.0, 20.0
 BURSTY_LENGTHS = (traffic.Lengths(1020, 1.0, 16, 8192), traffic.Lengths(129, 0.86, 4, 1000))
 
 
@@ -138,6 +146,21 @@ def evaluate(policy: str, name: str, rate: float, seeds: int, models: str = "lea
     return mean_score(scores)
 
 
+def evaluate_closed(policy: str, users: int, sizes: tuple[int, int], seeds: int,
+                    models: str) -> tuple[Score, float]:  # fmt: skip
+    """Mean over ``seeds`` engine seeds, and the requests per second served."""
+    scores, rates = [], []
+    for seed in range(seeds):
+        done, arrivals = run_closed(users, *sizes, CLOSED_DURATION, Router(policy, models),
+                                    seed=10 * seed + 1)  # fmt: skip
+        last = CLOSED_DURATION - CLOSED_SLACK
+        scored = [a for a in arrivals if a.at <= last]
+        finished = [r for r in done if r.arrival.at <= last]
+        scores.append(score(finished, scored, CLOSED_WARMUP, CLOSED_SLACK))
+        rates.append(scores[-1].n / (CLOSED_DURATION - CLOSED_SLACK - CLOSED_WARMUP))
+    return mean_score(scores), sum(rates) / len(rates)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="azure-conv",
@@ -149,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature-share", type=float, default=0.0, help="azure: share at T=1")
     ap.add_argument("--models", default="learn", choices=["learn", "table", "truth"])
     ap.add_argument("--policies", default="slo,predictive,spillover,round_robin")
+    ap.add_argument("--closed", help="closed loops of these many users instead of --workload")
+    ap.add_argument("--closed-sizes", default="32,96", help="prompt,output tokens (closed)")
     ap.add_argument(
         "--set",
         action="append",
@@ -165,6 +190,22 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"lab: router.decide.{module} has no {attr}")
         setattr(target, attr, type(getattr(target, attr))(float(value)))
         print(f"lab: router.decide.{module}.{attr} = {getattr(target, attr)}")
+    if args.closed:
+        sizes = tuple(int(x) for x in args.closed_sizes.split(","))
+        print(f"closed loops of {sizes[0]} + {sizes[1]} tokens, models {args.models}, "
+              f"{args.seeds} seeds: strict/relaxed goodput %, requests/s, TTFT p50 s, "
+              "TPOT p50 ms, share to speculative")  # fmt: skip
+        for users in (int(x) for x in args.closed.split(",")):
+            for policy in args.policies.split(","):
+                s, served = evaluate_closed(policy, users, (sizes[0], sizes[1]), args.seeds,
+                                            args.models)  # fmt: skip
+                print(
+                    f"users {users:3d} {policy:12s} strict {100 * s.strict:5.1f} relaxed "
+                    f"{100 * s.relaxed:5.1f} req/s {served:5.2f} ttft p50 {s.ttft_p50:5.2f} "
+                    f"tpot p50 {1000 * s.tpot_p50:6.1f} spec {100 * s.spec_share:4.0f}%",
+                    flush=True,
+                )
+        return 0
     hot = args.temperature_share
     cap = capacity(base_workload(args.workload, hot))
     if args.rates:

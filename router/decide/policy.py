@@ -16,7 +16,7 @@ from typing import Literal, NamedTuple
 
 from router.decide.learner import Gain
 from router.decide.predict import PoolModel, Request
-from router.decide.twin import Flight, Placement, Stream, place
+from router.decide.twin import Flight, Held, Placement, Stream, place, slo_capacity
 from router.pools import BASELINE, SPECULATIVE, Pool, other
 
 # Named tuples rather than frozen dataclasses: as immutable, and several times cheaper to build,
@@ -235,6 +235,12 @@ PRESSURE_LIMIT = 0.5
 # no feasible backend either, yet concentrating it on one engine only trades one engine's
 # requests for the other's (bench/results/policy-lab.md, the demo's 32 users).
 OVERLOAD = 0.85
+# Short of that, a share of requests with no feasible backend past this is a closed loop of
+# users past the SLO's edge (``_dump``): higher than PRESSURE_LIMIT, as open traffic below
+# overload reaches it only in its longest bursts, where each request's least harm does better.
+SATURATED = 0.7
+# ... and only if its excess fits in the other pool's engines within this share of their caps.
+FIT = 0.8
 # Replicas of a pool simulated for each request: the least loaded ones.
 CANDIDATES = 2
 # How far the running requests have got is guessed from the iteration time stretched by the
@@ -331,9 +337,47 @@ def offered(snap: Snapshot, models: Mapping[Pool, PoolModel]) -> float | None:
     return rate / served if served > 0 else None
 
 
-def _overloaded(snap: Snapshot, models: Mapping[Pool, PoolModel]) -> bool:
+def _dump(snap: Snapshot, models: Mapping[Pool, PoolModel], pressure: float) -> Pool | None:
+    """Where the requests no backend can take go while that lasts (``pressure`` past
+    ``PRESSURE_LIMIT``), if anywhere in particular (None: each where it does the least harm).
+
+    - Arriving faster than the engines can serve (``OVERLOAD``): the excess has no bound, and
+      the pool with the most throughput drains it fastest.
+    - Otherwise, past ``SATURATED``: a closed loop of users past the SLO's edge, whose excess
+      is the users both pools cannot serve within their SLO, and who wait for their answers.
+      The pool that serves fewer of them within the relaxed SLO (``pool_slo_capacity``) takes
+      them, so the one that serves more keeps doing so (left to each request's least harm,
+      whichever pool tipped first would stay the one sacrificed), if they fit in its engines
+      with room to spare (``FIT``): beyond that it would queue them, or take them one moment
+      and refuse them the next.
+    """
     share = offered(snap, models)
-    return share is None or share >= OVERLOAD  # (no streams known: as before they were)
+    if share is None or share >= OVERLOAD:  # (no streams known: as before they were)
+        return max(models, key=lambda name: models[name].capacity())
+    if pressure <= SATURATED:
+        return None
+    views = {view.name: view for view in (snap.speculative, snap.baseline)}
+    held = {name: pool_slo_capacity(view, models[name]) for name, view in views.items()}
+    low = min(held, key=lambda name: held[name].rate)
+    keep = other(low)
+    cap = models[low].cap
+    if cap is not None:
+        room = sum(b.cap or cap for b in views[low].usable())
+        excess = sum(b.load for view in views.values() for b in view.usable())
+        if excess - held[keep].running > FIT * room:
+            return None
+    return low
+
+
+def pool_slo_capacity(view: PoolView, model: PoolModel) -> Held:
+    """What the pool's usable backends serve within the relaxed TPOT target of the traffic each
+    sees (``twin.slo_capacity``), summed."""
+    rate, running = 0.0, 0
+    for b in view.usable():
+        if b.stream is not None:
+            one = slo_capacity(model, b.stream)
+            rate, running = rate + one.rate, running + one.running
+    return Held(rate, running)
 
 
 def _candidates(view: PoolView, rr: int) -> list[BackendView]:
@@ -379,9 +423,11 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     if not best.feasible:
         if feasible:
             best = max(feasible, key=lambda o: o.value)
-        elif pressure > PRESSURE_LIMIT and _overloaded(snap, models):
-            dump = max(models, key=lambda name: models[name].capacity())
-            best = max((o for o in options if o.pool == dump), key=lambda o: o.value, default=best)
+        elif pressure > PRESSURE_LIMIT:
+            dump = _dump(snap, models, pressure)
+            if dump is not None:
+                best = max((o for o in options if o.pool == dump), key=lambda o: o.value,
+                           default=best)  # fmt: skip
     p = best.placement
     scale = models[best.pool].scale
     overflow = not feasible and all(o.placement.own[1] < NOTHING for o in options)

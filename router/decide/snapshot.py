@@ -35,6 +35,7 @@ from router.decide.policy import (
     choose,
     explore,
     offered,
+    pool_slo_capacity,
     reroute,
 )
 from router.decide.predict import PoolModel, Request
@@ -397,23 +398,41 @@ class Decider:
             "extrapolated_decisions": self.extrapolated,
             # the decayed share of recent requests no backend could take within their SLO;
             # past policy.PRESSURE_LIMIT the excess goes to the pool with the most throughput,
-            # while what arrives is at least policy.OVERLOAD of what the engines can serve
+            # while what arrives is at least policy.OVERLOAD of what the engines can serve;
+            # short of that, past policy.SATURATED, to the pool that serves fewer within the
+            # relaxed SLO (``within_slo``: requests/s and the batch, as the traffic is now)
             "pressure": round(self._state.pressure, 3),
-            "offered": self._offered(),
+            **self._load_measures(),
             "sampling_share": round(self._mix.sampling, 3),
             "mean_output_tokens": round(traffic.mean_output, 1),
             "tokens_per_char": round(traffic.tokens_per_char, 4),
         }
 
-    def _offered(self) -> float | None:
-        """What arrives over what the engines can serve (``policy.offered``), as the next
-        request would see it; None without models or streams."""
+    def _load_measures(self) -> dict[str, Any]:
+        """What arrives over what the engines can serve (``policy.offered``) and what each
+        pool serves within the relaxed SLO (``policy.pool_slo_capacity``), as the next request
+        would see them; None without models or streams."""
         models = self.tuning.models
         if models is None:
-            return None
-        share = offered(self.snapshot(Request(0.0, 0.0, False, self.slo_ttft, self.slo_tpot)),
-                        models)  # fmt: skip
-        return None if share is None else round(share, 3)
+            return {"offered": None, "within_slo": None}
+        snap = self.snapshot(Request(0.0, 0.0, False, self.slo_ttft, self.slo_tpot))
+        share = offered(snap, models)
+        held = {
+            view.name: pool_slo_capacity(view, models[view.name])
+            for view in (snap.speculative, snap.baseline)
+        }
+        return {
+            "offered": None if share is None else round(share, 3),
+            "within_slo": None
+            if share is None
+            else {
+                pool: {
+                    "requests_per_s": round(h.rate / models[pool].scale, 3),
+                    "running": h.running,
+                }
+                for pool, h in held.items()
+            },
+        }
 
     def pool_usable(self, pool: Pool) -> bool:
         now = self.clock()

@@ -343,6 +343,38 @@ def simulate(
     return Outcome(strict, relaxed, ttft, tpot, end, biggest, own, slowness)
 
 
+class Held(NamedTuple):
+    """What an engine serves within the relaxed SLO at most (see ``slo_capacity``)."""
+
+    rate: float  # requests per second
+    running: int  # the batch it runs them in
+
+
+def slo_capacity(model: PoolModel, stream: Stream) -> Held:
+    """The most requests per second of ``stream``'s mean size one engine serves in its steady
+    state with their time per output token within the relaxed target: at each batch size
+    ``n``, the rate that keeps ``n`` running (Little: ``n`` over a request's life) with the
+    decode stretched by the prefills that rate brings; the best ``n`` that meets it."""
+    target = stream.slo_tpot * RELAXED_TPOT
+    sh = stream.sampling
+    tau = 1.0 / (sh / model.tau(True) + (1 - sh) / model.tau(False))
+    prefill = model.prefill(stream.prompt)
+    output = max(1.0, stream.output)
+    top = model.cap if model.cap is not None else max(1, model.measured)
+    best = Held(0.0, 0)
+    for n in range(1, top + 1):
+        decode = model.iteration(n) / tau  # per token, without stalls
+        rate = n / (prefill + output * decode)
+        for _ in range(4):  # the stalls stretch the life, which lowers the rate: a fixed point
+            share = min(MAX_STALL_SHARE, rate * prefill)
+            rate = n / (prefill + output * decode / (1.0 - share))
+        if decode / (1.0 - min(MAX_STALL_SHARE, rate * prefill)) > target:
+            break
+        if rate > best.rate:
+            best = Held(rate, n)
+    return best
+
+
 class Placement(NamedTuple):
     """What sending one request to a backend is expected to do (see ``place``)."""
 

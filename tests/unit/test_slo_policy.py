@@ -6,6 +6,7 @@ simulation (router.decide.twin) leads to; the rest check the choice rules on giv
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from router.decide import policy as policy_module
 from router.decide.policy import BackendView, PoolView, RoutingState, Snapshot, choose
 from router.decide.predict import PoolModel, Request
-from router.decide.twin import Flight, Placement, Stream
+from router.decide.twin import Flight, Placement, Stream, slo_capacity
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.sim.model import BASELINE as BASE_PRESET
 from router.sim.model import EAGLE3
@@ -319,17 +320,45 @@ def test_no_sustained_overload_while_the_engines_could_serve_what_arrives(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Nothing feasible, pressure past its limit, and still by value: the requests are not
-    arriving faster than the engines serve them (a closed loop of users at the edge of their
-    SLO, who wait for their answers), so concentrating them on one engine would only trade
-    that engine's requests for the other's (the demo's 32 users)."""
+    arriving faster than the engines serve them, and not for long enough to be a closed loop
+    of users past the SLO's edge (``SATURATED``)."""
     costly = p(1.0, 0.0, (1, 1))
     predicting(monkeypatch, {SPECULATIVE: costly, BASELINE: p(0.0, 0.1, (0, 0.1))})
-    pressed = snap(state=RoutingState(pressure=0.9))
+    pressed = snap(state=RoutingState(pressure=policy_module.SATURATED - 0.1))
+    assert pressed.state.pressure > policy_module.PRESSURE_LIMIT
     served = sum(1 / (m.prefill(100) + 200 / m.capacity()) for m in (SPEC, BASE))
     light = arriving(pressed, served / 2 * 0.5)  # half of what the pair serves
     assert decide(light) == SPECULATIVE
     heavy = arriving(pressed, served / 2 * 1.1)
     assert decide(heavy) == BASELINE
+
+
+def test_a_closed_loop_past_the_slos_edge_keeps_the_pool_that_serves_more_within_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Users in a closed loop past the SLO's edge: no feasible backend for most requests
+    (past ``SATURATED``), yet not arriving faster than the engines serve. By least harm each
+    request would go where the requests are lost already, so whichever pool tipped first
+    stays sacrificed; instead the pool that serves fewer within the relaxed SLO takes them
+    (here speculation), so the baseline keeps serving more within it, as long as the excess
+    (all in flight, less what the baseline holds within its SLO) fits in the speculative
+    engines (``FIT`` of their cap); beyond that, by value again."""
+    stream = Stream(1.0, 100, 200, 0.0, 1.0, 0.025)
+    assert slo_capacity(SPEC, stream).rate < slo_capacity(BASE, stream).rate
+    # by value: the baseline, whose requests are past their SLO already
+    predicting(monkeypatch, {SPECULATIVE: p(-1, -2, (0.2, 0.2)), BASELINE: p(0, -0.1, (0, 0.1))})
+    served = sum(1 / (m.prefill(100) + 200 / m.capacity()) for m in (SPEC, BASE))
+
+    def loop(spec: int, pressure: float) -> Snapshot:
+        return arriving(snap(spec, 20, state=RoutingState(pressure=pressure)), served / 2 * 0.5)
+
+    assert decide(loop(10, policy_module.SATURATED - 0.05)) == BASELINE
+    assert decide(loop(10, 0.95)) == SPECULATIVE
+    held = policy_module.pool_slo_capacity(loop(10, 0.95).baseline, BASE).running
+    fits = math.floor(policy_module.FIT * EAGLE3.max_running) + held - 20
+    assert 10 < fits < EAGLE3.max_running
+    assert decide(loop(fits, 0.95)) == SPECULATIVE
+    assert decide(loop(fits + 1, 0.95)) == BASELINE
 
 
 def test_overflow_is_a_request_that_meets_nothing_anywhere(

@@ -14,7 +14,7 @@ import pytest
 from router.account.inflight import InflightTracker, Lease
 from router.account.outcome import Outcome
 from router.decide.learner import Gain
-from router.decide.policy import Decision, offered
+from router.decide.policy import Decision, offered, pool_slo_capacity
 from router.decide.predict import PoolModel, Request
 from router.decide.snapshot import Decider, Traffic
 from router.health.poller import EngineLoad
@@ -311,6 +311,17 @@ def test_expected_load_is_arrival_rate_times_measured_stay() -> None:
         offered(w.decider.snapshot(req), w.tuning.models), abs=0.001
     )
     assert 0.05 < status["offered"] < 0.5
+    # and what each pool serves within the relaxed SLO, at the traffic's size (requests/s)
+    within = status["within_slo"]
+    snap = w.decider.snapshot(req)
+    for view in (snap.speculative, snap.baseline):
+        model = w.tuning.models[view.name]
+        h = pool_slo_capacity(view, model)
+        assert within[view.name] == {
+            "requests_per_s": pytest.approx(h.rate / model.scale, abs=0.001),
+            "running": h.running,
+        }
+        assert h.rate > 0 and h.running >= 1
 
 
 def test_the_slo_policy_sees_each_request_in_flight_and_the_stream() -> None:

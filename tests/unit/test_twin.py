@@ -7,9 +7,9 @@ import math
 import pytest
 
 from router.decide import twin
-from router.decide.twin import Flight, Stream, place, poisson_cdf, simulate, within
+from router.decide.twin import Flight, Stream, place, poisson_cdf, simulate, slo_capacity, within
 from router.sim.model import BASELINE as BASE_PRESET
-from router.sim.model import EAGLE3, prefill_time
+from router.sim.model import EAGLE3, closed_loop, prefill_time
 from tests.support.models import preset_model
 
 SPEC = preset_model(EAGLE3)
@@ -154,3 +154,28 @@ def test_within_is_the_chance_the_headroom_absorbs_the_stalls() -> None:
     assert within(1.98, 100, 0.025, 0.0, 0.2) == 1.0  # nothing more arrives
     assert within(1.98, 100, 0.025, 1.0, 0.2) == pytest.approx(poisson_cdf(0.495 / 0.2, 1.0))
     assert within(3.0, 100, 0.025, 1.0, 0.2) == 0.0  # already past it
+
+
+def test_slo_capacity_is_what_a_steady_engine_serves_within_the_relaxed_target() -> None:
+    """Against the sims' steady state (``router.sim.model.closed_loop``): the rate of requests
+    of 32 + 96 tokens that keeps their time per token within 50 ms lies between the rates of
+    the loops that keep it and of those that do not. Less with a tighter target or longer
+    prompts (more prefill stalls)."""
+    stream = Stream(1.0, 32, 96, 0.0, 1.0, 0.025)
+    for preset in (BASE_PRESET, EAGLE3):
+        model = preset_model(preset, context=80.0)
+        capacity = slo_capacity(model, stream).rate
+        loops = [closed_loop(preset, n, 32, 96) for n in range(2, 40)]
+        kept = [lp.total_tps / 96 for lp in loops if 1 / lp.per_request_tps <= 0.05]
+        past = [lp.total_tps / 96 for lp in loops if 1 / lp.per_request_tps > 0.05]
+        assert max(kept) * 0.97 <= capacity <= min(past)
+        assert slo_capacity(model, stream._replace(slo_tpot=0.02)).rate < capacity
+        assert slo_capacity(model, stream._replace(prompt=4000)).rate < capacity
+        # the batch it runs them in: the loop of that many users keeps the target
+        users = slo_capacity(model, stream).running
+        assert 1 / closed_loop(preset, users, 32, 96).per_request_tps <= 0.05 * 1.03
+    # the baseline serves more within it than speculation: more of its requests fit in 50 ms
+    base, spec = (
+        slo_capacity(preset_model(p, context=80.0), stream) for p in (BASE_PRESET, EAGLE3)
+    )
+    assert base.rate > spec.rate
