@@ -348,8 +348,8 @@ def _dump(snap: Snapshot, models: Mapping[Pool, PoolModel], pressure: float) -> 
       The pool that serves fewer of them within the relaxed SLO (``pool_slo_capacity``) takes
       them, so the one that serves more keeps doing so (left to each request's least harm,
       whichever pool tipped first would stay the one sacrificed), if they fit in its engines
-      with room to spare (``FIT``): beyond that it would queue them, or take them one moment
-      and refuse them the next.
+      with room to spare (``FIT``). Beyond that it would queue them, or take them one moment
+      and refuse them the next: then, as under overload, the pool with the most throughput.
     """
     share = offered(snap, models)
     if share is None or share >= OVERLOAD:  # (no streams known: as before they were)
@@ -365,7 +365,7 @@ def _dump(snap: Snapshot, models: Mapping[Pool, PoolModel], pressure: float) -> 
         room = sum(b.cap or cap for b in views[low].usable())
         excess = sum(b.load for view in views.values() for b in view.usable())
         if excess - held[keep].running > FIT * room:
-            return None
+            return max(models, key=lambda name: models[name].capacity())
     return low
 
 

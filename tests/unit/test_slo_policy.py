@@ -342,7 +342,8 @@ def test_a_closed_loop_past_the_slos_edge_keeps_the_pool_that_serves_more_within
     stays sacrificed; instead the pool that serves fewer within the relaxed SLO takes them
     (here speculation), so the baseline keeps serving more within it, as long as the excess
     (all in flight, less what the baseline holds within its SLO) fits in the speculative
-    engines (``FIT`` of their cap); beyond that, by value again."""
+    engines (``FIT`` of their cap); beyond that, to the pool with the most throughput, as
+    under overload (the baseline here, which by value would have had it too)."""
     stream = Stream(1.0, 100, 200, 0.0, 1.0, 0.025)
     assert slo_capacity(SPEC, stream).rate < slo_capacity(BASE, stream).rate
     # by value: the baseline, whose requests are past their SLO already
@@ -358,6 +359,10 @@ def test_a_closed_loop_past_the_slos_edge_keeps_the_pool_that_serves_more_within
     fits = math.floor(policy_module.FIT * EAGLE3.max_running) + held - 20
     assert 10 < fits < EAGLE3.max_running
     assert decide(loop(fits, 0.95)) == SPECULATIVE
+    assert decide(loop(fits + 1, 0.95)) == BASELINE
+    # beyond the fit, the most throughput even where each request's least harm is elsewhere
+    predicting(monkeypatch, {SPECULATIVE: p(0, -0.1, (0, 0.1)), BASELINE: p(-1, -2, (0.2, 0.2))})
+    assert decide(loop(fits + 1, policy_module.SATURATED - 0.05)) == SPECULATIVE
     assert decide(loop(fits + 1, 0.95)) == BASELINE
 
 
