@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from router.account.inflight import PrefillLog
-from router.account.keeper import MATES
 from router.decide import table as tables
 from router.decide.learner import LearnConfig, Learner, marginal_gain
 from router.decide.models import EngineModels, Sample
@@ -288,7 +287,7 @@ class Router:
         cap = self.caps.get(engine.url)
         if cap is not None:
             concurrency = min(concurrency, float(cap))
-        stall = engine.prefilled.between(r.first + min(spt / 2, MATES), r.last)
+        stall = engine.prefilled.stalls(r.first, spt, r.last)
         sample = Sample(r.pool, concurrency, spt, r.first - r.arrival.at,
                         r.arrival.temperature > 0, r.arrival.prompt_tokens, 0, n,
                         r.load_at_start, r.prefill_share, stall)  # fmt: skip
@@ -310,6 +309,18 @@ class Router:
         new = self.learner.step(self.crossover, False)
         if new is not None:
             self.crossover = new
+
+
+def _route(router: Router, a: Arrival, engines: Sequence[Engine], pools: tuple[Pool, Pool],
+           pool_of: Mapping[str, Pool]) -> Decision:  # fmt: skip
+    """``a`` routed by ``router`` and submitted to the engine it chose."""
+    router.tick(a.at, engines)
+    decision = router.decide(a, engines, pools, a.at)
+    req = Req(a, pool_of[decision.backend], request=getattr(router, "last_request", None),
+              load_at_start=decision.load, prefill_share=decision.prefill_share,
+              prefill=decision.prefill)  # fmt: skip
+    next(e for e in engines if e.url == decision.backend).submit(req, a.at)
+    return decision
 
 
 def run(
@@ -339,14 +350,9 @@ def run(
 
     for a in arrivals:
         advance(a.at)
-        router.tick(a.at, engines)
-        decision = router.decide(a, engines, pools, a.at)
+        decision = _route(router, a, engines, pools, pool_of)
         if on_decision is not None:
             on_decision(decision, a)
-        req = Req(a, pool_of[decision.backend], request=getattr(router, "last_request", None),
-                  load_at_start=decision.load, prefill_share=decision.prefill_share,
-                  prefill=decision.prefill)  # fmt: skip
-        next(e for e in engines if e.url == decision.backend).submit(req, a.at)
     advance(math.inf)
     return done
 
@@ -389,9 +395,4 @@ def run_closed(
         due.pop(0)
         a = Arrival(at, prompt_tokens, output_tokens, temperature)
         arrivals.append(a)
-        router.tick(at, engines)
-        decision = router.decide(a, engines, pools, at)
-        req = Req(a, pool_of[decision.backend], request=getattr(router, "last_request", None),
-                  load_at_start=decision.load, prefill_share=decision.prefill_share,
-                  prefill=decision.prefill)  # fmt: skip
-        next(e for e in engines if e.url == decision.backend).submit(req, at)
+        _route(router, a, engines, pools, pool_of)

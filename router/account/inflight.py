@@ -20,6 +20,10 @@ from collections.abc import Callable, Iterable, Mapping
 
 from router.pools import POOLS, Pool
 
+# Wall seconds within which the first tokens of one engine iteration reach the router: first
+# tokens this close to a request's own came from its own prefill iteration, not a later one.
+MATES = 0.005
+
 
 class PrefillLog:
     """Seconds of prefill against the time each ran (its request's first token), cumulative, so
@@ -49,6 +53,12 @@ class PrefillLog:
 
     def between(self, start: float, end: float) -> float:
         return max(0.0, self.at(end) - self.at(start))
+
+    def stalls(self, first: float, per_token: float, end: float) -> float:
+        """The prefill that stalled a decode from ``first`` (its first token) to ``end``, at
+        ``per_token`` seconds per token: the prefills whose first token came after its own,
+        past ``MATES`` (not the ones prefilled with it), and by its end."""
+        return self.between(first + min(per_token / 2, MATES), end)
 
 
 class InflightTracker:
@@ -112,9 +122,9 @@ class InflightTracker:
         """A request's first token came from ``backend``: its prefill (``seconds``) ran there."""
         self._begun[backend].add(now, seconds)
 
-    def prefill_between(self, backend: str, start: float, end: float) -> float:
-        """The prefill time that ran on ``backend`` from ``start`` to ``end`` (by first tokens)."""
-        return self._begun[backend].between(start, end)
+    def stalls(self, backend: str, first: float, per_token: float, end: float) -> float:
+        """The prefill time that stalled a decode on ``backend`` (``PrefillLog.stalls``)."""
+        return self._begun[backend].stalls(first, per_token, end)
 
     def linger(self, backend: str, until: float) -> None:
         """A released request still occupies its engine until ``until``."""

@@ -38,9 +38,6 @@ log = logging.getLogger("spec_router.tuning")
 
 # A relative change in acceptance length that counts as news (re-target without waiting).
 TAU_CHANGE = 0.03
-# Wall seconds within which the first tokens of one engine iteration reach the router: first
-# tokens this close to a request's own came from its own prefill iteration, not a later one.
-MATES = 0.005
 
 
 def _now_iso() -> str:
@@ -203,12 +200,8 @@ class CrossoverKeeper:
             if seen is not None and seen.cap is not None:
                 concurrency = min(concurrency, float(seen.cap))
             spt = decode / (usage.completion_tokens - 1)
-            # the prefills that ran on its engine while it decoded, each stalling an iteration:
-            # those whose first token came after its own (past MATES: not the ones prefilled
-            # with it) and before its end
-            stall = self.tracker.prefill_between(
-                out.backend, first + min(spt / 2, MATES), out.ended
-            )
+            # the prefills that ran on its engine while it decoded, each stalling an iteration
+            stall = self.tracker.stalls(out.backend, first, spt, out.ended)
             self.learner.record(
                 out.pool, concurrency, spt, first - out.started, out.ended - out.started
             )

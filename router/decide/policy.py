@@ -353,7 +353,7 @@ def _dump(snap: Snapshot, models: Mapping[Pool, PoolModel], pressure: float) -> 
     """
     share = offered(snap, models)
     if share is None or share >= OVERLOAD:  # (no streams known: as before they were)
-        return max(models, key=lambda name: models[name].capacity())
+        return _most_throughput(models)
     if pressure <= SATURATED:
         return None
     views = {view.name: view for view in (snap.speculative, snap.baseline)}
@@ -365,8 +365,12 @@ def _dump(snap: Snapshot, models: Mapping[Pool, PoolModel], pressure: float) -> 
         room = sum(b.cap or cap for b in views[low].usable())
         excess = sum(b.load for view in views.values() for b in view.usable())
         if excess - held[keep].running > FIT * room:
-            return max(models, key=lambda name: models[name].capacity())
+            return _most_throughput(models)
     return low
+
+
+def _most_throughput(models: Mapping[Pool, PoolModel]) -> Pool:
+    return max(models, key=lambda name: models[name].capacity())
 
 
 def pool_slo_capacity(view: PoolView, model: PoolModel) -> Held:

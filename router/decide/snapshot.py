@@ -417,22 +417,17 @@ class Decider:
             return {"offered": None, "within_slo": None}
         snap = self.snapshot(Request(0.0, 0.0, False, self.slo_ttft, self.slo_tpot))
         share = offered(snap, models)
-        held = {
-            view.name: pool_slo_capacity(view, models[view.name])
-            for view in (snap.speculative, snap.baseline)
-        }
-        return {
-            "offered": None if share is None else round(share, 3),
-            "within_slo": None
-            if share is None
-            else {
-                pool: {
-                    "requests_per_s": round(h.rate / models[pool].scale, 3),
-                    "running": h.running,
-                }
-                for pool, h in held.items()
-            },
-        }
+        if share is None:
+            return {"offered": None, "within_slo": None}
+        within = {}
+        for view in (snap.speculative, snap.baseline):
+            held = pool_slo_capacity(view, models[view.name])
+            scale = models[view.name].scale
+            within[view.name] = {
+                "requests_per_s": round(held.rate / scale, 3),
+                "running": held.running,
+            }
+        return {"offered": round(share, 3), "within_slo": within}
 
     def pool_usable(self, pool: Pool) -> bool:
         now = self.clock()

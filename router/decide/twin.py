@@ -366,8 +366,8 @@ def slo_capacity(model: PoolModel, stream: Stream) -> Held:
         decode = model.iteration(n) / tau  # per token, without stalls
         rate = n / (prefill + output * decode)
         for _ in range(4):  # the stalls stretch the life, which lowers the rate: a fixed point
-            share = min(MAX_STALL_SHARE, rate * prefill)
-            rate = n / (prefill + output * decode / (1.0 - share))
+            stretched = decode / (1.0 - min(MAX_STALL_SHARE, rate * prefill))
+            rate = n / (prefill + output * stretched)
         if decode / (1.0 - min(MAX_STALL_SHARE, rate * prefill)) > target:
             break
         if rate > best.rate:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from router.account.inflight import InflightTracker, PrefillLog
-from router.account.keeper import MATES, CrossoverKeeper
+from router.account.inflight import MATES, InflightTracker, PrefillLog
+from router.account.keeper import CrossoverKeeper
 from router.account.outcome import Outcome
 from router.decide import table as tables
 from router.forward.stream import Usage
