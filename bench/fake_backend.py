@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import re
 import socket
 import sys
@@ -103,9 +104,13 @@ class Backend(asyncio.Protocol):
 
     active_streams = 0
 
-    def __init__(self, responses: Responses, interval: float, first_delay: float = 0.0) -> None:
+    def __init__(
+        self, responses: Responses, interval: float, first_delay: float = 0.0, jitter: float = 0.0
+    ) -> None:
         self.r = responses
+        self.base_interval = interval
         self.interval = interval
+        self.jitter = jitter
         self.first_delay = first_delay
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
@@ -198,6 +203,8 @@ class Backend(asyncio.Protocol):
         assert self.transport is not None
         self.streaming = True
         Backend.active_streams += 1
+        if self.jitter:  # this stream's own pace, so streams that start together drift apart
+            self.interval = self.base_interval * random.uniform(1 - self.jitter, 1 + self.jitter)
         if self.first_delay:
             self.transport.write(self.r.stream_head)
             self.frame = 0
@@ -250,13 +257,23 @@ def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
 
 
 async def serve(
-    host: str, port: int, chunks: int, interval_ms: float, model: str, first_delay_ms: float = 0.0
+    host: str,
+    port: int,
+    chunks: int,
+    interval_ms: float,
+    model: str,
+    first_delay_ms: float = 0.0,
+    jitter: float = 0.0,
 ) -> None:
     loop = asyncio.get_running_loop()
     responses = Responses(chunks, model)
     interval, first = interval_ms / 1000.0, first_delay_ms / 1000.0
     server = await loop.create_server(
-        lambda: Backend(responses, interval, first), host, port, backlog=4096, reuse_address=True
+        lambda: Backend(responses, interval, first, jitter),
+        host,
+        port,
+        backlog=4096,
+        reuse_address=True,
     )
     sock_host, sock_port = server.sockets[0].getsockname()[:2]
     print(f"{LISTENING_PREFIX}http://{sock_host}:{sock_port}", flush=True)
@@ -276,8 +293,17 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="send the headers alone, then the first chunk this much later (default 0: together)",
     )
+    parser.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        help="each stream's gap drawn uniformly from interval x (1 +- JITTER) (default 0: all "
+        "streams keep the same pace, so streams that start together end together)",
+    )
     parser.add_argument("--model", default="bench-model")
     args = parser.parse_args(argv)
+    if not 0 <= args.jitter < 1:
+        parser.error("--jitter must be in [0, 1)")
     if args.chunks < 1:
         parser.error("--chunks must be at least 1")
     try:
@@ -289,7 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runner(
             serve(
-                args.host, args.port, args.chunks, args.interval_ms, args.model, args.first_delay_ms
+                args.host,
+                args.port,
+                args.chunks,
+                args.interval_ms,
+                args.model,
+                args.first_delay_ms,
+                args.jitter,
             )
         )
     except KeyboardInterrupt:

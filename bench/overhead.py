@@ -73,6 +73,7 @@ CANDIDATES = {
     "starlette_aiohttp": "Starlette routing + StreamingResponse + aiohttp",
     "asgi_httpx": "raw ASGI handler + httpx",
     "asgi_aiohttp": "raw ASGI handler + aiohttp",
+    "tcp_pipe": "a TCP pipe on uvloop, no HTTP at all: the floor of any Python proxy",
 }
 # router_no_busy_poll: the same router with SPEC_ROUTER_BUSY_POLL_US=0 (router/fastpath/busypoll.py)
 # router_ref: the router of another checkout (--router-ref DIR, e.g. a `git worktree` of the
@@ -490,7 +491,7 @@ def log(msg: str) -> None:
 def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     backend_cmd = [PY, str(HERE / "fake_backend.py"), "--port", "0"]
     backend_cmd += ["--chunks", str(args.chunks), "--interval-ms", str(args.interval_ms)]
-    backend_cmd += ["--first-delay-ms", str(args.first_delay_ms)]
+    backend_cmd += ["--first-delay-ms", str(args.first_delay_ms), "--jitter", str(args.jitter)]
     procs: dict[str, Proc] = {}
     notes: dict[str, str] = {}
     headers: dict[str, dict[str, str]] = {}
@@ -612,6 +613,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the backend sends its headers alone and the first chunk this much later",
     )
     p.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        help="each stream's chunk gap drawn from interval x (1 +- JITTER): streams that start "
+        "together drift apart instead of ending (and restarting) together",
+    )
+    p.add_argument(
         "--unpinned",
         action="store_true",
         help="backend and load generator not pinned (they may run on the proxy's core)",
@@ -663,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_core": args.load_core,
         "loadgen": args.loadgen + (" (new connections)" if args.new_connections else ""),
         "first_delay_ms": args.first_delay_ms,
+        "jitter": args.jitter,
         "unpinned": args.unpinned,
     }
     meta = {"command": command.strip(), "machine": machine(), "config": config}

@@ -71,11 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--raw", type=Path, help="also keep py-spy's collapsed stacks here")
     p.add_argument("--native", action="store_true", help="sample C frames too (py-spy --native)")
+    p.add_argument("--chunks", type=int, default=20, help="SSE chunks per stream (fake backend)")
     args = p.parse_args(argv)
     pyspy = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
     if not os.path.exists(pyspy):
         p.error("py-spy not found: pip install py-spy")
-    backend_cmd = [PY, str(HERE / "fake_backend.py"), "--port", "0"]
+    backend_cmd = [PY, str(HERE / "fake_backend.py"), "--port", "0", "--chunks", str(args.chunks)]
     backends = [spawn(f"backend{i}", backend_cmd, 1) for i in (1, 2)]
     router = None
     try:
