@@ -13,6 +13,9 @@ comparison made within one run:
 - ``unpinned``: backend and load generator may run on the proxy's core;
 - ``all``: aiohttp, headers first and unpinned together.
 
+Each variant also runs ``tcp_pipe`` (bench/candidates/tcp_pipe.py), a uvloop TCP pipe with no
+HTTP: the least a proxy written in Python can cost on the same core.
+
 Writes bench/results/overhead-harnesses.md (and each variant's overhead-<name>.json).
 
     python bench/harnesses.py                    # ~15 minutes
@@ -38,7 +41,7 @@ VARIANTS: dict[str, list[str]] = {
     "unpinned": ["--unpinned"],
     "all": ["--loadgen", "aiohttp", "--first-delay-ms", "10", "--unpinned"],
 }
-TARGETS = "direct,nginx,router,router_no_busy_poll"
+TARGETS = "direct,nginx,router,router_no_busy_poll,tcp_pipe"
 
 
 def run_variant(name: str, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -85,7 +88,10 @@ processes, a client that costs the proxy more per request), requests queue and t
 with the queue, not with the proxy's per-chunk cost. nginx needs about half the router's CPU per
 stream (bench/results/overhead.md: 0.36 against 0.68 ms), so the same squeeze that leaves nginx
 with room saturates the router first. The columns that tell which case a row is: proxy CPU (near
-1.00, or near all the core it could get, means saturated) and other load."""
+1.00, or near all the core it could get, means saturated) and other load. tcp_pipe
+(bench/candidates/tcp_pipe.py) is the floor of any proxy written in Python: a uvloop TCP pipe with
+no HTTP at all; its system time per stream is the router's, so the distance between the two is
+what the router does in user space (bench/results/overhead.md, "User space, not system calls")."""
 
 
 def render(runs: list[tuple[str, str, dict[str, Any]]], command: str, note: str | None) -> str:
@@ -105,7 +111,7 @@ def render(runs: list[tuple[str, str, dict[str, Any]]], command: str, note: str 
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, _, report in runs:
-        for target in ("nginx", "router", "router_no_busy_poll"):
+        for target in ("nginx", "router", "router_no_busy_poll", "tcp_pipe"):
             out.append(row(name, report, target))
     out += ["", READING, "", "Each variant's own command:", ""]
     for name, cmd, _ in runs:

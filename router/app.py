@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import resource
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -38,7 +40,7 @@ from router.control.models import list_models
 from router.control.status import status_document, workers_document
 from router.decide import table as tables
 from router.decide.snapshot import Decider
-from router.fastpath.busypoll import BusyPoll
+from router.fastpath.busypoll import SHARE_PERIOD, BusyPoll, ShareWatch
 from router.forward.admission import Admission
 from router.forward.proxy import Proxy
 from router.forward.upstream import Origin, OriginPool
@@ -60,6 +62,32 @@ log = logging.getLogger("spec_router")
 # anything to free). Request objects are freed by reference counting; the collector is only for
 # the rare cycle (bench/results/overhead.md).
 GC_YOUNG_THRESHOLD = 50_000
+
+
+def _waited_for_core() -> float | None:
+    """Seconds this thread has spent runnable but waiting for a core, where Linux keeps it."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+async def _watch_share(busy: BusyPoll, share: ShareWatch) -> None:
+    """Hold busy polling while the router's core looks shared (``ShareWatch``)."""
+    while True:
+        switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+        shared = share.update(time.monotonic(), switches, _waited_for_core())
+        if shared != busy.held:
+            log.info(
+                "busy polling %s: %.0f involuntary context switches/s, %.1f%% of the time "
+                "waiting for the core",
+                "held, the core looks shared" if shared else "resumed",
+                share.rate or 0.0,
+                100 * (share.wait or 0.0),
+            )
+        busy.hold(shared)
+        await asyncio.sleep(SHARE_PERIOD)
 
 
 def _tune_gc() -> None:
@@ -176,6 +204,7 @@ class RouterApp:
         self.clients: dict[str, OriginPool] = {}
         self.proxy: Proxy | None = None
         self.busy: BusyPoll | None = None
+        self.share: ShareWatch | None = None  # whether the core looks shared (busy polling holds)
         self.control = build_control_app(self)
 
     # -- views and actions for the control endpoints (router.control.app.Controlled) -----------
@@ -202,6 +231,11 @@ class RouterApp:
                     "window_us": self.settings.busy_poll_us,
                     "spinning": busy is not None and busy.running,
                     "turns": 0 if busy is None else busy.spins,
+                    # the core looks shared (involuntary context switches per second over the
+                    # limit): no spinning until it stops
+                    "held": busy is not None and busy.held,
+                    "involuntary_switches_per_s": None if self.share is None else self.share.rate,
+                    "waiting_for_core": None if self.share is None else self.share.wait,
                 },
                 "recent": self.recent.summary(),
                 "ui": {
@@ -308,6 +342,10 @@ class RouterApp:
         )
         self.poller.start()
         keeper_task = loop.create_task(self.keeper.run())
+        share_task = None
+        if busy is not None and s.busy_poll_yield:
+            self.share = ShareWatch()
+            share_task = loop.create_task(_watch_share(busy, self.share))
         exchange = self.exchange
         follow_task = None if exchange is None else loop.create_task(exchange.follow(self.keeper))
         log.info(
@@ -321,12 +359,10 @@ class RouterApp:
         try:
             yield self
         finally:
-            keeper_task.cancel()
-            if follow_task is not None:
-                follow_task.cancel()
-            await asyncio.gather(
-                keeper_task, *([] if follow_task is None else [follow_task]), return_exceptions=True
-            )
+            tasks = [t for t in (keeper_task, follow_task, share_task) if t is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             self.keeper.persist()
             await self.poller.stop()
             for client in self.clients.values():

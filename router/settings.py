@@ -122,6 +122,9 @@ class Settings(BaseSettings):
     # Microseconds the event loop keeps polling after activity before it may sleep (0: never
     # spins). Saves ~0.1 ms per request at low load for CPU just after activity (busypoll.py).
     busy_poll_us: int = Field(default=50, ge=0, le=100_000)
+    # Hold busy polling while the router's core looks shared with other busy processes
+    # (busypoll.ShareWatch); false: spin whatever the core's neighbours do.
+    busy_poll_yield: bool = True
 
     # -- access -------------------------------------------------------------------------------
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)

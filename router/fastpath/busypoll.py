@@ -10,7 +10,12 @@ event catches the next one while the core is still awake: the same trade as Linu
 
 What it costs is CPU, and only just after activity: at most ``window`` of polling per quiet gap,
 so an idle router stays idle and a busy one is awake anyway. It pays on a core of the router's
-own; on a core shared with other busy processes, turn it off (``SPEC_ROUTER_BUSY_POLL_US=0``).
+own. On a core shared with other busy processes the spin takes time they could have run in:
+bench/results/overhead-harnesses.md measured the 256-stream tail 12-16 ms worse with it when the
+backends and the load generator could run on the router's core. So the router stops spinning by
+itself while its core looks shared (``ShareWatch``: the kernel keeps preempting it, or it keeps
+waiting for the core when it wakes) and starts again once that stops;
+``SPEC_ROUTER_BUSY_POLL_US=0`` turns spinning off for good.
 
 ``BusyPoll`` only schedules callbacks: each turn of the spin is one ``call_soon``, which makes
 the loop poll its sockets without blocking before it runs the next one. ``poke()`` marks
@@ -30,8 +35,77 @@ class Scheduler(Protocol):
     def call_soon(self, callback: Callable[[], object], /) -> object: ...
 
 
+# When the router's core counts as shared. Two symptoms, either is enough: the kernel keeps
+# preempting the router (involuntary context switches, what a busy router on a shared core
+# shows), or the router keeps waiting for the core when it wakes (time runnable but not running,
+# what a lightly loaded one shows). On the 2-core machine of bench/results/overhead.md, with the
+# router pinned to a core of its own from idle to 256 streams: 0-46 switches/s and 0-0.1% of the
+# time waiting; with a busy process on its core or the backends and load generator free to run
+# there: 100-1,060 switches/s or 2.7-7.1% waiting.
+SHARED_SWITCHES_PER_S = 100.0
+SHARED_WAIT = 0.01  # seconds waiting for the core per second
+# Quiet periods in a row (each ``SHARE_PERIOD``) before a core that looked shared counts as the
+# router's own again: one quiet period says little, as a router that stopped spinning and has
+# little to do is rarely preempted.
+QUIET_PERIODS = 5
+SHARE_PERIOD = 1.0  # seconds between two readings
+
+
+class ShareWatch:
+    """Whether the router's core is shared with other busy processes.
+
+    ``update`` takes the time and two cumulative counts of the event loop's thread: involuntary
+    context switches (``getrusage``'s ``ru_nivcsw``) and seconds spent runnable but waiting for
+    a core (the second field of ``/proc/<pid>/schedstat``, or None where the kernel does not
+    keep it). Shared as soon as one period's rate passes either limit; its own again after
+    ``quiet`` periods in a row below both.
+    """
+
+    __slots__ = ("limit", "wait_limit", "quiet", "shared", "rate", "wait", "_last", "_calm")
+
+    def __init__(
+        self,
+        limit: float = SHARED_SWITCHES_PER_S,
+        wait_limit: float = SHARED_WAIT,
+        quiet: int = QUIET_PERIODS,
+    ) -> None:
+        self.limit = limit
+        self.wait_limit = wait_limit
+        self.quiet = quiet
+        self.shared = False
+        self.rate: float | None = None  # switches per second over the last period
+        self.wait: float | None = None  # seconds waiting for the core per second, same period
+        self._last: tuple[float, int, float | None] | None = None
+        self._calm = 0  # periods in a row below the limits
+
+    def update(self, now: float, switches: int, waited: float | None = None) -> bool:
+        last, self._last = self._last, (now, switches, waited)
+        if last is None or now <= last[0]:
+            return self.shared
+        span = now - last[0]
+        self.rate = (switches - last[1]) / span
+        self.wait = None if waited is None or last[2] is None else (waited - last[2]) / span
+        if self.rate > self.limit or (self.wait is not None and self.wait > self.wait_limit):
+            self.shared, self._calm = True, 0
+        elif self.shared:
+            self._calm += 1
+            if self._calm >= self.quiet:
+                self.shared, self._calm = False, 0
+        return self.shared
+
+
 class BusyPoll:
-    __slots__ = ("_loop", "_window", "_clock", "_active", "_running", "_since", "_stopped", "spins")
+    __slots__ = (
+        "_loop",
+        "_window",
+        "_clock",
+        "_active",
+        "_running",
+        "_since",
+        "_stopped",
+        "_held",
+        "spins",
+    )
 
     def __init__(
         self,
@@ -46,15 +120,26 @@ class BusyPoll:
         self._running = False  # a turn is scheduled
         self._since = 0.0  # when activity was last seen
         self._stopped = False
+        self._held = False  # the core looks shared: no spinning until it is the router's again
         self.spins = 0  # turns taken (for tests and curiosity)
 
     @property
     def running(self) -> bool:
         return self._running
 
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def hold(self, held: bool) -> None:
+        """Stop spinning (``True``: the core is shared) or allow it again (``False``).
+
+        A spin under way ends at its next turn."""
+        self._held = held
+
     def poke(self) -> None:
         """Something happened: poll for another ``window`` before the loop may sleep."""
-        if self._stopped:
+        if self._stopped or self._held:
             return
         if self._running:
             self._active = True  # the next turn restarts the window
@@ -70,6 +155,9 @@ class BusyPoll:
         self._since = float("-inf")
 
     def _turn(self) -> None:
+        if self._held:
+            self._running = self._active = False
+            return
         now = self._clock()
         if self._active:
             self._active = False

@@ -1,7 +1,13 @@
-"""Busy polling in a served router: it spins after traffic, parks when traffic stops, and is
-off with SPEC_ROUTER_BUSY_POLL_US=0 (router/fastpath/busypoll.py)."""
+"""Busy polling in a served router: it spins after traffic, parks when traffic stops, holds while
+another busy process shares its core, and is off with SPEC_ROUTER_BUSY_POLL_US=0
+(router/fastpath/busypoll.py)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
 
 import openai
 from openai.types.chat import ChatCompletionMessageParam
@@ -42,4 +48,34 @@ def test_busy_polling_can_be_turned_off(start_router: RouterFactory) -> None:
     router = start_router(busy_poll_us="0")
     _complete(router.url, 3)
     status = router_status(router.url)
-    assert status["busy_poll"] == {"window_us": 0, "spinning": False, "turns": 0}
+    assert status["busy_poll"] == {
+        "window_us": 0,
+        "spinning": False,
+        "turns": 0,
+        "held": False,
+        "involuntary_switches_per_s": None,
+        "waiting_for_core": None,
+    }
+
+
+def test_busy_polling_holds_while_a_busy_process_shares_the_routers_core(
+    start_router: RouterFactory,
+) -> None:
+    router = start_router(busy_poll_us="50")
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(router.pid, {core})  # its event loop's thread
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(hog.pid, {core})
+        deadline = time.monotonic() + 30
+        while not (busy := router_status(router.url)["busy_poll"])["held"]:
+            assert time.monotonic() < deadline, busy
+            _complete(router.url, 5)  # a router with work to do is what the neighbour preempts
+        assert busy["involuntary_switches_per_s"] > 100 or busy["waiting_for_core"] > 0.01
+        assert not busy["spinning"]
+        turns = busy["turns"]
+        _complete(router.url, 5)
+        assert router_status(router.url)["busy_poll"]["turns"] == turns  # no spin while held
+    finally:
+        hog.kill()
+        hog.wait()
