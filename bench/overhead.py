@@ -80,7 +80,9 @@ CANDIDATES = {
 # commit an older report was measured at), with its default settings, in the same run
 # router_ui: the same router with its live page's feed (/router/ui/events) read all along, as an
 # open browser tab would (bench/results/ui-overhead.md)
-ROUTERS = ("router", "router_no_busy_poll", "router_ref", "router_ui")
+# router_spin: busy polling that never holds, even on a shared core
+# (SPEC_ROUTER_BUSY_POLL_YIELD=false)
+ROUTERS = ("router", "router_no_busy_poll", "router_spin", "router_ref", "router_ui")
 TARGETS = ["direct", "nginx", *ROUTERS, *CANDIDATES]
 SCENARIOS = ["c1", "stream", "c64"]
 
@@ -469,6 +471,8 @@ def start_target(
         }
         if name == "router_no_busy_poll":
             env["SPEC_ROUTER_BUSY_POLL_US"] = "0"
+        if name == "router_spin":
+            env["SPEC_ROUTER_BUSY_POLL_YIELD"] = "false"
         cmd = [PY, "-m", "router", "serve", "--host", "127.0.0.1", "--port", "0"]
         cwd = ROOT
         if name == "router_ref":  # its own package first: `python -m` puts the cwd on the path

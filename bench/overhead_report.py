@@ -170,6 +170,8 @@ STACKS = {
     "its own HTTP/1.1 client on asyncio + httptools), default settings",
     "router_no_busy_poll": "the same router with busy polling off "
     "(`SPEC_ROUTER_BUSY_POLL_US=0`, router/fastpath/busypoll.py)",
+    "router_spin": "the same router with busy polling that never holds, even on a shared core "
+    "(`SPEC_ROUTER_BUSY_POLL_YIELD=false`)",
     "router_ref": "the router of another checkout (`--router-ref`), default settings",
     "router_ui": "the same router with its live page's feed (`/router/ui/events`) read all "
     "along, as one open browser tab would",
@@ -178,6 +180,8 @@ STACKS = {
     "starlette_aiohttp": "Starlette routing + StreamingResponse + aiohttp",
     "asgi_httpx": "raw ASGI handler + httpx",
     "asgi_aiohttp": "raw ASGI handler + aiohttp",
+    "tcp_pipe": "a TCP pipe on uvloop, no HTTP at all (bench/candidates/tcp_pipe.py): the floor "
+    "of any proxy written in Python",
 }
 
 
