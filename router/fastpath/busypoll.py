@@ -10,9 +10,10 @@ event catches the next one while the core is still awake: the same trade as Linu
 
 What it costs is CPU, and only just after activity: at most ``window`` of polling per quiet gap,
 so an idle router stays idle and a busy one is awake anyway. It pays on a core of the router's
-own. On a core shared with other busy processes the spin takes time they could have run in:
-bench/results/overhead-harnesses.md measured the 256-stream tail 12-16 ms worse with it when the
-backends and the load generator could run on the router's core. So the router stops spinning by
+own. On a core shared with other busy processes the spin takes time they could have run in
+(bench/results/overhead-harnesses.md: 0.78 of the core against 0.70 when holding, 256 streams of
+40 chunks with the backends and the load generator free to run there; the tail the same within
+the runs' spread, as it was with busy polling off). So the router stops spinning by
 itself while its core looks shared (``ShareWatch``: the kernel keeps preempting it, or it keeps
 waiting for the core when it wakes) and starts again once that stops;
 ``SPEC_ROUTER_BUSY_POLL_US=0`` turns spinning off for good.
