@@ -64,6 +64,10 @@ log = logging.getLogger("spec_router")
 GC_YOUNG_THRESHOLD = 50_000
 
 
+# The event loop's thread alone where the OS can tell (Linux), else the whole process.
+_RUSAGE: int = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
 def _waited_for_core() -> float | None:
     """Seconds this thread has spent runnable but waiting for a core, where Linux keeps it."""
     try:
@@ -76,7 +80,7 @@ def _waited_for_core() -> float | None:
 async def _watch_share(busy: BusyPoll, share: ShareWatch) -> None:
     """Hold busy polling while the router's core looks shared (``ShareWatch``)."""
     while True:
-        switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+        switches = resource.getrusage(_RUSAGE).ru_nivcsw
         shared = share.update(time.monotonic(), switches, _waited_for_core())
         if shared != busy.held:
             log.info(
