@@ -94,6 +94,16 @@ no HTTP at all; its system time per stream is the router's, so the distance betw
 what the router does in user space (bench/results/overhead.md, "User space, not system calls")."""
 
 
+# Everything from this line on in overhead-harnesses.md is written by hand and kept across runs.
+HAND_WRITTEN = "<!-- hand-written below: kept when bench/harnesses.py rewrites the page -->"
+
+
+def keep_hand_written(page: str) -> str:
+    """The hand-written part of an existing page (from ``HAND_WRITTEN`` on), to append again."""
+    at = page.find(HAND_WRITTEN)
+    return "" if at < 0 else "\n" + page[at:]
+
+
 def render(runs: list[tuple[str, str, dict[str, Any]]], command: str, note: str | None) -> str:
     out = [
         "# The streaming tail under two harnesses",
@@ -149,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in names
     ]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overhead-harnesses.md").write_text(render(runs, command.strip(), args.note))
+    page = args.out / "overhead-harnesses.md"
+    kept = keep_hand_written(page.read_text() if page.exists() else "")
+    page.write_text(render(runs, command.strip(), args.note) + kept)
     print(f"wrote {args.out / 'overhead-harnesses.md'}", file=sys.stderr)
     return 0
 
