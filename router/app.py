@@ -235,8 +235,8 @@ class RouterApp:
                     "window_us": self.settings.busy_poll_us,
                     "spinning": busy is not None and busy.running,
                     "turns": 0 if busy is None else busy.spins,
-                    # the core looks shared (involuntary context switches per second over the
-                    # limit): no spinning until it stops
+                    # the core looks shared (too many involuntary context switches a second, or
+                    # too long waiting for the core): no spinning until it stops
                     "held": busy is not None and busy.held,
                     "involuntary_switches_per_s": None if self.share is None else self.share.rate,
                     "waiting_for_core": None if self.share is None else self.share.wait,

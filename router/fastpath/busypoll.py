@@ -42,7 +42,7 @@ class Scheduler(Protocol):
 # what a lightly loaded one shows). On the 2-core machine of bench/results/overhead.md, with the
 # router pinned to a core of its own from idle to 256 streams: 0-46 switches/s and 0-0.1% of the
 # time waiting; with a busy process on its core or the backends and load generator free to run
-# there: 100-1,060 switches/s or 2.7-7.1% waiting.
+# there: 100-3,600 switches/s or 1.5-8.5% waiting.
 SHARED_SWITCHES_PER_S = 100.0
 SHARED_WAIT = 0.01  # seconds waiting for the core per second
 # Quiet periods in a row (each ``SHARE_PERIOD``) before a core that looked shared counts as the
