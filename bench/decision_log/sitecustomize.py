@@ -32,12 +32,7 @@ if _DIR:
             "chosen": decision and [decision.pool, decision.reason],
             "pressure": state.pressure,
             "offered": _policy.offered(snap, models) if models else None,
-            "held": {
-                view.name: _policy.pool_slo_capacity(view, models[view.name])
-                for view in (snap.speculative, snap.baseline)
-            }
-            if models
-            else None,
+            "held": _policy.slo_capacities(snap, models) if models else None,
             "models": {
                 pool: {
                     "capacity": m.capacity(),

@@ -357,7 +357,7 @@ def _dump(snap: Snapshot, models: Mapping[Pool, PoolModel], pressure: float) -> 
     if pressure <= SATURATED:
         return None
     views = {view.name: view for view in (snap.speculative, snap.baseline)}
-    held = {name: pool_slo_capacity(view, models[name]) for name, view in views.items()}
+    held = slo_capacities(snap, models)
     low = min(held, key=lambda name: held[name].rate)
     keep = other(low)
     cap = models[low].cap
@@ -371,6 +371,14 @@ def _dump(snap: Snapshot, models: Mapping[Pool, PoolModel], pressure: float) -> 
 
 def _most_throughput(models: Mapping[Pool, PoolModel]) -> Pool:
     return max(models, key=lambda name: models[name].capacity())
+
+
+def slo_capacities(snap: Snapshot, models: Mapping[Pool, PoolModel]) -> dict[Pool, Held]:
+    """``pool_slo_capacity`` of each pool."""
+    return {
+        view.name: pool_slo_capacity(view, models[view.name])
+        for view in (snap.speculative, snap.baseline)
+    }
 
 
 def pool_slo_capacity(view: PoolView, model: PoolModel) -> Held:

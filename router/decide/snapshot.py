@@ -35,8 +35,8 @@ from router.decide.policy import (
     choose,
     explore,
     offered,
-    pool_slo_capacity,
     reroute,
+    slo_capacities,
 )
 from router.decide.predict import PoolModel, Request
 from router.decide.twin import Flight, Stream
@@ -410,7 +410,7 @@ class Decider:
 
     def _load_measures(self) -> dict[str, Any]:
         """What arrives over what the engines can serve (``policy.offered``) and what each
-        pool serves within the relaxed SLO (``policy.pool_slo_capacity``), as the next request
+        pool serves within the relaxed SLO (``policy.slo_capacities``), as the next request
         would see them; None without models or streams."""
         models = self.tuning.models
         if models is None:
@@ -419,14 +419,13 @@ class Decider:
         share = offered(snap, models)
         if share is None:
             return {"offered": None, "within_slo": None}
-        within = {}
-        for view in (snap.speculative, snap.baseline):
-            held = pool_slo_capacity(view, models[view.name])
-            scale = models[view.name].scale
-            within[view.name] = {
-                "requests_per_s": round(held.rate / scale, 3),
+        within = {
+            pool: {
+                "requests_per_s": round(held.rate / models[pool].scale, 3),
                 "running": held.running,
             }
+            for pool, held in slo_capacities(snap, models).items()
+        }
         return {"offered": round(share, 3), "within_slo": within}
 
     def pool_usable(self, pool: Pool) -> bool:
