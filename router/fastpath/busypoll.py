@@ -39,10 +39,12 @@ class Scheduler(Protocol):
 # When the router's core counts as shared. Two symptoms, either is enough: the kernel keeps
 # preempting the router (involuntary context switches, what a busy router on a shared core
 # shows), or the router keeps waiting for the core when it wakes (time runnable but not running,
-# what a lightly loaded one shows). On the 2-core machine of bench/results/overhead.md, with the
-# router pinned to a core of its own from idle to 256 streams: 0-46 switches/s and 0-0.1% of the
-# time waiting; with a busy process on its core or the backends and load generator free to run
-# there: 100-3,600 switches/s or 1.5-8.5% waiting.
+# what a lightly loaded one shows). On the 2-core machine of bench/results/overhead.md
+# (`python bench/cpu_split.py --target router_spin --where pinned|unpinned|hog --concurrency N`,
+# bench/results/overhead-harnesses.md): on a core of its own, 1 to 256 streams, 1-33 switches/s
+# and 0.0-0.3% waiting; with a busy loop on its core 1.0-6.9% waiting, and with the backends and
+# load generator free to run there 1,043/s and 3.8% at 16 streams, but 87/s and 0.9% at 256 (not
+# held). The limits separate the clear cases; the margins are thin.
 SHARED_SWITCHES_PER_S = 100.0
 SHARED_WAIT = 0.01  # seconds waiting for the core per second
 # Quiet periods in a row (each ``SHARE_PERIOD``) before a core that looked shared counts as the
