@@ -4,7 +4,8 @@ stream, and how often the kernel preempted its event loop or kept it waiting for
 Starts two fake backends (bench/fake_backend.py), the target on CPU 0, and bench/loadgen_raw.py;
 reads the target's ``/proc`` counters over the measured window. The targets are the router (with
 its default settings, with busy polling off, or spinning whatever its neighbours do) and
-bench/candidates/tcp_pipe.py, the floor of a Python proxy. ``--where``:
+bench/candidates/tcp_pipe.py, the floor of a Python proxy, and bench/candidates/http_floor.py, the
+floor of an HTTP-aware one. ``--where``:
 
 - ``pinned``: backends and load generator on CPU 1 (the target's core is its own);
 - ``unpinned``: they may run on the target's core;
@@ -32,6 +33,8 @@ from overhead import CHAT, HERE, PY, spawn, wait_ready
 
 from router.tools.processes import pinned
 
+CANDIDATES = ("tcp_pipe", "http_floor")  # bench/candidates/
+
 ROUTER_ENV = {
     "router": {},
     "router_no_busy_poll": {"SPEC_ROUTER_BUSY_POLL_US": "0"},
@@ -58,7 +61,7 @@ def counters(pid: int) -> tuple[float, float, int, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", choices=[*ROUTER_ENV, "tcp_pipe"], default="router")
+    p.add_argument("--target", choices=[*ROUTER_ENV, *CANDIDATES], default="router")
     p.add_argument("--where", choices=["pinned", "unpinned", "hog"], default="pinned")
     p.add_argument("--chunks", type=int, default=20)
     p.add_argument("--concurrency", type=int, default=256)
@@ -70,9 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     procs = list(backends)
     hog = None
     try:
-        if args.target == "tcp_pipe":
-            pipe = str(HERE / "candidates" / "tcp_pipe.py")
-            target = spawn("tcp_pipe", [PY, pipe, "--upstream", backends[0].url, "--port", "0"], 0)
+        if args.target in CANDIDATES:
+            script = str(HERE / "candidates" / f"{args.target}.py")
+            cmd = [PY, script, "--upstream", backends[0].url, "--port", "0"]
+            target = spawn(args.target, cmd, 0)
         else:
             env = {
                 "SPEC_ROUTER_SPECULATIVE_URLS": backends[0].url,

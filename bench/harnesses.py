@@ -14,7 +14,9 @@ comparison made within one run:
 - ``all``: aiohttp, headers first and unpinned together.
 
 Each variant also runs ``tcp_pipe`` (bench/candidates/tcp_pipe.py), a uvloop TCP pipe with no
-HTTP: the least a proxy written in Python can cost on the same core.
+HTTP: the least a proxy written in Python can cost on the same core; and ``http_floor``
+(bench/candidates/http_floor.py), the least an HTTP proxy that counts requests can cost: parse,
+count, forward and re-frame from socket callbacks, nothing else.
 
 Writes bench/results/overhead-harnesses.md (and each variant's overhead-<name>.json).
 
@@ -41,7 +43,7 @@ VARIANTS: dict[str, list[str]] = {
     "unpinned": ["--unpinned"],
     "all": ["--loadgen", "aiohttp", "--first-delay-ms", "10", "--unpinned"],
 }
-TARGETS = "direct,nginx,router,router_no_busy_poll,tcp_pipe"
+TARGETS = "direct,nginx,router,router_no_busy_poll,http_floor,tcp_pipe"
 
 
 def run_variant(name: str, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -121,7 +123,7 @@ def render(runs: list[tuple[str, str, dict[str, Any]]], command: str, note: str 
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, _, report in runs:
-        for target in ("nginx", "router", "router_no_busy_poll", "tcp_pipe"):
+        for target in ("nginx", "router", "router_no_busy_poll", "http_floor", "tcp_pipe"):
             out.append(row(name, report, target))
     out += ["", READING, "", "Each variant's own command:", ""]
     for name, cmd, _ in runs:
