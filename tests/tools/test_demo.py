@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import sys
 import time
@@ -13,8 +14,17 @@ import httpx
 import pytest
 
 from router.settings import Settings
-from router.sim.model import BASELINE, EAGLE3
-from router.tools.demo import attained, engine_facts, hold_levels, router_env, scrape_metrics
+from router.sim.model import BASELINE, EAGLE3, closed_loop
+from router.tools.demo import (
+    FAITHFUL,
+    Point,
+    attained,
+    engine_facts,
+    hold_levels,
+    router_env,
+    scrape_metrics,
+    shortfalls,
+)
 from router.tools.loadgen import RequestResult, run_closed_loop
 from router.tools.processes import Proc
 
@@ -23,6 +33,29 @@ def test_the_hold_ramps_up_and_back_down() -> None:
     assert hold_levels([1, 2, 4, 8]) == [1, 2, 4, 8, 4, 2]
     assert hold_levels([4, 1]) == [1, 4]
     assert hold_levels([3]) == [3]
+
+
+def _point(target: str, n: int, total: float) -> Point:
+    return Point(target, n, per_request_tps=1.0, total_tps=total, ttft_p50=0.1, spec_share=None,
+                 errors=0)  # fmt: skip
+
+
+def test_a_pool_that_delivers_less_than_its_model_is_a_shortfall() -> None:
+    spec32 = closed_loop(EAGLE3, 32, 32, 96).total_tps
+    base32 = closed_loop(BASELINE, 32, 32, 96).total_tps
+    base64 = closed_loop(BASELINE, 64, 32, 96).total_tps
+    points = [
+        _point("speculative", 32, spec32 * 0.97),  # within the model: fine
+        _point("baseline", 32, base32 * (FAITHFUL - 0.08)),  # behind
+        _point("baseline", 64, math.nan),  # nothing measured
+        _point("router", 32, 1.0),  # routers are what is compared, not a check
+        _point("round_robin", 64, 1.0),
+    ]
+    behind = shortfalls(points, 32, 96)
+    assert [(pool, n) for pool, n, _ in behind] == [("baseline", 32), ("baseline", 64)]
+    assert behind[0][2] == pytest.approx(FAITHFUL - 0.08)
+    # the same figures at the model's own throughput are faithful
+    assert shortfalls([_point("baseline", 64, base64)], 32, 96) == []
 
 
 def test_within_slo_is_judged_in_model_time() -> None:
