@@ -40,6 +40,14 @@ def _median(values: list[float | None]) -> float | None:
     return known[len(known) // 2] if known else None
 
 
+def _totals_at_top(calibration: Calibration) -> tuple[float, float]:
+    """Each pool's calibrated total tok/s at the highest concurrency measured on both."""
+    spec = {p.concurrency: p.total_tps for p in calibration.table.speculative.points}
+    base = {p.concurrency: p.total_tps for p in calibration.table.baseline.points}
+    top = max(set(spec) & set(base))
+    return spec[top], base[top]
+
+
 def test_replay_light_then_heavy(
     calibration: Calibration, start_router: RouterFactory, tmp_path: Path
 ) -> None:
@@ -66,11 +74,18 @@ def test_replay_light_then_heavy(
     spec_tpot = _median([r.tpot for r in light if r.pool == "speculative"])
     base_tpot = _median([r.tpot for r in light if r.pool == "baseline"])
     pays = spec_tpot is not None and (base_tpot is None or spec_tpot < 0.8 * base_tpot)
+    # Under the heavy load the router sends the excess where the engines serve more. On a GPU
+    # that is the baseline (the pivot's 354 against 773 tok/s); two llama-servers sharing two CPU
+    # cores may not cross at all (2026-12-04, a slow host: calibrated 41.3 against 33.3 tok/s at
+    # 16 requests, and 83% of the heavy phase rightly went to speculation). The calibration
+    # says which, at the most requests it measured on both.
+    spec_top, base_top = _totals_at_top(calibration)
+    context = Counter(r.pool for r in light), heavy_pools, spec_tpot, base_tpot, spec_top, base_top
     if pays:
-        assert light_spec >= 0.5 and heavy_spec < light_spec, (
-            Counter(r.pool for r in light),
-            heavy_pools,
-            (spec_tpot, base_tpot),
-        )
+        assert light_spec >= 0.5, context
+        if base_top > spec_top:
+            assert heavy_spec < light_spec, context
+        elif spec_top > 1.1 * base_top:
+            assert heavy_spec >= 0.5, context
     assert (tmp_path / "heavy.md").read_text().startswith("#")
     wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0)
