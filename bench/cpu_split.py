@@ -3,9 +3,9 @@ stream, and how often the kernel preempted its event loop or kept it waiting for
 
 Starts two fake backends (bench/fake_backend.py), the target on CPU 0, and bench/loadgen_raw.py;
 reads the target's ``/proc`` counters over the measured window. The targets are the router (with
-its default settings, with busy polling off, or spinning whatever its neighbours do) and
-bench/candidates/tcp_pipe.py, the floor of a Python proxy, and bench/candidates/http_floor.py, the
-floor of an HTTP-aware one. ``--where``:
+its default settings, with busy polling off, or spinning whatever its neighbours do) and the
+candidates of bench/candidates/: tcp_pipe.py, the floor of a Python proxy, http_floor.py, the
+floor of an HTTP-aware one, and the typical Python stacks. ``--where``:
 
 - ``pinned``: backends and load generator on CPU 1 (the target's core is its own);
 - ``unpinned``: they may run on the target's core;
@@ -29,17 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-from overhead import CHAT, HERE, PY, spawn, wait_ready
+from overhead import CANDIDATES, CHAT, HERE, PY, ROUTER_ENV, spawn, start_candidate, wait_ready
 
 from router.tools.processes import pinned
-
-CANDIDATES = ("tcp_pipe", "http_floor")  # bench/candidates/
-
-ROUTER_ENV = {
-    "router": {},
-    "router_no_busy_poll": {"SPEC_ROUTER_BUSY_POLL_US": "0"},
-    "router_spin": {"SPEC_ROUTER_BUSY_POLL_YIELD": "false"},
-}
 
 
 def counters(pid: int) -> tuple[float, float, int, float]:
@@ -74,9 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     hog = None
     try:
         if args.target in CANDIDATES:
-            script = str(HERE / "candidates" / f"{args.target}.py")
-            cmd = [PY, script, "--upstream", backends[0].url, "--port", "0"]
-            target = spawn(args.target, cmd, 0)
+            target = start_candidate(args.target, backends[0].url, 0)
         else:
             env = {
                 "SPEC_ROUTER_SPECULATIVE_URLS": backends[0].url,

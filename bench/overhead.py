@@ -84,6 +84,12 @@ CANDIDATES = {
 # router_spin: busy polling that never holds, even on a shared core
 # (SPEC_ROUTER_BUSY_POLL_YIELD=false)
 ROUTERS = ("router", "router_no_busy_poll", "router_spin", "router_ref", "router_ui")
+# The router targets that differ from the router only in settings: the settings.
+ROUTER_ENV: dict[str, dict[str, str]] = {
+    "router": {},
+    "router_no_busy_poll": {"SPEC_ROUTER_BUSY_POLL_US": "0"},
+    "router_spin": {"SPEC_ROUTER_BUSY_POLL_YIELD": "false"},
+}
 TARGETS = ["direct", "nginx", *ROUTERS, *CANDIDATES]
 SCENARIOS = ["c1", "stream", "c64"]
 
@@ -470,10 +476,7 @@ def start_target(
             "SPEC_ROUTER_SPECULATIVE_URLS": backend.url,
             "SPEC_ROUTER_BASELINE_URLS": backend_b.url,
         }
-        if name == "router_no_busy_poll":
-            env["SPEC_ROUTER_BUSY_POLL_US"] = "0"
-        if name == "router_spin":
-            env["SPEC_ROUTER_BUSY_POLL_YIELD"] = "false"
+        env.update(ROUTER_ENV.get(name, {}))
         cmd = [PY, "-m", "router", "serve", "--host", "127.0.0.1", "--port", "0"]
         cwd = ROOT
         if name == "router_ref":  # its own package first: `python -m` puts the cwd on the path
@@ -485,8 +488,13 @@ def start_target(
             proc.feed = FeedReader(proc.url)
             wait_feed(proc.url)
         return proc
+    return start_candidate(name, backend.url, core)
+
+
+def start_candidate(name: str, upstream: str, core: int | None) -> Proc:
+    """One of bench/candidates/ in front of ``upstream``, pinned to ``core``."""
     script = str(HERE / "candidates" / f"{name}.py")
-    return spawn(name, [PY, script, "--upstream", backend.url, "--port", "0"], core)
+    return spawn(name, [PY, script, "--upstream", upstream, "--port", "0"], core)
 
 
 def log(msg: str) -> None:

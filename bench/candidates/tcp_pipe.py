@@ -10,15 +10,11 @@ written in Python could hope for on the same core.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
-import socket
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
-import uvloop
-from _cli import LISTENING_PREFIX
+from _cli import serve_protocol
 
 
 class _Side(asyncio.Protocol):
@@ -77,27 +73,9 @@ class _Client(_Side):
             self.early.clear()
 
 
-async def main(upstream: str, host: str, port: int) -> None:
-    parts = urlsplit(upstream)
-    up_host, up_port = parts.hostname or "127.0.0.1", parts.port or 80
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(4096)
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Client(up_host, up_port), sock=sock)
-    bound_host, bound_port = sock.getsockname()[:2]
-    print(f"{LISTENING_PREFIX}http://{bound_host}:{bound_port}", flush=True)
-    async with server:
-        await server.serve_forever()
+def clients_of(host: str, port: int) -> Callable[[], _Client]:
+    return lambda: _Client(host, port)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--upstream", default=os.environ.get("BENCH_UPSTREAM", "http://127.0.0.1:30001")
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args()
-    uvloop.run(main(args.upstream, args.host, args.port))
+    serve_protocol(clients_of, __doc__)

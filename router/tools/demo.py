@@ -58,7 +58,7 @@ LEVELS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_TIME_SCALE = 0.1
 FAITHFUL = 0.85
 MAX_TIME_SCALE = 0.4
-PRESET_OF = {"speculative": "eagle3", "baseline": "baseline"}
+PRESET_OF = {"speculative": "eagle3", "baseline": "baseline"}  # each pool's sim
 TARGETS = ("router", "round_robin", "speculative", "baseline")
 TARGET_TITLES = {
     "router": "router ({policy})",
@@ -449,8 +449,10 @@ def run_demo(args: argparse.Namespace, levels: list[int], adapt: bool) -> bool:
     sim = ["-m", "router.sim", "--port", "0", "--time-scale", str(scale)]
     token = secrets.token_hex(8)
     with ExitStack() as stack:
-        spec = stack.enter_context(running([*sim, "--preset", "eagle3", "--seed", "1"])).url
-        base = stack.enter_context(running([*sim, "--preset", "baseline", "--seed", "2"])).url
+        spec_sim = [*sim, "--preset", PRESET_OF["speculative"], "--seed", "1"]
+        spec = stack.enter_context(running(spec_sim)).url
+        base_sim = [*sim, "--preset", PRESET_OF["baseline"], "--seed", "2"]
+        base = stack.enter_context(running(base_sim)).url
         serve = ["-m", "router", "serve", "--port", "0"]
         router = stack.enter_context(
             running(serve, router_env(spec, base, args.policy, token, args.time_scale))
