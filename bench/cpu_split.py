@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{rate:,.0f} streams/s, user {1000 * user / rate:.3f} ms/stream, "
         f"system {1000 * system / rate:.3f} ms/stream ({user + system:.2f} cores), "
         f"{switches:,.0f} involuntary switches/s, {100 * waited:.1f}% waiting for a core, "
-        f"TTFC p99 {result['ttfc_ms']['p99']:.1f} ms"
+        f"TTFC p99 {result['ttfc_ms']['p99']:.1f} ms, {result['errors']} errors"
     )
     return 0
 

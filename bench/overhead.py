@@ -75,6 +75,7 @@ CANDIDATES = {
     "asgi_aiohttp": "raw ASGI handler + aiohttp",
     "tcp_pipe": "a TCP pipe on uvloop, no HTTP at all: the floor of any Python proxy",
     "http_floor": "uvloop + httptools callbacks: parse, count, forward, re-frame; nothing else",
+    "router_callbacks": "http_floor's callbacks calling the router's own per-request code",
 }
 # router_no_busy_poll: the same router with SPEC_ROUTER_BUSY_POLL_US=0 (router/fastpath/busypoll.py)
 # router_ref: the router of another checkout (--router-ref DIR, e.g. a `git worktree` of the
