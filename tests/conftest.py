@@ -2,14 +2,49 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
+import ssl
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from router.settings import sim_time_env
 from tests.support.http import router_ready, wait_for
 from tests.support.processes import Proc, sim_args, spawn
+
+
+def _one_tls_context_per_setting() -> None:
+    """httpx builds a TLS context, loading the whole CA bundle, for every client it makes, even
+    one that only ever talks plain HTTP to 127.0.0.1: each ``httpx.get``, each ``OpenAI()``.
+    That costs about 60 ms on a slow 2-core host, and the tests make thousands of clients, so
+    it was minutes of ``make test``. An ``SSLContext`` is meant to be shared: the tests' clients
+    share one per setting. (A private module of httpx: if it moves, this does nothing.)"""
+    try:
+        httpx_transports = importlib.import_module("httpx._transports.default")
+    except ImportError:
+        return
+    create: Callable[..., ssl.SSLContext] | None = getattr(
+        httpx_transports, "create_ssl_context", None
+    )
+    if create is None or hasattr(create, "cache_info"):
+        return
+    cached = functools.lru_cache(maxsize=8)(create)
+
+    def shared(
+        verify: ssl.SSLContext | str | bool = True, cert: Any = None, trust_env: bool = True
+    ) -> ssl.SSLContext:
+        if isinstance(verify, bool) and cert is None:
+            return cached(verify=verify, cert=None, trust_env=trust_env)
+        return create(verify=verify, cert=cert, trust_env=trust_env)
+
+    shared.cache_info = cached.cache_info  # type: ignore[attr-defined]
+    setattr(httpx_transports, "create_ssl_context", shared)  # noqa: B010 (not exported)
+
+
+_one_tls_context_per_setting()
 
 # Simulated time runs 10x faster than the presets' real time in tests.
 TIME_SCALE = "0.1"
