@@ -145,3 +145,35 @@ def test_a_finish_event_with_usage_is_not_held() -> None:
     finish = event({"choices": [{"text": "", "finish_reason": "length"}], "usage": {"x": 1}})
     tap = SseTap(strip_usage=True)
     assert tap.feed(finish) == finish
+
+
+def test_usage_and_finish_are_found_in_each_spelling_and_null_is_not_one() -> None:
+    """What the tap looks for in every chunk: a usage object and a finish reason, written with
+    or without a space after the colon (pydantic's compact JSON, or Python's default), in any
+    choice; ``null`` for either is nothing, in every chunk SGLang sends."""
+    spaced = json.dumps(
+        {"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 1}}
+    ).encode()
+    assert b'"usage": {' in spaced and b'"finish_reason": "stop"' in spaced
+    tap = SseTap(strip_usage=True)
+    assert tap.feed(b"data: " + spaced + b"\n\n") == b"data: " + spaced + b"\n\n"
+    assert tap.usage is not None and tap.usage.prompt_tokens == 1
+
+    def both(choices: list[object], usage: object) -> bytes:
+        return event({"choices": choices, "usage": usage})
+
+    null_everywhere = both([{"delta": {"content": "a"}, "finish_reason": None}], None)
+    tap = SseTap(strip_usage=True)
+    assert tap.feed(null_everywhere) == null_everywhere  # passed on at once, nothing held
+    assert tap.usage is None
+    # the second of two choices finishes: the event is held, as a usage event may follow
+    second = both(
+        [{"delta": {}, "finish_reason": None}, {"delta": {}, "finish_reason": "length"}], None
+    )
+    tap = SseTap(strip_usage=True)
+    assert tap.feed(second) == b""
+    assert tap.feed(DONE) == second + DONE
+    # a member named like the key, inside a string, is not a usage object
+    quoted = both([{"delta": {"content": 'say "usage": null'}, "finish_reason": None}], None)
+    tap = SseTap(strip_usage=True)
+    assert tap.feed(quoted) == quoted and tap.usage is None

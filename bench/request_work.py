@@ -1,0 +1,149 @@
+"""The router's own work per request, step by step, in-process: no socket, no server, no task.
+
+What ``bench/candidates/router_callbacks.py`` calls for each request, timed one step at a time
+on a ``RouterApp`` built as ``spec-router serve`` builds it (two healthy backends, no table):
+the part of a request's cost that no server shape removes (issue 14; the budget is in
+bench/results/overhead-harnesses.md). Under load the same calls cost about twice as much as
+here, where one loop keeps them in the CPU's caches.
+
+- ``inspect``: the body's routing fields (``router.forward.request.inspect``);
+- ``decide+lease``: the decision (``Decider.decide``) and the in-flight lease taken and given
+  back;
+- ``upstream request``: the forwarded headers and the body with the usage request spliced in;
+- ``response head``: the end-to-end response headers;
+- ``sse tap``: a stream's SSE tap over its chunks as an engine asked for usage sends them (the
+  last content event with its finish reason, the usage event the router strips, ``[DONE]``);
+- ``outcome+observers``: the request's ``Outcome`` through its life and every observer.
+
+    python bench/request_work.py
+    python bench/request_work.py --policy spillover --chunks 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import timeit
+from collections.abc import Callable
+
+from router.account.outcome import Outcome
+from router.app import RouterApp
+from router.forward.request import forward_headers, inspect, response_headers, upstream_body
+from router.forward.stream import SseTap
+from router.settings import Settings
+
+URLS = ("http://127.0.0.1:1", "http://127.0.0.1:2")
+PATH = "/v1/chat/completions"
+BODY = json.dumps(
+    {
+        "model": "bench-model",
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 16,
+        "stream": True,
+    }
+).encode()
+REQUEST_HEADERS = [
+    (b"host", b"127.0.0.1:8000"),
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(BODY)).encode()),
+    (b"accept", b"*/*"),
+    (b"user-agent", b"bench"),
+]
+RESPONSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"transfer-encoding", b"chunked"),
+]
+
+
+def _event(i: int, finish: bool) -> bytes:
+    reason = '"stop"' if finish else "null"
+    return (
+        b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,'
+        b'"model":"bench-model","choices":[{"index":0,"delta":{"content":" tok%d"},'
+        b'"finish_reason":%s}]}\n\n' % (i, reason.encode())
+    )
+
+
+USAGE_EVENT = (
+    b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,'
+    b'"model":"bench-model","choices":[],'
+    b'"usage":{"prompt_tokens":8,"completion_tokens":20,"total_tokens":28}}\n\n'
+)
+
+
+def stream_chunks(chunks: int) -> list[bytes]:
+    """One read per event; the usage event and ``[DONE]`` arrive with the last one."""
+    reads = [_event(i, i == chunks - 1) for i in range(chunks)]
+    reads[-1] += USAGE_EVENT + b"data: [DONE]\n\n"
+    return reads
+
+
+def steps(policy: str, chunks: int) -> dict[str, Callable[[], object]]:
+    settings = Settings(speculative_urls=[URLS[0]], baseline_urls=[URLS[1]], policy=policy)
+    app = RouterApp(settings)
+    for url in URLS:
+        for _ in range(settings.rise + 1):
+            app.health.probe(url, True, app.clock())
+    decider, tracker, clock, observers = app.decider, app.tracker, app.clock, app.observers
+    info = inspect(PATH, BODY, b"application/json")
+    decision = decider.decide(None)
+    assert decision is not None
+    model_map = settings.pool_model_map(decision.pool)
+    reads = stream_chunks(chunks)
+
+    def decide() -> None:
+        request = decider.request(info) if decider.policy == "slo" else None
+        chosen = decider.decide(request)
+        assert chosen is not None
+        tracker.acquire(chosen.backend).release()
+
+    def tap() -> None:
+        sse = SseTap(strip_usage=True)
+        for data in reads:
+            sse.feed(data)
+        sse.flush()
+        assert sse.usage is not None
+
+    def outcome() -> None:
+        out = Outcome(path=PATH, started=clock())
+        out.read(True, True, 10)
+        out.attempt(decision.pool, decision.backend, decision.reason, 0, 0.0, 0, 0.0)
+        out.answered(200)
+        out.first_bytes(clock(), 0.0, 0)
+        out.finish(clock())
+        for observe in observers:
+            observe(out)
+
+    return {
+        "inspect": lambda: inspect(PATH, BODY, b"application/json"),
+        "decide+lease": decide,
+        "upstream request": lambda: (
+            forward_headers(REQUEST_HEADERS, "127.0.0.1", None, False, False),
+            upstream_body(info, BODY, model_map, True, None),
+        ),
+        "response head": lambda: response_headers(RESPONSE_HEADERS, False),
+        f"sse tap ({chunks} chunks)": tap,
+        "outcome+observers": outcome,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--policy", default="slo")
+    p.add_argument("--chunks", type=int, default=1, help="SSE events per stream")
+    p.add_argument("--number", type=int, default=20000)
+    p.add_argument("--repeat", type=int, default=5)
+    args = p.parse_args(argv)
+    total = 0.0
+    for name, step in steps(args.policy, args.chunks).items():
+        us = min(timeit.repeat(step, number=args.number, repeat=args.repeat)) / args.number * 1e6
+        total += us
+        print(f"{name:24s} {us:7.1f} us")
+    print(f"{'total':24s} {total:7.1f} us per request (policy {args.policy})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
