@@ -39,17 +39,24 @@ BODY = json.dumps(
 ).encode()
 
 
-def cost(
-    policy: str, number: int, repeat: int, table: str | None = None, in_flight: int = 0
-) -> float:
-    """Microseconds per decision (best of ``repeat``)."""
+def healthy_app(policy: str, table: str | None = None) -> RouterApp:
+    """A ``RouterApp`` as ``spec-router serve`` builds it, one backend in each pool (``URLS``),
+    both marked healthy (no poller runs)."""
     settings = Settings(
         speculative_urls=[URLS[0]], baseline_urls=[URLS[1]], policy=policy, table_path=table
     )
     app = RouterApp(settings)
     for url in URLS:
-        for _ in range(app.settings.rise + 1):
+        for _ in range(settings.rise + 1):
             app.health.probe(url, True, app.clock())
+    return app
+
+
+def cost(
+    policy: str, number: int, repeat: int, table: str | None = None, in_flight: int = 0
+) -> float:
+    """Microseconds per decision (best of ``repeat``)."""
+    app = healthy_app(policy, table)
     decider, tracker = app.decider, app.tracker
     info = inspect("/v1/chat/completions", BODY, b"application/json")
     now = app.clock()

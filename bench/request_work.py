@@ -1,10 +1,10 @@
 """The router's own work per request, step by step, in-process: no socket, no server, no task.
 
 What ``bench/candidates/router_callbacks.py`` calls for each request, timed one step at a time
-on a ``RouterApp`` built as ``spec-router serve`` builds it (two healthy backends, no table):
-the part of a request's cost that no server shape removes (issue 14; the budget is in
-bench/results/overhead-harnesses.md). Under load the same calls cost about twice as much as
-here, where one loop keeps them in the CPU's caches.
+on a ``RouterApp`` built as ``spec-router serve`` builds it, two healthy backends and no table
+(``decision_cost.healthy_app``): the part of a request's cost that no server shape removes
+(issue 14; the budget is in bench/results/overhead-harnesses.md). Under load the same calls
+cost about twice as much as here, where one loop keeps them in the CPU's caches.
 
 - ``inspect``: the body's routing fields (``router.forward.request.inspect``);
 - ``decide+lease``: the decision (``Decider.decide``) and the in-flight lease taken and given
@@ -22,27 +22,17 @@ here, where one loop keeps them in the CPU's caches.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import timeit
 from collections.abc import Callable
 
+from decision_cost import BODY, healthy_app
+
 from router.account.outcome import Outcome
-from router.app import RouterApp
 from router.forward.request import forward_headers, inspect, response_headers, upstream_body
 from router.forward.stream import SseTap
-from router.settings import Settings
 
-URLS = ("http://127.0.0.1:1", "http://127.0.0.1:2")
 PATH = "/v1/chat/completions"
-BODY = json.dumps(
-    {
-        "model": "bench-model",
-        "messages": [{"role": "user", "content": "Say hello."}],
-        "max_tokens": 16,
-        "stream": True,
-    }
-).encode()
 REQUEST_HEADERS = [
     (b"host", b"127.0.0.1:8000"),
     (b"content-type", b"application/json"),
@@ -81,11 +71,8 @@ def stream_chunks(chunks: int) -> list[bytes]:
 
 
 def steps(policy: str, chunks: int) -> dict[str, Callable[[], object]]:
-    settings = Settings(speculative_urls=[URLS[0]], baseline_urls=[URLS[1]], policy=policy)
-    app = RouterApp(settings)
-    for url in URLS:
-        for _ in range(settings.rise + 1):
-            app.health.probe(url, True, app.clock())
+    app = healthy_app(policy)
+    settings = app.settings
     decider, tracker, clock, observers = app.decider, app.tracker, app.clock, app.observers
     info = inspect(PATH, BODY, b"application/json")
     decision = decider.decide(None)

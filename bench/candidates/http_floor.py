@@ -39,7 +39,27 @@ class Backend:
         self.inflight = 0
 
 
-class Upstream(asyncio.Protocol):
+class Parsing(asyncio.Protocol):
+    """A connection whose bytes go to an httptools parser; unparseable bytes end it
+    (``unparseable``). Both ends of both callback candidates are one."""
+
+    transport: Any
+    parser: Any
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.unparseable()
+
+    def unparseable(self) -> None:
+        self.transport.close()
+
+
+class Upstream(Parsing):
     """One kept-alive connection to the backend; relays one response at a time to ``client``."""
 
     def __init__(self, backend: Backend) -> None:
@@ -49,15 +69,6 @@ class Upstream(asyncio.Protocol):
         self.client: Client | None = None
         self.headers: list[bytes] = []
         self.chunked = False
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.transport.close()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lower = name.lower()
@@ -101,7 +112,7 @@ class Upstream(asyncio.Protocol):
             client.transport.close()
 
 
-class Client(asyncio.Protocol):
+class Client(Parsing):
     """One client connection: parses requests and hands each to an upstream connection."""
 
     def __init__(self, backend: Backend) -> None:
@@ -113,15 +124,9 @@ class Client(asyncio.Protocol):
         self.headers: list[bytes] = []
         self.body: list[bytes] = []
 
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
-            self.transport.close()
+    def unparseable(self) -> None:
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+        self.transport.close()
 
     def on_url(self, url: bytes) -> None:
         self.url += url

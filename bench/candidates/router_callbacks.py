@@ -31,6 +31,7 @@ from typing import Any
 
 import httptools
 from _cli import serve_protocol
+from http_floor import Parsing
 
 from router.account.outcome import Outcome
 from router.app import RouterApp
@@ -84,7 +85,7 @@ class Exchange:
         self.up: Upstream | None = None
 
 
-class Upstream(asyncio.Protocol):
+class Upstream(Parsing):
     """One kept-alive connection to a backend, carrying one exchange at a time."""
 
     def __init__(self, router: Router, url: str) -> None:
@@ -93,15 +94,6 @@ class Upstream(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.ex: Exchange | None = None
         self.headers: list[tuple[bytes, bytes]] = []
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.transport.close()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
@@ -169,7 +161,7 @@ class Upstream(asyncio.Protocol):
             ex.client.finish(ex)
 
 
-class Client(asyncio.Protocol):
+class Client(Parsing):
     """One client connection: parses its requests and routes each one."""
 
     def __init__(self, router: Router) -> None:
@@ -183,16 +175,13 @@ class Client(asyncio.Protocol):
         self.body: list[bytes] = []
 
     def connection_made(self, transport: Any) -> None:
-        self.transport = transport
+        super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if peer else None
 
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self._answer(BadRequest("invalid HTTP request"))
-            self.transport.close()
+    def unparseable(self) -> None:
+        self._answer(BadRequest("invalid HTTP request"))
+        self.transport.close()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
