@@ -77,6 +77,12 @@ CANDIDATES = {
     "http_floor": "uvloop + httptools callbacks: parse, count, forward, re-frame; nothing else",
     "router_callbacks": "http_floor's callbacks calling the router's own per-request code",
 }
+# http_floor with N us of busy CPU per request (HTTP_FLOOR_WORK_US): how much per-request work
+# the callback shape carries before the streaming tail opens (overhead-harnesses.md)
+FLOOR_WORK = {f"http_floor_w{n}": n for n in (50, 100, 150, 200, 300, 400)}
+CANDIDATES.update(
+    {name: f"http_floor plus {n} us of busy CPU per request" for name, n in FLOOR_WORK.items()}
+)
 # router_no_busy_poll: the same router with SPEC_ROUTER_BUSY_POLL_US=0 (router/fastpath/busypoll.py)
 # router_ref: the router of another checkout (--router-ref DIR, e.g. a `git worktree` of the
 # commit an older report was measured at), with its default settings, in the same run
@@ -494,8 +500,11 @@ def start_target(
 
 def start_candidate(name: str, upstream: str, core: int | None) -> Proc:
     """One of bench/candidates/ in front of ``upstream``, pinned to ``core``."""
-    script = str(HERE / "candidates" / f"{name}.py")
-    return spawn(name, [PY, script, "--upstream", upstream, "--port", "0"], core)
+    env, script_name = None, name
+    if name in FLOOR_WORK:
+        env, script_name = {"HTTP_FLOOR_WORK_US": str(FLOOR_WORK[name])}, "http_floor"
+    script = str(HERE / "candidates" / f"{script_name}.py")
+    return spawn(name, [PY, script, "--upstream", upstream, "--port", "0"], core, env)
 
 
 def log(msg: str) -> None:

@@ -16,17 +16,37 @@ No health, metrics, timeouts, retries, SSE tap, error shapes or limits: every on
 per-request or per-chunk work the router adds on top. So the distance between this candidate and
 ``tcp_pipe`` is what HTTP itself costs in Python, and between the router and this candidate what
 the router's own features and layers cost (bench/results/overhead-harnesses.md).
+
+``HTTP_FLOOR_WORK_US=N``: N microseconds of busy CPU per request, half when the request is
+complete (where the router reads it and decides) and half when the response is (where it
+accounts for it): the router's own per-request work as a plain cost, to find how much of it
+this shape carries before the streaming tail against nginx opens (``http_floor_w*`` in
+bench/overhead.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 import httptools
 from _cli import serve_protocol
+
+# half of HTTP_FLOOR_WORK_US, in seconds
+HALF_WORK = float(os.environ.get("HTTP_FLOOR_WORK_US", "0")) / 2e6
+
+
+def work() -> None:
+    """Busy CPU for ``HALF_WORK`` seconds (nothing when it is 0)."""
+    if HALF_WORK:
+        end = time.perf_counter() + HALF_WORK
+        while time.perf_counter() < end:
+            pass
+
 
 HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"host", b"te"}
 
@@ -101,6 +121,7 @@ class Upstream(Parsing):
         if client is not None:
             client.transport.write(b"0\r\n\r\n")
             client.upstream = None
+            work()
 
     def connection_lost(self, exc: Exception | None) -> None:
         backend = self.backend
@@ -139,6 +160,7 @@ class Client(Parsing):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        work()
         body = b"".join(self.body)
         try:
             info = json.loads(body) if body else {}
