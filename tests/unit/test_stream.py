@@ -166,6 +166,12 @@ def test_usage_and_finish_are_found_in_each_spelling_and_null_is_not_one() -> No
     tap = SseTap(strip_usage=True)
     assert tap.feed(null_everywhere) == null_everywhere  # passed on at once, nothing held
     assert tap.usage is None
+    # SGLang's last content event and its usage event in one read: the key's first occurrence
+    # is a null, the usage object further on (the fast path starts from the first find)
+    usage_event = both([], {"prompt_tokens": 3, "completion_tokens": 2})
+    tap = SseTap(strip_usage=True)
+    assert tap.feed(null_everywhere + usage_event) == null_everywhere
+    assert tap.usage is not None and tap.usage.prompt_tokens == 3
     # the second of two choices finishes: the event is held, as a usage event may follow
     second = both(
         [{"delta": {}, "finish_reason": None}, {"delta": {}, "finish_reason": "length"}], None
