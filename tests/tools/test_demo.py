@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import math
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -17,11 +19,14 @@ from router.settings import Settings
 from router.sim.model import BASELINE, EAGLE3, closed_loop
 from router.tools.demo import (
     FAITHFUL,
+    LOADGEN_LIMIT,
     Point,
     attained,
     engine_facts,
     hold_levels,
     router_env,
+    run_target,
+    saturated,
     scrape_metrics,
     shortfalls,
 )
@@ -56,6 +61,29 @@ def test_a_pool_that_delivers_less_than_its_model_is_a_shortfall() -> None:
     assert behind[0][2] == pytest.approx(FAITHFUL - 0.08)
     # the same figures at the model's own throughput are faithful
     assert shortfalls([_point("baseline", 64, base64)], 32, 96) == []
+
+
+def test_a_run_through_which_the_load_generator_was_busy_is_saturated() -> None:
+    """Pool-alone runs and the routers' alike: a load generator at its core's limit is what the
+    run measures, whatever the sims deliver."""
+    points = [
+        replace(_point("baseline", 64, 1.0), loadgen_cpu=LOADGEN_LIMIT + 0.05),
+        replace(_point("speculative", 64, 1.0), loadgen_cpu=LOADGEN_LIMIT - 0.05),
+        _point("router", 8, 1.0),  # not measured (NaN): not a finding
+        replace(_point("router", 64, 1.0), loadgen_cpu=1.0),
+    ]
+    busy = saturated(points)
+    assert [(target, n) for target, n, _ in busy] == [("baseline", 64), ("router", 64)]
+    assert busy[0][2] == pytest.approx(LOADGEN_LIMIT + 0.05)
+
+
+def test_each_run_measures_the_load_generators_own_cpu(sims: dict[str, Proc]) -> None:
+    # this process is the load generator: a run of 0.6 s costs it some CPU, and no more than
+    # the run's length (one thread)
+    args = argparse.Namespace(duration=0.6, prompt_tokens=32, output_tokens=32, time_scale=0.05)
+    point, _ = asyncio.run(run_target(sims["baseline"].url, "baseline", 4, args))
+    assert point.total_tps > 0
+    assert 0.0 < point.loadgen_cpu <= 1.05
 
 
 def test_within_slo_is_judged_in_model_time() -> None:
