@@ -509,13 +509,15 @@ class OriginPool:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         timeouts: Timeouts,
+        on_stale: Callable[[], None] | None = None,
     ) -> Connection:
         """Send a request; return the connection once response headers are in.
 
         The caller owns the returned connection and must ``release()`` it. On error nothing is
         left open. A reused keep-alive connection that the server had already closed (both
-        engines close idle ones after 5 s) is retried once on a fresh one: the engine never
-        saw that request. One that timed out is not: the engine has it.
+        engines close idle ones after 5 s) is retried once on a fresh one (and ``on_stale``
+        called): the engine never saw that request. One that timed out is not: the engine
+        has it.
         """
         if self._closed:
             raise UpstreamError("connect", f"client for {self.origin.url} is closed")
@@ -541,6 +543,8 @@ class OriginPool:
             except UpstreamError as exc:
                 if not conn.stale(exc):
                     raise
+                if on_stale is not None:
+                    on_stale()
                 conn.release()
                 conn = await self._connect(timeouts.connect)
                 await conn.exchange(head, body, timeouts, head_only)

@@ -23,6 +23,11 @@ infinitely fast).
 
 Prompts start with a nonce drawn once per run, then the worker and sequence numbers, so neither
 another request of the run nor an earlier run finds the prompt in an engine's prefix cache.
+
+The load generator's own HTTP client is the router's (``FastClient``: httptools callbacks,
+``router.forward.upstream``), not httpx: a load generator at its core's limit measures itself,
+and httpx cost about 330 µs of CPU per SSE event against this one's 40 on a slow host
+(bench/results/loadgen-client.md). ``send_one`` still takes an ``httpx.AsyncClient`` too.
 """
 
 from __future__ import annotations
@@ -36,11 +41,14 @@ import random
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
+
+from router.forward.upstream import Origin, OriginPool, Timeouts, UpstreamError
 
 POOL_HEADER = "x-spec-router-pool"
 BURST_GAP = 1e-3  # seconds: events closer than this arrived together
@@ -146,8 +154,38 @@ def default_client(concurrency: int, timeout: httpx.Timeout | None = None) -> ht
     )
 
 
+# No timeout once connected: a stream may take as long as it takes (httpx's read=None).
+FAST_TIMEOUTS = Timeouts(connect=10.0, first_byte=86400.0, idle=86400.0)
+
+
+class FastClient:
+    """Keep-alive connections per origin on the router's own HTTP/1.1 client; made and used
+    inside one running event loop. ``aclose`` aborts whatever is still open."""
+
+    def __init__(self, max_connections: int) -> None:
+        self._max = max_connections
+        self._pools: dict[str, OriginPool] = {}
+
+    def pool(self, origin: str) -> OriginPool:
+        found = self._pools.get(origin)
+        if found is None:
+            # (engines close an idle connection after 5 s: drop ours before that)
+            found = OriginPool(Origin.parse(origin), max_connections=self._max,
+                               max_idle=self._max, keepalive_expiry=4.0)  # fmt: skip
+            self._pools[origin] = found
+        return found
+
+    async def aclose(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+
+Client = httpx.AsyncClient | FastClient
+
+
 async def send_one(
-    client: httpx.AsyncClient,
+    client: Client,
     url: str,
     body: dict[str, Any],
     result: RequestResult,
@@ -165,18 +203,21 @@ async def send_one(
     sent on it in the meantime never reached the engine.
     """
     try:
-        for attempt in (0, 1):
-            try:
-                await _stream(client, url, body, result, headers, count_tokens, keep_body)
-                break
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-                if attempt or result.status is not None:
-                    raise
-                result.stale_retries += 1
+        if isinstance(client, FastClient):  # (its pool sends a stale one again by itself)
+            await _stream_fast(client, url, body, result, headers, count_tokens, keep_body)
+        else:
+            for attempt in (0, 1):
+                try:
+                    await _stream(client, url, body, result, headers, count_tokens, keep_body)
+                    break
+                except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                    if attempt or result.status is not None:
+                        raise
+                    result.stale_retries += 1
     except asyncio.CancelledError:
         result.error = "cancelled"
         raise
-    except (httpx.HTTPError, OSError) as exc:
+    except (httpx.HTTPError, OSError, UpstreamError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         result.end = time.monotonic()
@@ -199,22 +240,71 @@ async def _stream(
             text = (await resp.aread()).decode(errors="replace")
             result.error = f"HTTP {resp.status_code}: {text[:300]}"
             return
-        buffer = b""
-        kept: list[bytes] = []
-        try:
-            async for data in resp.aiter_raw():
-                if keep_body:
-                    kept.append(data)
-                buffer += data
-                *events, buffer = buffer.split(b"\n\n")
-                now = time.monotonic()
-                for event in events:
-                    _on_event(event, now, result, count_tokens)
-        finally:
+        await _read_events(resp.aiter_raw(), result, count_tokens, keep_body)
+
+
+async def _stream_fast(
+    client: FastClient,
+    url: str,
+    body: dict[str, Any],
+    result: RequestResult,
+    headers: dict[str, str] | None,
+    count_tokens: Callable[[str], int],
+    keep_body: bool,
+) -> None:
+    parts = urlsplit(url)
+    pool = client.pool(f"{parts.scheme}://{parts.netloc}")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    sent = [(b"content-type", b"application/json")]
+    sent += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+
+    def stale() -> None:
+        result.stale_retries += 1
+
+    payload = json.dumps(body).encode()
+    conn = await pool.request(b"POST", target.encode(), sent, payload, FAST_TIMEOUTS, stale)
+    try:
+        result.status = conn.status
+        result.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in conn.headers}
+        if conn.status != 200:
+            text = b""
+            while data := await conn.read():
+                text += data
+            result.error = f"HTTP {conn.status}: {text.decode(errors='replace')[:300]}"
+            return
+        await _read_events(_chunks(conn.read), result, count_tokens, keep_body)
+    finally:
+        conn.release()
+
+
+async def _chunks(read: Callable[[], Any]) -> AsyncIterator[bytes]:
+    while data := await read():
+        yield data
+
+
+async def _read_events(
+    chunks: AsyncIterator[bytes],
+    result: RequestResult,
+    count_tokens: Callable[[str], int],
+    keep_body: bool,
+) -> None:
+    """Read an SSE body to its end into ``result``."""
+    buffer = b""
+    kept: list[bytes] = []
+    try:
+        async for data in chunks:
             if keep_body:
-                result.body = b"".join(kept)
-        if result.output_tokens is None:
-            result.error = "stream ended without a usage chunk"
+                kept.append(data)
+            buffer += data
+            *events, buffer = buffer.split(b"\n\n")
+            now = time.monotonic()
+            for event in events:
+                _on_event(event, now, result, count_tokens)
+    finally:
+        if keep_body:
+            result.body = b"".join(kept)
+    if result.output_tokens is None:
+        result.error = "stream ended without a usage chunk"
 
 
 def _on_event(
@@ -256,7 +346,7 @@ async def run_closed_loop(
     ignore_eos: bool = False,
     headers: dict[str, str] | None = None,
     extra_body: dict[str, Any] | None = None,
-    client: httpx.AsyncClient | None = None,
+    client: Client | None = None,
     count_tokens: Callable[[str], int] = estimate_tokens,
 ) -> list[RequestResult]:
     """Run ``concurrency`` workers back to back against ``base_url`` (ending in ``/v1``).
@@ -295,7 +385,7 @@ async def run_closed_loop(
     results: list[RequestResult] = []
     tickets = itertools.count()
     own_client = client is None
-    http = default_client(concurrency) if client is None else client
+    http = FastClient(concurrency + 8) if client is None else client
     deadline = math.inf if duration is None else time.monotonic() + duration
 
     async def worker(i: int) -> None:
