@@ -30,8 +30,9 @@ from router.calibrate.levels import (
 from router.calibrate.progress import Progress
 from router.calibrate.workload import RequestSource
 from router.decide.table import Point, Prefill
+from router.forward.upstream import Timeouts
 from router.health import engines as engine_metrics
-from router.tools.loadgen import RequestResult, send_one
+from router.tools.loadgen import Client, FastClient, RequestResult, send_one
 
 POOLS = ("speculative", "baseline")
 
@@ -73,6 +74,7 @@ class Sweep:
 
 async def run_level(
     client: httpx.AsyncClient,
+    streams: Client,
     url: str,
     source: RequestSource,
     pool: str,
@@ -84,7 +86,10 @@ async def run_level(
     progress: Progress,
     load_interval: float = 0.1,
 ) -> LevelRun:
-    """One closed-loop level: warm-up request per worker, ``wanted`` measured ones, fillers."""
+    """One closed-loop level: warm-up request per worker, ``wanted`` measured ones, fillers.
+    The streams go through ``streams`` (the load generator's own client: httpx would take most
+    of a core at a few thousand events a second, bench/results/loadgen-client.md); the
+    engine's metrics through ``client``."""
     run = LevelRun(pool, concurrency, wanted)
     handed_out = done = 0
     finished = asyncio.Event()
@@ -99,7 +104,7 @@ async def run_level(
         if measured:
             handed_out += 1
             run.measured.append(result)
-        await send_one(client, url + path, body, result, headers=headers)
+        await send_one(streams, url + path, body, result, headers=headers)
         if not result.ok and result.error != CANCELLED:
             finished.set()  # an error ends the level at once: the sweep is refused anyway
         if measured:
@@ -114,7 +119,9 @@ async def run_level(
         if len(warm) == concurrency:
             run.warm_at = warm[-1]
         seq = 1
-        while True:
+        # (once the level is over, by an error or enough requests, no worker sends another:
+        # a refused connection fails at once, and the worker would race the cancellation)
+        while not finished.is_set():
             await send(i, seq, 1.0)
             seq += 1
 
@@ -265,6 +272,7 @@ class _Pool:
     url: str
     source: RequestSource
     client: httpx.AsyncClient
+    streams: Client
     headers: dict[str, str]
 
 
@@ -280,6 +288,7 @@ async def measure(
         progress.start(pool.name, n, wanted, attempt + again)
         run = await run_level(
             pool.client,
+            pool.streams,
             pool.url,
             pool.source,
             pool.name,
@@ -321,9 +330,14 @@ async def sweep(plan: Plan, sources: dict[str, RequestSource], progress: Progres
     result = Sweep()
     limits = httpx.Limits(max_connections=top + 8, max_keepalive_connections=top + 8)
     timeout = httpx.Timeout(connect=30.0, read=None, write=60.0, pool=None)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    no_read_timeout = Timeouts(connect=30.0, first_byte=86400.0, idle=86400.0)
+    async with (
+        httpx.AsyncClient(limits=limits, timeout=timeout) as client,
+        FastClient(top + 8, no_read_timeout) as streams,
+    ):
         pools = {
-            name: _Pool(name, plan.urls[name], sources[name], client, headers) for name in POOLS
+            name: _Pool(name, plan.urls[name], sources[name], client, streams, headers)
+            for name in POOLS
         }
         if plan.discover_model:
             for pool in pools.values():
@@ -417,6 +431,7 @@ async def _probe_point(
     await wait_idle(pool.client, pool.url)
     run = await run_level(
         pool.client,
+        pool.streams,
         pool.url,
         source,
         pool.name,

@@ -158,12 +158,27 @@ def default_client(concurrency: int, timeout: httpx.Timeout | None = None) -> ht
 FAST_TIMEOUTS = Timeouts(connect=10.0, first_byte=86400.0, idle=86400.0)
 
 
+# What a failure of FastClient is called in ``RequestResult.error``: httpx's name for it, so that
+# reports and the tools that read them (calibrate's refusals) say the same whichever client ran.
+UPSTREAM_ERROR_NAMES: dict[str, str] = {
+    "connect": "ConnectError",
+    "connect_timeout": "ConnectTimeout",
+    "reset": "ReadError",
+    "first_byte_timeout": "ReadTimeout",
+    "idle_timeout": "ReadTimeout",
+    "total_timeout": "ReadTimeout",
+    "protocol": "RemoteProtocolError",
+    "relay": "ReadError",
+}
+
+
 class FastClient:
     """Keep-alive connections per origin on the router's own HTTP/1.1 client; made and used
     inside one running event loop. ``aclose`` aborts whatever is still open."""
 
-    def __init__(self, max_connections: int) -> None:
+    def __init__(self, max_connections: int, timeouts: Timeouts = FAST_TIMEOUTS) -> None:
         self._max = max_connections
+        self.timeouts = timeouts
         self._pools: dict[str, OriginPool] = {}
 
     def pool(self, origin: str) -> OriginPool:
@@ -179,6 +194,12 @@ class FastClient:
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
+
+    async def __aenter__(self) -> FastClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 Client = httpx.AsyncClient | FastClient
@@ -217,7 +238,9 @@ async def send_one(
     except asyncio.CancelledError:
         result.error = "cancelled"
         raise
-    except (httpx.HTTPError, OSError, UpstreamError) as exc:
+    except UpstreamError as exc:  # (named as httpx names the same failure)
+        result.error = f"{UPSTREAM_ERROR_NAMES[exc.kind]}: {exc}"
+    except (httpx.HTTPError, OSError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         result.end = time.monotonic()
@@ -262,7 +285,7 @@ async def _stream_fast(
         result.stale_retries += 1
 
     payload = json.dumps(body).encode()
-    conn = await pool.request(b"POST", target.encode(), sent, payload, FAST_TIMEOUTS, stale)
+    conn = await pool.request(b"POST", target.encode(), sent, payload, client.timeouts, stale)
     try:
         result.status = conn.status
         result.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in conn.headers}

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import typing
 
 import pytest
 
+from router.forward.upstream import ErrorKind
 from router.tools.loadgen import (
+    UPSTREAM_ERROR_NAMES,
     RequestResult,
     Workload,
     bursts,
@@ -237,3 +240,9 @@ def test_a_keep_alive_connection_closed_under_a_request_is_retried_once() -> Non
     assert [r.ok for r in results] == [True] * 5
     assert [r.stale_retries for r in results] == [0, 0, 1, 0, 1]
     assert len(writers) == 3 and all(r.output_tokens == 2 for r in results)
+
+
+def test_every_failure_of_the_fast_client_has_httpx_s_name_for_it() -> None:
+    # reports and calibrate's refusals name a failure the same whichever client ran; a new
+    # kind of UpstreamError without a name would fail the request's record with a KeyError
+    assert set(typing.get_args(ErrorKind)) == set(UPSTREAM_ERROR_NAMES)
