@@ -146,14 +146,6 @@ class Workload:
         return "/chat/completions" if self.endpoint == "chat" else "/completions"
 
 
-def default_client(concurrency: int, timeout: httpx.Timeout | None = None) -> httpx.AsyncClient:
-    """One keep-alive connection per worker; no read timeout (streams can be long)."""
-    return httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency),
-        timeout=timeout or httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None),
-    )
-
-
 # No timeout once connected: a stream may take as long as it takes (httpx's read=None).
 FAST_TIMEOUTS = Timeouts(connect=10.0, first_byte=86400.0, idle=86400.0)
 
