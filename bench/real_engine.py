@@ -41,7 +41,7 @@ from router.decide.table import Table, from_json  # noqa: E402
 from router.health import engines as engine_metrics  # noqa: E402
 from router.tools.demo import wait_ready  # noqa: E402
 from router.tools.llamacpp import DRAFT_MAX, MODEL, SLOTS, Build, LlamaServer, cores  # noqa: E402
-from router.tools.loadgen import percentile  # noqa: E402
+from router.tools.loadgen import FastClient, percentile  # noqa: E402
 from router.tools.processes import Proc, spawn  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -105,15 +105,18 @@ async def ramp(routers: dict[str, str], steps: list[int]) -> dict[str, list[dict
     limits = httpx.Limits(max_connections=max(steps) + 8, max_keepalive_connections=max(steps))
     timeout = httpx.Timeout(connect=30.0, read=None, write=60.0, pool=None)
     quiet = Progress(sys.stderr, 1, tty=False)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with (
+        httpx.AsyncClient(limits=limits, timeout=timeout) as client,
+        FastClient(max(steps) + 8) as streams,
+    ):
         for c in steps:
             for name, url in routers.items():  # in turn: both see the same machine
                 source = RequestSource(
                     prompt_tokens=PROMPT, output_tokens=OUTPUT, model=MODEL, ignore_eos=True
                 )
                 run = await run_level(
-                    client, url, source, name, c, max(8, 2 * c), timeout=900, headers={},
-                    progress=quiet,
+                    client, streams, url, source, name, c, max(8, 2 * c), timeout=900,
+                    headers={}, progress=quiet,
                 )  # fmt: skip
                 point = point_from_run(run)
                 done = [r for r in run.measured if r.ok]
