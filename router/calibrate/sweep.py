@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -30,9 +30,8 @@ from router.calibrate.levels import (
 from router.calibrate.progress import Progress
 from router.calibrate.workload import RequestSource
 from router.decide.table import Point, Prefill
-from router.forward.upstream import Timeouts
 from router.health import engines as engine_metrics
-from router.tools.loadgen import Client, FastClient, RequestResult, send_one
+from router.tools.loadgen import FAST_TIMEOUTS, Client, FastClient, RequestResult, send_one
 
 POOLS = ("speculative", "baseline")
 
@@ -330,10 +329,9 @@ async def sweep(plan: Plan, sources: dict[str, RequestSource], progress: Progres
     result = Sweep()
     limits = httpx.Limits(max_connections=top + 8, max_keepalive_connections=top + 8)
     timeout = httpx.Timeout(connect=30.0, read=None, write=60.0, pool=None)
-    no_read_timeout = Timeouts(connect=30.0, first_byte=86400.0, idle=86400.0)
     async with (
         httpx.AsyncClient(limits=limits, timeout=timeout) as client,
-        FastClient(top + 8, no_read_timeout) as streams,
+        FastClient(top + 8, replace(FAST_TIMEOUTS, connect=30.0)) as streams,
     ):
         pools = {
             name: _Pool(name, plan.urls[name], sources[name], client, streams, headers)

@@ -57,9 +57,10 @@ LEVELS = (1, 2, 4, 8, 16, 32, 64)
 # MAX_TIME_SCALE, unless the time scale was given.
 # The load generator is this process, one Python thread: past LOADGEN_LIMIT of one core over a
 # run it is what that run measures (each event waits for it), even where the sims keep up
-# (2026-12-05, the same host at 0.1: the demo process at 0.86-1.00 of a core through the 64-user
-# runs, the baseline within its model, and the router 30% behind round-robin there in total
-# tok/s; at 0.2, at most 0.76 over a run, the router ahead). It counts as falling behind too.
+# (2026-12-05, a slow 2-core host at 0.1 with httpx as the client: the demo reported its process
+# at 86% of a core in the baseline's 64-user run, and a run given --time-scale 0.1 had the router
+# 30% behind round-robin at 64 users in total tok/s; bench/results/loadgen-client.md). It counts
+# as falling behind too.
 DEFAULT_TIME_SCALE = 0.1
 FAITHFUL = 0.85
 LOADGEN_LIMIT = 0.85

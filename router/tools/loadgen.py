@@ -26,8 +26,9 @@ another request of the run nor an earlier run finds the prompt in an engine's pr
 
 The load generator's own HTTP client is the router's (``FastClient``: httptools callbacks,
 ``router.forward.upstream``), not httpx: a load generator at its core's limit measures itself,
-and httpx cost about 330 µs of CPU per SSE event against this one's 40 on a slow host
-(bench/results/loadgen-client.md). ``send_one`` still takes an ``httpx.AsyncClient`` too.
+and httpx cost 321 µs of CPU per SSE event against this one's 35 on a slow host (medians,
+``python bench/loadgen_client.py``; bench/results/loadgen-client.md). ``send_one`` still takes
+an ``httpx.AsyncClient`` too.
 """
 
 from __future__ import annotations
@@ -282,9 +283,7 @@ async def _stream_fast(
         result.status = conn.status
         result.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in conn.headers}
         if conn.status != 200:
-            text = b""
-            while data := await conn.read():
-                text += data
+            text = await conn.read_all()
             result.error = f"HTTP {conn.status}: {text.decode(errors='replace')[:300]}"
             return
         await _read_events(_chunks(conn.read), result, count_tokens, keep_body)

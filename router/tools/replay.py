@@ -122,9 +122,7 @@ async def send(
         if ttft is not None and tpot is not None:
             t.predicted = (float(ttft) / 1000, float(tpot) / 1000)
         if conn.status != 200:
-            text = b""
-            while data := await conn.read():
-                text += data
+            text = await conn.read_all()
             t.error = f"HTTP {conn.status}: {text[:200].decode(errors='replace')}"
             return
         buffer = b""
