@@ -1,10 +1,11 @@
 """The router's own per-chunk code, timed in-process: no socket, no event loop turn.
 
 One upstream ``Connection`` (router/forward/upstream.py) in the middle of a chunked SSE response,
-diverted to a sink built the way ``Proxy._divert`` builds it (ready check, SSE tap that strips
-the usage it asked for, chunk framing) writing to a transport that only counts. Each iteration
-feeds one chunk of bench/fake_backend.py's shape to ``data_received``: what the router does per
-chunk on top of the read and the write that any proxy, a TCP pipe included, makes.
+diverted to the sink ``Proxy._divert`` asks ``DirectSend`` for (ready check, SSE tap that
+strips the usage it asked for, chunk framing) writing to a transport that only counts. Each
+iteration feeds one chunk of bench/fake_backend.py's shape to ``data_received``: what the
+router does per chunk on top of the read and the write that any proxy, a TCP pipe included,
+makes.
 
     python bench/chunk_path.py --chunks 200000 --repeat 3
 """
@@ -17,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from router.fastpath.uvicorn import DirectSend
 from router.forward.stream import SseTap
 from router.forward.upstream import Connection, Origin, OriginPool
 
@@ -56,28 +58,16 @@ async def per_chunk(chunks: int) -> float:
     conn.connection_made(CountingTransport())  # type: ignore[arg-type]
     conn.data_received(HEAD)
     client = CountingTransport()
-    flow: Any = type("Flow", (), {"write_paused": False})()
+    # uvicorn's request cycle as DirectSend sees it, mid-way through a chunked response
+    cycle: Any = type("Cycle", (), {})()
+    cycle.flow = type("Flow", (), {"write_paused": False})()
+    cycle.transport, cycle.disconnected = client, False
+    cycle.response_started, cycle.chunked_encoding, cycle.response_complete = True, True, False
+    cycle.scope = {"method": "POST"}
     tap = SseTap(strip_usage=True)
-    out: Any = type("Outcome", (), {"first_byte": 1.0})()  # (the first byte is long past)
-
-    def ready() -> bool:  # as DirectSend.ready
-        return not (flow.write_paused or client.is_closing())
-
-    def write(data: bytes) -> None:  # as DirectSend.write
-        client.write(b"%x\r\n%b\r\n" % (len(data), data))
-
-    feed = tap.feed
-
-    def sink(data: bytes) -> bool:  # as Proxy._divert's
-        if not ready():
-            return False
-        if out.first_byte is None:
-            raise AssertionError("not reached")
-        data = feed(data)
-        if data:
-            write(data)
-        return True
-
+    # the sink Proxy._divert asks for, the first byte long past
+    sink = DirectSend(None, cycle).body_sink(tap.feed, None)
+    assert sink is not None
     conn.divert(sink)
     frame = b"%x\r\n%b\r\n" % (len(EVENT), EVENT)
     began = time.perf_counter()

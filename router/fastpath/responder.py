@@ -2,7 +2,7 @@
 ``router.fastpath.uvicorn``) a faster one for uvicorn's httptools server.
 
 A responder sends the response's messages (several at once where it can write them together),
-reports a client that goes away before the response is done, and may offer a ``BodyWriter``
+reports a client that goes away before the response is done, and may offer a ``Sink``
 that writes the rest of a chunked body straight to the client from the upstream's socket
 callback. ``send_all`` raises ``OSError`` when the client is gone (ASGI spec 2.4).
 """
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from router.asgi import Receive, Send
 
-
-class BodyWriter(NamedTuple):
-    ready: Callable[[], bool]  # whether ``write`` may be called now (the client keeps up)
-    write: Callable[[bytes], None]  # frame and write one chunk of the body
+# Takes body bytes from the upstream's socket callback. Returns True once it has written them
+# (what its ``feed`` made of them) to the client, or False, having consumed nothing, when the
+# client cannot take them now (it is slow, or gone).
+Sink = Callable[[bytes], bool]
 
 
 class Responder(Protocol):
@@ -30,8 +30,12 @@ class Responder(Protocol):
 
     def unwatch(self) -> None: ...
 
-    def body_writer(self) -> BodyWriter | None:
-        """A direct writer for the rest of a chunked body, once the response has started."""
+    def body_sink(
+        self, feed: Callable[[bytes], bytes] | None, first: Callable[[], None] | None
+    ) -> Sink | None:
+        """A ``Sink`` that writes the rest of a chunked body straight to the client, once the
+        response has started: each call's bytes through ``feed`` (when given), framed as one
+        chunk; ``first`` (when given) is called once, before the first bytes it takes."""
 
 
 class PlainResponder:
@@ -57,7 +61,9 @@ class PlainResponder:
             self._watcher.cancel()
             self._watcher = None
 
-    def body_writer(self) -> BodyWriter | None:
+    def body_sink(
+        self, feed: Callable[[bytes], bytes] | None, first: Callable[[], None] | None
+    ) -> Sink | None:
         return None
 
 

@@ -12,6 +12,7 @@ server the fast paths of ``router.fastpath.uvicorn``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import logging
@@ -519,25 +520,15 @@ class Proxy:
         lease: Lease,
         out: Outcome,
     ) -> None:
-        """Let the upstream connection write the body's chunks straight to the client."""
-        writer = responder.body_writer()
-        if writer is None:
-            return
-        first_bytes, backend = self._first_bytes, lease.backend
-        ready, write = writer
-
-        def sink(data: bytes) -> bool:
-            if not ready():  # (one that stays behind is counted slow by _relay's ``backlog``)
-                return False  # nothing consumed: read() gets these bytes
-            if out.first_byte is None:
-                first_bytes(out, backend)
-            if feed is not None:
-                data = feed(data)
-            if data:
-                write(data)
-            return True
-
-        conn.divert(sink)
+        """Let the upstream connection write the body's chunks straight to the client (a
+        client that cannot keep up is left to ``read()``, and counted slow by ``_relay``'s
+        ``backlog``)."""
+        first = None
+        if out.first_byte is None:
+            first = functools.partial(self._first_bytes, out, lease.backend)
+        sink = responder.body_sink(feed, first)
+        if sink is not None:
+            conn.divert(sink)
 
     async def _break_stream(self, send: Send, exc: UpstreamError, is_sse: bool) -> None:
         """The backend failed after the response started: the client must see a broken stream."""

@@ -156,24 +156,24 @@ class Connection(asyncio.Protocol):
             self._fail("protocol", f"invalid response from {self._pool.origin.url}: {exc}")
             self._abort()
             return
-        if self._sink is not None and self._body:
-            self._to_sink()
-
-    def _to_sink(self) -> None:
-        """Hand this read's body bytes to the sink; the last ones stay for ``read()``.
-
-        One sink call per socket read, however many chunks it held. Once the response is
-        complete the bytes are left for the reader, which sends them with the end of the
-        response in one write.
-        """
+        sink = self._sink
+        if sink is None or not self._body:
+            return
+        # Hand this read's body bytes to the sink (inlined: it runs for every chunk of every
+        # stream): one sink call per socket read, however many chunks it held. Once the
+        # response is complete the bytes are left for the reader, which sends them with the
+        # end of the response in one write.
         if self._complete or self._error is not None:
             self._wake()
             return
         body = self._body
-        data = body.popleft() if len(body) == 1 else b"".join(body)
-        body.clear()
+        if len(body) == 1:
+            data = body.popleft()
+        else:
+            data = b"".join(body)
+            body.clear()
         try:
-            taken = self._sink(data)  # type: ignore[misc]  # checked by the caller
+            taken = sink(data)
         except Exception as exc:
             self._sink = None
             self._fail("relay", f"relaying the response from {self._pool.origin.url}: {exc!r}")

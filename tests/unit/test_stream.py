@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from router.forward.stream import BodyTap, SseTap, first_event_refusal
 
 
@@ -183,3 +186,57 @@ def test_usage_and_finish_are_found_in_each_spelling_and_null_is_not_one() -> No
     quoted = both([{"delta": {"content": 'say "usage": null'}, "finish_reason": None}], None)
     tap = SseTap(strip_usage=True)
     assert tap.feed(quoted) == quoted and tap.usage is None
+
+
+def test_compact_chunks_take_the_short_way_and_still_see_everything() -> None:
+    """Compact JSON (what vLLM and SGLang send): a member that occurs once with a null value is
+    passed on at once; one that occurs twice in a read, or opens what the tap looks for, is
+    found whichever of the two occurrences it is."""
+    plain = b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}],"usage":null}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1}}\n\n'
+    finish = plain.replace(b'"finish_reason":null', b'"finish_reason":"stop"')
+    tap = SseTap(strip_usage=True)
+    assert tap.feed(plain) == plain and tap.usage is None
+    assert tap.feed(usage + plain) == plain  # the usage object first, a null after it
+    assert tap.usage is not None and tap.usage.prompt_tokens == 4
+    tap = SseTap(strip_usage=True)
+    assert tap.feed(plain + finish) == plain  # the finish second: held for a usage event
+    assert tap.feed(usage) == b"" and tap.usage is not None  # stripped; the finish still held
+    assert tap.feed(DONE) == finish + DONE
+    tap = SseTap(strip_usage=True)
+    assert tap.feed(finish + plain) == finish + plain  # the finish first, a null after it
+    vllm = b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+    ends_with_key = b'data: {"usage":\n\n'  # (not JSON: the tap looks one byte past the key)
+    tap = SseTap(strip_usage=False)
+    assert tap.feed(vllm) == vllm and tap.feed(ends_with_key) == ends_with_key
+
+
+_EVENTS = [
+    b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}],"usage":null}\n\n',
+    b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}]}\n\n',
+    b'data: {"choices":[{"delta":{},"finish_reason":"stop"}],"usage":null}\n\n',
+    b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1}}\n\n',
+    event({"choices": [{"delta": {"content": "b"}, "finish_reason": None}]}).replace(b":", b": "),
+    b'data: {"choices": [{"delta": {}, "finish_reason": "length"}], "usage": {"x": 1}}\n\n',
+    b'data: {"choices":[{"delta":{"content":"\\"usage\\":{"},"finish_reason":null}]}\n\n',
+    DONE,
+]
+
+
+@given(
+    picks=st.lists(st.integers(0, len(_EVENTS) - 1), max_size=8),
+    cuts=st.lists(st.integers(0, 2000), max_size=6),
+    strip=st.booleans(),
+)
+def test_the_short_way_answers_as_the_whole_way(
+    picks: list[int], cuts: list[int], strip: bool
+) -> None:
+    """Whatever the events and however the reads split them, the tap's per-chunk short cut
+    changes nothing: the same bytes and usage as a tap that takes the whole way every time (a
+    rename that changes nothing turns the short cut off)."""
+    body = b"".join(_EVENTS[i] for i in picks)
+    points = sorted({min(c, len(body)) for c in cuts})
+    parts = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    fast, whole = SseTap(strip_usage=strip), SseTap(strip_usage=strip, rename=(b"\0", b"\0"))
+    assert feed_all(fast, parts) == feed_all(whole, parts)
+    assert fast.usage == whole.usage
