@@ -74,7 +74,7 @@ class DirectSend:
             self._event = None
 
     def chunked(self) -> bool:
-        """Whether the response under way has a chunked body that ``write`` may add to."""
+        """Whether the response under way has a chunked body that ``body_sink`` may add to."""
         cycle = self._cycle
         return bool(
             cycle.response_started

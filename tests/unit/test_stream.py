@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from router.forward.stream import BodyTap, SseTap, first_event_refusal
@@ -205,6 +205,9 @@ def test_compact_chunks_take_the_short_way_and_still_see_everything() -> None:
     assert tap.feed(DONE) == finish + DONE
     tap = SseTap(strip_usage=True)
     assert tap.feed(finish + plain) == finish + plain  # the finish first, a null after it
+    spaced = b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\n'
+    tap = SseTap(strip_usage=True)
+    assert tap.feed(spaced) == b"" and tap.feed(DONE) == spaced + DONE  # a spaced finish, held
     vllm = b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}]}\n\n'
     ends_with_key = b'data: {"usage":\n\n'  # (not JSON: the tap looks one byte past the key)
     tap = SseTap(strip_usage=False)
@@ -219,10 +222,14 @@ _EVENTS = [
     event({"choices": [{"delta": {"content": "b"}, "finish_reason": None}]}).replace(b":", b": "),
     b'data: {"choices": [{"delta": {}, "finish_reason": "length"}], "usage": {"x": 1}}\n\n',
     b'data: {"choices":[{"delta":{"content":"\\"usage\\":{"},"finish_reason":null}]}\n\n',
+    b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\n',
+    b'data: {"choices":[],"usage": {"prompt_tokens":2,"completion_tokens":3}}\n\n',
     DONE,
 ]
 
 
+@example(picks=[7], cuts=[], strip=True)  # a spaced finish alone in its read
+@example(picks=[0, 3, 0], cuts=[], strip=True)  # a usage object between two nulls
 @given(
     picks=st.lists(st.integers(0, len(_EVENTS) - 1), max_size=8),
     cuts=st.lists(st.integers(0, 2000), max_size=6),
