@@ -58,9 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, default=20)
     p.add_argument("--concurrency", type=int, default=256)
     p.add_argument("--seconds", type=float, default=6.0, help="measured window")
+    p.add_argument(
+        "--first-delay-ms",
+        type=float,
+        default=0.0,
+        help="the backends send the headers alone and the first chunk this much later",
+    )
     args = p.parse_args(argv)
     others = None if args.where == "unpinned" else 1
     backend_cmd = [PY, str(HERE / "fake_backend.py"), "--port", "0", "--chunks", str(args.chunks)]
+    backend_cmd += ["--first-delay-ms", str(args.first_delay_ms)]
     backends = [spawn(f"backend{i}", backend_cmd, others) for i in (1, 2)]
     procs = list(backends)
     hog = None
@@ -98,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     user, system, switches, waited = ((a - b) / span for a, b in zip(after, before, strict=True))
     rate = result["rps"]
     print(
-        f"{args.target} {args.where} chunks {args.chunks} c {args.concurrency}: "
+        f"{args.target} {args.where} chunks {args.chunks} c {args.concurrency}"
+        f"{f' first delay {args.first_delay_ms:g} ms' if args.first_delay_ms else ''}: "
         f"{rate:,.0f} streams/s, user {1000 * user / rate:.3f} ms/stream, "
         f"system {1000 * system / rate:.3f} ms/stream ({user + system:.2f} cores), "
         f"{switches:,.0f} involuntary switches/s, {100 * waited:.1f}% waiting for a core, "

@@ -54,7 +54,7 @@ from router.forward.request import (
     response_headers,
     upstream_body,
 )
-from router.forward.stream import BodyTap, SseTap, first_event, is_sse
+from router.forward.stream import MAX_PEEK, BodyTap, SseTap, first_event, is_sse
 from router.forward.upstream import Connection, OriginPool, Timeouts, UpstreamError
 from router.forward.verdicts import Verdict
 from router.health.state import HealthRegistry
@@ -325,6 +325,7 @@ class Proxy:
         trusted = self._trusts(client_ip)
         ask_usage = info.stream and scope["path"] in USAGE_PATHS
         timeouts = self.timeouts if info.stream else self.whole_timeouts
+        peek = MAX_PEEK if info.stream else 0  # (woken once for the head and first event)
         tried: list[str] = []
         max_attempts = self.settings.max_attempts
         while True:
@@ -353,7 +354,7 @@ class Proxy:
             refused: str | None = None  # a stream refused in its first event: the message
             try:
                 conn = await self.clients[decision.backend].request(
-                    method, target, headers, payload, timeouts
+                    method, target, headers, payload, timeouts, first_event_peek=peek
                 )
             except UpstreamError as exc:
                 error = exc

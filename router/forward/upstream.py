@@ -134,6 +134,8 @@ class Connection(asyncio.Protocol):
         self._last_activity = 0.0
         self._received_any = False
         self._head_only = False
+        # > 0: the caller waits for a stream's first event, not just the head (see exchange)
+        self._peek = 0
         self._before_body: float | None = None  # the idle timeout, armed at the first body byte
         self._sink: Callable[[bytes], bool] | None = None
         # called when unread body bytes pass HIGH_WATER and reading stops: the reader (and so,
@@ -220,7 +222,15 @@ class Connection(asyncio.Protocol):
             self._framed = True
             self._complete = True
             self._keep_alive = False if self._head_only else self._keep_alive
+        if self._peek:
+            if self.status == 200 and not self._complete and self._sse():
+                return  # the caller waits on for the first event: on_body wakes it
+            self._peek = 0
         self._wake()
+
+    def _sse(self) -> bool:
+        ctype = next((v for k, v in self.headers if k == b"content-type"), b"")
+        return ctype.startswith(b"text/event-stream")
 
     def on_body(self, body: bytes) -> None:
         if self._before_body is not None:  # the first body byte: from here on, gaps count
@@ -235,6 +245,11 @@ class Connection(asyncio.Protocol):
             self._transport.pause_reading()
             if self.on_backlog is not None:
                 self.on_backlog()
+        if self._peek:  # waiting for a whole first event (or ``_peek`` bytes without one)
+            seen = body if len(self._body) == 1 else b"".join(self._body)
+            if b"\n\n" not in seen and self._buffered < self._peek and not self._paused:
+                return
+            self._peek = 0
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -293,10 +308,25 @@ class Connection(asyncio.Protocol):
             self._waiter = None
 
     # -- the exchange ------------------------------------------------------------------------
-    async def exchange(self, head: bytes, body: bytes, timeouts: Timeouts, head_only: bool) -> None:
-        """Send one request and wait until the response headers arrive (or fail)."""
+    async def exchange(
+        self,
+        head: bytes,
+        body: bytes,
+        timeouts: Timeouts,
+        head_only: bool,
+        first_event_peek: int = 0,
+    ) -> None:
+        """Send one request and wait until the response headers arrive (or fail).
+
+        ``first_event_peek`` > 0: for a 200 event stream, wait on until its first event is in
+        too (or that many bytes without one, or the end), so that the caller, which reads it
+        next (``router.forward.stream.first_event``), is woken once and not twice: engines send
+        the head when they take a request and the first event after the prefill. Anything
+        that happens after the head is then the caller's to read, as it would have been.
+        """
         self._reset_exchange()
         self._head_only = head_only
+        self._peek = first_event_peek
         transport = self._transport
         if transport is None or transport.is_closing():
             raise UpstreamError("reset", f"connection to {self._pool.origin.url} closed")
@@ -310,7 +340,8 @@ class Connection(asyncio.Protocol):
             self._arm_timer(timeouts.first_byte, "first_byte_timeout")
         while not self._headers_done and self._error is None:
             await self._wait()
-        if self._error is not None:
+        self._peek = 0
+        if self._error is not None and not (first_event_peek and self._headers_done):
             self._cancel_timer()
             raise self._error
         if not self._complete and timeouts.total is None:
@@ -510,8 +541,10 @@ class OriginPool:
         body: bytes,
         timeouts: Timeouts,
         on_stale: Callable[[], None] | None = None,
+        first_event_peek: int = 0,
     ) -> Connection:
-        """Send a request; return the connection once response headers are in.
+        """Send a request; return the connection once response headers are in (and, with
+        ``first_event_peek``, a 200 event stream's first event: see ``Connection.exchange``).
 
         The caller owns the returned connection and must ``release()`` it. On error nothing is
         left open. A reused keep-alive connection that the server had already closed (both
@@ -539,7 +572,7 @@ class OriginPool:
                 conn = await self._connect(timeouts.connect)
         try:
             try:
-                await conn.exchange(head, body, timeouts, head_only)
+                await conn.exchange(head, body, timeouts, head_only, first_event_peek)
             except UpstreamError as exc:
                 if not conn.stale(exc):
                     raise
@@ -547,7 +580,7 @@ class OriginPool:
                     on_stale()
                 conn.release()
                 conn = await self._connect(timeouts.connect)
-                await conn.exchange(head, body, timeouts, head_only)
+                await conn.exchange(head, body, timeouts, head_only, first_event_peek)
         except BaseException:
             conn.close()
             self.forget(conn)

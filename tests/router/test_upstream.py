@@ -295,3 +295,70 @@ async def test_a_total_timeout_bounds_the_whole_answer(server: tuple[Script, Ori
     assert failed.value.kind == "total_timeout" and "whole answer" in str(failed.value)
     conn.release()
     await script.writes.put(None)
+
+
+async def turns(n: int = 20) -> None:
+    """Let the loop run ``n`` turns (a woken task would finish in one or two)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("peek", [0, 64 * 1024])
+async def test_a_stream_waits_for_its_first_event_in_one_wake_when_asked(
+    server: tuple[Script, OriginPool], peek: int
+) -> None:
+    """Engines send a stream's head when they take the request and its first event after the
+    prefill. Asked to peek (the proxy does for streams), the request returns once the first
+    event is whole, so the proxy's task is woken once for both; not asked, at the head."""
+    script, pool = server
+    task = asyncio.create_task(
+        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=peek)
+    )
+    await script.writes.put(HEAD)
+    await until(lambda: any(c.status == 200 for c in pool._open))
+    await script.writes.put(chunk(b'data: {"a"'))
+    await until(lambda: any(c.has_body for c in pool._open))
+    await turns()
+    assert task.done() is (peek == 0)  # half an event: a peeking request still waits
+    await script.writes.put(chunk(b":1}\n\n"))
+    conn = await task
+    await until(lambda: conn.has_body and b"\n\n" in b"".join(conn._body))
+    assert await conn.read() == b'data: {"a":1}\n\n'
+    conn.release()
+    await script.writes.put(None)
+
+
+async def test_a_peeking_request_returns_at_the_head_of_an_answer_that_is_not_a_stream(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    task = asyncio.create_task(
+        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=64 * 1024)
+    )
+    await script.writes.put(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\n")
+    conn = await task  # the verdict needs no body
+    assert conn.status == 503 and not conn.has_body
+    await script.writes.put(b"busy")
+    assert await conn.read_all() == b"busy"
+    conn.release()
+    await script.writes.put(None)
+
+
+async def test_a_stream_that_breaks_before_its_first_event_is_reported_by_read(
+    server: tuple[Script, OriginPool],
+) -> None:
+    """After the head, a failure is the reader's to see, peeking or not, as it was before the
+    peek: the proxy's first_event tells a refusal (closed before an event) from a timeout."""
+    script, pool = server
+    task = asyncio.create_task(
+        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=64 * 1024)
+    )
+    await script.writes.put(HEAD + chunk(b"data: {"))
+    await until(lambda: any(c.has_body for c in pool._open))
+    await script.writes.put(b"")  # the engine closes the connection mid-event
+    conn = await task
+    assert await conn.read() == b"data: {"
+    with pytest.raises(UpstreamError) as failed:
+        await conn.read()
+    assert failed.value.kind == "reset" and failed.value.response_started
+    conn.release()
