@@ -246,8 +246,12 @@ class Connection(asyncio.Protocol):
             if self.on_backlog is not None:
                 self.on_backlog()
         if self._peek:  # waiting for a whole first event (or ``_peek`` bytes without one)
-            seen = body if len(self._body) == 1 else b"".join(self._body)
-            if b"\n\n" not in seen and self._buffered < self._peek and not self._paused:
+            # (each piece is looked at once, as it comes: in it, or across its start)
+            pieces = self._body
+            ends = b"\n\n" in body or (
+                body[:1] == b"\n" and len(pieces) > 1 and pieces[-2][-1:] == b"\n"
+            )
+            if not ends and self._buffered < self._peek and not self._paused:
                 return
             self._peek = 0
         self._wake()

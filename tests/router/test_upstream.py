@@ -362,3 +362,23 @@ async def test_a_stream_that_breaks_before_its_first_event_is_reported_by_read(
         await conn.read()
     assert failed.value.kind == "reset" and failed.value.response_started
     conn.release()
+
+
+async def test_a_first_event_whose_blank_line_spans_two_reads_ends_the_wait(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    task = asyncio.create_task(
+        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=64 * 1024)
+    )
+    await script.writes.put(HEAD + chunk(b'data: {"a":1}\n'))
+    await until(lambda: any(c.has_body for c in pool._open))
+    await turns()
+    assert not task.done()
+    await script.writes.put(chunk(b"\n"))
+    await until(task.done)  # woken by the blank line's second half, not by a timeout
+    conn = task.result()
+    assert len(conn._body) == 2
+    assert await conn.read() == b'data: {"a":1}\n\n'
+    conn.release()
+    await script.writes.put(None)
