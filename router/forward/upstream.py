@@ -323,10 +323,13 @@ class Connection(asyncio.Protocol):
         """Send one request and wait until the response headers arrive (or fail).
 
         ``first_event_peek`` > 0: for a 200 event stream, wait on until its first event is in
-        too (or that many bytes without one, or the end), so that the caller, which reads it
-        next (``router.forward.stream.first_event``), is woken once and not twice: engines send
-        the head when they take a request and the first event after the prefill. Anything
-        that happens after the head is then the caller's to read, as it would have been.
+        too (a blank line), or that many bytes without one, the end, an error, or reading
+        paused for a backlog; so that the caller, which reads it next
+        (``router.forward.stream.first_event``), is woken once and not twice: engines send the
+        head when they take a request and the first event after the prefill. A failure after
+        the head is then not raised here but left for ``read()``, as it would have been had
+        this returned at the head; the first-byte timer still gives way to the idle timer at
+        the first body byte.
         """
         self._reset_exchange()
         self._head_only = head_only
@@ -342,6 +345,8 @@ class Connection(asyncio.Protocol):
             self._arm_timer(timeouts.total, "total_timeout")  # runs until the answer is whole
         else:
             self._arm_timer(timeouts.first_byte, "first_byte_timeout")
+            if first_event_peek:  # (held past the first body byte: on_body swaps the timers)
+                self._before_body = timeouts.idle
         while not self._headers_done and self._error is None:
             await self._wait()
         self._peek = 0

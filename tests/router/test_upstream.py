@@ -335,7 +335,10 @@ async def test_a_peeking_request_returns_at_the_head_of_an_answer_that_is_not_a_
     task = asyncio.create_task(
         pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=64 * 1024)
     )
-    await script.writes.put(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\n")
+    await script.writes.put(  # (typed as an event stream: the status alone decides)
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/event-stream\r\n"
+        b"content-length: 4\r\n\r\n"
+    )
     conn = await task  # the verdict needs no body
     assert conn.status == 503 and not conn.has_body
     await script.writes.put(b"busy")
@@ -348,7 +351,8 @@ async def test_a_stream_that_breaks_before_its_first_event_is_reported_by_read(
     server: tuple[Script, OriginPool],
 ) -> None:
     """After the head, a failure is the reader's to see, peeking or not, as it was before the
-    peek: the proxy's first_event tells a refusal (closed before an event) from a timeout."""
+    peek (the proxy's first_event puts bytes read back for _relay to report the break, and
+    takes a close with no body byte at all for a refusal)."""
     script, pool = server
     task = asyncio.create_task(
         pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=64 * 1024)
@@ -371,14 +375,85 @@ async def test_a_first_event_whose_blank_line_spans_two_reads_ends_the_wait(
     task = asyncio.create_task(
         pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=64 * 1024)
     )
-    await script.writes.put(HEAD + chunk(b'data: {"a":1}\n'))
+    await script.writes.put(HEAD + chunk(b'data: {"a":1}'))
     await until(lambda: any(c.has_body for c in pool._open))
+    await script.writes.put(chunk(b"\n"))  # a lone newline after no newline: not a blank line
+    await until(lambda: any(len(c._body) == 2 for c in pool._open))
     await turns()
     assert not task.done()
     await script.writes.put(chunk(b"\n"))
     await until(task.done)  # woken by the blank line's second half, not by a timeout
     conn = task.result()
-    assert len(conn._body) == 2
+    assert len(conn._body) == 3
     assert await conn.read() == b'data: {"a":1}\n\n'
     conn.release()
     await script.writes.put(None)
+
+
+async def test_a_first_event_larger_than_the_peek_wakes_at_the_peek(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    task = asyncio.create_task(
+        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=16)
+    )
+    await script.writes.put(HEAD + chunk(b"data: " + b"x" * 8))
+    await until(lambda: any(c.has_body for c in pool._open))
+    await turns()
+    assert not task.done()  # 14 bytes, no blank line yet
+    await script.writes.put(chunk(b"y" * 8))
+    await until(task.done)  # past the peek: the reader looks for itself
+    conn = task.result()
+    conn.close()
+
+
+async def test_a_held_stream_keeps_its_first_byte_and_idle_timers(
+    server: tuple[Script, OriginPool],
+) -> None:
+    """The first-byte timeout covers the time to the first body byte, not to the first whole
+    event: from that byte on, the idle timeout applies, held or not."""
+    script, pool = server
+    timeouts = Timeouts(connect=2.0, first_byte=0.2, idle=5.0)
+    task = asyncio.create_task(
+        pool.request(b"POST", b"/v1/x", [], b"{}", timeouts, first_event_peek=64 * 1024)
+    )
+    await script.writes.put(HEAD + chunk(b'data: {"a"'))
+    await anyio.sleep(0.4)  # twice the first-byte timeout, within the idle one (the point)
+    await script.writes.put(chunk(b":1}\n\n"))
+    conn = await task
+    await until(lambda: conn.has_body and b"\n\n" in b"".join(conn._body))
+    assert await conn.read() == b'data: {"a":1}\n\n'
+    conn.close()
+
+
+async def test_a_request_cancelled_while_held_closes_its_connection(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    task = asyncio.create_task(
+        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=64 * 1024)
+    )
+    await script.writes.put(HEAD)
+    await until(lambda: any(c.status == 200 for c in pool._open))
+    (held,) = pool._open
+    task.cancel()  # the client left during the prefill
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert pool.open_connections == 0 and pool.idle_connections == 0
+    await until(lambda: held._transport is None)  # aborted: the engine sees the close
+    await script.writes.put(None)
+
+
+async def test_a_held_stream_that_backs_up_wakes_its_reader(
+    server: tuple[Script, OriginPool],
+) -> None:
+    """Past the high-water mark the connection stops reading: held on, it would wait for ever."""
+    script, pool = server
+    task = asyncio.create_task(
+        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=1 << 20)
+    )
+    await script.writes.put(HEAD + chunk(b"x" * (300 * 1024)))  # no blank line, under the peek
+    await until(task.done)
+    conn = task.result()
+    assert len(await conn.read()) == 300 * 1024
+    conn.close()
