@@ -350,7 +350,9 @@ class Connection(asyncio.Protocol):
         while not self._headers_done and self._error is None:
             await self._wait()
         self._peek = 0
-        if self._error is not None and not (first_event_peek and self._headers_done):
+        if self._error is not None and not (
+            first_event_peek and self._headers_done and self.status == 200 and self._sse()
+        ):  # (a held stream's failure after its head is read(); anything else's, as before)
             self._cancel_timer()
             raise self._error
         if not self._complete and timeouts.total is None:
