@@ -48,6 +48,11 @@ BODY_GRACE = 1.0  # lets the proxy's own 408 go first
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
 CLOCK_SLACK = 0.001  # a timer that fires this close to its deadline has reached it
+# After an error answer that ends the connection (400, 408, 431), how long it goes on reading
+# and dropping what the client still sends before it closes: closing a socket with unread
+# bytes sends a reset, which can destroy the answer before the client reads it (nginx's
+# lingering_close). The client's own close ends it sooner.
+LINGER = 2.0
 
 
 class _Refused(Exception):
@@ -106,6 +111,8 @@ class _DeadlineMixin:
         self._in_body = False
         self._head_bytes = 0  # received while waiting for a head (a bound, not an exact count)
         self._refusal: bytes | None = None
+        self._lingering = False  # answered and half-closed: reading only to drop it
+        self._linger: asyncio.TimerHandle | None = None
 
     # -- uvicorn's protocol, extended -------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -114,6 +121,8 @@ class _DeadlineMixin:
         self._arm(self._started + self.request_timeout)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
         if self._in_body:
             super().data_received(data)  # type: ignore[misc]
             return
@@ -126,9 +135,10 @@ class _DeadlineMixin:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        if self._timer is not None:  # (a pending timer would keep this protocol alive)
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._linger):  # (a pending one keeps this protocol alive)
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._linger = None
         super().connection_lost(exc)  # type: ignore[misc]
 
     def on_message_begin(self) -> None:
@@ -160,20 +170,32 @@ class _DeadlineMixin:
         if self._refusal is not None:  # answered already (431)
             return
         body = error_body(f"invalid HTTP request: {msg}", "invalid_request_error", "invalid_http")
-        if not self.transport.is_closing():
-            self.transport.write(_response(b"400 Bad Request", body))
-            self.transport.close()
+        if not self.transport.is_closing() and not self._lingering:
+            self._answer_and_close(_response(b"400 Bad Request", body))
 
     def _refuse(self, message: str) -> None:
         self._disarm()
         body = error_body(message, "invalid_request_error", "headers_too_large")
         self._refusal = _response(b"431 Request Header Fields Too Large", body)
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._lingering:
             return
         cycle = self.cycle
         if cycle is None or cycle.response_complete:  # (else: pipelined behind a response)
-            self.transport.write(self._refusal)
-        self.transport.close()
+            self._answer_and_close(self._refusal)
+        else:
+            self.transport.close()
+
+    def _answer_and_close(self, response: bytes) -> None:
+        """Write ``response`` and end the connection without losing it (see ``LINGER``): half
+        close, drop what still comes, close at the client's close or after ``LINGER``."""
+        transport = self.transport
+        transport.write(response)
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        self._lingering = True
+        transport.write_eof()
+        self._linger = self.loop.call_later(LINGER, transport.close)
 
     # -- the deadline ---------------------------------------------------------------------------
     def _arm(self, when: float) -> None:
@@ -197,7 +219,7 @@ class _DeadlineMixin:
             return
         self._due = None
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self._lingering:
             return
         owner: object = transport.get_protocol()
         if owner is not self:  # handed to a WebSocket protocol
@@ -225,5 +247,6 @@ class _DeadlineMixin:
         if self._partial:
             message = f"the request was not received within {self.request_timeout:g}s"
             body = error_body(message, "invalid_request_error", "request_timeout")
-            transport.write(_response(b"408 Request Timeout", body))
+            self._answer_and_close(_response(b"408 Request Timeout", body))
+            return
         transport.close()

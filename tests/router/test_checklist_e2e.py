@@ -409,3 +409,22 @@ def test_case_19_past_the_connection_limit_requests_are_shed_with_a_503(
             openai_error(shed, 503, "no_backend_available")
             assert int(shed.headers["retry-after"]) >= 1
     assert_clean(router.url, sims["speculative"].url, sims["baseline"].url)
+
+
+def test_case_09_an_answer_that_ends_the_connection_survives_a_client_still_sending(
+    start_router: RouterFactory,
+) -> None:
+    """The router's 408 ends the connection while the client is still sending its head: the
+    router half-closes and drops what still comes (a lingering close), so the client reads the
+    answer and a clean end, not a reset that can destroy the answer before it is read."""
+    router = start_router(request_timeout="0.5")
+    with raw_socket(router.url) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        answer = b""
+        while b'"request_timeout"' not in answer:
+            answer += sock.recv(65536)
+        for _ in range(3):  # the client had not stopped
+            sock.sendall(b"x-still-sending: " + b"a" * 4000 + b"\r\n")
+        rest = read_until_closed(sock)  # a reset raises ConnectionResetError here
+    assert answer.startswith(b"HTTP/1.1 408 ") and rest == b""
+    nothing_routed(router.url)
