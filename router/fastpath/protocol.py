@@ -170,8 +170,13 @@ class _DeadlineMixin:
         if self._refusal is not None:  # answered already (431)
             return
         body = error_body(f"invalid HTTP request: {msg}", "invalid_request_error", "invalid_http")
-        if not self.transport.is_closing() and not self._lingering:
+        if self.transport.is_closing() or self._lingering:
+            return
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
             self._answer_and_close(_response(b"400 Bad Request", body))
+        else:  # garbage pipelined behind a request still being answered: that answer's writes
+            self.transport.close()  # would fail on a half-closed transport; end it all, as before
 
     def _refuse(self, message: str) -> None:
         self._disarm()
