@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from router.errors import error_body
@@ -88,6 +89,19 @@ def http_protocol(request_timeout: float) -> type[asyncio.Protocol] | str:
         log.warning("uvicorn's httptools protocol is not as expected: no request-header deadline")
         return "httptools"
     return type("RouterHttpProtocol", (_DeadlineMixin, _BASE), {"request_timeout": request_timeout})
+
+
+class _LingerOnClose:
+    """The client's transport, as one request's cycle sees it, with a lingering ``close``."""
+
+    __slots__ = ("_real", "close")
+
+    def __init__(self, real: asyncio.Transport, close: Callable[[], None]) -> None:
+        self._real = real
+        self.close = close
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
 
 
 class _DeadlineMixin:
@@ -191,10 +205,17 @@ class _DeadlineMixin:
             self.transport.close()
 
     def _answer_and_close(self, response: bytes) -> None:
-        """Write ``response`` and end the connection without losing it (see ``LINGER``): half
-        close, drop what still comes, close at the client's close or after ``LINGER``."""
+        """Write ``response`` and end the connection without losing it (``_linger_close``)."""
+        self.transport.write(response)
+        self._linger_close()
+
+    def _linger_close(self) -> None:
+        """End the connection after what was written, without a reset that could destroy it
+        (see ``LINGER``): half close, drop what still comes, close at the client's close or
+        after ``LINGER``."""
         transport = self.transport
-        transport.write(response)
+        if self._lingering or transport.is_closing():
+            return
         if not transport.can_write_eof():
             transport.close()
             return
@@ -236,6 +257,9 @@ class _DeadlineMixin:
             self._arm(due + BODY_GRACE)
             if cycle is not None and not cycle.response_started:
                 self.scope["extensions"][REQUEST_EXPIRED] = True
+                # the answer ends the connection while the client may still be sending: its
+                # close (uvicorn's, once the 408 is written) lingers too
+                cycle.transport = _LingerOnClose(transport, self._linger_close)
                 cycle.message_event.set()
             return
         if self._in_body:

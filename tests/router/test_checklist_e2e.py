@@ -443,3 +443,23 @@ def test_case_01_garbage_pipelined_behind_a_request_ends_the_connection_quietly(
     assert httpx.get(f"{router.url}/health").status_code == 200  # still serving
     router.stop()  # (its whole log, read to the end)
     assert not any("Exception in ASGI application" in line for line in router.output)
+
+
+def test_case_09_a_408_for_a_slow_body_survives_a_client_still_sending_it(
+    start_router: RouterFactory,
+) -> None:
+    """The proxy's own 408 for a body that missed the deadline ends the connection while the
+    client is still sending the body: that close lingers too (the client reads the answer and
+    a clean end, not a reset)."""
+    router = start_router(request_timeout="0.5")
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n"
+    with raw_socket(router.url) as sock:
+        sock.sendall(head + b'{"model":')
+        answer = b""
+        while b'"request_timeout"' not in answer and (data := sock.recv(65536)):
+            answer += data
+        for _ in range(3):  # the client had not stopped (a reset: BrokenPipeError here, or
+            sock.sendall(b" " * 4000)  # at the next read)
+        rest = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408 ") and rest == b""
+    nothing_routed(router.url)
