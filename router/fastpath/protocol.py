@@ -266,6 +266,8 @@ class _DeadlineMixin:
             self._in_body = False
             if cycle is not None and cycle.response_started and not cycle.response_complete:
                 cycle.keep_alive = False  # it is being answered: close once that is done
+            elif cycle is not None and cycle.response_complete:
+                self._linger_close()  # answered (a 413, say) while the body still trickles in
             else:
                 transport.close()  # the handler sees a disconnect
             return

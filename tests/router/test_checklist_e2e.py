@@ -463,3 +463,33 @@ def test_case_09_a_408_for_a_slow_body_survives_a_client_still_sending_it(
         rest = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 408 ") and rest == b""
     nothing_routed(router.url)
+
+
+def test_case_08_a_413_survives_a_client_uploading_past_the_deadline(
+    start_router: RouterFactory,
+) -> None:
+    """A body over the limit is answered 413 at once; a client that goes on uploading it past
+    the request's deadline has the connection end under it, with a lingering close: it reads
+    the 413 and a clean end, not a reset."""
+    router = start_router(request_timeout="0.5", max_body_bytes="1024")
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000\r\n\r\n"
+    with raw_socket(router.url) as sock:
+        sock.sendall(head + b'{"model":')
+        answer = b""
+        while b'"body_too_large"' not in answer and (data := sock.recv(65536)):
+            answer += data
+        sock.settimeout(0.05)
+        ended = None
+        for _ in range(100):  # past the deadline and its grace, still uploading
+            try:
+                sock.sendall(b" " * 1000)
+                ended = sock.recv(65536)
+                break  # the router's end of the connection (b"")
+            except TimeoutError:
+                continue
+        sock.settimeout(10)
+        for _ in range(3):  # still uploading (after a plain close: a reset here, or
+            sock.sendall(b" " * 4000)  # at the next read)
+        rest = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 413 ") and ended == b"" and rest == b""
+    nothing_routed(router.url)
