@@ -31,6 +31,8 @@ HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding
 
 
 class CountingTransport:
+    """A transport that counts writes (here and in bench/server_shape.py)."""
+
     def __init__(self) -> None:
         self.writes = 0
 
@@ -48,6 +50,14 @@ class CountingTransport:
 
     def abort(self) -> None:
         pass
+
+    def close(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 40000), "sockname": ("127.0.0.1", 8000)}.get(
+            name, default
+        )
 
 
 async def per_chunk(chunks: int) -> float:

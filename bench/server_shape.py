@@ -32,6 +32,7 @@ from typing import Any
 import httptools
 import uvicorn
 import uvloop
+from chunk_path import CountingTransport
 from uvicorn.server import ServerState
 
 from router.fastpath.protocol import http_protocol
@@ -48,31 +49,6 @@ START = {
 }
 BODY = {"type": "http.response.body", "body": b"ok", "more_body": False}
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nok"
-
-
-class CountingTransport:
-    def __init__(self) -> None:
-        self.writes = 0
-
-    def write(self, data: bytes) -> None:
-        self.writes += 1
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 40000), "sockname": ("127.0.0.1", 8000)}.get(
-            name, default
-        )
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class Callbacks(asyncio.Protocol):

@@ -184,28 +184,25 @@ class _DeadlineMixin:
         if self._refusal is not None:  # answered already (431)
             return
         body = error_body(f"invalid HTTP request: {msg}", "invalid_request_error", "invalid_http")
-        if self.transport.is_closing() or self._lingering:
-            return
-        cycle = self.cycle
-        if cycle is None or cycle.response_complete:
+        if not self.transport.is_closing() and not self._lingering:
             self._answer_and_close(_response(b"400 Bad Request", body))
-        else:  # garbage pipelined behind a request still being answered: that answer's writes
-            self.transport.close()  # would fail on a half-closed transport; end it all, as before
 
     def _refuse(self, message: str) -> None:
         self._disarm()
         body = error_body(message, "invalid_request_error", "headers_too_large")
         self._refusal = _response(b"431 Request Header Fields Too Large", body)
-        if self.transport.is_closing() or self._lingering:
-            return
-        cycle = self.cycle
-        if cycle is None or cycle.response_complete:  # (else: pipelined behind a response)
+        if not self.transport.is_closing() and not self._lingering:
             self._answer_and_close(self._refusal)
-        else:
-            self.transport.close()
 
     def _answer_and_close(self, response: bytes) -> None:
-        """Write ``response`` and end the connection without losing it (``_linger_close``)."""
+        """Write ``response`` and end the connection without losing it (``_linger_close``).
+
+        Behind a response still under way (the request this one was pipelined behind), just
+        close: that answer's writes would fail on a half-closed transport."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            self.transport.close()
+            return
         self.transport.write(response)
         self._linger_close()
 

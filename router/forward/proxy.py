@@ -54,7 +54,7 @@ from router.forward.request import (
     response_headers,
     upstream_body,
 )
-from router.forward.stream import MAX_PEEK, BodyTap, SseTap, first_event, is_sse
+from router.forward.stream import MAX_PEEK, BodyTap, SseTap, first_event
 from router.forward.upstream import Connection, OriginPool, Timeouts, UpstreamError
 from router.forward.verdicts import Verdict
 from router.health.state import HealthRegistry
@@ -361,7 +361,7 @@ class Proxy:
                 verdict = verdicts.after_error(exc.kind, exc.response_started)
             else:
                 verdict = verdicts.after_status(conn.status)
-                if info.stream and conn.status == 200 and is_sse(conn.headers):
+                if info.stream and conn.event_stream:
                     try:
                         refused, status = await first_event(conn)
                     except UpstreamError as exc:  # no event: closed (refused), or too slow

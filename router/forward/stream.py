@@ -253,11 +253,6 @@ def first_event_refusal(data: bytes) -> tuple[int, str] | None:
     return int(code), message if isinstance(message, str) else ""
 
 
-def is_sse(headers: list[tuple[bytes, bytes]]) -> bool:
-    ctype = next((v for k, v in headers if k == b"content-type"), b"")
-    return ctype.startswith(b"text/event-stream")
-
-
 async def first_event(conn: Connection) -> tuple[str | None, int | None]:
     """Read a stream up to its first event and put it back: ``(message, status)`` of an
     engine's in-stream refusal (SGLang 0.5.23's answer to a full queue), else ``(None,

@@ -223,14 +223,10 @@ class Connection(asyncio.Protocol):
             self._complete = True
             self._keep_alive = False if self._head_only else self._keep_alive
         if self._peek:
-            if self.status == 200 and not self._complete and self._sse():
+            if not self._complete and self.event_stream:
                 return  # the caller waits on for the first event: on_body wakes it
             self._peek = 0
         self._wake()
-
-    def _sse(self) -> bool:
-        ctype = next((v for k, v in self.headers if k == b"content-type"), b"")
-        return ctype.startswith(b"text/event-stream")
 
     def on_body(self, body: bytes) -> None:
         if self._before_body is not None:  # the first body byte: from here on, gaps count
@@ -351,7 +347,7 @@ class Connection(asyncio.Protocol):
             await self._wait()
         self._peek = 0
         if self._error is not None and not (
-            first_event_peek and self._headers_done and self.status == 200 and self._sse()
+            first_event_peek and self._headers_done and self.event_stream
         ):  # (a held stream's failure after its head is read(); anything else's, as before)
             self._cancel_timer()
             raise self._error
@@ -406,6 +402,12 @@ class Connection(asyncio.Protocol):
         consuming anything when it cannot write now. Bytes already buffered stay for ``read()``.
         """
         self._sink = sink
+
+    @property
+    def event_stream(self) -> bool:
+        """The response is a 200 with an SSE body (whose first event may hold a refusal)."""
+        ctype = next((v for k, v in self.headers if k == b"content-type"), b"")
+        return self.status == 200 and ctype.startswith(b"text/event-stream")
 
     @property
     def has_body(self) -> bool:

@@ -173,6 +173,23 @@ def read_until_closed(sock: socket.socket) -> bytes:
     return data
 
 
+def read_until(sock: socket.socket, marker: bytes) -> bytes:
+    """What the router sends up to ``marker`` (or all it sends before closing)."""
+    answer = b""
+    while marker not in answer and (data := sock.recv(65536)):
+        answer += data
+    return answer
+
+
+def send_on_then_read_the_end(sock: socket.socket, data: bytes) -> bytes:
+    """A client that has not stopped: send ``data`` three more times, then read to the end.
+    After a close that reset the connection this raises (BrokenPipeError or
+    ConnectionResetError); after a lingering one it returns what was left (b"")."""
+    for _ in range(3):
+        sock.sendall(data)
+    return read_until_closed(sock)
+
+
 def trickle(sock: socket.socket, data: bytes) -> bytes:
     """Send ``data`` a byte every 0.1 s (each byte would reset uvicorn's keep-alive timer)
     until the router answers; return all it sent before closing."""
@@ -420,12 +437,8 @@ def test_case_09_an_answer_that_ends_the_connection_survives_a_client_still_send
     router = start_router(request_timeout="0.5")
     with raw_socket(router.url) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
-        answer = b""
-        while b'"request_timeout"' not in answer and (data := sock.recv(65536)):
-            answer += data
-        for _ in range(3):  # the client had not stopped (a reset: BrokenPipeError here, or
-            sock.sendall(b"x-still-sending: " + b"a" * 4000 + b"\r\n")  # at the next read)
-        rest = read_until_closed(sock)
+        answer = read_until(sock, b'"request_timeout"')
+        rest = send_on_then_read_the_end(sock, b"x-still-sending: " + b"a" * 4000 + b"\r\n")
     assert answer.startswith(b"HTTP/1.1 408 ") and rest == b""
     nothing_routed(router.url)
 
@@ -455,12 +468,8 @@ def test_case_09_a_408_for_a_slow_body_survives_a_client_still_sending_it(
     head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n"
     with raw_socket(router.url) as sock:
         sock.sendall(head + b'{"model":')
-        answer = b""
-        while b'"request_timeout"' not in answer and (data := sock.recv(65536)):
-            answer += data
-        for _ in range(3):  # the client had not stopped (a reset: BrokenPipeError here, or
-            sock.sendall(b" " * 4000)  # at the next read)
-        rest = read_until_closed(sock)
+        answer = read_until(sock, b'"request_timeout"')
+        rest = send_on_then_read_the_end(sock, b" " * 4000)
     assert answer.startswith(b"HTTP/1.1 408 ") and rest == b""
     nothing_routed(router.url)
 
@@ -475,9 +484,7 @@ def test_case_08_a_413_survives_a_client_uploading_past_the_deadline(
     head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000\r\n\r\n"
     with raw_socket(router.url) as sock:
         sock.sendall(head + b'{"model":')
-        answer = b""
-        while b'"body_too_large"' not in answer and (data := sock.recv(65536)):
-            answer += data
+        answer = read_until(sock, b'"body_too_large"')
         sock.settimeout(0.05)
         ended = None
         for _ in range(100):  # past the deadline and its grace, still uploading
@@ -488,8 +495,6 @@ def test_case_08_a_413_survives_a_client_uploading_past_the_deadline(
             except TimeoutError:
                 continue
         sock.settimeout(10)
-        for _ in range(3):  # still uploading (after a plain close: a reset here, or
-            sock.sendall(b" " * 4000)  # at the next read)
-        rest = read_until_closed(sock)
+        rest = send_on_then_read_the_end(sock, b" " * 4000)
     assert answer.startswith(b"HTTP/1.1 413 ") and ended == b"" and rest == b""
     nothing_routed(router.url)

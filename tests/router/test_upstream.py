@@ -76,6 +76,18 @@ async def request(pool: OriginPool, timeouts: Timeouts = TIMEOUTS) -> Connection
     return await pool.request(b"POST", b"/v1/chat/completions", [], b"{}", timeouts)
 
 
+PEEK = 64 * 1024  # (the proxy's: MAX_PEEK)
+
+
+def peeking(
+    pool: OriginPool, peek: int = PEEK, timeouts: Timeouts = TIMEOUTS
+) -> asyncio.Task[Connection]:
+    """A request that waits for a stream's first event, running while the test writes."""
+    return asyncio.create_task(
+        pool.request(b"POST", b"/v1/chat/completions", [], b"{}", timeouts, first_event_peek=peek)
+    )
+
+
 def collect_into(seen: list[bytes]) -> Callable[[bytes], bool]:
     """A sink that takes everything it is given."""
 
@@ -311,9 +323,7 @@ async def test_a_stream_waits_for_its_first_event_in_one_wake_when_asked(
     prefill. Asked to peek (the proxy does for streams), the request returns once the first
     event is whole, so the proxy's task is woken once for both; not asked, at the head."""
     script, pool = server
-    task = asyncio.create_task(
-        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=peek)
-    )
+    task = peeking(pool, peek)
     await script.writes.put(HEAD)
     await until(lambda: any(c.status == 200 for c in pool._open))
     await script.writes.put(chunk(b'data: {"a"'))
@@ -332,9 +342,7 @@ async def test_a_peeking_request_returns_at_the_head_of_an_answer_that_is_not_a_
     server: tuple[Script, OriginPool],
 ) -> None:
     script, pool = server
-    task = asyncio.create_task(
-        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=64 * 1024)
-    )
+    task = peeking(pool)
     await script.writes.put(  # (typed as an event stream: the status alone decides)
         b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/event-stream\r\n"
         b"content-length: 4\r\n\r\n"
@@ -354,9 +362,7 @@ async def test_a_stream_that_breaks_before_its_first_event_is_reported_by_read(
     peek (the proxy's first_event puts bytes read back for _relay to report the break, and
     takes a close with no body byte at all for a refusal)."""
     script, pool = server
-    task = asyncio.create_task(
-        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=64 * 1024)
-    )
+    task = peeking(pool)
     await script.writes.put(HEAD + chunk(b"data: {"))
     await until(lambda: any(c.has_body for c in pool._open))
     await script.writes.put(b"")  # the engine closes the connection mid-event
@@ -372,9 +378,7 @@ async def test_a_first_event_whose_blank_line_spans_two_reads_ends_the_wait(
     server: tuple[Script, OriginPool],
 ) -> None:
     script, pool = server
-    task = asyncio.create_task(
-        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=64 * 1024)
-    )
+    task = peeking(pool)
     await script.writes.put(HEAD + chunk(b'data: {"a":1}'))
     await until(lambda: any(c.has_body for c in pool._open))
     await script.writes.put(chunk(b"\n"))  # a lone newline after no newline: not a blank line
@@ -394,9 +398,7 @@ async def test_a_first_event_larger_than_the_peek_wakes_at_the_peek(
     server: tuple[Script, OriginPool],
 ) -> None:
     script, pool = server
-    task = asyncio.create_task(
-        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=16)
-    )
+    task = peeking(pool, 16)
     await script.writes.put(HEAD + chunk(b"data: " + b"x" * 8))
     await until(lambda: any(c.has_body for c in pool._open))
     await turns()
@@ -414,9 +416,7 @@ async def test_a_held_stream_keeps_its_first_byte_and_idle_timers(
     event: from that byte on, the idle timeout applies, held or not."""
     script, pool = server
     timeouts = Timeouts(connect=2.0, first_byte=0.2, idle=5.0)
-    task = asyncio.create_task(
-        pool.request(b"POST", b"/v1/x", [], b"{}", timeouts, first_event_peek=64 * 1024)
-    )
+    task = peeking(pool, timeouts=timeouts)
     await script.writes.put(HEAD + chunk(b'data: {"a"'))
     await anyio.sleep(0.4)  # twice the first-byte timeout, within the idle one (the point)
     await script.writes.put(chunk(b":1}\n\n"))
@@ -430,9 +430,7 @@ async def test_a_request_cancelled_while_held_closes_its_connection(
     server: tuple[Script, OriginPool],
 ) -> None:
     script, pool = server
-    task = asyncio.create_task(
-        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=64 * 1024)
-    )
+    task = peeking(pool)
     await script.writes.put(HEAD)
     await until(lambda: any(c.status == 200 for c in pool._open))
     (held,) = pool._open
@@ -449,9 +447,7 @@ async def test_a_held_stream_that_backs_up_wakes_its_reader(
 ) -> None:
     """Past the high-water mark the connection stops reading: held on, it would wait for ever."""
     script, pool = server
-    task = asyncio.create_task(
-        pool.request(b"POST", b"/v1/x", [], b"{}", TIMEOUTS, first_event_peek=1 << 20)
-    )
+    task = peeking(pool, 1 << 20)
     await script.writes.put(HEAD + chunk(b"x" * (300 * 1024)))  # no blank line, under the peek
     await until(task.done)
     conn = task.result()
