@@ -8,6 +8,7 @@ router does per chunk on top of the read and the write that any proxy, a TCP pip
 makes.
 
     python bench/chunk_path.py --chunks 200000 --repeat 3
+    python bench/chunk_path.py --tap    # and the SSE tap alone per read shape (timeit, best of)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import asyncio
 import sys
 import time
+import timeit
 from typing import Any
 
 from router.fastpath.uvicorn import DirectSend
@@ -88,13 +90,36 @@ async def per_chunk(chunks: int) -> float:
     return 1e6 * elapsed / chunks
 
 
+SGLANG_EVENT = EVENT.replace(b"}]}\n\n", b'}],"usage":null}\n\n')
+READS = {  # the SSE tap's common reads (strip on), by shape
+    "one compact event (SGLang)": SGLANG_EVENT,
+    "two compact events": SGLANG_EVENT * 2,
+    "one spaced event": SGLANG_EVENT.replace(b'":', b'": '),
+    "one vLLM event": EVENT,
+}
+
+
+def per_read(number: int, repeat: int) -> dict[str, float]:
+    """Microseconds for the SSE tap alone (``SseTap.feed``, strip on) per read shape."""
+    out = {}
+    for name, data in READS.items():
+        feed = SseTap(strip_usage=True).feed
+        best = min(timeit.repeat(lambda: feed(data), number=number, repeat=repeat))  # noqa: B023
+        out[name] = 1e6 * best / number
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--chunks", type=int, default=200_000)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--tap", action="store_true", help="then the SSE tap alone, by read shape")
     args = p.parse_args(argv)
     runs = [asyncio.run(per_chunk(args.chunks)) for _ in range(args.repeat)]
     print("per chunk: " + ", ".join(f"{us:.2f}" for us in runs) + " µs")
+    if args.tap:
+        for name, us in per_read(args.chunks, args.repeat).items():
+            print(f"  tap, {name}: {us:.2f} µs")
     return 0
 
 

@@ -22,6 +22,7 @@ cost about twice as much as here, where one loop keeps them in the CPU's caches.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import timeit
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from decision_cost import BODY, healthy_app
 
 from router.account.outcome import Outcome
 from router.forward.request import forward_headers, inspect, response_headers, upstream_body
-from router.forward.stream import SseTap
+from router.forward.stream import SseTap, Usage
 
 PATH = "/v1/chat/completions"
 REQUEST_HEADERS = [
@@ -116,19 +117,56 @@ def steps(policy: str, chunks: int) -> dict[str, Callable[[], object]]:
     }
 
 
+def observer_steps(policy: str) -> dict[str, Callable[[], object]]:
+    """Each observer alone, on a finished stream's ``Outcome`` with its usage counted (what
+    ``outcome+observers`` leaves out: the token counters and the TPOT histogram)."""
+    app = healthy_app(policy)
+    clock = app.clock
+    decision = app.decider.decide(None)
+    assert decision is not None
+
+    def finished() -> Outcome:
+        out = Outcome(path=PATH, started=clock())
+        out.read(True, True, 10)
+        out.attempt(decision.pool, decision.backend, decision.reason, 0, 0.0, 0, 0.0)
+        out.answered(200)
+        out.first_bytes(clock(), 0.0, 0)
+        out.counted(Usage(8, 20))
+        out.finish(clock())
+        return out
+
+    out = finished()
+    steps: dict[str, Callable[[], object]] = {"  the Outcome": finished}
+    for observe in app.observers:
+        steps[f"  {observe.__qualname__}"] = functools.partial(observe, out)
+    return steps
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policy", default="slo")
     p.add_argument("--chunks", type=int, default=1, help="SSE events per stream")
     p.add_argument("--number", type=int, default=20000)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument(
+        "--observers", action="store_true", help="then each observer alone, usage counted"
+    )
     args = p.parse_args(argv)
+
+    number: int = args.number
+
+    def timed(step: Callable[[], object]) -> float:
+        return min(timeit.repeat(step, number=number, repeat=args.repeat)) / number
+
     total = 0.0
     for name, step in steps(args.policy, args.chunks).items():
-        us = min(timeit.repeat(step, number=args.number, repeat=args.repeat)) / args.number * 1e6
+        us = timed(step) * 1e6
         total += us
         print(f"{name:24s} {us:7.1f} us")
     print(f"{'total':24s} {total:7.1f} us per request (policy {args.policy})")
+    if args.observers:
+        for name, step in observer_steps(args.policy).items():
+            print(f"{name:24s} {timed(step) * 1e6:7.1f} us")
     return 0
 
 

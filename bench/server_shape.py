@@ -14,6 +14,8 @@ difference with the router's code taken out, on a transport that only counts wri
   (what every request pays before the router does anything);
 - ``+3 wakes``: the same app waiting three times on a future another callback resolves, as the
   proxy waits for the upstream (its head, its first event, its end);
+- ``plain uvicorn``: ``uvicorn+task`` with uvicorn's own httptools protocol, not the router's
+  subclass (what the router's request deadline and limits cost);
 - ``loop turn``: one ``await asyncio.sleep(0)`` of the driver, included in each of the above
   (once for ``callbacks``, one or more times for the others).
 
@@ -115,11 +117,11 @@ async def callbacks(number: int) -> float:
     return elapsed / number
 
 
-async def uvicorn_task(number: int, wakes: int) -> float:
+async def uvicorn_task(number: int, wakes: int, router_protocol: bool = True) -> float:
     loop = asyncio.get_running_loop()
     config = uvicorn.Config(
         app_with(wakes),
-        http=http_protocol(30.0),
+        http=http_protocol(30.0) if router_protocol else "httptools",
         lifespan="off",
         access_log=False,
         server_header=False,
@@ -154,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "callbacks": lambda: callbacks(n),
         "uvicorn+task": lambda: uvicorn_task(n, 0),
         "+3 wakes": lambda: uvicorn_task(n, 3),
+        "plain uvicorn": lambda: uvicorn_task(n, 0, router_protocol=False),
         "loop turn": lambda: loop_turn(n),
     }
     for name, shape in shapes.items():
