@@ -40,6 +40,7 @@ from router.control.models import list_models
 from router.control.status import status_document, workers_document
 from router.decide import table as tables
 from router.decide.snapshot import Decider
+from router.fastpath import STATUS_KEYS
 from router.fastpath.busypoll import SHARE_PERIOD, BusyPoll, ShareWatch
 from router.forward.admission import Admission
 from router.forward.proxy import Proxy
@@ -229,7 +230,7 @@ class RouterApp:
                 "fast_path": (
                     self.proxy.responders.status()
                     if self.proxy is not None
-                    else {"direct_responses": 0, "plain_responses": 0}
+                    else dict.fromkeys(STATUS_KEYS, 0)
                 ),
                 "busy_poll": {
                     "window_us": self.settings.busy_poll_us,
@@ -395,6 +396,14 @@ class RouterApp:
         await send({"type": "lifespan.shutdown.complete"})
 
     # -- ASGI ---------------------------------------------------------------------------------
+    def spec_router_lane(self, path: bytes) -> Proxy | None:
+        """The proxy, for a proxied request's path: the router's protocol runs it on a lane
+        (``router.fastpath.lane``) without this dispatch, which it must match."""
+        proxy = self.proxy
+        if proxy is not None and path.startswith(b"/v1/") and path != b"/v1/models":
+            return proxy
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":

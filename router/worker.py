@@ -126,7 +126,10 @@ def run_worker(
     except SettingsError as exc:
         print(f"spec-router: {exc}", file=sys.stderr)
         return 2
-    server = ReadyServer(uvicorn_config(app, log_level=log_level, http=http), ready_fd, ctx.slot)
+    config = uvicorn_config(
+        app, log_level=log_level, http=http, request_timeout=settings.request_timeout
+    )
+    server = ReadyServer(config, ready_fd, ctx.slot)
     server.run(sockets=[sock])
     return 0 if server.started else 3
 

@@ -7,23 +7,32 @@ from __future__ import annotations
 import asyncio
 
 from router.asgi import Receive, Send
+from router.fastpath.lane import LaneCycle
 from router.fastpath.responder import PlainResponder, Responder
 from router.fastpath.uvicorn import direct_send
 
+STATUS_KEYS = ("lane_responses", "direct_responses", "plain_responses")
+
 
 class Responders:
-    """Picks each response's responder: uvicorn's httptools fast path where it is recognised,
-    else plain ASGI. Counts both, so that a fast path that quietly stopped engaging (uvicorn
-    renamed what it relies on) shows in ``/router/status``."""
+    """Picks each response's responder: the request's own ``LaneCycle`` under the router's
+    protocol, uvicorn's httptools fast path where it is recognised, else plain ASGI. Counts
+    each, so that a fast path that quietly stopped engaging (uvicorn renamed what it relies on)
+    shows in ``/router/status``."""
 
-    __slots__ = ("_loop", "direct", "plain")
+    __slots__ = ("_loop", "lane", "direct", "plain")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self.lane = 0
         self.direct = 0
         self.plain = 0
 
     def __call__(self, receive: Receive, send: Send) -> Responder:
+        cycle = getattr(send, "__self__", None)
+        if type(cycle) is LaneCycle:
+            self.lane += 1
+            return cycle
         direct = direct_send(send)
         if direct is not None:
             self.direct += 1
@@ -32,4 +41,4 @@ class Responders:
         return PlainResponder(receive, send, self._loop)
 
     def status(self) -> dict[str, int]:
-        return {"direct_responses": self.direct, "plain_responses": self.plain}
+        return dict(zip(STATUS_KEYS, (self.lane, self.direct, self.plain), strict=True))

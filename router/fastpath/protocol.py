@@ -39,12 +39,18 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import httptools
+
 from router.errors import error_body
+from router.fastpath.lane import LaneCycle
 
 log = logging.getLogger("spec_router.protocol")
 
 REQUEST_STARTED = "spec_router.request_started"  # scope["extensions"] key: loop time
 REQUEST_EXPIRED = "spec_router.request_expired"  # ... True once the body's deadline has passed
+# The app's method that names the handler of a proxied request, given its path (bytes), or
+# None: the request goes through uvicorn's cycle (``router.fastpath.lane``).
+LANE_HOOK = "spec_router_lane"
 BODY_GRACE = 1.0  # lets the proxy's own 408 go first
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
@@ -114,6 +120,16 @@ class _DeadlineMixin:
     cycle: Any
     scope: Any
     headers: list[tuple[bytes, bytes]]
+    app: Any
+    parser: Any
+    url: bytes
+    flow: Any
+    pipeline: Any
+    server_state: Any
+    expect_100_continue: bool
+    access_log: bool
+    limit_concurrency: int | None
+    root_path: str
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -172,7 +188,60 @@ class _DeadlineMixin:
         self._in_body = True
         self._woken = False
         self._arm(self._started + self.request_timeout)
+        if self._lane():
+            return
         super().on_headers_complete()  # type: ignore[misc]
+
+    def _lane(self) -> bool:
+        """Give a proxied request a ``LaneCycle`` (``router.fastpath.lane``) and start it, or
+        queue it behind the response under way, as uvicorn's ``on_headers_complete`` does with
+        its own cycle. False: this request is not for a lane; uvicorn's cycle takes it."""
+        hook = getattr(self.app, LANE_HOOK, None)
+        if (
+            hook is None
+            or self.expect_100_continue
+            or self.access_log
+            or self.limit_concurrency is not None
+            or self.root_path
+        ):
+            return False
+        parser = self.parser
+        if parser.get_method() != b"POST" or parser.should_upgrade():
+            return False
+        try:
+            url = httptools.parse_url(self.url)
+        except httptools.HttpParserInvalidURLError:
+            return False
+        raw_path: bytes = url.path
+        if b"%" in raw_path or not raw_path.isascii():  # (uvicorn unquotes it: its cycle does)
+            return False
+        handler = hook(raw_path)
+        if handler is None:
+            return False
+        version = parser.get_http_version()
+        scope = self.scope
+        scope["method"] = "POST"
+        if version != "1.1":
+            scope["http_version"] = version
+        scope["path"] = raw_path.decode("ascii")
+        scope["raw_path"] = raw_path
+        scope["query_string"] = url.query or b""
+        cycle = LaneCycle(
+            scope,
+            self.transport,
+            self.flow,
+            self.loop,
+            version != "1.0" and parser.should_keep_alive(),
+            self.on_response_complete,  # type: ignore[attr-defined]
+            self.server_state.default_headers,
+        )
+        existing, self.cycle = self.cycle, cycle
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(cycle, handler)  # type: ignore[attr-defined]
+        else:  # pipelined behind a response under way
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, handler))
+        return True
 
     def on_message_complete(self) -> None:
         self._disarm()

@@ -9,6 +9,7 @@ honoured; and the same router under h11 (no fast path) behaves the same.
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 
@@ -215,8 +216,82 @@ def test_the_fast_path_is_engaged_under_httptools_and_only_there(
         )
         if stream:
             assert sum(1 for _ in answer) > 1
+    # a request the lane leaves to uvicorn's cycle (router.fastpath.lane): uvicorn's fast path
+    expecting = httpx.post(
+        f"{router.url}/v1/chat/completions",
+        json={"model": "sim", "messages": MESSAGES, "max_tokens": 4},
+        headers={"expect": "100-continue"},
+    )
+    assert expecting.status_code == 200
+    assert expecting.json()["usage"]["completion_tokens"] == 4
     fast = router_status(router.url)["fast_path"]
-    expected = {"direct_responses": 3, "plain_responses": 0}
+    expected = {"lane_responses": 3, "direct_responses": 1, "plain_responses": 0}
     if http == "h11":
-        expected = {"direct_responses": 0, "plain_responses": 3}
+        expected = {"lane_responses": 0, "direct_responses": 0, "plain_responses": 4}
     assert fast == expected
+
+
+class Responses:
+    """Every response on one connection, in order (one parser: pipelined answers may share a
+    read)."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.done: list[tuple[int, dict[bytes, bytes], bytes]] = []
+        self._headers: dict[bytes, bytes] = {}
+        self._body = bytearray()
+
+    def on_message_begin(self) -> None:
+        self._headers, self._body = {}, bytearray()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.lower()] = value
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
+
+    def on_message_complete(self) -> None:
+        self.done.append((self.parser.get_status_code(), self._headers, bytes(self._body)))
+
+
+def test_pipelined_requests_are_answered_in_order_on_and_off_the_lane(
+    start_router: RouterFactory,
+) -> None:
+    """Proxied requests run on their own cycle (router.fastpath.lane), everything else on
+    uvicorn's: requests pipelined on one connection, of both kinds, still get their answers one
+    after the other, whole and in order, and nothing stays in flight."""
+    router = start_router()
+    host, port = router.url.removeprefix("http://").split(":")
+
+    def chat(stream: bool, tokens: int) -> bytes:
+        body = b'{"model": "sim", "max_tokens": %d, "stream": %s, "messages": [%s]}' % (
+            tokens,
+            b"true" if stream else b"false",
+            b'{"role": "user", "content": "hi"}',
+        )
+        return post("/v1/chat/completions", body)
+
+    requests = [
+        chat(True, 12),
+        b"GET /health HTTP/1.1\r\nhost: router\r\n\r\n",
+        chat(False, 5),
+        chat(True, 3),
+    ]
+    responses = Responses()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"".join(requests))
+        while len(responses.done) < len(requests):
+            data = sock.recv(1 << 16)
+            assert data, f"closed after {len(responses.done)} answers"
+            responses.parser.feed_data(data)
+    (s1, h1, b1), (s2, _, b2), (s3, h3, b3), (s4, h4, b4) = responses.done
+    assert (s1, s2, s3, s4) == (200, 200, 200, 200)
+    assert h1[b"transfer-encoding"] == b"chunked" and b1.endswith(b"data: [DONE]\n\n")
+    assert b'"finish_reason":"length"' in b1
+    assert b"x-spec-router-pool" not in b2 and b2.strip()
+    assert json.loads(b3)["usage"]["completion_tokens"] == 5
+    assert int(h3[b"content-length"]) == len(b3)
+    assert b'"finish_reason":"length"' in b4 and b4.endswith(b"data: [DONE]\n\n")
+    assert h4[b"x-spec-router-pool"] in (b"speculative", b"baseline")
+    wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=2)
+    assert router_status(router.url)["fast_path"]["lane_responses"] == 3

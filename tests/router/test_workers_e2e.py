@@ -22,6 +22,7 @@ from router.decide import table as tables
 from tests.conftest import RouterFactory, router_env
 from tests.support.http import await_for, metric_value, router_status, wait_for
 from tests.support.processes import Proc
+from tests.support.raw_http import exchange
 from tests.support.tables import model_table
 
 pytestmark = pytest.mark.anyio
@@ -152,7 +153,9 @@ async def test_two_workers_route_with_one_count_and_release_a_killed_workers_str
 
 
 async def test_metrics_count_every_workers_requests_once(start_router: RouterFactory) -> None:
-    router = start_router(policy="spillover", crossover="4", serve_args=WORKERS)
+    router = start_router(
+        policy="spillover", crossover="4", request_timeout="1", serve_args=WORKERS
+    )
     body = {**BODY, "stream": False, "max_tokens": 3}
     sent = 0
     # each request on a new connection, so both workers serve some (until the table shows it)
@@ -166,7 +169,10 @@ async def test_metrics_count_every_workers_requests_once(start_router: RouterFac
     answered_by: set[int] = set()
     for _ in range(200):
         with httpx.Client(base_url=router.url, timeout=30) as client:
-            answered_by.add(client.get("/router/status").json()["workers"]["this"])
+            status = client.get("/router/status").json()
+            answered_by.add(status["workers"]["this"])
+            # each worker runs the router's protocol: proxied requests on their lane
+            assert status["fast_path"]["lane_responses"] > 0
             text = client.get("/metrics").text
         assert metric_value(text, "spec_router_requests_total") == sent
         assert metric_value(text, "spec_router_requests_total", code="200") == sent
@@ -179,6 +185,9 @@ async def test_metrics_count_every_workers_requests_once(start_router: RouterFac
     # the queue's metrics keep their names (from the merged files here: each worker queues)
     assert 'spec_router_queue_outcomes_total{outcome="admitted"} 0.0' in text
     assert "spec_router_queued_requests 0.0" in text
+    # and its request deadline: a head that never completes gets the router's 408
+    answer = exchange(router.url, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+    assert answer is not None and answer.status == 408
 
 
 def test_plain_uvicorn_with_workers_is_refused(sims: dict[str, Proc]) -> None:
