@@ -9,6 +9,7 @@ on counters, labels limited to pool, backend, reason, code, kind, state.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -169,9 +170,9 @@ class RouterMetrics:
             found = (
                 self.requests.labels(pool, reason, str(code or 499)),
                 self.decisions.labels(pool, reason),
-                self.duration.labels(pool),
-                self.ttft.labels(pool),
-                self.tpot.labels(pool),
+                observer(self.duration.labels(pool)),
+                observer(self.ttft.labels(pool)),
+                observer(self.tpot.labels(pool)),
                 self.output_tokens.labels(pool),
                 self.prompt_tokens.labels(pool),
                 self.disconnects.labels(pool),
@@ -188,7 +189,7 @@ class RouterMetrics:
         if out.pool is None:
             return
         decisions.inc()
-        duration.observe(out.ended - out.started)
+        duration(out.ended - out.started)
         if out.client_gone:
             gone.inc()
         if out.slow_client:
@@ -199,14 +200,37 @@ class RouterMetrics:
             self.retries.labels(left, kind).inc()
         if out.stream and out.first_byte is not None and out.status < 400:
             # (a non-streamed answer's first byte is the whole generation: not a TTFT)
-            ttft.observe(out.first_byte - out.started)
+            ttft(out.first_byte - out.started)
         usage = out.usage
         if usage is not None:
             output.inc(usage.completion_tokens)
             prompt.inc(usage.prompt_tokens)
             if out.stream and out.first_byte is not None and usage.completion_tokens > 1:
                 decode = out.ended - out.first_byte
-                tpot.observe(decode / (usage.completion_tokens - 1))
+                tpot(decode / (usage.completion_tokens - 1))
+
+
+def observer(child: Any) -> Callable[[float], None]:
+    """``child.observe`` for a histogram's labelled series, with its bucket found by bisection:
+    prometheus-client walks the buckets in Python, one comparison each, and the router
+    observes three histograms per request. The same values, sum and counts (its buckets count
+    observations ``<= bound``, not yet cumulated: ``bisect_left``); falls back to ``observe``
+    when the series is not built as this expects (another prometheus-client)."""
+    try:
+        bounds: list[float] = list(child._upper_bounds)
+        incs = [bucket.inc for bucket in child._buckets]
+        add = child._sum.inc
+    except AttributeError:
+        return child.observe  # type: ignore[no-any-return]
+    if len(bounds) != len(incs) or not bounds or bounds[-1] != float("inf"):
+        return child.observe  # type: ignore[no-any-return]
+
+    def observe(amount: float) -> None:
+        add(amount)
+        if amount == amount:  # (NaN falls in no bucket, as with observe)
+            incs[bisect_left(bounds, amount)](1)
+
+    return observe
 
 
 class StateCollector(Collector):
