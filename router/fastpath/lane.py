@@ -178,7 +178,9 @@ class LaneCycle:
         try:
             await app(self.scope, self.receive, self.send)
         except BaseException as exc:
-            log.error("exception in the proxy", exc_info=exc)
+            if isinstance(exc, Exception):
+                log.error("exception in the proxy", exc_info=exc)
+            # (a cancellation: uvicorn's shutdown, past its graceful wait)
             if not self.response_started and not self.disconnected:
                 self._write_messages([_FAILED_START, _FAILED_BODY])
             else:
@@ -238,6 +240,8 @@ class LaneCycle:
 
     # -- framing ------------------------------------------------------------------------------
     def _write_messages(self, messages: list[dict[str, Any]]) -> None:
+        if not messages:
+            return
         parts: list[bytes] = []
         for message in messages:
             if self.response_complete:

@@ -79,7 +79,13 @@ def _base() -> type[Any] | None:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # uvicorn without httptools
         return None
-    needed = ("on_message_begin", "on_headers_complete", "on_message_complete", "send_400_response")
+    needed = (
+        "on_message_begin",
+        "on_headers_complete",
+        "on_message_complete",
+        "on_response_complete",
+        "send_400_response",
+    )
     if not all(hasattr(HttpToolsProtocol, name) for name in needed):
         return None
     return HttpToolsProtocol
@@ -126,6 +132,7 @@ class _DeadlineMixin:
     flow: Any
     pipeline: Any
     server_state: Any
+    tasks: set[asyncio.Task[None]]
     expect_100_continue: bool
     access_log: bool
     limit_concurrency: int | None
@@ -143,6 +150,7 @@ class _DeadlineMixin:
         self._refusal: bytes | None = None
         self._lingering = False  # answered and half-closed: reading only to drop it
         self._linger: asyncio.TimerHandle | None = None
+        self._running: list[Any] = []  # responses under way behind ``self.cycle`` (``_behind``)
 
     # -- uvicorn's protocol, extended -------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -169,6 +177,11 @@ class _DeadlineMixin:
             if timer is not None:
                 timer.cancel()
         self._timer = self._linger = None
+        for cycle in self._running:  # (see ``_behind``)
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        self._running = []
         super().connection_lost(exc)  # type: ignore[misc]
 
     def on_message_begin(self) -> None:
@@ -190,7 +203,10 @@ class _DeadlineMixin:
         self._arm(self._started + self.request_timeout)
         if self._lane():
             return
+        existing = self.cycle
         super().on_headers_complete()  # type: ignore[misc]
+        if existing is not None and self.cycle is not existing and not existing.response_complete:
+            self._behind(existing)
 
     def _lane(self) -> bool:
         """Give a proxied request a ``LaneCycle`` (``router.fastpath.lane``) and start it, or
@@ -237,11 +253,23 @@ class _DeadlineMixin:
         )
         existing, self.cycle = self.cycle, cycle
         if existing is None or existing.response_complete:
-            self._start_asgi_task(cycle, handler)  # type: ignore[attr-defined]
+            # (as every uvicorn this runs under starts a request: its own ``_start_asgi_task``
+            # is not in all of them)
+            task = self.loop.create_task(cycle.run_asgi(handler))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
         else:  # pipelined behind a response under way
+            self._behind(existing)
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, handler))
         return True
+
+    def _behind(self, running: Any) -> None:
+        """Keep the response under way when a pipelined request takes ``self.cycle``: uvicorn
+        tells only ``self.cycle`` of a lost connection, and the handler still sending would not
+        learn that its client left (``connection_lost``)."""
+        self._running = [c for c in self._running if not c.response_complete]
+        self._running.append(running)
 
     def on_message_complete(self) -> None:
         self._disarm()
@@ -317,6 +345,11 @@ class _DeadlineMixin:
         if owner is not self:  # handed to a WebSocket protocol
             return
         cycle = self.cycle
+        if self._in_body and any(not c.response_complete for c in self._running):
+            # a pipelined request whose body this server stopped reading (uvicorn pauses
+            # reading behind a response under way): its time starts again when that is done
+            self._arm(self.loop.time() + self.request_timeout)
+            return
         if self._in_body and not self._woken:
             # the app answers (the proxy's 408); closed after a grace if it does not
             self._woken = True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 
 import httptools
@@ -295,3 +296,67 @@ def test_pipelined_requests_are_answered_in_order_on_and_off_the_lane(
     assert h4[b"x-spec-router-pool"] in (b"speculative", b"baseline")
     wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=2)
     assert router_status(router.url)["fast_path"]["lane_responses"] == 3
+
+
+@pytest.mark.parametrize("cycle", ["lane", "uvicorn"])
+def test_a_client_that_leaves_with_a_request_pipelined_behind_a_stream_is_seen_leaving(
+    start_router: RouterFactory, cycle: str
+) -> None:
+    """uvicorn tells only the connection's newest request of a lost connection: the stream
+    still under way in front of it must learn too (its lease released, counted as a client that
+    left, no write to a closed transport in the log), on the lane and on uvicorn's cycle."""
+    router = start_router()
+    host, port = router.url.removeprefix("http://").split(":")
+    body = b'{"model": "sim", "max_tokens": 4000, "stream": true, "messages": [%s]}' % (
+        b'{"role": "user", "content": "hi"}'
+    )
+    extra = b"expect: 100-continue\r\n" if cycle == "uvicorn" else b""
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            post("/v1/chat/completions", body, extra)
+            + b"GET /health HTTP/1.1\r\nhost: router\r\n\r\n"
+        )
+        assert b"data: " in read_until_data(sock)
+    wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=5)
+    wait_for(
+        lambda: metric_value(metrics(router.url), "spec_router_client_disconnects_total") == 1,
+        timeout=5,
+    )
+    fast = router_status(router.url)["fast_path"]
+    assert fast["lane_responses" if cycle == "lane" else "direct_responses"] == 1
+    router.stop()
+    assert not [line for line in router.output if "Error" in line or "xception" in line]
+
+
+def read_until_data(sock: socket.socket) -> bytes:
+    seen = b""
+    while b"data: " not in seen:
+        data = sock.recv(1 << 16)
+        assert data, "closed before the stream's first event"
+        seen += data
+    return seen
+
+
+def test_a_body_pipelined_behind_a_stream_does_not_cut_the_stream_at_its_deadline(
+    start_router: RouterFactory,
+) -> None:
+    """uvicorn stops reading behind a response under way, so a pipelined request's body
+    cannot arrive: its deadline waits for that response, which ends whole, and is then
+    enforced (the router's 408)."""
+    router = start_router(request_timeout="0.3")
+    host, port = router.url.removeprefix("http://").split(":")
+    body = b'{"model": "sim", "max_tokens": 1500, "stream": true, "messages": [%s]}' % (
+        b'{"role": "user", "content": "hi"}'
+    )
+    behind = b"POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ncontent-length: 100\r\n\r\n{"
+    began = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(post("/v1/chat/completions", body) + behind)
+        seen = b""
+        while data := sock.recv(1 << 16):
+            seen += data
+    # (the deadline and its grace passed while the stream ran, or this shows nothing)
+    assert time.monotonic() - began > 0.3 + 1.0
+    assert b"data: [DONE]" in seen  # the stream, whole
+    assert seen.count(b"HTTP/1.1 ") == 2 and b"HTTP/1.1 408 " in seen
+    wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=2)
