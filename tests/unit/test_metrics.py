@@ -315,7 +315,7 @@ def test_the_bisecting_observer_counts_as_prometheus_client_does(values: list[fl
         theirs.observe(value)
         ours(value)
 
-    def samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
+    def samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float | str]]:
         found = []
         for family in registry.collect():
             for s in family.samples:
