@@ -22,7 +22,7 @@ import pytest
 from router.decide.table import Table, from_json
 from router.tools.llamacpp import Build, LlamaServer, cores
 from router.tools.processes import Proc, spawn
-from tests.support.http import router_ready, wait_for
+from tests.support.http import router_ready, router_status, wait_for
 
 # What every test sends: ~60-token prompts ("hello" is one token of the model's vocabulary,
 # plus the chat template and the nonce), 64-token outputs.
@@ -101,6 +101,13 @@ def calibration(engines: Engines, tmp_path_factory: pytest.TempPathFactory) -> C
 RouterFactory = Callable[..., Proc]
 
 
+def settled(url: str) -> bool:
+    """Every backend usable and, as the router counts it, carrying no load."""
+    pools = router_status(url)["pools"]
+    backends = [b for pool in pools.values() for b in pool["backends"]]
+    return bool(backends) and all(b["usable"] and b["load"] == 0 for b in backends)
+
+
 @pytest.fixture
 def start_router(engines: Engines) -> Iterator[RouterFactory]:
     """``spec-router serve`` in front of both servers, with ``SLO``; waits for ``/ready``."""
@@ -121,6 +128,10 @@ def start_router(engines: Engines) -> Iterator[RouterFactory]:
         proc = spawn(["-m", "router", "serve", "--port", "0"], env=env)
         started.append(proc)
         wait_for(lambda: router_ready(proc.url), timeout=30)
+        # /ready needs one usable pool; every test here starts from both engines healthy and
+        # idle as the router sees them (an engine may still be finishing a previous test's
+        # requests, and the first request would then go elsewhere)
+        wait_for(lambda: settled(proc.url), timeout=60)
         return proc
 
     yield start
