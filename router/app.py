@@ -396,20 +396,19 @@ class RouterApp:
         await send({"type": "lifespan.shutdown.complete"})
 
     # -- ASGI ---------------------------------------------------------------------------------
-    def spec_router_lane(self, path: bytes) -> Proxy | None:
-        """The proxy, for a proxied request's path: the router's protocol runs it on a lane
-        (``router.fastpath.lane``) without this dispatch, which it must match."""
+    def spec_router_lane(self, path: str) -> Proxy | None:
+        """The proxy, for a path it serves (else None): this app's dispatch, which the router's
+        protocol also asks to run a proxied request on a lane (``router.fastpath.lane``)."""
         proxy = self.proxy
-        if proxy is not None and path.startswith(b"/v1/") and path != b"/v1/models":
+        if proxy is not None and path.startswith("/v1/") and path != "/v1/models":
             return proxy
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            path: str = scope["path"]
-            proxy = self.proxy
-            if proxy is not None and path.startswith("/v1/") and path != "/v1/models":
+            proxy = self.spec_router_lane(scope["path"])
+            if proxy is not None:
                 await proxy(scope, receive, send)
                 return
             await self.control(scope, receive, send)

@@ -12,8 +12,9 @@ and it is also the proxy's ``Responder`` (``router.fastpath.responder``): each a
 in one write, framed here, and a chunked body is written from the upstream's socket callback.
 
 What it leaves out, a request that needs it is not given a lane and goes through uvicorn's
-cycle as before (``RouterProtocol._lane_for``): ``Expect: 100-continue``, upgrades, an access log,
-``limit_concurrency``, a root path, a path with escapes.
+cycle as before (``_DeadlineMixin._lane`` in ``router.fastpath.protocol``): ``Expect:
+100-continue``, upgrades, an access log, ``limit_concurrency``, a root path, a path with
+escapes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router.errors import error_body
-from router.fastpath.responder import Sink
+from router.fastpath.responder import Sink, chunk_sink
 
 log = logging.getLogger("spec_router.lane")
 
@@ -44,36 +45,6 @@ _NO_BODY = frozenset({204, 304})
 def status_line(status: int) -> bytes:
     line = _STATUS_LINE.get(status)
     return line if line is not None else b"HTTP/1.1 %d \r\n" % status
-
-
-def chunk_sink(
-    flow: Any,
-    cycle: Any,
-    transport: Any,
-    feed: Callable[[bytes], bytes] | None,
-    first: Callable[[], None] | None,
-) -> Sink:
-    """A ``Sink`` writing each call's bytes as one chunk of a chunked body to ``transport``,
-    while the client can take it (``flow`` not paused for a slow client, ``cycle`` not
-    disconnected, the transport not closing). The ready check and the framing are inlined: it
-    runs for every chunk of every stream. (With the SSE tap's own cut, the router's code per
-    chunk went from 5.0-5.8 to 4.1-4.5 us: ``bench/chunk_path.py``, 05a2ec5 and 5e27254.)"""
-    write, closing = transport.write, transport.is_closing
-
-    def sink(data: bytes) -> bool:
-        nonlocal first
-        if flow.write_paused or cycle.disconnected or closing():
-            return False
-        if first is not None:
-            first()
-            first = None
-        if feed is not None:
-            data = feed(data)
-        if data:
-            write(b"%x\r\n%b\r\n" % (len(data), data))
-        return True
-
-    return sink
 
 
 class _Event:
@@ -173,7 +144,7 @@ class LaneCycle:
         self.chunked_encoding = False
         self._length = 0  # body bytes still due under a content-length
 
-    # -- run by uvicorn's protocol (its ``_start_asgi_task``) ---------------------------------
+    # -- the request's task (started by the router's protocol; by uvicorn's when pipelined) ---
     async def run_asgi(self, app: Any) -> None:
         try:
             await app(self.scope, self.receive, self.send)

@@ -48,8 +48,8 @@ log = logging.getLogger("spec_router.protocol")
 
 REQUEST_STARTED = "spec_router.request_started"  # scope["extensions"] key: loop time
 REQUEST_EXPIRED = "spec_router.request_expired"  # ... True once the body's deadline has passed
-# The app's method that names the handler of a proxied request, given its path (bytes), or
-# None: the request goes through uvicorn's cycle (``router.fastpath.lane``).
+# The app's method that names the handler of a proxied request, given its path, or None: the
+# request goes through uvicorn's cycle (``router.fastpath.lane``).
 LANE_HOOK = "spec_router_lane"
 BODY_GRACE = 1.0  # lets the proxy's own 408 go first
 MAX_HEAD_BYTES = 64 * 1024
@@ -201,12 +201,11 @@ class _DeadlineMixin:
         self._in_body = True
         self._woken = False
         self._arm(self._started + self.request_timeout)
-        if self._lane():
-            return
         existing = self.cycle
-        super().on_headers_complete()  # type: ignore[misc]
+        if not self._lane():
+            super().on_headers_complete()  # type: ignore[misc]
         if existing is not None and self.cycle is not existing and not existing.response_complete:
-            self._behind(existing)
+            self._behind(existing)  # this request was pipelined behind it
 
     def _lane(self) -> bool:
         """Give a proxied request a ``LaneCycle`` (``router.fastpath.lane``) and start it, or
@@ -231,7 +230,8 @@ class _DeadlineMixin:
         raw_path: bytes = url.path
         if b"%" in raw_path or not raw_path.isascii():  # (uvicorn unquotes it: its cycle does)
             return False
-        handler = hook(raw_path)
+        path = raw_path.decode("ascii")
+        handler = hook(path)
         if handler is None:
             return False
         version = parser.get_http_version()
@@ -239,7 +239,7 @@ class _DeadlineMixin:
         scope["method"] = "POST"
         if version != "1.1":
             scope["http_version"] = version
-        scope["path"] = raw_path.decode("ascii")
+        scope["path"] = path
         scope["raw_path"] = raw_path
         scope["query_string"] = url.query or b""
         cycle = LaneCycle(
@@ -259,7 +259,6 @@ class _DeadlineMixin:
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
         else:  # pipelined behind a response under way
-            self._behind(existing)
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, handler))
         return True

@@ -21,6 +21,36 @@ from router.asgi import Receive, Send
 Sink = Callable[[bytes], bool]
 
 
+def chunk_sink(
+    flow: Any,
+    cycle: Any,
+    transport: Any,
+    feed: Callable[[bytes], bytes] | None,
+    first: Callable[[], None] | None,
+) -> Sink:
+    """A ``Sink`` writing each call's bytes as one chunk of a chunked body to ``transport``,
+    while the client can take it (``flow`` not paused for a slow client, ``cycle`` not
+    disconnected, the transport not closing). The ready check and the framing are inlined: it
+    runs for every chunk of every stream. (With the SSE tap's own cut, the router's code per
+    chunk went from 5.0-5.8 to 4.1-4.5 us: ``bench/chunk_path.py``, 05a2ec5 and 5e27254.)"""
+    write, closing = transport.write, transport.is_closing
+
+    def sink(data: bytes) -> bool:
+        nonlocal first
+        if flow.write_paused or cycle.disconnected or closing():
+            return False
+        if first is not None:
+            first()
+            first = None
+        if feed is not None:
+            data = feed(data)
+        if data:
+            write(b"%x\r\n%b\r\n" % (len(data), data))
+        return True
+
+    return sink
+
+
 class Responder(Protocol):
     async def send_all(self, messages: list[dict[str, Any]]) -> None: ...
 

@@ -11,8 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from router.fastpath.lane import chunk_sink
-from router.fastpath.responder import Sink
+from router.fastpath.responder import Sink, chunk_sink
 
 
 class DirectSend:
@@ -93,7 +92,7 @@ class DirectSend:
     def body_sink(
         self, feed: Callable[[bytes], bytes] | None, first: Callable[[], None] | None
     ) -> Sink | None:
-        """The ``Sink`` for a chunked body under way (``router.fastpath.lane.chunk_sink``: what
+        """The ``Sink`` for a chunked body under way (``router.fastpath.responder.chunk_sink``: what
         ``ready()`` checks, and the chunk's framing, inlined)."""
         if not self.chunked():
             return None
