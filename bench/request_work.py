@@ -30,6 +30,7 @@ from collections.abc import Callable
 from decision_cost import BODY, healthy_app
 
 from router.account.outcome import Outcome
+from router.decide.policy import Decision
 from router.forward.request import forward_headers, inspect, response_headers, upstream_body
 from router.forward.stream import SseTap, Usage
 
@@ -95,12 +96,7 @@ def steps(policy: str, chunks: int) -> dict[str, Callable[[], object]]:
         assert sse.usage is not None
 
     def outcome() -> None:
-        out = Outcome(path=PATH, started=clock())
-        out.read(True, True, 10)
-        out.attempt(decision.pool, decision.backend, decision.reason, 0, 0.0, 0, 0.0)
-        out.answered(200)
-        out.first_bytes(clock(), 0.0, 0)
-        out.finish(clock())
+        out = finished(clock, decision, None)
         for observe in observers:
             observe(out)
 
@@ -117,6 +113,20 @@ def steps(policy: str, chunks: int) -> dict[str, Callable[[], object]]:
     }
 
 
+def finished(clock: Callable[[], float], decision: Decision, usage: Usage | None) -> Outcome:
+    """A streamed request's ``Outcome`` as the proxy leaves it, with ``usage`` counted when
+    given."""
+    out = Outcome(path=PATH, started=clock())
+    out.read(True, True, 10)
+    out.attempt(decision.pool, decision.backend, decision.reason, 0, 0.0, 0, 0.0)
+    out.answered(200)
+    out.first_bytes(clock(), 0.0, 0)
+    if usage is not None:
+        out.counted(usage)
+    out.finish(clock())
+    return out
+
+
 def observer_steps(policy: str) -> dict[str, Callable[[], object]]:
     """Each observer alone, on a finished stream's ``Outcome`` with its usage counted (what
     ``outcome+observers`` leaves out: the token counters and the TPOT histogram)."""
@@ -125,18 +135,9 @@ def observer_steps(policy: str) -> dict[str, Callable[[], object]]:
     decision = app.decider.decide(None)
     assert decision is not None
 
-    def finished() -> Outcome:
-        out = Outcome(path=PATH, started=clock())
-        out.read(True, True, 10)
-        out.attempt(decision.pool, decision.backend, decision.reason, 0, 0.0, 0, 0.0)
-        out.answered(200)
-        out.first_bytes(clock(), 0.0, 0)
-        out.counted(Usage(8, 20))
-        out.finish(clock())
-        return out
-
-    out = finished()
-    steps: dict[str, Callable[[], object]] = {"  the Outcome": finished}
+    counted = functools.partial(finished, clock, decision, Usage(8, 20))
+    out = counted()
+    steps: dict[str, Callable[[], object]] = {"  the Outcome": counted}
     for observe in app.observers:
         steps[f"  {observe.__qualname__}"] = functools.partial(observe, out)
     return steps

@@ -10,21 +10,10 @@ from typing import Any
 import pytest
 
 from router.fastpath.uvicorn import DirectSend
+from tests.support.transport import KeptTransport
 
 
-class Transport:
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-        self.closing = False
-
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-
-def cycle(transport: Transport, chunked: bool = True) -> Any:
+def cycle(transport: KeptTransport, chunked: bool = True) -> Any:
     return SimpleNamespace(
         flow=SimpleNamespace(write_paused=False),
         transport=transport,
@@ -37,7 +26,7 @@ def cycle(transport: Transport, chunked: bool = True) -> Any:
 
 
 def test_the_sink_frames_feeds_and_calls_first_once() -> None:
-    transport = Transport()
+    transport = KeptTransport()
     firsts: list[int] = []
     fed: list[bytes] = []
 
@@ -58,7 +47,7 @@ def test_the_sink_frames_feeds_and_calls_first_once() -> None:
 def test_a_client_that_cannot_take_bytes_now_gets_none_and_nothing_is_consumed(
     block: str,
 ) -> None:
-    transport = Transport()
+    transport = KeptTransport()
     firsts: list[int] = []
     fed: list[bytes] = []
 
@@ -74,15 +63,15 @@ def test_a_client_that_cannot_take_bytes_now_gets_none_and_nothing_is_consumed(
     elif block == "gone":
         state.disconnected = True
     else:
-        transport.closing = True
+        transport.closed = True
     assert sink(b"abc") is False
     assert (transport.written, firsts, fed) == ([], [], [])  # not written, not fed, not first
-    state.flow.write_paused = state.disconnected = transport.closing = False
+    state.flow.write_paused = state.disconnected = transport.closed = False
     assert sink(b"abc") and transport.written == [b"3\r\nabc\r\n"] and firsts == [1]
 
 
 def test_no_sink_for_a_body_that_is_not_chunked_or_not_started() -> None:
-    assert DirectSend(None, cycle(Transport(), chunked=False)).body_sink(None, None) is None
-    unstarted = cycle(Transport())
+    assert DirectSend(None, cycle(KeptTransport(), chunked=False)).body_sink(None, None) is None
+    unstarted = cycle(KeptTransport())
     unstarted.response_started = False
     assert DirectSend(None, unstarted).body_sink(None, None) is None

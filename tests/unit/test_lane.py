@@ -10,21 +10,7 @@ from typing import Any
 import pytest
 
 from router.fastpath.lane import LaneCycle
-
-
-class Transport:
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
+from tests.support.transport import KeptTransport
 
 
 class Flow:
@@ -37,8 +23,8 @@ class Flow:
 
 def lane(
     keep_alive: bool = True, default_headers: Any = ()
-) -> tuple[LaneCycle, Transport, list[int]]:
-    transport, done = Transport(), list[int]()
+) -> tuple[LaneCycle, KeptTransport, list[int]]:
+    transport, done = KeptTransport(), list[int]()
     cycle = LaneCycle(
         {"method": "POST", "path": "/v1/chat/completions"},
         transport,  # type: ignore[arg-type]
