@@ -13,7 +13,10 @@ difference with the router's code taken out, on a transport that only counts wri
   sends a start and a body in one write, through ``DirectSend.send_all`` as the proxy does
   (what every request pays before the router does anything);
 - ``+3 wakes``: the same app waiting three times on a future another callback resolves, as the
-  proxy waits for the upstream (its head, its first event, its end);
+  proxy waited for the upstream (its head, its first event, its end); ``+2 wakes``: twice, as
+  it waits since the upstream connection holds the head until the first event;
+- ``lane``, ``lane +2 wakes``: the same app on the router's lane (router/fastpath/lane.py): the
+  router's protocol gives the request its own ``LaneCycle``, and the app answers through it;
 - ``plain uvicorn``: ``uvicorn+task`` with uvicorn's own httptools protocol, not the router's
   subclass (what the router's request deadline and limits cost);
 - ``loop turn``: one ``await asyncio.sleep(0)`` of the driver, included in each of the above
@@ -37,8 +40,9 @@ import uvloop
 from chunk_path import CountingTransport
 from uvicorn.server import ServerState
 
+from router.fastpath.lane import LaneCycle
 from router.fastpath.protocol import http_protocol
-from router.fastpath.uvicorn import direct_send
+from router.fastpath.uvicorn import DirectSend, direct_send
 
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\ncontent-type: application/json\r\n"
@@ -83,7 +87,7 @@ class Callbacks(asyncio.Protocol):
         self.transport.write(ANSWER)
 
 
-def app_with(wakes: int) -> Any:
+def app_with(wakes: int, lane: bool = False) -> Any:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         loop = asyncio.get_running_loop()
         await receive()
@@ -91,11 +95,24 @@ def app_with(wakes: int) -> Any:
             waiter = loop.create_future()
             loop.call_soon(waiter.set_result, None)
             await waiter
-        direct = direct_send(send)  # as the proxy answers under this server
-        assert direct is not None
-        await direct.send_all([START, BODY])
+        # as the proxy answers under this server (router.fastpath.Responders)
+        responder = send.__self__ if lane else direct_send(send)
+        assert isinstance(responder, LaneCycle if lane else DirectSend)
+        await responder.send_all([START, BODY])
 
-    return app
+    if not lane:
+        return app
+
+    class Laned:
+        """An app that, as ``RouterApp`` does, names the handler the lane runs."""
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            raise AssertionError("the request should have run on the lane")
+
+        def spec_router_lane(self, path: str) -> Any:
+            return app
+
+    return Laned()
 
 
 async def loop_turn(number: int) -> float:
@@ -117,10 +134,12 @@ async def callbacks(number: int) -> float:
     return elapsed / number
 
 
-async def uvicorn_task(number: int, wakes: int, router_protocol: bool = True) -> float:
+async def uvicorn_task(
+    number: int, wakes: int, router_protocol: bool = True, lane: bool = False
+) -> float:
     loop = asyncio.get_running_loop()
     config = uvicorn.Config(
-        app_with(wakes),
+        app_with(wakes, lane),
         http=http_protocol(30.0) if router_protocol else "httptools",
         lifespan="off",
         access_log=False,
@@ -156,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         "callbacks": lambda: callbacks(n),
         "uvicorn+task": lambda: uvicorn_task(n, 0),
         "+3 wakes": lambda: uvicorn_task(n, 3),
+        "+2 wakes": lambda: uvicorn_task(n, 2),
+        "lane": lambda: uvicorn_task(n, 0, lane=True),
+        "lane +2 wakes": lambda: uvicorn_task(n, 2, lane=True),
         "plain uvicorn": lambda: uvicorn_task(n, 0, router_protocol=False),
         "loop turn": lambda: loop_turn(n),
     }
