@@ -28,7 +28,9 @@ import timeit
 from collections.abc import Callable
 
 from decision_cost import BODY, healthy_app
+from prometheus_client import CollectorRegistry, Histogram
 
+from router.account.metrics import E2E_BUCKETS, observer
 from router.account.outcome import Outcome
 from router.decide.policy import Decision
 from router.forward.request import forward_headers, inspect, response_headers, upstream_body
@@ -143,6 +145,19 @@ def observer_steps(policy: str) -> dict[str, Callable[[], object]]:
     return steps
 
 
+def histogram_steps() -> dict[str, Callable[[], object]]:
+    """One observation of the request-duration histogram, by prometheus-client's ``observe``
+    and by the router's ``observer`` (router.account.metrics), at three values."""
+    child = Histogram("d", "d", ["pool"], buckets=E2E_BUCKETS, registry=CollectorRegistry())
+    series = child.labels("p")
+    fast = observer(series)
+    steps: dict[str, Callable[[], object]] = {}
+    for value in (0.001, 0.23, 20.0):
+        steps[f"  observe({value:g})"] = functools.partial(series.observe, value)
+        steps[f"  observer({value:g})"] = functools.partial(fast, value)
+    return steps
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policy", default="slo")
@@ -150,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--number", type=int, default=20000)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument(
-        "--observers", action="store_true", help="then each observer alone, usage counted"
+        "--observers",
+        action="store_true",
+        help="then each observer alone, usage counted, and one histogram observation",
     )
     args = p.parse_args(argv)
 
@@ -167,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'total':24s} {total:7.1f} us per request (policy {args.policy})")
     if args.observers:
         for name, step in observer_steps(args.policy).items():
+            print(f"{name:24s} {timed(step) * 1e6:7.1f} us")
+        for name, step in histogram_steps().items():
             print(f"{name:24s} {timed(step) * 1e6:7.1f} us")
     return 0
 
