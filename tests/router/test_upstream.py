@@ -279,6 +279,36 @@ async def test_a_reused_connection_that_times_out_is_not_sent_again(
     assert pool.open_connections == 0
 
 
+async def test_a_kept_connections_earlier_deadline_does_not_cut_its_next_exchange_short(
+    server: tuple[Script, OriginPool],
+) -> None:
+    # The connection keeps one timer across its exchanges, moved lazily: the first exchange's
+    # first-byte deadline (0.3 s in) is still pending when the second is sent at 0.2 s; the
+    # second's answer comes at 0.4 s, past the first's deadline and inside its own (0.5 s).
+    script, pool = server
+    timeouts = Timeouts(connect=2.0, first_byte=0.3, idle=5.0)
+    await script.writes.put(HEAD + END)
+    await script.writes.put(None)
+    first = await request(pool, timeouts)
+    assert await first.read() == b""
+    first.release()
+    await anyio.sleep(0.2)  # (the time passing is the point)
+    second = asyncio.create_task(request(pool, timeouts))
+    await anyio.sleep(0.2)
+    assert not second.done()
+    await script.writes.put(HEAD + chunk(b"late") + END)
+    conn = await second
+    assert await conn.read() == b"late"
+    assert await conn.read() == b""
+    conn.release()
+    await script.writes.put(None)
+    assert script.requests == 2 and pool.idle_connections == 1
+    # and the deadline still holds for a third exchange on the same connection
+    with pytest.raises(UpstreamError) as failed:
+        await request(pool, timeouts)
+    assert failed.value.kind == "first_byte_timeout"
+
+
 async def test_the_first_byte_timer_runs_until_the_first_body_byte(
     server: tuple[Script, OriginPool],
 ) -> None:
