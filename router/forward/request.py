@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.errors import BadRequest, NotFound
+from router.forward.jsonfast import loads
 
 # Paths whose body names a model (or gets the pool's default one).
 MODEL_PATHS = frozenset(
@@ -120,7 +121,8 @@ def inspect(path: str, body: bytes, content_type: bytes | None) -> RequestInfo:
     if not needs_model and not _is_json(content_type):
         return EMPTY  # e.g. multipart audio uploads: forwarded untouched
     try:
-        obj = json.loads(body.decode("utf-8-sig"))  # (a str skips json's encoding sniffing)
+        text = body.decode()  # (a str skips json's encoding sniffing)
+        obj = loads(text[1:] if text[:1] == "\ufeff" else text)  # (as "utf-8-sig" decodes)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", "invalid_json") from None
     except RecursionError:  # (e.g. 100,000 nested arrays: the C decoder recurses per level)

@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from router.forward.jsonfast import loads_utf8
 from router.forward.upstream import Connection, UpstreamError
 
 _USAGE_KEY = b'"usage":'
@@ -178,7 +179,7 @@ class SseTap:
             if event and _has_usage(event):
                 payload = event.split(b"data:", 1)[-1].strip()
                 try:
-                    obj = json.loads(payload)
+                    obj = loads_utf8(payload)
                 except ValueError:
                     obj = None
                 usage = _usage_of(obj)
