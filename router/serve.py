@@ -19,7 +19,6 @@ from typing import Any
 import uvicorn
 
 from router.fastpath.protocol import http_protocol
-from router.settings import SettingsError, load_settings
 
 LISTENING_PREFIX = "spec-router: listening on "
 
@@ -161,6 +160,10 @@ def main(argv: list[str]) -> int:
         "(router/supervisor.py; default 1: this process serves, as before)",
     )
     args = parser.parse_args(argv)
+    # (here, not at the top: the simulated engines start through this module, and settings
+    # with pydantic-settings took 0.4 s of their 0.9 s import)
+    from router.settings import SettingsError, load_settings
+
     if args.workers < 1:
         parser.error("--workers must be at least 1")
     if args.config:
