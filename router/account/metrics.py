@@ -168,14 +168,14 @@ class RouterMetrics:
         found = self._cache.get(key)
         if found is None:
             found = (
-                self.requests.labels(pool, reason, str(code or 499)),
-                self.decisions.labels(pool, reason),
+                adder(self.requests.labels(pool, reason, str(code or 499))),
+                adder(self.decisions.labels(pool, reason)),
                 observer(self.duration.labels(pool)),
                 observer(self.ttft.labels(pool)),
                 observer(self.tpot.labels(pool)),
-                self.output_tokens.labels(pool),
-                self.prompt_tokens.labels(pool),
-                self.disconnects.labels(pool),
+                adder(self.output_tokens.labels(pool)),
+                adder(self.prompt_tokens.labels(pool)),
+                adder(self.disconnects.labels(pool)),
             )
             self._cache[key] = found
         return found
@@ -185,13 +185,13 @@ class RouterMetrics:
         requests, decisions, duration, ttft, tpot, output, prompt, gone = self._children(
             pool, out.reason, out.status
         )
-        requests.inc()
+        requests(1)
         if out.pool is None:
             return
-        decisions.inc()
+        decisions(1)
         duration(out.ended - out.started)
         if out.client_gone:
-            gone.inc()
+            gone(1)
         if out.slow_client:
             self.slow_clients.labels(pool).inc()
         for failed_pool, backend, kind in out.failures:
@@ -203,11 +203,24 @@ class RouterMetrics:
             ttft(out.first_byte - out.started)
         usage = out.usage
         if usage is not None:
-            output.inc(usage.completion_tokens)
-            prompt.inc(usage.prompt_tokens)
+            # (an engine's negative count is not counted: a counter never goes down)
+            if usage.completion_tokens > 0:
+                output(usage.completion_tokens)
+            if usage.prompt_tokens > 0:
+                prompt(usage.prompt_tokens)
             if out.stream and out.first_byte is not None and usage.completion_tokens > 1:
                 decode = out.ended - out.first_byte
                 tpot(decode / (usage.completion_tokens - 1))
+
+
+def adder(child: Any) -> Callable[[float], None]:
+    """``child.inc`` for a counter's labelled series, for amounts known to be >= 0: without
+    the checks ``inc`` makes on every call (the amount's sign, an exemplar), straight to its
+    value, which keeps its lock (and, under ``PROMETHEUS_MULTIPROC_DIR``, its file). The
+    router increments up to five counters per request. Falls back to ``inc`` when the series
+    is not built as this expects (another prometheus-client)."""
+    inc = getattr(getattr(child, "_value", None), "inc", None)
+    return inc if callable(inc) else child.inc  # type: ignore[no-any-return]
 
 
 def observer(child: Any) -> Callable[[float], None]:

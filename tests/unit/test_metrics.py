@@ -108,6 +108,18 @@ def test_a_streamed_request_counts_everything_once(registry: CollectorRegistry) 
     assert value(registry, "spec_router_output_tokens_total", pool=BASELINE) == 0
 
 
+def test_an_engines_negative_token_count_is_not_counted(registry: CollectorRegistry) -> None:
+    # The counters are incremented past prometheus-client's sign check (metrics.adder): the
+    # observer makes it. Before, inc raised inside the observer and the request's TPOT was lost.
+    metrics = RouterMetrics(registry)
+    metrics.observe(routed(usage=Usage(prompt_tokens=-3, completion_tokens=11)))
+    metrics.observe(routed(usage=Usage(prompt_tokens=5, completion_tokens=-2)))
+    spec = {"pool": SPECULATIVE}
+    assert value(registry, "spec_router_prompt_tokens_total", **spec) == 5
+    assert value(registry, "spec_router_output_tokens_total", **spec) == 11
+    assert value(registry, "spec_router_time_per_output_token_seconds_count", **spec) == 1
+
+
 def test_no_ttft_or_tpot_without_a_stream_or_for_an_error(registry: CollectorRegistry) -> None:
     metrics = RouterMetrics(registry)
     metrics.observe(routed(stream=False, usage=Usage(7, 11)))  # first byte = whole answer
