@@ -176,7 +176,7 @@ class SseTap:
         tail = events.pop()  # b"" unless this is the unterminated rest at the end
         out: list[bytes] = []
         for event in events:
-            if event and _has_usage(event):
+            if _USAGE_KEY in event and _has_usage(event):  # (``in`` first: no call for most)
                 payload = event.split(b"data:", 1)[-1].strip()
                 try:
                     obj = loads_utf8(payload)
@@ -194,7 +194,7 @@ class SseTap:
         if self._strip and not final and out and _has_finish(out[-1]):
             if not _has_usage(out[-1]):  # a usage event may follow: wait for it
                 self._held = out.pop() + b"\n\n"
-        return b"".join(event + b"\n\n" for event in out) + tail
+        return b"\n\n".join(out) + b"\n\n" + tail if out else tail
 
 
 class BodyTap:
