@@ -41,11 +41,15 @@ def _usage_of(obj: Any) -> Usage | None:
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return Usage(
-        prompt if isinstance(prompt, int) else 0,
-        completion if isinstance(completion, int) else 0,
-    )
+    return Usage(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
+
+
+MAX_COUNT = 1 << 53  # (past this an engine's count is not a count: nor is it exact as a float)
+
+
+def _count(value: Any) -> int:
+    """A token count as an engine reports it: an int from 0 to ``MAX_COUNT``, else 0."""
+    return value if type(value) is int and 0 <= value <= MAX_COUNT else 0
 
 
 def _member_starts(data: bytes, key: bytes, opening: int) -> bool:

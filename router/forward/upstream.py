@@ -217,6 +217,8 @@ class Connection(asyncio.Protocol):
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._headers_done:  # a chunked body's trailer: not one of the response's headers
+            return
         name = name.lower()
         if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value):
             self._framed = True
@@ -304,7 +306,9 @@ class Connection(asyncio.Protocol):
         if timer is None or timer.when() > due + CLOCK_SLACK:
             if timer is not None:
                 timer.cancel()
-            self._timer = self._loop.call_at(due, self._on_timer)
+            # (at least CLOCK_SLACK ahead: uvloop hands back a plain Handle, with no when(),
+            # for a delay that rounds to 0 ms)
+            self._timer = self._loop.call_at(max(due, now + CLOCK_SLACK), self._on_timer)
 
     def _cancel_timer(self) -> None:
         """Disarm: a pending timer finds nothing due and ends (``close`` cancels it)."""
@@ -418,6 +422,9 @@ class Connection(asyncio.Protocol):
         self._buffered = 0
         if self._paused and self._transport is not None:
             self._paused = False
+            # the silence while paused was ours (see _on_timer): the engine's idle time starts
+            # now, not at the timer's last look, up to an idle timeout ago
+            self._last_activity = self._loop.time()
             self._transport.resume_reading()
         return data
 

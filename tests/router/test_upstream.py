@@ -19,6 +19,18 @@ from tests.support.threaded import read_request
 
 pytestmark = pytest.mark.anyio
 
+
+@pytest.fixture(
+    params=[
+        pytest.param(("asyncio", {}), id="asyncio"),
+        # the router's own loop: its timers and transports are uvloop's
+        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
+    return request.param  # type: ignore[no-any-return]
+
+
 TIMEOUTS = Timeouts(connect=2.0, first_byte=5.0, idle=5.0)
 END = b"0\r\n\r\n"
 
@@ -239,6 +251,51 @@ async def test_a_stream_held_back_for_a_slow_reader_is_not_timed_out_as_idle(
     assert backlogged == [True]
     conn.release()
     assert pool.idle_connections == 1
+
+
+async def test_after_a_slow_reader_catches_up_the_engine_gets_a_whole_idle_timeout(
+    server: tuple[Script, OriginPool],
+) -> None:
+    # While reading is paused the timer moves the engine's last activity on only when it
+    # fires; reading again must start the engine's idle time afresh, not from that look, up to
+    # a whole idle timeout old (found by review: the next byte, 0.15 s after the reader caught
+    # up, was cut off as idle at 0.2 s).
+    script, pool = server
+    big = b"x" * (300 * 1024)  # more than HIGH_WATER: the connection stops reading
+    await script.writes.put(HEAD)
+    held_back = asyncio.Event()
+    conn = await request(pool, Timeouts(connect=2.0, first_byte=5.0, idle=0.2))
+    conn.on_backlog = held_back.set
+    await script.writes.put(chunk(big))
+    with anyio.fail_after(10):
+        await held_back.wait()
+    await anyio.sleep(0.5)  # the reader is away for 2.5 idle timeouts (the time is the point)
+    received = b""
+    while len(received) < len(big):
+        received += await conn.read()
+    await anyio.sleep(0.15)  # the engine's next byte: inside one idle timeout of the catch-up
+    await script.writes.put(chunk(b"next") + END)
+    await script.writes.put(None)
+    assert await conn.read() == b"next"
+    assert await conn.read() == b""
+    conn.release()
+
+
+async def test_a_chunked_bodys_trailers_are_not_taken_for_the_responses_headers(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: content-type\r\n\r\n"
+    await script.writes.put(head + chunk(b"a") + b"0\r\ncontent-type: text/event-stream\r\n\r\n")
+    await script.writes.put(None)
+    conn = await request(pool)
+    body = b""
+    while data := await conn.read():
+        body += data
+    assert body == b"a"
+    assert [name for name, _ in conn.headers] == [b"transfer-encoding", b"trailer"]
+    assert not conn.event_stream
+    conn.release()
 
 
 async def test_a_reused_connection_closed_before_any_byte_is_retried_once_on_a_fresh_one(

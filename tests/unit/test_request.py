@@ -47,6 +47,15 @@ def test_inspect_rejects_unusable_bodies(body: bytes, code: str) -> None:
     assert err.value.code == code and err.value.status == 400
 
 
+def test_a_body_after_a_utf8_bom_is_read_and_a_broken_one_reported_as_before() -> None:
+    body = json.dumps({"model": "m", "stream": True}).encode()
+    info = inspect("/v1/chat/completions", b"\xef\xbb\xbf" + body, b"application/json")
+    assert info.model == "m" and info.stream
+    # the 400's message counts positions after the BOM, as "utf-8-sig" always did
+    with pytest.raises(BadRequest, match="position 11:"):
+        inspect("/v1/chat/completions", b'\xef\xbb\xbf{"model": "\xff"}', b"application/json")
+
+
 def test_model_paths_are_json_whatever_the_content_type() -> None:
     with pytest.raises(BadRequest):
         inspect("/v1/completions", b"{bad", b"application/x-www-form-urlencoded")

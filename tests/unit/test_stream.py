@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -31,6 +32,27 @@ def test_passthrough_is_identical_and_reads_usage() -> None:
         5,
         9,
     )
+
+
+@pytest.mark.parametrize(
+    "prompt, completion, counted",
+    [
+        (7, 9, (7, 9)),
+        (-3, 9, (0, 9)),  # a negative count is no count
+        (10**400, 9, (0, 9)),  # nor one no float holds (it broke the TPOT division)
+        (2**53, True, (2**53, 0)),  # a bool is not a count
+        ("7", 9.0, (0, 0)),
+    ],
+)
+def test_usage_counts_are_ints_an_engine_could_mean(
+    prompt: object, completion: object, counted: tuple[int, int]
+) -> None:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+    event = b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+    tap = SseTap(strip_usage=False)
+    feed_all(tap, [CHUNK, event, DONE])
+    assert tap.usage is not None
+    assert (tap.usage.prompt_tokens, tap.usage.completion_tokens) == counted
 
 
 def test_strip_removes_only_the_usage_event_at_any_split() -> None:
