@@ -384,12 +384,20 @@ async def test_flapping_backend_does_not_flip_on_every_probe(
 
 
 def settled_on(router_url: str, total: int) -> Callable[[], bool]:
-    """A ``wait_for`` check: the router's load over all backends is ``total``: the engines
-    report every stream, and its own recent ones no longer count on top (ENGINE_GAUGE_LAG)."""
+    """A ``wait_for`` check: the router's load over all backends is ``total``, and each
+    backend's load is what its engine reported at the router's last scrape: the engines report
+    every stream, and its own recent ones no longer count on top (ENGINE_GAUGE_LAG). (The
+    total alone could be right while a stream was still counted as this router's recent one:
+    on a loaded machine the sim's gauge, which lags by decode steps, may then still miss it
+    once that allowance has run out, and the next decision see one request fewer.)"""
 
     def check() -> bool:
-        pools = router_status(router_url)["pools"].values()
-        return bool(sum(b["load"] for p in pools for b in p["backends"]) == total)
+        backends = [b for p in router_status(router_url)["pools"].values() for b in p["backends"]]
+        reported = all(
+            b["engine"] is not None and b["engine"]["running"] + b["engine"]["queued"] == b["load"]
+            for b in backends
+        )
+        return reported and sum(b["load"] for b in backends) == total
 
     return check
 
