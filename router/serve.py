@@ -113,6 +113,7 @@ def run(
     http: str = "httptools",
     graceful_shutdown: float | None = 30.0,
     request_timeout: float | None = None,
+    keep_alive: float = 75.0,
 ) -> int:
     """Serve ``app`` until SIGINT/SIGTERM; returns a process exit code."""
     try:
@@ -126,6 +127,7 @@ def run(
         http=http,
         graceful_shutdown=graceful_shutdown,
         request_timeout=request_timeout,
+        keep_alive=keep_alive,
     )
     server = AnnouncingServer(config, socket_url(sock))
     try:
@@ -196,4 +198,5 @@ def main(argv: list[str]) -> int:
         log_level=settings.log_level,
         http=args.http,
         request_timeout=settings.request_timeout,
+        keep_alive=settings.client_keep_alive,
     )

@@ -118,6 +118,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     # Absolute deadline for receiving a whole request, headers and body (slowloris): 408 after.
     request_timeout: float = Field(default=30.0, gt=0)
+    # How long a client's connection is kept open with no request on it. Behind a load balancer
+    # it must outlast the balancer's own idle timeout, or the balancer may send a request on a
+    # connection the router is closing (a 502 to its client).
+    client_keep_alive: float = Field(default=75.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     # Microseconds the event loop keeps polling after activity before it may sleep (0: never
     # spins). Saves ~0.1 ms per request at low load for CPU just after activity (busypoll.py).

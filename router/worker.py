@@ -127,7 +127,11 @@ def run_worker(
         print(f"spec-router: {exc}", file=sys.stderr)
         return 2
     config = uvicorn_config(
-        app, log_level=log_level, http=http, request_timeout=settings.request_timeout
+        app,
+        log_level=log_level,
+        http=http,
+        request_timeout=settings.request_timeout,
+        keep_alive=settings.client_keep_alive,
     )
     server = ReadyServer(config, ready_fd, ctx.slot)
     server.run(sockets=[sock])
