@@ -167,6 +167,7 @@ class _DeadlineMixin:
     def data_received(self, data: bytes) -> None:
         if self._lingering:
             return
+        self._idle_since = None  # (busy: uvicorn's own data_received says so too, see below)
         if self._in_body:
             super().data_received(data)  # type: ignore[misc]
             return
@@ -211,6 +212,9 @@ class _DeadlineMixin:
         if self.transport.is_closing():
             return
         self.flow.resume_reading()
+        self._mark_idle()
+
+    def _mark_idle(self) -> None:
         self._idle_since = self.loop.time()
         if self.timeout_keep_alive_task is None:
             self.timeout_keep_alive_task = self.loop.call_later(
@@ -219,9 +223,20 @@ class _DeadlineMixin:
 
     def _keep_alive_due(self) -> None:
         self.timeout_keep_alive_task = None
-        since = self._idle_since
-        if since is None:  # busy: the end of its response arms it again
+        if self._lingering:  # (the linger's own timer ends it)
             return
+        since = self._idle_since
+        if since is None:
+            cycle = self.cycle
+            if (
+                self._partial
+                or self._in_body
+                or self.pipeline
+                or (cycle is not None and not cycle.response_complete)
+            ):
+                return  # busy: the end of its response arms it again
+            # bytes came that began no request (a stray CRLF): idle from now
+            since = self._idle_since = self.loop.time()
         left = since + self.timeout_keep_alive - self.loop.time()
         if left > CLOCK_SLACK:  # a request came and went since it was armed
             self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_due)
@@ -319,6 +334,9 @@ class _DeadlineMixin:
         self._in_body = False
         self._head_bytes = 0
         super().on_message_complete()  # type: ignore[misc]
+        cycle = self.cycle
+        if cycle is not None and cycle.response_complete and not self.pipeline:
+            self._mark_idle()  # answered before its body was in (a 401, a 413): idle from here
 
     def send_400_response(self, msg: str) -> None:
         if self._refusal is not None:  # answered already (431)

@@ -119,6 +119,7 @@ class Connection(asyncio.Protocol):
         self._body: deque[bytes] = deque()
         # One timer per connection, kept across its exchanges and moved lazily (_arm_timer).
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # when it fires (loop time)
         self._reset_exchange()
 
     def _reset_exchange(self) -> None:
@@ -127,6 +128,7 @@ class Connection(asyncio.Protocol):
         self._content_type: bytes | None = None  # (the first one, as event_stream reads it)
         self._event_stream = False
         self._headers_done = False
+        self._interim = False
         self._complete = False
         self._framed = False  # content-length or chunked: a clean end is knowable
         self._keep_alive = False
@@ -227,7 +229,15 @@ class Connection(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.status = status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            # an interim response (100 Continue, 103 Early Hints): the final one follows
+            self.headers = []
+            self._content_type = None
+            self._framed = False
+            self._interim = True
+            return
+        self.status = status
         ctype = self._content_type
         self._event_stream = (
             status == 200 and ctype is not None and ctype.startswith(b"text/event-stream")
@@ -270,6 +280,9 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self._complete = True
         self._keep_alive = self._keep_alive and self._parser.should_keep_alive()
         self._wake()
@@ -303,12 +316,13 @@ class Connection(asyncio.Protocol):
         self._timing, self._delay = kind, delay
         due = self._due = (self._last_activity if kind == "idle_timeout" else now) + delay
         timer = self._timer
-        if timer is None or timer.when() > due + CLOCK_SLACK:
+        if timer is None or self._timer_at > due + CLOCK_SLACK:
             if timer is not None:
                 timer.cancel()
-            # (at least CLOCK_SLACK ahead: uvloop hands back a plain Handle, with no when(),
-            # for a delay that rounds to 0 ms)
-            self._timer = self._loop.call_at(max(due, now + CLOCK_SLACK), self._on_timer)
+            # (the time kept here: uvloop hands back a plain Handle, with no when(), for a
+            # delay that rounds to 0 ms)
+            at = self._timer_at = max(due, now + CLOCK_SLACK)
+            self._timer = self._loop.call_at(at, self._on_timer)
 
     def _cancel_timer(self) -> None:
         """Disarm: a pending timer finds nothing due and ends (``close`` cancels it)."""
@@ -333,6 +347,7 @@ class Connection(asyncio.Protocol):
         else:
             due = self._due
         if due - now > CLOCK_SLACK:  # moved since it was armed, or silence broken since
+            self._timer_at = due
             self._timer = self._loop.call_at(due, self._on_timer)
             return
         delay = self._delay

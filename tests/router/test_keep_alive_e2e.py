@@ -92,6 +92,29 @@ def test_a_request_answered_past_the_keep_alive_keeps_its_connection(server: Pro
     assert KEEP_ALIVE - 0.05 <= waited < KEEP_ALIVE + 1.0, waited
 
 
+def test_a_connection_is_closed_when_idle_after_bytes_that_began_no_request(
+    server: Proc,
+) -> None:
+    # A stray CRLF after an answer starts no request (no request deadline either): it must
+    # not hold the connection open for good (found by review).
+    with connect(server) as sock:
+        ask(sock)
+        sock.sendall(b"\r\n")
+        waited = seconds_until_closed(sock)
+    assert waited < KEEP_ALIVE + 1.0, waited
+
+
+def test_a_connection_answered_before_its_body_is_in_is_closed_when_idle(server: Proc) -> None:
+    # The proxy answers a 401 (no API key) or a 413 before reading the body, and keeps the
+    # connection: answered, with the body never finished, it is idle (found by review).
+    with connect(server) as sock:
+        sock.sendall(b"POST /early HTTP/1.1\r\nhost: test\r\ncontent-length: 10\r\n\r\n12345")
+        assert read_answer(sock) == b"ok"
+        sock.sendall(b"67890")  # the rest of the body, after the answer
+        waited = seconds_until_closed(sock)
+    assert waited < KEEP_ALIVE + 1.0, waited
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_the_router_keeps_an_idle_client_connection_for_client_keep_alive(
     start_router: RouterFactory, workers: str

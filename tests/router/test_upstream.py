@@ -298,6 +298,41 @@ async def test_a_chunked_bodys_trailers_are_not_taken_for_the_responses_headers(
     conn.release()
 
 
+EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n"
+
+
+@pytest.mark.parametrize("apart", [False, True], ids=["one read", "two reads"])
+async def test_an_interim_response_is_not_taken_for_the_answer(
+    server: tuple[Script, OriginPool], apart: bool
+) -> None:
+    # httptools reports a 1xx as a message of its own. In one read, the final response's
+    # headers were dropped as if trailers (found by review); in two, the 103 was taken for the
+    # answer and the next request on the connection got this one's body.
+    script, pool = server
+    answer = HEAD + chunk(b"data: one\n\n") + END
+    if apart:
+        await script.writes.put(EARLY_HINTS)
+        await script.writes.put(answer)
+    else:
+        await script.writes.put(EARLY_HINTS + answer)
+    await script.writes.put(None)
+    conn = await request(pool)
+    assert conn.status == 200 and conn.event_stream
+    assert (b"content-type", b"text/event-stream") in conn.headers
+    assert b"link" not in dict(conn.headers)
+    body = b""
+    while data := await conn.read():
+        body += data
+    assert body == b"data: one\n\n"
+    conn.release()
+    await script.writes.put(HEAD + chunk(b"data: two\n\n") + END)
+    await script.writes.put(None)
+    second = await request(pool)
+    assert await second.read_all() == b"data: two\n\n"
+    second.release()
+    assert script.requests == 2
+
+
 async def test_a_reused_connection_closed_before_any_byte_is_retried_once_on_a_fresh_one(
     server: tuple[Script, OriginPool],
 ) -> None:

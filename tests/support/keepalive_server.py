@@ -1,7 +1,7 @@
 """A server of the router's protocol with a short keep-alive, answering every request with a
-small 200 (after ``SLOW`` seconds for ``/slow``): ``python -m tests.support.keepalive_server
-KEEP_ALIVE``. For the keep-alive timer's tests (tests/router/test_keep_alive_e2e.py): the
-router itself keeps connections 75 s."""
+small 200 (after ``SLOW`` seconds for ``/slow``; before reading its body for ``/early``):
+``python -m tests.support.keepalive_server KEEP_ALIVE``. For the keep-alive timer's tests
+(tests/router/test_keep_alive_e2e.py): the router's own keep-alive is CLIENT_KEEP_ALIVE."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ SLOW = 1.0
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
-    while (await receive()).get("more_body"):
-        pass
+    if scope["path"] != "/early":  # (/early answers before its body is in, as a 401 does)
+        while (await receive()).get("more_body"):
+            pass
     if scope["path"] == "/slow":
         await asyncio.sleep(SLOW)
     body = b"ok"
