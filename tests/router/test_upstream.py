@@ -220,13 +220,13 @@ async def test_an_upstream_reset_while_diverted_reaches_read(
     assert pool.open_connections == 0
 
 
-async def test_a_stream_held_back_for_a_slow_reader_is_not_timed_out_as_idle(
-    server: tuple[Script, OriginPool],
-) -> None:
-    script, pool = server
-    big = b"x" * (300 * 1024)  # more than HIGH_WATER: the connection stops reading
+BIG = b"x" * (300 * 1024)  # more than HIGH_WATER: the connection stops reading
+
+
+async def backed_up(script: Script, pool: OriginPool, backlogged: list[bool]) -> Connection:
+    """A stream (idle timeout 0.2 s) whose engine sent ``BIG`` and whose reader has not read
+    it: the connection stopped reading. Each backlog report appends to ``backlogged``."""
     await script.writes.put(HEAD)
-    backlogged: list[bool] = []
     held_back = asyncio.Event()
     conn = await request(pool, Timeouts(connect=2.0, first_byte=5.0, idle=0.2))
 
@@ -235,16 +235,29 @@ async def test_a_stream_held_back_for_a_slow_reader_is_not_timed_out_as_idle(
         held_back.set()
 
     conn.on_backlog = on_backlog
-    await script.writes.put(chunk(big))  # (only now: the callback is in place before it comes)
+    await script.writes.put(chunk(BIG))  # (only now: the callback is in place before it comes)
     with anyio.fail_after(10):  # (300 KiB over loopback: however long a busy machine takes)
         await held_back.wait()
+    return conn
+
+
+async def read_big(conn: Connection) -> bytes:
+    received = b""
+    while len(received) < len(BIG):
+        received += await conn.read()
+    return received
+
+
+async def test_a_stream_held_back_for_a_slow_reader_is_not_timed_out_as_idle(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    backlogged: list[bool] = []
+    conn = await backed_up(script, pool, backlogged)
     # The reader (a slow client) takes three idle timeouts to come back: that silence is the
     # router's own, so the engine is not cut off for it. (Waiting is the point of this test.)
     await anyio.sleep(0.6)
-    received = b""
-    while len(received) < len(big):
-        received += await conn.read()
-    assert received == big
+    assert await read_big(conn) == BIG
     await script.writes.put(END)
     await script.writes.put(None)
     assert await conn.read() == b""
@@ -261,18 +274,9 @@ async def test_after_a_slow_reader_catches_up_the_engine_gets_a_whole_idle_timeo
     # a whole idle timeout old (found by review: the next byte, 0.15 s after the reader caught
     # up, was cut off as idle at 0.2 s).
     script, pool = server
-    big = b"x" * (300 * 1024)  # more than HIGH_WATER: the connection stops reading
-    await script.writes.put(HEAD)
-    held_back = asyncio.Event()
-    conn = await request(pool, Timeouts(connect=2.0, first_byte=5.0, idle=0.2))
-    conn.on_backlog = held_back.set
-    await script.writes.put(chunk(big))
-    with anyio.fail_after(10):
-        await held_back.wait()
+    conn = await backed_up(script, pool, [])
     await anyio.sleep(0.5)  # the reader is away for 2.5 idle timeouts (the time is the point)
-    received = b""
-    while len(received) < len(big):
-        received += await conn.read()
+    assert await read_big(conn) == BIG
     await anyio.sleep(0.15)  # the engine's next byte: inside one idle timeout of the catch-up
     await script.writes.put(chunk(b"next") + END)
     await script.writes.put(None)
