@@ -43,6 +43,7 @@ import httptools
 
 from router.errors import error_body
 from router.fastpath.lane import LaneCycle
+from router.timers import LazyTimer
 
 log = logging.getLogger("spec_router.protocol")
 
@@ -54,7 +55,6 @@ LANE_HOOK = "spec_router_lane"
 BODY_GRACE = 1.0  # lets the proxy's own 408 go first
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
-CLOCK_SLACK = 0.001  # a timer that fires this close to its deadline has reached it
 # After an error answer that ends the connection (400, 408, 431), how long it goes on reading
 # and dropping what the client still sends before it closes: closing a socket with unread
 # bytes sends a reset, which can destroy the answer before the client reads it (nginx's
@@ -140,13 +140,13 @@ class _DeadlineMixin:
     limit_concurrency: int | None
     root_path: str
     timeout_keep_alive: float
-    timeout_keep_alive_task: asyncio.TimerHandle | None
     timeout_keep_alive_handler: Callable[[], None]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._timer: asyncio.TimerHandle | None = None
-        self._due: float | None = None  # the deadline the timer is for (None: nothing due)
+        # the request's deadline (None: nothing due), and its one timer for the connection
+        self._due: float | None = None
+        self._timer = LazyTimer(self.loop, self._request_due, self._expired)
         self._woken = False  # the app was told its body's deadline passed
         self._started = 0.0  # when the request being received is due from (loop time)
         self._partial = False  # bytes of a request's head arrived, its headers are not complete
@@ -157,6 +157,7 @@ class _DeadlineMixin:
         self._linger: asyncio.TimerHandle | None = None
         self._running: list[Any] = []  # responses under way behind ``self.cycle`` (``_behind``)
         self._idle_since: float | None = None  # the last response ended, nothing came since
+        self._idle_timer = LazyTimer(self.loop, self._idle_due, self.timeout_keep_alive_handler)
 
     # -- uvicorn's protocol, extended -------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -180,11 +181,12 @@ class _DeadlineMixin:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        timers = (self._timer, self._linger, self.timeout_keep_alive_task)
-        for timer in timers:  # (a pending one keeps this protocol alive)
-            if timer is not None:
-                timer.cancel()
-        self._timer = self._linger = self.timeout_keep_alive_task = None
+        # (a pending timer keeps this protocol alive)
+        self._timer.cancel()
+        self._idle_timer.cancel()
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         self._idle_since = None
         for cycle in self._running:  # (see ``_behind``)
             if not cycle.response_complete:
@@ -194,17 +196,15 @@ class _DeadlineMixin:
         super().connection_lost(exc)  # type: ignore[misc]
 
     # -- the keep-alive timer, kept lazily -----------------------------------------------------
-    # uvicorn makes a keep-alive timer after every response and cancels it at the next read:
-    # a timer made and cancelled per request (the upstream side's two came to 2.7% of the
-    # router's samples at 256 streams). Here the connection keeps one, moved lazily as the
-    # request deadline is: a read marks the connection busy, a response's end marks it idle,
-    # and the timer, on firing, closes it only if it has been idle for the whole timeout.
+    # uvicorn makes a keep-alive timer after every response and cancels it at the next read: a
+    # timer made and cancelled per request. Here the connection keeps one (router.timers): a
+    # read marks the connection busy, a response's end marks it idle, and the timer closes it
+    # only once it has been idle for the whole keep-alive.
     def _unset_keepalive_if_required(self) -> None:
         self._idle_since = None
 
     def on_response_complete(self) -> None:
         if self.pipeline:  # uvicorn's starts the request pipelined behind: no timer there
-            self._idle_since = None
             super().on_response_complete()  # type: ignore[misc]
             return
         # (uvicorn's, but for the timer)
@@ -215,16 +215,15 @@ class _DeadlineMixin:
         self._mark_idle()
 
     def _mark_idle(self) -> None:
-        self._idle_since = self.loop.time()
-        if self.timeout_keep_alive_task is None:
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self._keep_alive_due
-            )
+        self._idle_since = now = self.loop.time()
+        self._idle_timer.arm(now + self.timeout_keep_alive)
 
-    def _keep_alive_due(self) -> None:
-        self.timeout_keep_alive_task = None
-        if self._lingering:  # (the linger's own timer ends it)
-            return
+    def _idle_due(self) -> float | None:
+        """When the keep-alive passes, as of now; None while a request is in progress (the
+        end of its response arms the timer again) or the connection is lingering (the linger's
+        own timer ends it)."""
+        if self._lingering:
+            return None
         since = self._idle_since
         if since is None:
             cycle = self.cycle
@@ -234,14 +233,10 @@ class _DeadlineMixin:
                 or self.pipeline
                 or (cycle is not None and not cycle.response_complete)
             ):
-                return  # busy: the end of its response arms it again
+                return None
             # bytes came that began no request (a stray CRLF): idle from now
             since = self._idle_since = self.loop.time()
-        left = since + self.timeout_keep_alive - self.loop.time()
-        if left > CLOCK_SLACK:  # a request came and went since it was armed
-            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_due)
-            return
-        self.timeout_keep_alive_handler()
+        return since + self.timeout_keep_alive
 
     def on_message_begin(self) -> None:
         super().on_message_begin()  # type: ignore[misc]
@@ -381,23 +376,17 @@ class _DeadlineMixin:
     # -- the deadline ---------------------------------------------------------------------------
     def _arm(self, when: float) -> None:
         self._due = when
-        timer = self._timer
-        if timer is None or timer.when() > when:
-            if timer is not None:
-                timer.cancel()
-            self._timer = self.loop.call_at(when, self._expired)
+        self._timer.arm(when)
 
     def _disarm(self) -> None:
         self._due = None  # a pending timer finds nothing due and ends
 
+    def _request_due(self) -> float | None:
+        return self._due
+
     def _expired(self) -> None:
-        self._timer = None
         due = self._due
-        if due is None:
-            return
-        if due - self.loop.time() > CLOCK_SLACK:  # armed for an earlier deadline, since moved
-            self._timer = self.loop.call_at(due, self._expired)
-            return
+        assert due is not None  # (the timer fires only on a deadline that passed)
         self._due = None
         transport = self.transport
         if transport is None or transport.is_closing() or self._lingering:

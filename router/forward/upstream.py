@@ -34,9 +34,10 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from router.timers import LazyTimer
+
 # Back-pressure: stop reading from the engine when this much body is waiting for a slow client.
 HIGH_WATER: Final = 256 * 1024
-CLOCK_SLACK: Final = 0.001  # a timer that fires this close to its deadline has reached it
 
 ErrorKind = Literal[
     "connect",
@@ -118,8 +119,7 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._body: deque[bytes] = deque()
         # One timer per connection, kept across its exchanges and moved lazily (_arm_timer).
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0  # when it fires (loop time)
+        self._timer = LazyTimer(self._loop, self._deadline, self._timed_out)
         self._reset_exchange()
 
     def _reset_exchange(self) -> None:
@@ -304,25 +304,13 @@ class Connection(asyncio.Protocol):
 
     def _arm_timer(self, delay: float, kind: ErrorKind) -> None:
         """Fail the exchange with ``kind`` after ``delay`` seconds: of silence for
-        ``idle_timeout`` (from the last byte read), else from now.
-
-        The connection keeps one timer across its exchanges and moves it lazily, as the
-        client side's deadline does (``router.fastpath.protocol``): a timer that would fire
-        no earlier than the new deadline is kept, and on firing finds the deadline moved and
-        re-arms. A kept-alive connection so arms no timer per request, where a timer per
-        deadline cost two timers made and cancelled per streamed request (about 2.7% of
-        the router's samples at 256 streams: ``bench/profile_router.py stream``)."""
-        now = self._loop.time()
+        ``idle_timeout`` (from the last byte read), else from now. The connection's one timer
+        (``router.timers.LazyTimer``) is kept across its exchanges: a kept-alive connection
+        makes no timer per request."""
         self._timing, self._delay = kind, delay
-        due = self._due = (self._last_activity if kind == "idle_timeout" else now) + delay
-        timer = self._timer
-        if timer is None or self._timer_at > due + CLOCK_SLACK:
-            if timer is not None:
-                timer.cancel()
-            # (the time kept here: uvloop hands back a plain Handle, with no when(), for a
-            # delay that rounds to 0 ms)
-            at = self._timer_at = max(due, now + CLOCK_SLACK)
-            self._timer = self._loop.call_at(at, self._on_timer)
+        start = self._last_activity if kind == "idle_timeout" else self._loop.time()
+        self._due = start + delay
+        self._timer.arm(self._due)
 
     def _cancel_timer(self) -> None:
         """Disarm: a pending timer finds nothing due and ends (``close`` cancels it)."""
@@ -330,31 +318,26 @@ class Connection(asyncio.Protocol):
 
     def _drop_timer(self) -> None:
         self._timing = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.cancel()
 
-    def _on_timer(self) -> None:
-        self._timer = None
+    def _deadline(self) -> float | None:
+        """When the exchange's deadline passes, as of now (the timer asks when it goes off)."""
         kind = self._timing
         if kind is None or self._complete or self._error is not None:
-            return
-        now = self._loop.time()
+            return None
         if kind == "idle_timeout":
             if self._paused:  # not reading for a slow client: the silence is ours, not the engine's
-                self._last_activity = now
-            due = self._last_activity + self._delay
-        else:
-            due = self._due
-        if due - now > CLOCK_SLACK:  # moved since it was armed, or silence broken since
-            self._timer_at = due
-            self._timer = self._loop.call_at(due, self._on_timer)
-            return
-        delay = self._delay
+                self._last_activity = self._loop.time()
+            return self._last_activity + self._delay
+        return self._due
+
+    def _timed_out(self) -> None:
+        kind = self._timing
+        assert kind is not None
         what = {"first_byte_timeout": "first byte", "total_timeout": "whole answer"}.get(
             kind, "next chunk"
         )
-        self._fail(kind, f"{self._pool.origin.url}: no {what} within {delay:g}s")
+        self._fail(kind, f"{self._pool.origin.url}: no {what} within {self._delay:g}s")
         self._abort()
 
     async def _wait(self) -> None:
