@@ -40,7 +40,7 @@ from router.control.models import list_models
 from router.control.status import status_document, workers_document
 from router.decide import table as tables
 from router.decide.snapshot import Decider
-from router.fastpath import STATUS_KEYS
+from router.fastpath import fast_path_status
 from router.fastpath.busypoll import SHARE_PERIOD, BusyPoll, ShareWatch
 from router.forward.admission import Admission
 from router.forward.proxy import Proxy
@@ -228,9 +228,7 @@ class RouterApp:
                 "slo": self.decider.status() if self.decider.policy == "slo" else None,
                 "queue": self.admission.status(),
                 "fast_path": (
-                    self.proxy.responders.status()
-                    if self.proxy is not None
-                    else dict.fromkeys(STATUS_KEYS, 0)
+                    self.proxy.responders.status() if self.proxy is not None else fast_path_status()
                 ),
                 "busy_poll": {
                     "window_us": self.settings.busy_poll_us,

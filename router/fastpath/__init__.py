@@ -10,6 +10,7 @@ from router.asgi import Receive, Send
 from router.fastpath.lane import LaneCycle
 from router.fastpath.responder import PlainResponder, Responder
 from router.fastpath.uvicorn import direct_send
+from router.forward.relay import RELAY_BUILT, relayed
 
 STATUS_KEYS = ("lane_responses", "direct_responses", "plain_responses")
 
@@ -40,5 +41,15 @@ class Responders:
         self.plain += 1
         return PlainResponder(receive, send, self._loop)
 
-    def status(self) -> dict[str, int]:
-        return dict(zip(STATUS_KEYS, (self.lane, self.direct, self.plain), strict=True))
+    def status(self) -> dict[str, int | bool]:
+        return fast_path_status((self.lane, self.direct, self.plain))
+
+
+def fast_path_status(counts: tuple[int, int, int] = (0, 0, 0)) -> dict[str, int | bool]:
+    """``/router/status``'s ``fast_path``: responses by responder (``STATUS_KEYS``), and the
+    reads of chunked streams that router.forward.relay's C relay wrote (none where it is not
+    built, ``raw_relay`` false: every read then goes the Python way)."""
+    status: dict[str, int | bool] = dict(zip(STATUS_KEYS, counts, strict=True))
+    status["raw_relay"] = RELAY_BUILT
+    status["raw_reads"] = relayed()
+    return status

@@ -22,10 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.errors import error_body
 from router.fastpath.responder import Sink, chunk_sink
+from router.forward.relay import Raw, raw_relay
+
+if TYPE_CHECKING:
+    from router.forward.stream import SseTap
 
 log = logging.getLogger("spec_router.lane")
 
@@ -208,6 +212,11 @@ class LaneCycle:
         if not (self.response_started and self.chunked_encoding and not self.response_complete):
             return None
         return chunk_sink(self.flow, self, self.transport, feed, first)
+
+    def body_relay(self, tap: SseTap | None) -> Raw | None:
+        if not (self.response_started and self.chunked_encoding and not self.response_complete):
+            return None
+        return raw_relay(self.flow, self, self.transport, tap)
 
     # -- framing ------------------------------------------------------------------------------
     def _write_messages(self, messages: list[dict[str, Any]]) -> None:

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.fastpath.responder import Sink, chunk_sink
+from router.forward.relay import Raw, raw_relay
+
+if TYPE_CHECKING:
+    from router.forward.stream import SseTap
 
 
 class DirectSend:
@@ -97,6 +101,11 @@ class DirectSend:
         if not self.chunked():
             return None
         return chunk_sink(self._flow, self._cycle, self._transport, feed, first)
+
+    def body_relay(self, tap: SseTap | None) -> Raw | None:
+        if not self.chunked():
+            return None
+        return raw_relay(self._flow, self._cycle, self._transport, tap)
 
 
 class _DisconnectEvent(asyncio.Event):

@@ -475,7 +475,7 @@ class Proxy:
             if not conn.has_body:
                 await _send_all(responder, [start])
                 pending = None
-                self._divert(conn, responder, feed, lease, out)
+                self._divert(conn, responder, tap, lease, out)
             while True:
                 data = await read()
                 if not data:
@@ -491,7 +491,7 @@ class Proxy:
                     chunk = {"type": "http.response.body", "body": data, "more_body": True}
                     await _send_all(responder, [*pending, chunk] if data else pending)
                     pending = None
-                    self._divert(conn, responder, feed, lease, out)
+                    self._divert(conn, responder, tap, lease, out)
                 elif data:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:
@@ -517,7 +517,7 @@ class Proxy:
         self,
         conn: Connection,
         responder: Responder,
-        feed: Callable[[bytes], bytes] | None,
+        tap: SseTap | BodyTap | None,
         lease: Lease,
         out: Outcome,
     ) -> None:
@@ -527,9 +527,11 @@ class Proxy:
         first = None
         if out.first_byte is None:
             first = functools.partial(self._first_bytes, out, lease.backend)
-        sink = responder.body_sink(feed, first)
+        sink = responder.body_sink(tap.feed if tap is not None else None, first)
         if sink is not None:
-            conn.divert(sink)
+            # the raw relay sees what an SseTap would (or, with no tap, nothing): not a BodyTap
+            raw = responder.body_relay(tap) if tap is None or isinstance(tap, SseTap) else None
+            conn.divert(sink, raw)
 
     async def _break_stream(self, send: Send, exc: UpstreamError, is_sse: bool) -> None:
         """The backend failed after the response started: the client must see a broken stream."""

@@ -118,6 +118,11 @@ class SseTap:
         self._held = b""  # (stripping) a finish event, until the event after it is seen
         self._gave_up = False
 
+    @property
+    def strips_usage(self) -> bool:
+        """It removes the usage event the router asked for (and holds finish events for it)."""
+        return self._strip
+
     def feed(self, data: bytes) -> bytes:
         if self._gave_up:
             return data

@@ -7,15 +7,19 @@ which bytes arrive in which read.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import anyio
+import httptools
 import pytest
 
 from router.forward.upstream import Connection, Origin, OriginPool, Timeouts, UpstreamError
 from tests.support.bulk_upstream import HEAD, chunk
 from tests.support.threaded import read_request
+from tests.support.transport import KeptTransport
 
 pytestmark = pytest.mark.anyio
 
@@ -143,6 +147,105 @@ async def test_a_diverted_body_goes_to_the_sink_one_call_per_read_and_the_end_to
     assert seen == [b"ab", b"c"]
     conn.release()
     assert pool.idle_connections == 1  # read to the end: kept for the next request
+
+
+async def test_reads_at_a_chunk_start_go_out_raw_and_the_rest_through_the_sink(
+    server: tuple[Script, OriginPool],
+) -> None:
+    """router.forward.relay's raw writer is offered a read only from the sink's first bytes on,
+    and only where the last read ended at a chunk's end: a read that starts mid-chunk, or
+    after a cut size line, goes through the parser. The client gets every byte once, in order."""
+    from router.forward._relay import Relay  # (tests/unit/test_relay.py fails if it is not built)
+
+    script, pool = server
+    await script.writes.put(HEAD + chunk(b"first"))
+    conn = await request(pool)
+    assert await conn.read() == b"first"
+    client = KeptTransport()
+    relay = Relay(SimpleNamespace(write_paused=False), SimpleNamespace(disconnected=False),
+                  client, None, False)  # fmt: skip
+    raw_reads: list[bytes] = []
+
+    def raw(data: bytes) -> bool:
+        taken = relay.raw(data)
+        if taken:
+            raw_reads.append(data)
+        return taken
+
+    def sink(data: bytes) -> bool:
+        client.write(chunk(data))
+        return True
+
+    conn.divert(sink, raw)
+    writes = [
+        chunk(b"a"),  # the sink's first bytes: not raw
+        chunk(b"b") + chunk(b"c"),  # raw
+        chunk(b"dddd")[:5],  # cut inside the payload: raw declines
+        chunk(b"dddd")[5:] + b"1",  # starts mid-chunk: the parser; ends in a cut size line
+        b"\r\ne\r\n",  # the parser (the size line's end)
+        chunk(b"f"),  # raw again
+    ]
+    for writes_before, data in enumerate(writes):  # (each write reaches the client at once)
+        await script.writes.put(data)
+        await until(functools.partial(grown, client.written, writes_before))
+    await script.writes.put(chunk(b"last") + END)
+    await script.writes.put(None)
+    assert await conn.read() == b"last"
+    assert raw_reads == [chunk(b"b") + chunk(b"c"), chunk(b"f")]
+    assert b"".join(dechunk(w) for w in client.written) == b"abcddddef"
+    assert await conn.read() == b""
+    conn.release()
+    assert pool.idle_connections == 1
+
+
+async def test_bytes_after_the_last_chunk_never_go_out_raw(
+    server: tuple[Script, OriginPool],
+) -> None:
+    """The last chunk completes a chunk too: what an engine writes after it is the parser's to
+    refuse (the connection is dropped), not the raw writer's to send ahead of the end."""
+    from router.forward._relay import Relay
+
+    script, pool = server
+    await script.writes.put(HEAD + chunk(b"first"))
+    conn = await request(pool)
+    assert await conn.read() == b"first"
+    client = KeptTransport()
+    relay = Relay(SimpleNamespace(write_paused=False), SimpleNamespace(disconnected=False),
+                  client, None, False)  # fmt: skip
+
+    def sink(data: bytes) -> bool:
+        client.write(chunk(data))
+        return True
+
+    conn.divert(sink, relay.raw)
+    await script.writes.put(chunk(b"a\n\n"))
+    await until(lambda: client.written)
+    await script.writes.put(chunk(b"b\n\n"))  # raw
+    await until(lambda: len(client.written) == 2)
+    await script.writes.put(chunk(b"last\n\n") + END)
+    await until(lambda: conn.has_body)  # the end came: its bytes wait for read()
+    await script.writes.put(chunk(b"junk after the end\n\n"))
+    await until(lambda: pool.open_connections == 0)  # the parser refused it: dropped
+    assert b"junk" not in b"".join(client.written)
+    assert await conn.read() == b"last\n\n"  # the response itself was whole
+    assert await conn.read() == b""
+    conn.release()
+    assert pool.idle_connections == 0
+
+
+def grown(written: list[bytes], before: int) -> bool:
+    return len(written) > before
+
+
+def dechunk(data: bytes) -> bytes:
+    parser = httptools.HttpResponseParser(parts := Parts())
+    parser.feed_data(HEAD + data + END)
+    return b"".join(parts)
+
+
+class Parts(list[bytes]):
+    def on_body(self, body: bytes) -> None:
+        self.append(body)
 
 
 async def test_a_declining_sink_hands_the_rest_back_to_read_without_loss(
