@@ -18,7 +18,7 @@ from typing import Any
 
 import uvicorn
 
-from router.fastpath.protocol import http_protocol
+from router.fastpath.protocol import CLIENT_KEEP_ALIVE, http_protocol
 
 LISTENING_PREFIX = "spec-router: listening on "
 
@@ -47,7 +47,7 @@ def uvicorn_config(
     access_log: bool = False,
     graceful_shutdown: float | None = 30.0,
     http: str = "httptools",
-    keep_alive: float = 75.0,
+    keep_alive: float = CLIENT_KEEP_ALIVE,
     request_timeout: float | None = None,
 ) -> uvicorn.Config:
     """``request_timeout``: under httptools, a deadline for each request's headers
@@ -113,7 +113,7 @@ def run(
     http: str = "httptools",
     graceful_shutdown: float | None = 30.0,
     request_timeout: float | None = None,
-    keep_alive: float = 75.0,
+    keep_alive: float = CLIENT_KEEP_ALIVE,
 ) -> int:
     """Serve ``app`` until SIGINT/SIGTERM; returns a process exit code."""
     try:

@@ -24,6 +24,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from router.fastpath.protocol import CLIENT_KEEP_ALIVE
 from router.forward.upstream import Origin
 from router.pools import SPECULATIVE, Pool
 
@@ -121,7 +122,7 @@ class Settings(BaseSettings):
     # How long a client's connection is kept open with no request on it. Behind a load balancer
     # it must outlast the balancer's own idle timeout, or the balancer may send a request on a
     # connection the router is closing (a 502 to its client).
-    client_keep_alive: float = Field(default=75.0, gt=0)
+    client_keep_alive: float = Field(default=CLIENT_KEEP_ALIVE, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     # Microseconds the event loop keeps polling after activity before it may sleep (0: never
     # spins). Saves ~0.1 ms per request at low load for CPU just after activity (busypoll.py).

@@ -383,7 +383,7 @@ async def test_flapping_backend_does_not_flip_on_every_probe(
         assert app.health.states[spec.url].state is State.HEALTHY
 
 
-def settled_on(router_url: str, total: int) -> Callable[[], bool]:
+def settled_on(router_url: str, total: int) -> Callable[[], Settled]:
     """A ``wait_for`` check: the router's load over all backends is ``total``, and each
     backend's load is what its engine reported at the router's last scrape: the engines report
     every stream, and its own recent ones no longer count on top (ENGINE_GAUGE_LAG). (The
@@ -391,15 +391,32 @@ def settled_on(router_url: str, total: int) -> Callable[[], bool]:
     on a loaded machine the sim's gauge, which lags by decode steps, may then still miss it
     once that allowance has run out, and the next decision see one request fewer.)"""
 
-    def check() -> bool:
+    def check() -> Settled:
         backends = [b for p in router_status(router_url)["pools"].values() for b in p["backends"]]
         reported = all(
             b["engine"] is not None and b["engine"]["running"] + b["engine"]["queued"] == b["load"]
             for b in backends
         )
-        return reported and sum(b["load"] for b in backends) == total
+        loads = {
+            b["url"]: (b["load"], b["engine"] and b["engine"]["running"] + b["engine"]["queued"])
+            for b in backends
+        }
+        return Settled(reported and sum(b["load"] for b in backends) == total, total, loads)
 
     return check
+
+
+@dataclass
+class Settled:
+    """``settled_on``'s answer: true once settled; else what a failed wait shows, per backend
+    (the router's load, the engine's running + queued)."""
+
+    ok: bool
+    total: int
+    loads: dict[str, tuple[int, int | None]]
+
+    def __bool__(self) -> bool:
+        return self.ok
 
 
 async def test_engine_load_signal_makes_two_routers_agree(
