@@ -29,7 +29,7 @@ from router.fastpath.responder import Sink, chunk_sink
 from router.forward.relay import Raw, raw_relay
 
 if TYPE_CHECKING:
-    from router.forward.stream import SseTap
+    from router.forward.stream import BodyTap, SseTap
 
 log = logging.getLogger("spec_router.lane")
 
@@ -213,7 +213,7 @@ class LaneCycle:
             return None
         return chunk_sink(self.flow, self, self.transport, feed, first)
 
-    def body_relay(self, tap: SseTap | None) -> Raw | None:
+    def body_relay(self, tap: SseTap | BodyTap | None) -> Raw | None:
         if not (self.response_started and self.chunked_encoding and not self.response_complete):
             return None
         return raw_relay(self.flow, self, self.transport, tap)

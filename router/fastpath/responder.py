@@ -17,7 +17,7 @@ from router.asgi import Receive, Send
 from router.forward.relay import Raw
 
 if TYPE_CHECKING:
-    from router.forward.stream import SseTap
+    from router.forward.stream import BodyTap, SseTap
 
 # Takes body bytes from the upstream's socket callback. Returns True once it has written them
 # (what its ``feed`` made of them) to the client, or False, having consumed nothing, when the
@@ -71,10 +71,10 @@ class Responder(Protocol):
         response has started: each call's bytes through ``feed`` (when given), framed as one
         chunk; ``first`` (when given) is called once, before the first bytes it takes."""
 
-    def body_relay(self, tap: SseTap | None) -> Raw | None:
+    def body_relay(self, tap: SseTap | BodyTap | None) -> Raw | None:
         """Where ``body_sink`` gives a ``Sink``: ``router.forward.relay``'s writer of the
         engine's own chunked bytes, for the reads ``tap`` (an ``SseTap`` or None) would pass
-        unchanged, when the extension is built."""
+        unchanged, when the extension is built (never for a ``BodyTap``)."""
 
 
 class PlainResponder:
@@ -105,7 +105,7 @@ class PlainResponder:
     ) -> Sink | None:
         return None
 
-    def body_relay(self, tap: SseTap | None) -> Raw | None:
+    def body_relay(self, tap: SseTap | BodyTap | None) -> Raw | None:
         return None
 
 

@@ -15,7 +15,7 @@ from router.fastpath.responder import Sink, chunk_sink
 from router.forward.relay import Raw, raw_relay
 
 if TYPE_CHECKING:
-    from router.forward.stream import SseTap
+    from router.forward.stream import BodyTap, SseTap
 
 
 class DirectSend:
@@ -102,7 +102,7 @@ class DirectSend:
             return None
         return chunk_sink(self._flow, self._cycle, self._transport, feed, first)
 
-    def body_relay(self, tap: SseTap | None) -> Raw | None:
+    def body_relay(self, tap: SseTap | BodyTap | None) -> Raw | None:
         if not self.chunked():
             return None
         return raw_relay(self._flow, self._cycle, self._transport, tap)

@@ -134,9 +134,11 @@ plain_chunks(const char *data, Py_ssize_t len, int check, int strip)
     return 1;
 }
 
-/* 1: the tap holds nothing (or has given up: *check = 0); 0: it holds something; -1: error */
+/* 1: the tap holds nothing (or has given up: *check = 0); 0: it holds something, or is not
+   the SseTap this was written against (an attribute renamed: the Python path takes every read,
+   and /router/status shows no raw reads); -1: error */
 static int
-tap_idle(PyObject *tap, int *check)
+tap_idle_(PyObject *tap, int *check)
 {
     *check = 0;
     if (tap == Py_None)
@@ -152,6 +154,17 @@ tap_idle(PyObject *tap, int *check)
     r = rename == Py_None;
     Py_DECREF(rename);
     *check = 1;
+    return r;
+}
+
+static int
+tap_idle(PyObject *tap, int *check)
+{
+    int r = tap_idle_(tap, check);
+    if (r < 0 && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        return 0;
+    }
     return r;
 }
 

@@ -529,9 +529,7 @@ class Proxy:
             first = functools.partial(self._first_bytes, out, lease.backend)
         sink = responder.body_sink(tap.feed if tap is not None else None, first)
         if sink is not None:
-            # the raw relay sees what an SseTap would (or, with no tap, nothing): not a BodyTap
-            raw = responder.body_relay(tap) if tap is None or isinstance(tap, SseTap) else None
-            conn.divert(sink, raw)
+            conn.divert(sink, responder.body_relay(tap))
 
     async def _break_stream(self, send: Send, exc: UpstreamError, is_sse: bool) -> None:
         """The backend failed after the response started: the client must see a broken stream."""

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from router.forward.stream import BodyTap, SseTap
+
 if TYPE_CHECKING:
     from router.forward._relay import Relay
-    from router.forward.stream import SseTap
 
 Raw = Callable[[bytes], bool]
 
@@ -33,9 +34,12 @@ except ImportError:  # no compiler where it was installed: the Python path does 
 RELAY_BUILT = _Relay is not None
 
 
-def raw_relay(flow: Any, cycle: Any, transport: Any, tap: SseTap | None) -> Raw | None:
-    """``Relay.raw`` for a response under way, or None where the extension is not built."""
-    if _Relay is None:
+def raw_relay(
+    flow: Any, cycle: Any, transport: Any, tap: SseTap | BodyTap | None
+) -> Raw | None:
+    """``Relay.raw`` for a response under way, or None: where the extension is not built, and
+    for a ``BodyTap`` (a whole body kept for its usage: it must see every byte)."""
+    if _Relay is None or not (tap is None or type(tap) is SseTap):
         return None
     raw: Raw = _Relay(flow, cycle, transport, tap, tap is not None and tap.strips_usage).raw
     return raw

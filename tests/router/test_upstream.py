@@ -198,6 +198,88 @@ async def test_reads_at_a_chunk_start_go_out_raw_and_the_rest_through_the_sink(
     assert pool.idle_connections == 1
 
 
+def raw_client() -> tuple[KeptTransport, SimpleNamespace, Callable[[bytes], bool]]:
+    """A client transport, its flow (``write_paused``), and the C relay's raw writer to it."""
+    from router.forward._relay import Relay
+
+    client, flow = KeptTransport(), SimpleNamespace(write_paused=False)
+    return client, flow, Relay(flow, SimpleNamespace(disconnected=False), client, None).raw
+
+
+def framing_sink(client: KeptTransport, flow: SimpleNamespace) -> Callable[[bytes], bool]:
+    def sink(data: bytes) -> bool:
+        if flow.write_paused:
+            return False
+        client.write(chunk(data))
+        return True
+
+    return sink
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        # a chunk's payload that looks like a whole chunk: "3\r\nabc\r\n" inside a 9-byte one
+        [b"9\r\nX", b"3\r\nabc\r\n", b"\r\n" + chunk(b"q")],
+        # a read that ends in a size line's first digit, then one that looks like two chunks
+        [chunk(b"AB") + b"1", b"1\r\nx\r\nb\r\n0123456789A\r\n"],
+        # a read that ends in a newline inside a payload, then the payload's rest
+        [b"9\r\nXY\n", b"1\r\nb\r\n", b"\r\n" + chunk(b"q")],
+    ],
+    ids=["payload-like-a-chunk", "cut-size-line", "newline-inside-a-payload"],
+)
+async def test_a_read_that_does_not_start_at_a_chunk_never_goes_out_raw(
+    server: tuple[Script, OriginPool], reads: list[bytes]
+) -> None:
+    """Each read here is whole chunks to look at, but does not start at one: sent raw, it
+    would reach the client as other bytes than the engine's."""
+    script, pool = server
+    await script.writes.put(HEAD + chunk(b"first"))
+    conn = await request(pool)
+    assert await conn.read() == b"first"
+    client, flow, raw = raw_client()
+    conn.divert(framing_sink(client, flow), raw)
+    sent = [chunk(b"a"), *reads]  # (the sink's first bytes: from there on raw is offered)
+    for writes_before, data in enumerate(sent):  # (each read makes one write to the client)
+        await script.writes.put(data)
+        await until(functools.partial(grown, client.written, writes_before))
+    await script.writes.put(END)
+    await script.writes.put(None)
+    assert await conn.read() == b""
+    # what the engine sent, as a body: what the client got
+    assert b"".join(dechunk(w) for w in client.written) == dechunk(b"".join(sent))
+    conn.release()
+
+
+async def test_a_declined_read_stops_the_raw_writer_too(server: tuple[Script, OriginPool]) -> None:
+    """Once the sink declines (a slow client), the rest is read()'s, in order: the raw writer
+    must not send a later read ahead of the bytes waiting for it."""
+    script, pool = server
+    await script.writes.put(HEAD + chunk(b"first"))
+    conn = await request(pool)
+    assert await conn.read() == b"first"
+    client, flow, raw = raw_client()
+    conn.divert(framing_sink(client, flow), raw)
+    await script.writes.put(chunk(b"a"))  # the sink
+    await until(lambda: len(client.written) == 1)
+    await script.writes.put(chunk(b"b"))  # raw
+    await until(lambda: len(client.written) == 2)
+    flow.write_paused = True
+    await script.writes.put(chunk(b"c"))  # declined: left for read()
+    await until(lambda: conn.has_body)
+    flow.write_paused = False  # the client drains
+    assert await conn.read() == b"c"
+    await script.writes.put(chunk(b"d"))  # starts at a chunk, and the client could take it
+    reading = asyncio.ensure_future(conn.read())
+    await until(lambda: reading.done() or len(client.written) > 2)
+    assert client.written == [chunk(b"a"), chunk(b"b")]  # nothing raw since the decline
+    assert reading.done() and reading.result() == b"d"
+    await script.writes.put(END)
+    await script.writes.put(None)
+    assert await conn.read() == b""
+    conn.release()
+
+
 async def test_bytes_after_the_last_chunk_never_go_out_raw(
     server: tuple[Script, OriginPool],
 ) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from router.fastpath.lane import LaneCycle
+from router.forward.stream import BodyTap, SseTap
 from tests.support.transport import KeptTransport
 
 
@@ -66,10 +67,22 @@ def test_a_stream_is_chunked_and_ends_with_the_last_chunk() -> None:
     assert not cycle.response_complete and done == []
     sink = cycle.body_sink(None, None)
     assert sink is not None and sink(b"xyz")
+    # the C relay's writer: for an SSE tap or none, never for a body kept whole for its usage
+    raw = cycle.body_relay(SseTap(strip_usage=True))
+    assert raw is not None and raw(b"4\r\nu\n\n\n\r\n") and cycle.body_relay(None) is not None
+    assert cycle.body_relay(BodyTap()) is None
     run(cycle.send(body(b"", False)))
-    assert transport.written[1:] == [b"3\r\nxyz\r\n", b"0\r\n\r\n"]
+    assert transport.written[1:] == [b"3\r\nxyz\r\n", b"4\r\nu\n\n\n\r\n", b"0\r\n\r\n"]
     assert cycle.response_complete and done == [1]
     assert cycle.body_sink(None, None) is None  # nothing more to add to
+    assert cycle.body_relay(None) is None
+
+
+def test_no_raw_writer_before_a_chunked_response_starts() -> None:
+    cycle, _, _ = lane()
+    assert cycle.body_relay(None) is None  # not started
+    run(cycle.send_all([start(200, (b"content-length", b"4")), body(b"ab", True)]))
+    assert cycle.body_relay(None) is None  # a length, not chunks
 
 
 def test_without_keep_alive_the_answer_says_so_and_the_connection_closes() -> None:

@@ -210,3 +210,12 @@ def test_a_failing_write_raises_and_only_bytes_are_taken_raw() -> None:
     assert relay.raw(bytearray(READ)) is False  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="not called"):
         Relay.__new__(Relay).raw(READ)
+
+
+def test_a_tap_it_does_not_know_sends_every_read_the_python_way() -> None:
+    """An SseTap whose fields were renamed (the C side reads them by name): no raw writes,
+    and no failure either (``/router/status``'s raw_reads stays flat, and shows it)."""
+    client = SimpleNamespace(flow=SimpleNamespace(write_paused=False), disconnected=False)
+    transport = KeptTransport()
+    relay = Relay(client.flow, client, transport, SimpleNamespace(renamed=True), True)
+    assert relay.raw(READ) is False and transport.written == []
