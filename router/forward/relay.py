@@ -34,9 +34,7 @@ except ImportError:  # no compiler where it was installed: the Python path does 
 RELAY_BUILT = _Relay is not None
 
 
-def raw_relay(
-    flow: Any, cycle: Any, transport: Any, tap: SseTap | BodyTap | None
-) -> Raw | None:
+def raw_relay(flow: Any, cycle: Any, transport: Any, tap: SseTap | BodyTap | None) -> Raw | None:
     """``Relay.raw`` for a response under way, or None: where the extension is not built, and
     for a ``BodyTap`` (a whole body kept for its usage: it must see every byte)."""
     if _Relay is None or not (tap is None or type(tap) is SseTap):
