@@ -209,14 +209,18 @@ class LaneCycle:
     def body_sink(
         self, feed: Callable[[bytes], bytes] | None, first: Callable[[], None] | None
     ) -> Sink | None:
-        if not (self.response_started and self.chunked_encoding and not self.response_complete):
+        if not self._chunked_under_way():
             return None
         return chunk_sink(self.flow, self, self.transport, feed, first)
 
     def body_relay(self, tap: SseTap | BodyTap | None) -> Raw | None:
-        if not (self.response_started and self.chunked_encoding and not self.response_complete):
+        if not self._chunked_under_way():
             return None
         return raw_relay(self.flow, self, self.transport, tap)
+
+    def _chunked_under_way(self) -> bool:
+        """A chunked body has started and not ended: one a sink may add to."""
+        return self.response_started and self.chunked_encoding and not self.response_complete
 
     # -- framing ------------------------------------------------------------------------------
     def _write_messages(self, messages: list[dict[str, Any]]) -> None:

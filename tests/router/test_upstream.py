@@ -18,21 +18,11 @@ import pytest
 
 from router.forward.upstream import Connection, Origin, OriginPool, Timeouts, UpstreamError
 from tests.support.bulk_upstream import HEAD, chunk
+from tests.support.loops import on_both_loops  # noqa: F401 (the fixture)
 from tests.support.threaded import read_request
 from tests.support.transport import KeptTransport
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        # the router's own loop: its timers and transports are uvloop's
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
-    return request.param  # type: ignore[no-any-return]
 
 
 TIMEOUTS = Timeouts(connect=2.0, first_byte=5.0, idle=5.0)
@@ -155,28 +145,9 @@ async def test_reads_at_a_chunk_start_go_out_raw_and_the_rest_through_the_sink(
     """router.forward.relay's raw writer is offered a read only from the sink's first bytes on,
     and only where the last read ended at a chunk's end: a read that starts mid-chunk, or
     after a cut size line, goes through the parser. The client gets every byte once, in order."""
-    from router.forward._relay import Relay  # (tests/unit/test_relay.py fails if it is not built)
-
     script, pool = server
-    await script.writes.put(HEAD + chunk(b"first"))
-    conn = await request(pool)
-    assert await conn.read() == b"first"
-    client = KeptTransport()
-    relay = Relay(SimpleNamespace(write_paused=False), SimpleNamespace(disconnected=False),
-                  client, None, False)  # fmt: skip
     raw_reads: list[bytes] = []
-
-    def raw(data: bytes) -> bool:
-        taken = relay.raw(data)
-        if taken:
-            raw_reads.append(data)
-        return taken
-
-    def sink(data: bytes) -> bool:
-        client.write(chunk(data))
-        return True
-
-    conn.divert(sink, raw)
+    conn, client, _ = await raw_diverted(script, pool, raw_reads)
     writes = [
         chunk(b"a"),  # the sink's first bytes: not raw
         chunk(b"b") + chunk(b"c"),  # raw
@@ -198,22 +169,35 @@ async def test_reads_at_a_chunk_start_go_out_raw_and_the_rest_through_the_sink(
     assert pool.idle_connections == 1
 
 
-def raw_client() -> tuple[KeptTransport, SimpleNamespace, Callable[[bytes], bool]]:
-    """A client transport, its flow (``write_paused``), and the C relay's raw writer to it."""
-    from router.forward._relay import Relay
+async def raw_diverted(
+    script: Script, pool: OriginPool, taken: list[bytes] | None = None
+) -> tuple[Connection, KeptTransport, SimpleNamespace]:
+    """A stream whose first chunk was read, then diverted to a sink that frames each call's
+    bytes as a chunk on a client transport and to the C relay's raw writer to that transport
+    (``taken``: each read the raw writer wrote). Returns the connection, the client transport,
+    and its flow (``write_paused`` makes both decline)."""
+    from router.forward._relay import Relay  # (tests/unit/test_relay.py fails if it is not built)
 
+    await script.writes.put(HEAD + chunk(b"first"))
+    conn = await request(pool)
+    assert await conn.read() == b"first"
     client, flow = KeptTransport(), SimpleNamespace(write_paused=False)
-    return client, flow, Relay(flow, SimpleNamespace(disconnected=False), client, None).raw
+    relay = Relay(flow, SimpleNamespace(disconnected=False), client, None)
 
-
-def framing_sink(client: KeptTransport, flow: SimpleNamespace) -> Callable[[bytes], bool]:
     def sink(data: bytes) -> bool:
         if flow.write_paused:
             return False
         client.write(chunk(data))
         return True
 
-    return sink
+    def raw(data: bytes) -> bool:
+        wrote = relay.raw(data)
+        if wrote and taken is not None:
+            taken.append(data)
+        return wrote
+
+    conn.divert(sink, raw)
+    return conn, client, flow
 
 
 @pytest.mark.parametrize(
@@ -234,11 +218,7 @@ async def test_a_read_that_does_not_start_at_a_chunk_never_goes_out_raw(
     """Each read here is whole chunks to look at, but does not start at one: sent raw, it
     would reach the client as other bytes than the engine's."""
     script, pool = server
-    await script.writes.put(HEAD + chunk(b"first"))
-    conn = await request(pool)
-    assert await conn.read() == b"first"
-    client, flow, raw = raw_client()
-    conn.divert(framing_sink(client, flow), raw)
+    conn, client, _ = await raw_diverted(script, pool)
     sent = [chunk(b"a"), *reads]  # (the sink's first bytes: from there on raw is offered)
     for writes_before, data in enumerate(sent):  # (each read makes one write to the client)
         await script.writes.put(data)
@@ -255,11 +235,7 @@ async def test_a_declined_read_stops_the_raw_writer_too(server: tuple[Script, Or
     """Once the sink declines (a slow client), the rest is read()'s, in order: the raw writer
     must not send a later read ahead of the bytes waiting for it."""
     script, pool = server
-    await script.writes.put(HEAD + chunk(b"first"))
-    conn = await request(pool)
-    assert await conn.read() == b"first"
-    client, flow, raw = raw_client()
-    conn.divert(framing_sink(client, flow), raw)
+    conn, client, flow = await raw_diverted(script, pool)
     await script.writes.put(chunk(b"a"))  # the sink
     await until(lambda: len(client.written) == 1)
     await script.writes.put(chunk(b"b"))  # raw
@@ -285,21 +261,8 @@ async def test_bytes_after_the_last_chunk_never_go_out_raw(
 ) -> None:
     """The last chunk completes a chunk too: what an engine writes after it is the parser's to
     refuse (the connection is dropped), not the raw writer's to send ahead of the end."""
-    from router.forward._relay import Relay
-
     script, pool = server
-    await script.writes.put(HEAD + chunk(b"first"))
-    conn = await request(pool)
-    assert await conn.read() == b"first"
-    client = KeptTransport()
-    relay = Relay(SimpleNamespace(write_paused=False), SimpleNamespace(disconnected=False),
-                  client, None, False)  # fmt: skip
-
-    def sink(data: bytes) -> bool:
-        client.write(chunk(data))
-        return True
-
-    conn.divert(sink, relay.raw)
+    conn, client, _ = await raw_diverted(script, pool)
     await script.writes.put(chunk(b"a\n\n"))
     await until(lambda: client.written)
     await script.writes.put(chunk(b"b\n\n"))  # raw

@@ -10,18 +10,9 @@ import anyio
 import pytest
 
 from router.timers import LazyTimer
+from tests.support.loops import on_both_loops  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
-    return request.param  # type: ignore[no-any-return]
 
 
 class Owner:
