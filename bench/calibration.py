@@ -114,7 +114,9 @@ def calibrate_args(case: Case, spec: str, base: str) -> list[str]:
 
 
 @dataclass
-class Outcome:
+class CaseRun:
+    """One calibration case as run: the table it gave and how the run went."""
+
     case: Case
     table: Table
     seconds: float
@@ -136,7 +138,7 @@ class Outcome:
         (RESULTS / f"{self.case.stem}.run.json").write_text(json.dumps(run, indent=2) + "\n")
 
     @classmethod
-    def load(cls, case: Case) -> Outcome | None:
+    def load(cls, case: Case) -> CaseRun | None:
         try:
             run = json.loads((RESULTS / f"{case.stem}.run.json").read_text())
             table = from_json(json.loads((RESULTS / f"{case.stem}.json").read_text()))
@@ -157,7 +159,7 @@ class Outcome:
         return whole is not None and abs(self.table.crossover - whole) <= 1
 
 
-def run_case(case: Case) -> Outcome:
+def run_case(case: Case) -> CaseRun:
     spec = start_sim("eagle3", case.scale, 1)
     spec_url = spec.url
     try:
@@ -189,10 +191,10 @@ def run_case(case: Case) -> Outcome:
     shown = shown.replace(spec_url, "$SPEC").replace(base_url, "$BASE")
     table = from_json(json.loads((RESULTS / f"{case.stem}.json").read_text()))
     analytic = crossover(EAGLE3, BASELINE, case.prompt, case.output)
-    return Outcome(case, table, seconds, analytic, shown, retried)
+    return CaseRun(case, table, seconds, analytic, shown, retried)
 
 
-def points_table(o: Outcome) -> list[str]:
+def points_table(o: CaseRun) -> list[str]:
     c = o.case
     lines = [
         "| c | speculative measured | model | baseline measured | model | speculative total "
@@ -223,7 +225,7 @@ def excerpt(table: Table) -> str:
     return json.dumps(raw, indent=2)
 
 
-def report(outcomes: list[Outcome]) -> str:
+def report(outcomes: list[CaseRun]) -> str:
     lines = [
         "# Calibration against the simulated engines",
         "",
@@ -344,7 +346,7 @@ def report(outcomes: list[Outcome]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure(case: Case) -> Outcome:
+def measure(case: Case) -> CaseRun:
     """Run a case until the calibrator flags no level as doubtful (at most ``ATTEMPTS``)."""
     o = run_case(case)
     for attempt in range(2, ATTEMPTS + 1):
@@ -385,7 +387,7 @@ def main() -> int:
             print(f"== {case.name} ==", file=sys.stderr, flush=True)
             measure(case).save()
     # The report holds every case with results on disk, however many runs made them.
-    outcomes = [o for o in map(Outcome.load, known) if o is not None]
+    outcomes = [o for o in map(CaseRun.load, known) if o is not None]
     args.out.write_text(report(outcomes))
     print(f"report written to {args.out}", file=sys.stderr)
     return 0 if all(o.ok for o in outcomes) else 1

@@ -1,4 +1,5 @@
-"""ASGI type aliases, shared by the router's raw ASGI handlers and the sims."""
+"""ASGI type aliases and the client's disconnect, shared by the router's raw ASGI handlers and
+the sims."""
 
 from __future__ import annotations
 
@@ -9,3 +10,8 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+
+class ClientGone(Exception):
+    """The client disconnected (``http.disconnect``, or ``send`` failed): nothing more can be
+    sent to it."""

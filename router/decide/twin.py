@@ -81,7 +81,9 @@ class Stream(NamedTuple):
     slo_tpot: float
 
 
-class Outcome(NamedTuple):
+class Predicted(NamedTuple):
+    """What ``simulate`` predicts for the requests at a backend (and one added there)."""
+
     strict: float  # requests expected to meet their SLO, of all simulated
     relaxed: float  # ... to meet the relaxed tier
     ttft: float  # the added request's (model seconds; 0 without one)
@@ -204,7 +206,7 @@ def simulate(
     stretch: float = 1.0,
     decoding: list[tuple[float, _Req]] | None = None,
     group: int = 1,
-) -> Outcome:
+) -> Predicted:
     """Run the backend forward from now until every request has finished: those in flight,
     ``extra`` (sent now), and the ``stream``'s arrivals until ``horizon`` (by default, until
     ``extra`` finishes; none without either).
@@ -340,7 +342,7 @@ def simulate(
             waiting.append(r)
             next_arrival += gap
     ttft = added.first if added is not None and not math.isnan(added.first) else 0.0
-    return Outcome(strict, relaxed, ttft, tpot, end, biggest, own, slowness)
+    return Predicted(strict, relaxed, ttft, tpot, end, biggest, own, slowness)
 
 
 class Held(NamedTuple):
@@ -385,7 +387,7 @@ class Placement(NamedTuple):
     tpot: float
     batch: int  # the largest batch the simulation with it ran
     # what it adds to the time per output token (over their SLOs') of the requests there now,
-    # its own included (``Outcome.slowness``)
+    # its own included (``Predicted.slowness``)
     slowness: float = 0.0
 
 

@@ -14,12 +14,10 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
+from router.errors import QueueFull
+
 # What ``meter`` is told: a place taken (+1) or given back (-1) as "queued", and each way out.
 Meter = Callable[[str, int], None]
-
-
-class QueueFull(Exception):
-    pass
 
 
 class Admission:
@@ -39,14 +37,15 @@ class Admission:
     def enabled(self) -> bool:
         return self.size > 0
 
-    def enter(self) -> None:
-        """Take a place (raises ``QueueFull``); the caller must ``leave()`` on every path."""
+    def enter(self, retry_after: int) -> None:
+        """Take a place; the caller must ``leave()`` on every path. A full queue raises
+        ``QueueFull`` (429, with ``retry_after``)."""
         meter = self.meter
         if self.queued >= self.size:
             self.full += 1
             if meter is not None:
                 meter("refused_full", 1)
-            raise QueueFull()
+            raise QueueFull("the router's queue is full", retry_after)
         self.queued += 1
         if meter is not None:
             meter("queued", 1)

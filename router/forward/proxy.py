@@ -18,12 +18,13 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from router.account.inflight import InflightTracker, Lease
 from router.account.outcome import Outcome
+from router.asgi import ClientGone, Receive, Scope, Send
 from router.decide.policy import Decision
 from router.decide.predict import Request
 from router.decide.snapshot import Decider
@@ -37,14 +38,11 @@ from router.errors import (
     UpstreamUnavailable,
     sse_error_event,
 )
-from router.errors import (
-    QueueFull as QueueRefused,
-)
 from router.fastpath import Responders
 from router.fastpath.protocol import REQUEST_EXPIRED, REQUEST_STARTED
 from router.fastpath.responder import Responder
 from router.forward import verdicts
-from router.forward.admission import Admission, QueueFull
+from router.forward.admission import Admission
 from router.forward.request import (
     RequestInfo,
     check_path,
@@ -63,18 +61,11 @@ from router.settings import Settings
 
 log = logging.getLogger("spec_router.proxy")
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 # Seconds between a queued request's looks at whether a backend can serve it now.
 QUEUE_RECHECK = 0.05
 # Paths whose streams carry token usage the router can ask for.
 USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-
-
-class ClientGone(Exception):
-    """The client disconnected; nothing more can be sent."""
 
 
 @dataclass(slots=True)
@@ -226,10 +217,7 @@ class Proxy:
     async def _queue(self, request: Request | None, out: Outcome) -> Decision:
         """Hold an overflowing request until a backend can serve it within its SLO."""
         admission, retry_after = self.admission, self.settings.retry_after()
-        try:
-            admission.enter()
-        except QueueFull:
-            raise QueueRefused("the router's queue is full", retry_after) from None
+        admission.enter(retry_after)
         admitted = False
         out.queued()
         try:

@@ -11,15 +11,11 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from router.asgi import Receive, Send
+from router.asgi import ClientGone, Receive, Send
 from router.sim.protocol import BadRequest
 
 MAX_BODY = 16 * 1024 * 1024
 JSON = [(b"content-type", b"application/json")]
-
-
-class ClientGone(Exception):
-    pass
 
 
 class Watch:

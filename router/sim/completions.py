@@ -23,7 +23,7 @@ from collections.abc import Callable
 from router.asgi import Receive, Scope, Send
 from router.sim.asgi import JSON, SimulatedReset, Watch, read_body, reset_connection, respond
 from router.sim.behaviour import Behaviour
-from router.sim.engine import Engine, QueueFull, SimRequest
+from router.sim.engine import Engine, EngineQueueFull, SimRequest
 from router.sim.faults import NO_FAULT, Fault, FaultSpecError, parse_fault
 from router.sim.protocol import (
     BadRequest,
@@ -174,7 +174,7 @@ class Completions:
                     priority=job.priority,
                     streaming=job.stream,
                 )
-            except QueueFull as exc:
+            except EngineQueueFull as exc:
                 return await self._overloaded(job, send, str(exc))
             abort = Abort(engine, req, self.how, engine.time_scale)
             watch.on_gone = abort.client_left

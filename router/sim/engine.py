@@ -100,7 +100,7 @@ class SimRequest:
             self.waiter.set_result(None)
 
 
-class QueueFull(Exception):
+class EngineQueueFull(Exception):
     """The waiting queue is at its limit (``--max-queued``): the request is refused."""
 
 
@@ -175,11 +175,11 @@ class Engine:
         streaming: bool = False,
     ) -> SimRequest:
         """Queue a request; it joins the batch at the next iteration boundary. Raises
-        ``QueueFull`` when ``max_queued`` requests already wait (SGLang and vLLM 0.34 check
+        ``EngineQueueFull`` when ``max_queued`` requests already wait (SGLang and vLLM 0.34 check
         the waiting queue's length as the request arrives)."""
         if self.max_queued is not None and len(self._waiting) >= self.max_queued:
             self.stats.refused += 1
-            raise QueueFull("The request queue is full.")
+            raise EngineQueueFull("The request queue is full.")
         n = next(self._ids)
         # One generator per request: its acceptance draws do not depend on what else runs.
         rng = random.Random(f"{self.seed}:{n if seed is None else f's{seed}'}")

@@ -31,8 +31,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from router import __version__
-from router.asgi import Receive, Scope, Send
-from router.sim.asgi import ClientGone, DropSimulatedReset, read_body, respond
+from router.asgi import ClientGone, Receive, Scope, Send
+from router.sim.asgi import DropSimulatedReset, read_body, respond
 from router.sim.behaviour import Behaviour, behaviour
 from router.sim.completions import Completions
 from router.sim.engine import Engine
