@@ -25,7 +25,8 @@ from typing import Any
 
 from router.fastpath.uvicorn import DirectSend
 from router.forward.stream import SseTap
-from router.forward.upstream import Connection, Origin, OriginPool
+from router.forward.upstream import Connection, OriginPool
+from router.origin import Origin
 
 EVENT = (
     b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,'

@@ -18,7 +18,8 @@ from typing import Any
 
 import uvicorn
 
-from router.fastpath.protocol import CLIENT_KEEP_ALIVE, http_protocol
+from router.fastpath.protocol import http_protocol
+from router.keepalive import CLIENT_KEEP_ALIVE
 
 LISTENING_PREFIX = "spec-router: listening on "
 

@@ -24,8 +24,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from router.fastpath.protocol import CLIENT_KEEP_ALIVE
-from router.forward.upstream import Origin
+from router.keepalive import CLIENT_KEEP_ALIVE
+from router.origin import Origin
 from router.pools import SPECULATIVE, Pool
 
 ENV_PREFIX = "SPEC_ROUTER_"

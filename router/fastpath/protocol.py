@@ -47,10 +47,6 @@ from router.timers import LazyTimer
 
 log = logging.getLogger("spec_router.protocol")
 
-# How long a client's idle connection stays open, in seconds, unless configured
-# (CLIENT_KEEP_ALIVE): longer than the usual load balancer's idle timeout (60 s), as it must be.
-CLIENT_KEEP_ALIVE = 75.0
-
 REQUEST_STARTED = "spec_router.request_started"  # scope["extensions"] key: loop time
 REQUEST_EXPIRED = "spec_router.request_expired"  # ... True once the body's deadline has passed
 # The app's method that names the handler of a proxied request, given its path, or None: the

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.errors import BadRequest, NotFound
-from router.forward.jsonfast import loads
+from router.jsonfast import loads
 
 # Paths whose body names a model (or gets the pool's default one).
 MODEL_PATHS = frozenset(

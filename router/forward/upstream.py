@@ -30,10 +30,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
-from urllib.parse import urlsplit
 
 import httptools
 
+from router.origin import Origin
 from router.timers import LazyTimer
 
 # Back-pressure: stop reading from the engine when this much body is waiting for a slow client.
@@ -65,38 +65,6 @@ class UpstreamError(Exception):
         super().__init__(message)
         self.kind = kind
         self.response_started = response_started
-
-
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """Where a backend lives: parsed once from its URL."""
-
-    url: str
-    host: str
-    port: int
-    tls: bool
-    host_header: bytes
-    base_path: bytes
-
-    @classmethod
-    def parse(cls, url: str) -> Origin:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {url!r}")
-        tls = parts.scheme == "https"
-        port = parts.port or (443 if tls else 80)
-        default = (tls and port == 443) or (not tls and port == 80)
-        host = parts.hostname
-        shown = f"[{host}]" if ":" in host else host
-        header = shown if default else f"{shown}:{port}"
-        return cls(
-            url=url.rstrip("/"),
-            host=host,
-            port=port,
-            tls=tls,
-            host_header=header.encode("ascii"),
-            base_path=parts.path.rstrip("/").encode("ascii"),
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from router.forward.upstream import Origin, OriginPool, Timeouts, UpstreamError
+from router.forward.upstream import OriginPool, Timeouts, UpstreamError
+from router.origin import Origin
 
 POOL_HEADER = "x-spec-router-pool"
 BURST_GAP = 1e-3  # seconds: events closer than this arrived together

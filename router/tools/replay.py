@@ -27,7 +27,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from router.forward.upstream import Origin, OriginPool, Timeouts, UpstreamError
+from router.forward.upstream import OriginPool, Timeouts, UpstreamError
+from router.origin import Origin
 from router.tools import goodput
 from router.tools.goodput import Result
 from router.tools.replay_args import build_parser, slos, workload

@@ -16,7 +16,8 @@ import anyio
 import httptools
 import pytest
 
-from router.forward.upstream import Connection, Origin, OriginPool, Timeouts, UpstreamError
+from router.forward.upstream import Connection, OriginPool, Timeouts, UpstreamError
+from router.origin import Origin
 from tests.support.bulk_upstream import HEAD, chunk
 from tests.support.loops import on_both_loops  # noqa: F401 (the fixture)
 from tests.support.threaded import read_request

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from router.forward.jsonfast import loads, loads_utf8
+from router.jsonfast import loads, loads_utf8
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
