@@ -24,9 +24,9 @@ import timeit
 from typing import Any
 
 from router.fastpath.uvicorn import DirectSend
-from router.forward.stream import SseTap
-from router.forward.upstream import Connection, OriginPool
 from router.origin import Origin
+from router.upstream.client import Connection, OriginPool
+from router.upstream.stream import SseTap
 
 EVENT = (
     b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,'

@@ -34,7 +34,7 @@ from router.account.metrics import E2E_BUCKETS, observer
 from router.account.outcome import Outcome
 from router.decide.policy import Decision
 from router.forward.request import forward_headers, inspect, response_headers, upstream_body
-from router.forward.stream import SseTap, Usage
+from router.upstream.stream import SseTap, Usage
 
 PATH = "/v1/chat/completions"
 REQUEST_HEADERS = [

@@ -32,8 +32,8 @@ from overhead import main as overhead_main
 from router.account.outcome import Outcome
 from router.app import RouterApp
 from router.decide.table import to_json
-from router.forward.stream import Usage
 from router.settings import Settings
+from router.upstream.stream import Usage
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = {

@@ -44,12 +44,12 @@ from router.fastpath import fast_path_status
 from router.fastpath.busypoll import SHARE_PERIOD, BusyPoll, ShareWatch
 from router.forward.admission import Admission
 from router.forward.proxy import Proxy
-from router.forward.upstream import OriginPool
 from router.health.poller import HealthPoller
 from router.health.state import HealthConfig, HealthRegistry
 from router.origin import Origin
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings, SettingsError, load_settings
+from router.upstream.client import OriginPool
 from router.worker import TableExchange
 
 if TYPE_CHECKING:

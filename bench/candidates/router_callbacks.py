@@ -36,7 +36,6 @@ from http_floor import Parsing
 from router.account.outcome import Outcome
 from router.app import RouterApp
 from router.errors import BadRequest, NoBackend, RouterError
-from router.forward import verdicts
 from router.forward.request import (
     check_path,
     forward_headers,
@@ -44,9 +43,10 @@ from router.forward.request import (
     response_headers,
     upstream_body,
 )
-from router.forward.stream import SseTap
 from router.pools import POOLS
 from router.settings import Settings
+from router.upstream import verdicts
+from router.upstream.stream import SseTap
 
 USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 

@@ -22,9 +22,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from router.forward.verdicts import failure_kinds, retry_kinds
 from router.health.state import State
 from router.pools import POOLS, SPECULATIVE
+from router.upstream.verdicts import failure_kinds, retry_kinds
 
 if TYPE_CHECKING:
     from router.account.inflight import InflightTracker

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from router.decide.predict import Request
-from router.forward.stream import Usage
 from router.pools import Pool
+from router.upstream.stream import Usage
 
 
 @dataclass(slots=True)

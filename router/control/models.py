@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from router.errors import NoBackend
-from router.forward.upstream import OriginPool, Timeouts
 from router.pools import POOLS, Pool
 from router.settings import Settings
+from router.upstream.client import OriginPool, Timeouts
 
 
 async def _fetch_models(settings: Settings, client: OriginPool, pool: Pool) -> Any:

@@ -10,7 +10,7 @@ from router.asgi import Receive, Send
 from router.fastpath.lane import LaneCycle
 from router.fastpath.responder import PlainResponder, Responder
 from router.fastpath.uvicorn import direct_send
-from router.forward.relay import RELAY_BUILT, relayed
+from router.upstream.relay import RELAY_BUILT, relayed
 
 STATUS_KEYS = ("lane_responses", "direct_responses", "plain_responses")
 

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from router.errors import error_body
 from router.fastpath.responder import Sink, chunk_sink
-from router.forward.relay import Raw, raw_relay
+from router.upstream.relay import Raw, raw_relay
 
 if TYPE_CHECKING:
-    from router.forward.stream import BodyTap, SseTap
+    from router.upstream.stream import BodyTap, SseTap
 
 log = logging.getLogger("spec_router.lane")
 

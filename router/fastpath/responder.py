@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from router.asgi import Receive, Send
-from router.forward.relay import Raw
+from router.upstream.relay import Raw
 
 if TYPE_CHECKING:
-    from router.forward.stream import BodyTap, SseTap
+    from router.upstream.stream import BodyTap, SseTap
 
 # Takes body bytes from the upstream's socket callback. Returns True once it has written them
 # (what its ``feed`` made of them) to the client, or False, having consumed nothing, when the

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from router.fastpath.responder import Sink, chunk_sink
-from router.forward.relay import Raw, raw_relay
+from router.upstream.relay import Raw, raw_relay
 
 if TYPE_CHECKING:
-    from router.forward.stream import BodyTap, SseTap
+    from router.upstream.stream import BodyTap, SseTap
 
 
 class DirectSend:

@@ -41,7 +41,6 @@ from router.errors import (
 from router.fastpath import Responders
 from router.fastpath.protocol import REQUEST_EXPIRED, REQUEST_STARTED
 from router.fastpath.responder import Responder
-from router.forward import verdicts
 from router.forward.admission import Admission
 from router.forward.request import (
     RequestInfo,
@@ -52,12 +51,13 @@ from router.forward.request import (
     response_headers,
     upstream_body,
 )
-from router.forward.stream import MAX_PEEK, BodyTap, SseTap, first_event
-from router.forward.upstream import Connection, OriginPool, Timeouts, UpstreamError
-from router.forward.verdicts import Verdict
 from router.health.state import HealthRegistry
 from router.pools import POOLS, Pool
 from router.settings import Settings
+from router.upstream import verdicts
+from router.upstream.client import Connection, OriginPool, Timeouts, UpstreamError
+from router.upstream.stream import MAX_PEEK, BodyTap, SseTap, first_event
+from router.upstream.verdicts import Verdict
 
 log = logging.getLogger("spec_router.proxy")
 

@@ -28,11 +28,11 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from router.forward.upstream import OriginPool, Timeouts, UpstreamError
 from router.health import engines as engine_metrics
 from router.health.engines import EngineSample
 from router.health.state import HealthRegistry
 from router.origin import Origin
+from router.upstream.client import OriginPool, Timeouts, UpstreamError
 
 log = logging.getLogger("spec_router.health")
 

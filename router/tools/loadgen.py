@@ -49,8 +49,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from router.forward.upstream import OriginPool, Timeouts, UpstreamError
 from router.origin import Origin
+from router.upstream.client import OriginPool, Timeouts, UpstreamError
 
 POOL_HEADER = "x-spec-router-pool"
 BURST_GAP = 1e-3  # seconds: events closer than this arrived together

@@ -27,13 +27,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from router.forward.upstream import OriginPool, Timeouts, UpstreamError
 from router.origin import Origin
 from router.tools import goodput
 from router.tools.goodput import Result
 from router.tools.replay_args import build_parser, slos, workload
 from router.tools.replay_report import Progress, run_meta, write_json, write_report
 from router.tools.traffic import Arrival
+from router.upstream.client import OriginPool, Timeouts, UpstreamError
 
 Endpoint = Literal["chat", "completions"]
 POOL_HEADER = b"x-spec-router-pool"

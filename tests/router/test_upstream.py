@@ -16,8 +16,8 @@ import anyio
 import httptools
 import pytest
 
-from router.forward.upstream import Connection, OriginPool, Timeouts, UpstreamError
 from router.origin import Origin
+from router.upstream.client import Connection, OriginPool, Timeouts, UpstreamError
 from tests.support.bulk_upstream import HEAD, chunk
 from tests.support.loops import on_both_loops  # noqa: F401 (the fixture)
 from tests.support.threaded import read_request
@@ -177,7 +177,7 @@ async def raw_diverted(
     bytes as a chunk on a client transport and to the C relay's raw writer to that transport
     (``taken``: each read the raw writer wrote). Returns the connection, the client transport,
     and its flow (``write_paused`` makes both decline)."""
-    from router.forward._relay import Relay  # (tests/unit/test_relay.py fails if it is not built)
+    from router.upstream._relay import Relay  # (tests/unit/test_relay.py fails if it is not built)
 
     await script.writes.put(HEAD + chunk(b"first"))
     conn = await request(pool)

@@ -8,7 +8,6 @@ import typing
 
 import pytest
 
-from router.forward.upstream import ErrorKind
 from router.tools.loadgen import (
     UPSTREAM_ERROR_NAMES,
     RequestResult,
@@ -21,6 +20,7 @@ from router.tools.loadgen import (
     summarize,
     window_stats,
 )
+from router.upstream.client import ErrorKind
 from tests.support.processes import Proc
 
 

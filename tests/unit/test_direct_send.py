@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from router.fastpath.uvicorn import DirectSend
-from router.forward.stream import BodyTap, SseTap
+from router.upstream.stream import BodyTap, SseTap
 from tests.support.transport import KeptTransport
 
 

@@ -16,10 +16,10 @@ from router.account.inflight import MATES, InflightTracker, PrefillLog
 from router.account.keeper import CrossoverKeeper
 from router.account.outcome import Outcome
 from router.decide import table as tables
-from router.forward.stream import Usage
 from router.health.poller import EngineLoad
 from router.pools import BASELINE, SPECULATIVE
 from router.settings import DEFAULT_CROSSOVER, Settings
+from router.upstream.stream import Usage
 from tests.support.tables import model_table
 
 S1, S2, B1 = "http://s1", "http://s2", "http://b1"

@@ -11,9 +11,9 @@ from router.account.outcome import Outcome
 from router.app import RouterApp
 from router.control.live import interpolate
 from router.decide import table as tables
-from router.forward.stream import Usage
 from router.pools import BASELINE, POOLS, SPECULATIVE
 from router.settings import Settings
+from router.upstream.stream import Usage
 from tests.support.tables import model_table
 
 S1, S2, B1 = "http://127.0.0.1:9", "http://127.0.0.1:10", "http://127.0.0.1:11"

@@ -21,11 +21,11 @@ from router.account.metrics import (
     observer,
 )
 from router.account.outcome import Outcome
-from router.forward.stream import Usage
 from router.health.poller import EngineLoad
 from router.health.state import HealthConfig, HealthRegistry, State
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings
+from router.upstream.stream import Usage
 
 S1, B1 = "http://s1", "http://b1"
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from router.account.outcome import Outcome
-from router.forward.stream import Usage
 from router.pools import BASELINE, SPECULATIVE
+from router.upstream.stream import Usage
 
 
 def test_the_first_byte_is_stamped_once_with_its_area() -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from router.account.outcome import Outcome
 from router.account.recent import RATIO, RecentWindow, quantile
-from router.forward.stream import Usage
 from router.tools.loadgen import percentile
+from router.upstream.stream import Usage
 
 
 class Clock:

@@ -19,10 +19,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 try:
-    from router.forward._relay import Relay, plain_chunks
+    from router.upstream._relay import Relay, plain_chunks
 except ImportError:  # not built: every test here fails, and says why (nothing else does)
     Relay = plain_chunks = None  # type: ignore[assignment,misc]
-from router.forward.stream import SseTap
+from router.upstream.stream import SseTap
 from tests.support.transport import KeptTransport
 
 

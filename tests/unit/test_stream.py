@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from router.forward.stream import BodyTap, SseTap, first_event_refusal
+from router.upstream.stream import BodyTap, SseTap, first_event_refusal
 
 
 def event(obj: object) -> bytes:

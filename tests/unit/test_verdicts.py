@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.forward.upstream import ErrorKind
-from router.forward.verdicts import (
+from router.upstream.client import ErrorKind
+from router.upstream.verdicts import (
     after_error,
     after_status,
     mid_response,

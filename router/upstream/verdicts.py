@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple, get_args
 
-from router.forward.upstream import ErrorKind
+from router.upstream.client import ErrorKind
 
 RETRY_STATUSES = frozenset({429, 503})
 EJECT_STATUSES = frozenset({502, 503, 504})

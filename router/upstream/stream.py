@@ -20,8 +20,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from router.forward.upstream import Connection, UpstreamError
 from router.jsonfast import loads_utf8
+from router.upstream.client import Connection, UpstreamError
 
 _USAGE_KEY = b'"usage":'
 _FINISH_KEY = b'"finish_reason":'

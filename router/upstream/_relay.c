@@ -1,6 +1,6 @@
-/* The relay of a chunked SSE body in its common case, in C: router.forward.relay.
+/* The relay of a chunked SSE body in its common case, in C: router.upstream.relay.
 
-One call per socket read from the engine, made by router.forward.upstream.Connection while the
+One call per socket read from the engine, made by router.upstream.client.Connection while the
 proxy relays a stream straight to its client. ``Relay.raw(data)`` takes the read's bytes,
 exactly as they came from the engine, and either writes them all, as they are, to the client's
 transport and returns True, or writes nothing and returns False, and then the Python path
@@ -272,7 +272,7 @@ static PyMethodDef Relay_methods[] = {
 };
 
 static PyTypeObject RelayType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "router.forward._relay.Relay",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "router.upstream._relay.Relay",
     .tp_basicsize = sizeof(Relay),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Relay(flow, cycle, transport, tap, strip=False): see the module's source",
@@ -313,7 +313,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef relay_module = {
-    PyModuleDef_HEAD_INIT, "router.forward._relay", NULL, -1, module_methods,
+    PyModuleDef_HEAD_INIT, "router.upstream._relay", NULL, -1, module_methods,
 };
 
 PyMODINIT_FUNC

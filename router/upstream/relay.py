@@ -1,4 +1,4 @@
-"""The relay of a chunked stream's common case in C (router/forward/_relay.c), where it was built.
+"""The relay of a chunked stream's common case in C (router/upstream/_relay.c), where it was built.
 
 ``Relay(flow, cycle, transport, tap, strip).raw(data)`` writes one read of the engine's chunked
 body to the client as it came, framing and all, when the read is whole chunks the SSE tap would
@@ -13,17 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from router.forward.stream import BodyTap, SseTap
+from router.upstream.stream import BodyTap, SseTap
 
 if TYPE_CHECKING:
-    from router.forward._relay import Relay
+    from router.upstream._relay import Relay
 
 Raw = Callable[[bytes], bool]
 
 _Relay: type[Relay] | None
 try:
-    from router.forward._relay import Relay as _Relay
-    from router.forward._relay import relayed as _relayed
+    from router.upstream._relay import Relay as _Relay
+    from router.upstream._relay import relayed as _relayed
 except ImportError:  # no compiler where it was installed: the Python path does it all
     _Relay = None
 
