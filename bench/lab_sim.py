@@ -26,8 +26,6 @@ from pathlib import Path
 
 from router.account.inflight import PrefillLog
 from router.decide import table as tables
-from router.decide.learner import LearnConfig, Learner, marginal_gain
-from router.decide.models import EngineModels, Sample
 from router.decide.policy import (
     BackendView,
     Decision,
@@ -39,8 +37,10 @@ from router.decide.policy import (
 )
 from router.decide.predict import PoolModel, Request
 from router.decide.snapshot import RECENT_WINDOW, Mix, flight
-from router.decide.snapshot import _Recent as _DeciderRecent
+from router.decide.snapshot import Recent as _DeciderRecent
 from router.decide.twin import Flight, Stream
+from router.learn.learner import LearnConfig, Learner, marginal_gain
+from router.learn.models import EngineModels, Sample
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.sim.model import BASELINE as BASE_PRESET
 from router.sim.model import EAGLE3, Preset, prefill_time, sample_gain, solve_alpha, step_time

@@ -27,7 +27,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from router.account.inflight import InflightTracker
-from router.account.keeper import CrossoverKeeper
 from router.account.metrics import RouterMetrics, StateCollector
 from router.account.outcome import Outcome
 from router.account.recent import RecentWindow
@@ -39,13 +38,15 @@ from router.control.live import live_document
 from router.control.models import list_models
 from router.control.status import status_document, workers_document
 from router.decide import table as tables
-from router.decide.snapshot import Decider
 from router.fastpath import fast_path_status
 from router.fastpath.busypoll import SHARE_PERIOD, BusyPoll, ShareWatch
 from router.forward.admission import Admission
+from router.forward.decider import Decider
 from router.forward.proxy import Proxy
 from router.health.poller import HealthPoller
 from router.health.state import HealthConfig, HealthRegistry
+from router.learn.keeper import CrossoverKeeper
+from router.lifecycle import keep_learning
 from router.origin import Origin
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings, SettingsError, load_settings
@@ -345,7 +346,7 @@ class RouterApp:
             default_model=self._default_model,
         )
         self.poller.start()
-        keeper_task = loop.create_task(self.keeper.run())
+        keeper_task = loop.create_task(keep_learning(self.keeper))
         share_task = None
         if busy is not None and s.busy_poll_yield:
             self.share = ShareWatch()

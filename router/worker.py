@@ -30,7 +30,7 @@ from router.serve import ClosingServer, uvicorn_config
 from router.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
-    from router.account.keeper import CrossoverKeeper
+    from router.learn.keeper import CrossoverKeeper
 
 log = logging.getLogger("spec_router.worker")
 

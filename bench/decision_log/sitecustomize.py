@@ -73,7 +73,7 @@ if _DIR:
     _policy.slo = _logged_slo
     _policy.POLICIES["slo"] = _logged_slo
 
-    from router.decide import models as _models
+    from router.learn import models as _models
 
     _record = _models.EngineModels.record
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import (
@@ -28,11 +28,24 @@ from router.upstream.verdicts import failure_kinds, retry_kinds
 
 if TYPE_CHECKING:
     from router.account.inflight import InflightTracker
-    from router.account.keeper import CrossoverKeeper
     from router.account.outcome import Outcome
-    from router.forward.admission import Admission
     from router.health.poller import EngineLoad
     from router.health.state import HealthRegistry
+    from router.learn.keeper import CrossoverKeeper
+
+
+class Queue(Protocol):
+    """The router's queue as the gauges read it (``router.forward.admission.Admission``)."""
+
+    @property
+    def queued(self) -> int: ...
+    @property
+    def admitted(self) -> int: ...
+    @property
+    def timed_out(self) -> int: ...
+    @property
+    def full(self) -> int: ...
+
 
 # LLM-serving buckets, after vLLM's (TTFT, inter-token and end-to-end latency histograms),
 # extended downwards for fast engines and time-scaled simulations.
@@ -258,7 +271,7 @@ class StateCollector(Collector):
         policy: str,
         load_signal: str,
         clock: Callable[[], float],
-        admission: Admission | None = None,
+        admission: Queue | None = None,
     ) -> None:
         self.tracker = tracker
         self.health = health

@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from router.account.inflight import InflightTracker
-from router.account.keeper import CrossoverKeeper
-from router.decide.snapshot import Decider
+from router.forward.decider import Decider
 from router.health.poller import EngineLoad
 from router.health.state import HealthRegistry, usable
+from router.learn.keeper import CrossoverKeeper
 from router.pools import POOLS
 
 if TYPE_CHECKING:

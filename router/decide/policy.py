@@ -14,8 +14,7 @@ import math
 from collections.abc import Callable, Container, Mapping
 from typing import Literal, NamedTuple
 
-from router.decide.learner import Gain
-from router.decide.predict import PoolModel, Request
+from router.decide.predict import Gain, PoolModel, Request
 from router.decide.twin import Flight, Held, Placement, Stream, place, slo_capacity
 from router.pools import BASELINE, SPECULATIVE, Pool, other
 

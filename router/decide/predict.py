@@ -13,7 +13,10 @@ Batch sizes past the table are extrapolated by its last slope (never downhill).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
+
+from router.pools import Pool
 
 
 class PoolModel(NamedTuple):
@@ -61,3 +64,8 @@ class Request(NamedTuple):
     sampling: bool
     slo_ttft: float
     slo_tpot: float
+
+
+# A request's predicted effect: the change in the objective when one more request joins a
+# replica of ``pool`` already running ``load`` (``router.learn.learner.marginal_gain``).
+Gain = Callable[[Pool, int], float]

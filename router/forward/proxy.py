@@ -27,7 +27,6 @@ from router.account.outcome import Outcome
 from router.asgi import ClientGone, Receive, Scope, Send
 from router.decide.policy import Decision
 from router.decide.predict import Request
-from router.decide.snapshot import Decider
 from router.errors import (
     NoBackend,
     PayloadTooLarge,
@@ -42,6 +41,7 @@ from router.fastpath import Responders
 from router.fastpath.protocol import REQUEST_EXPIRED, REQUEST_STARTED
 from router.fastpath.responder import Responder
 from router.forward.admission import Admission
+from router.forward.decider import Decider
 from router.forward.request import (
     RequestInfo,
     check_path,

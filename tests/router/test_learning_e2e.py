@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from router.app import RouterApp
-from router.decide.models import Sample
+from router.learn.models import Sample
 from router.settings import Settings
 from tests.support.http import await_for
 from tests.support.processes import Proc

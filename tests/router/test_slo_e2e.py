@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from router.decide import table as tables
-from router.decide.models import EngineModels
 from router.decide.policy import BackendView, PoolView, Snapshot, choose
 from router.decide.predict import Request
 from router.decide.twin import Stream
+from router.learn.models import EngineModels
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.sim.model import EAGLE3
 from tests.conftest import TIME_SCALE, RouterFactory

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from router.decide.models import EngineModels, PrefillFit, Sample, decode_only_spi
 from router.forward.request import inspect, prompt_size
+from router.learn.models import EngineModels, PrefillFit, Sample, decode_only_spi
 from router.pools import BASELINE, SPECULATIVE
 from router.sim.model import BASELINE as BASE_PRESET
 from router.sim.model import EAGLE3, closed_loop, prefill_time

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from router.account.inflight import MATES, InflightTracker, PrefillLog
-from router.account.keeper import CrossoverKeeper
 from router.account.outcome import Outcome
 from router.decide import table as tables
 from router.health.poller import EngineLoad
+from router.learn.keeper import CrossoverKeeper
 from router.pools import BASELINE, SPECULATIVE
 from router.settings import DEFAULT_CROSSOVER, Settings
 from router.upstream.stream import Usage
@@ -77,7 +77,7 @@ def test_without_either_the_default_crossover() -> None:
 
 def streamed(keeper: CrossoverKeeper) -> Outcome:
     """A complete 200 stream on S1 with two requests in flight for its whole decode."""
-    tracker = keeper.tracker
+    tracker = cast(InflightTracker, keeper.tracker)  # (the keeper reads it as its Counts)
     tracker.acquire(S1)
     tracker.acquire(S1)
     out = Outcome(path="/v1/chat/completions", started=0.0)
@@ -135,7 +135,7 @@ def test_a_samples_stalls_are_the_prefills_that_ran_while_it_decoded() -> None:
     keeper = make()
     samples: list[Any] = []
     keeper.engines.record = samples.append  # type: ignore[method-assign,assignment]
-    tracker = keeper.tracker
+    tracker = cast(InflightTracker, keeper.tracker)  # (the keeper reads it as its Counts)
     out = streamed(keeper)  # first byte at 1.0, end at 3.0, 0.2 s per token
     out.prefill = 0.5
     tracker.prefilled(S1, 1.0, 0.5)  # its own

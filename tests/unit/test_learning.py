@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from router.decide.learner import LearnConfig, Learner, marginal_gain
 from router.decide.table import Point, PoolCurve, Prefill, Table, Workload, fit_points
+from router.learn.learner import LearnConfig, Learner, marginal_gain
 from router.pools import Pool
 from router.sim.model import BASELINE, EAGLE3, Preset, closed_loop, crossover
 from tests.support.tables import model_table
@@ -120,7 +120,7 @@ def test_bad_samples_are_ignored(bad: float) -> None:
 
 
 def test_curve_interpolates_and_never_extrapolates_downhill() -> None:
-    from router.decide.learner import Curve
+    from router.learn.learner import Curve
 
     c = Curve((1.0, 3.0), (0.030, 0.050), tau=2.0)
     assert c.spi(0.5) == 0.030 and abs(c.spi(2.0) - 0.040) < 1e-12

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram
 
 from router.account.inflight import InflightTracker
-from router.account.keeper import CrossoverKeeper
 from router.account.metrics import (
     MAIN_REASONS,
     ROUTER_CODES,
@@ -23,6 +22,7 @@ from router.account.metrics import (
 from router.account.outcome import Outcome
 from router.health.poller import EngineLoad
 from router.health.state import HealthConfig, HealthRegistry, State
+from router.learn.keeper import CrossoverKeeper
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings
 from router.upstream.stream import Usage

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from router.account.keeper import CrossoverKeeper
 from router.account.shared import (
     S_BACKENDS,
     S_SEQ,
@@ -20,6 +19,7 @@ from router.account.shared import (
     slot_words,
 )
 from router.decide import table as tables
+from router.learn.keeper import CrossoverKeeper
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
 from router.worker import uvicorn_workers

@@ -13,10 +13,10 @@ import pytest
 
 from router.account.inflight import InflightTracker, Lease
 from router.account.outcome import Outcome
-from router.decide.learner import Gain
 from router.decide.policy import Decision, offered, pool_slo_capacity
-from router.decide.predict import PoolModel, Request
-from router.decide.snapshot import Decider, Traffic
+from router.decide.predict import Gain, PoolModel, Request
+from router.decide.snapshot import Traffic
+from router.forward.decider import Decider
 from router.health.poller import EngineLoad
 from router.health.state import HealthConfig, HealthRegistry
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool

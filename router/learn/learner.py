@@ -13,16 +13,16 @@ end segments' slopes). Because the speculative curve is in iterations, the engin
 acceptance length rescales it at once: when acceptance collapses, the target crossover drops on
 the next update, before enough slow requests have been seen. The crossover moves toward the
 target by at most ``max_step`` per update. Plain data and arithmetic;
-``router.account.keeper`` drives it.
+``router.learn.keeper`` drives it.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from router.decide.predict import Gain
 from router.decide.table import Fit, Point, PoolCurve, Source, Table, Workload, fit_line
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 
@@ -56,11 +56,6 @@ class Curve:
 
     def total_tps(self, n: float) -> float:
         return n / self.spt(n) if n > 0 else 0.0
-
-
-# A request's predicted effect: the change in the objective when one more request joins a
-# replica of ``pool`` already running ``load``.
-Gain = Callable[[Pool, int], float]
 
 
 def marginal_gain(curves: dict[Pool, Curve] | None) -> Gain | None:

@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from router.decide.learner import PoolLearner, _Bin
 from router.decide.predict import PoolModel, peak_throughput
 from router.decide.table import PoolCurve, Table, Workload
+from router.learn.learner import PoolLearner, _Bin
 from router.pools import POOLS, SPECULATIVE, Pool
 
 # Largest batch size a model tabulates; past it ``PoolModel.iteration`` extends linearly.

@@ -1,10 +1,15 @@
 """Keeps the crossover current, and is its one owner.
 
-Feeds served requests to the learner, moves the crossover on a timer, persists the table, swaps
-in a table an operator PUTs, and pins the crossover an operator sets (``PUT /router/crossover``
-or ``CROSSOVER``): a pinned crossover is not learned over until a new table is put. Routing
-reads ``crossover`` and ``gain`` from here. The thin shell around ``router.decide.learner``
-(pure) and ``router.decide.table`` (pure, plus an atomic file write).
+Feeds served requests to the learner, moves the crossover one step at a time (``update``, on the
+router's timer: ``router.lifecycle``), swaps in a table an operator PUTs, and pins the crossover
+an operator sets (``PUT /router/crossover`` or ``CROSSOVER``): a pinned crossover is not learned
+over until a new table is put. Routing reads ``crossover`` and ``gain`` from here. The shell
+around ``router.learn.learner`` and ``router.learn.models``; its one piece of I/O is
+``persist``, the table file's atomic write (``router.decide.table.save``).
+
+It reads live state only through the interfaces below (``Counts``, ``Seen``, ``Board``,
+``Finished``), which the tracker, the poller's loads, the shared board and the proxy's record
+of a request provide: this package imports nothing of them.
 
 Under ``serve --workers N`` every worker has a keeper, but the crossover in force lives on a
 ``CrossoverBoard`` in shared memory, so all route with one value: any worker's keeper can pin
@@ -14,25 +19,97 @@ table file. The others still learn the curves and models their own requests show
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-from router.account.inflight import InflightTracker
-from router.account.outcome import Outcome
-from router.account.shared import CrossoverBoard
 from router.decide import table as tables
-from router.decide.learner import Gain, LearnConfig, Learner, marginal_gain
-from router.decide.models import EngineModels, Sample
-from router.decide.predict import PoolModel
+from router.decide.predict import Gain, PoolModel
 from router.decide.snapshot import Traffic
 from router.decide.table import Source, Table
-from router.health.poller import EngineLoad
+from router.learn.learner import LearnConfig, Learner, marginal_gain
+from router.learn.models import EngineModels, Sample
 from router.pools import POOLS, SPECULATIVE, Pool
 from router.settings import DEFAULT_CROSSOVER, Settings
+
+
+class Counts(Protocol):
+    """The in-flight counts a sample is measured against (``router.account.inflight``)."""
+
+    @property
+    def pool_of(self) -> Mapping[str, Pool]: ...
+
+    def area(self, backend: str, now: float) -> float: ...
+
+    def stalls(self, backend: str, first: float, per_token: float, end: float) -> float: ...
+
+
+class Seen(Protocol):
+    """What an engine last reported (``router.health.poller.EngineLoad``)."""
+
+    @property
+    def accept_length(self) -> float | None: ...
+
+    @property
+    def cap(self) -> int | None: ...
+
+
+class Board(Protocol):
+    """The crossover in force for every worker (``router.account.shared.CrossoverBoard``)."""
+
+    def publish(self, value: int, source: Source, pinned: bool) -> None: ...
+
+    def read(self) -> tuple[int, Source, bool] | None: ...
+
+
+class Tokens(Protocol):
+    """A request's token counts (``router.upstream.stream.Usage``)."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+
+class Finished(Protocol):
+    """What the keeper reads of a finished request (``router.account.outcome.Outcome``)."""
+
+    @property
+    def started(self) -> float: ...
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def pool(self) -> Pool | None: ...
+    @property
+    def backend(self) -> str | None: ...
+    @property
+    def status(self) -> int: ...
+    @property
+    def first_byte(self) -> float | None: ...
+    @property
+    def area_first(self) -> float | None: ...
+    @property
+    def ended(self) -> float: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def client_gone(self) -> bool: ...
+    @property
+    def usage(self) -> Tokens | None: ...
+    @property
+    def sampling(self) -> bool: ...
+    @property
+    def prompt_chars(self) -> int: ...
+    @property
+    def load_at_start(self) -> int: ...
+    @property
+    def joined(self) -> int: ...
+    @property
+    def prefill_share(self) -> float: ...
+
 
 log = logging.getLogger("spec_router.tuning")
 
@@ -48,11 +125,11 @@ class CrossoverKeeper:
     def __init__(
         self,
         settings: Settings,
-        tracker: InflightTracker,
-        loads: Mapping[str, EngineLoad],
+        tracker: Counts,
+        loads: Mapping[str, Seen],
         table: Table | None,
         clock: Callable[[], float] = time.monotonic,
-        board: CrossoverBoard | None = None,
+        board: Board | None = None,
         leader: bool = True,
     ) -> None:
         self.settings = settings
@@ -170,7 +247,7 @@ class CrossoverKeeper:
             self.board.publish(value, source, pinned)
 
     # -- input ----------------------------------------------------------------------------------
-    def observe(self, out: Outcome) -> None:
+    def observe(self, out: Finished) -> None:
         """Outcome observer: a finished, complete answer becomes a learning sample."""
         usage = out.usage
         if (
@@ -307,13 +384,6 @@ class CrossoverKeeper:
             log.warning("cannot write the crossover table to %s: %s", self.table_path, exc)
         self._last_persist = self.clock()
 
-    async def run(self) -> None:
-        interval = self.settings.learn_interval
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                self.update()
-                if self.clock() - self._last_persist >= self.settings.persist_interval:
-                    self.persist()
-            except Exception:
-                log.exception("crossover update failed")
+    def persist_due(self) -> bool:
+        """Whether ``PERSIST_INTERVAL`` has passed since the table was last written."""
+        return self.clock() - self._last_persist >= self.settings.persist_interval
