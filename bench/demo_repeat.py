@@ -33,8 +33,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from router.calibrate.loadgen import RequestResult, decode_tps  # noqa: E402
 from router.tools import demo  # noqa: E402
-from router.tools.loadgen import RequestResult, decode_tps  # noqa: E402
 from router.tools.processes import running  # noqa: E402
 
 HEADER = "x-spec-router-predicted-tpot-ms"

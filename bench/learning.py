@@ -31,9 +31,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from router.calibrate.loadgen import run_closed_loop  # noqa: E402
 from router.sim.model import BASELINE, EAGLE3, crossover  # noqa: E402
 from router.tools.demo import wait_ready  # noqa: E402
-from router.tools.loadgen import run_closed_loop  # noqa: E402
 from router.tools.processes import pinned, running  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

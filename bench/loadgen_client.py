@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from router.tools.loadgen import FAST_TIMEOUTS, FastClient
+from router.calibrate.loadgen import FAST_TIMEOUTS, FastClient
 from router.tools.processes import pinned, spawn_command
 
 PATH = "/v1/chat/completions"

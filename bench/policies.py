@@ -31,10 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from router.calibrate.loadgen import run_closed_loop, window_stats  # noqa: E402
 from router.settings import sim_time_env  # noqa: E402
 from router.sim.model import BASELINE, EAGLE3, closed_loop, decode_bound_tps  # noqa: E402
 from router.tools.demo import wait_ready  # noqa: E402
-from router.tools.loadgen import run_closed_loop, window_stats  # noqa: E402
 from router.tools.processes import pinned, running  # noqa: E402
 
 POLICIES = ("spillover", "crossover", "round_robin", "predictive", "slo")

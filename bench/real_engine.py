@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from router.calibrate.levels import point_from_run  # noqa: E402
+from router.calibrate.loadgen import FastClient, percentile  # noqa: E402
 from router.calibrate.progress import Progress  # noqa: E402
 from router.calibrate.sweep import run_level  # noqa: E402
 from router.calibrate.workload import RequestSource  # noqa: E402
@@ -41,7 +42,6 @@ from router.decide.table import Table, from_json  # noqa: E402
 from router.health import engines as engine_metrics  # noqa: E402
 from router.tools.demo import wait_ready  # noqa: E402
 from router.tools.llamacpp import DRAFT_MAX, MODEL, SLOTS, Build, LlamaServer, cores  # noqa: E402
-from router.tools.loadgen import FastClient, percentile  # noqa: E402
 from router.tools.processes import Proc, spawn  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.calibrate.loadgen import run_closed_loop, window_stats
 from router.sim.model import (
     PRESETS,
     closed_loop,
@@ -33,7 +34,6 @@ from router.sim.model import (
     prefill_time,
     step_time,
 )
-from router.tools.loadgen import run_closed_loop, window_stats
 from router.tools.processes import Proc, pinned, spawn
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -214,7 +214,7 @@ class RouterApp:
         self.share: ShareWatch | None = None  # whether the core looks shared (busy polling holds)
         self.control = build_control_app(self)
 
-    # -- views and actions for the control endpoints (router.control.app.Controlled) -----------
+    # -- views and actions for the control endpoints (router.control.controlled.Controlled) ---
     def status(self) -> dict[str, Any]:
         busy = self.busy
         return status_document(

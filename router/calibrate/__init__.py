@@ -10,6 +10,7 @@ and how to read its plot.
 
 * ``cli`` — the command line: arguments in, table and plot out.
 * ``sweep`` — the I/O: each level's closed loop, the engines' counters; ``progress`` — the bar.
+* ``loadgen`` — the closed-loop load generator the sweep (and the demo) drive engines with.
 * ``levels`` — pure: what a level measured, whether to trust it, the table.
 * ``workload`` — pure: the synthetic workload and the JSONL dataset format.
 * ``plot`` — the PNG (needs matplotlib, the ``plot`` extra).

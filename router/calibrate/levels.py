@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from router.calibrate.loadgen import RequestResult, decode_tps, percentile
 from router.decide.table import (
     Objective,
     Point,
@@ -24,7 +25,6 @@ from router.decide.table import (
     crossover_from_points,
     fit_points,
 )
-from router.tools.loadgen import RequestResult, decode_tps, percentile
 
 DEFAULT_LEVELS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_MIN_SAMPLES = 8

@@ -27,11 +27,11 @@ from router.calibrate.levels import (
     refusal,
     requests_per_level,
 )
+from router.calibrate.loadgen import FAST_TIMEOUTS, Client, FastClient, RequestResult, send_one
 from router.calibrate.progress import Progress
 from router.calibrate.workload import RequestSource
 from router.decide.table import Point, Prefill
 from router.health import engines as engine_metrics
-from router.tools.loadgen import FAST_TIMEOUTS, Client, FastClient, RequestResult, send_one
 
 POOLS = ("speculative", "baseline")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Any, Protocol
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,35 +17,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from router.control.feed import Feed
+from router.control.controlled import Controlled
 from router.control.page import add_page
 from router.decide import table as tables
 from router.errors import BadRequest, RouterError, Unauthorized, error_body
 from router.forward.request import has_api_key
-from router.pools import Pool
-from router.settings import Settings
-
-
-class Controlled(Protocol):
-    """What the control endpoints read and do (``router.app.RouterApp`` provides it)."""
-
-    settings: Settings
-    feed: Feed  # the live page's snapshots (router.control.feed)
-
-    def status(self) -> dict[str, Any]: ...
-
-    def usable_pools(self) -> dict[Pool, bool]: ...
-
-    def metrics_text(self) -> bytes: ...
-
-    def table(self) -> tables.Table: ...
-
-    def replace_table(self, raw: Any) -> tables.Table: ...
-
-    def pin_crossover(self, value: int) -> None: ...
-
-    async def list_models(self) -> dict[str, Any]: ...
-
 
 _STATUS_TYPES = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error"}
 

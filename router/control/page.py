@@ -23,7 +23,7 @@ from router.errors import Unauthorized, error_body
 from router.forward.request import has_api_key
 
 if TYPE_CHECKING:
-    from router.control.app import Controlled
+    from router.control.controlled import Controlled
 
 PREFIX = "/router/ui"
 COOKIE = "spec_router_key"

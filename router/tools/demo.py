@@ -36,13 +36,13 @@ from pathlib import Path
 import httpx
 
 from router.calibrate.levels import LevelRun, build_table, point_from_run
+from router.calibrate.loadgen import RequestResult, percentile, run_closed_loop, window_stats
 from router.calibrate.sweep import acceptance, discover_cap, scrape
 from router.decide.table import Table, TableError, Workload, to_json
 from router.health.engines import EngineSample
 from router.settings import sim_time_env
 from router.sim.model import PRESETS, closed_loop
 from router.tools.goodput import RELAXED, STRICT, timed_result
-from router.tools.loadgen import RequestResult, percentile, run_closed_loop, window_stats
 from router.tools.processes import running
 from router.tools.traffic import Arrival
 

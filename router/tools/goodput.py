@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from router.tools.loadgen import percentile
+from router.calibrate.loadgen import percentile
 from router.tools.traffic import Arrival
 
 REJECTED = (429, 503)

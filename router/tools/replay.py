@@ -31,7 +31,7 @@ from router.origin import Origin
 from router.tools import goodput
 from router.tools.goodput import Result
 from router.tools.replay_args import build_parser, slos, workload
-from router.tools.replay_report import Progress, run_meta, write_json, write_report
+from router.tools.replay_report import Progress, Sent, run_meta, write_json, write_report
 from router.tools.traffic import Arrival
 from router.upstream.client import OriginPool, Timeouts, UpstreamError
 
@@ -146,16 +146,6 @@ async def send(
             conn.release()
 
 
-@dataclass
-class State:
-    """Counters for the progress display."""
-
-    total: int
-    sent: int = 0
-    done: int = 0
-    worst_late: float = 0.0  # model seconds
-
-
 async def replay(
     arrivals: Sequence[Arrival],
     url: str,
@@ -165,7 +155,7 @@ async def replay(
     headers: dict[str, str] | None = None,
     time_scale: float = 1.0,
     drain: float = 120.0,
-    watch: Callable[[State], Coroutine[Any, Any, None]] | None = None,
+    watch: Callable[[Sent], Coroutine[Any, Any, None]] | None = None,
 ) -> list[Result]:
     """Send every arrival at ``start + at * time_scale`` (wall clock) to ``url`` (a base URL,
     with or without ``/v1``); after the last one, wait up to ``drain`` model seconds for the
@@ -175,7 +165,7 @@ async def replay(
     head = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
     head += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     timings = [Timing() for _ in arrivals]
-    state = State(len(arrivals))
+    state = Sent(len(arrivals))
     # Hundreds of concurrent streams: the router's own HTTP/1.1 client (asyncio protocol +
     # httptools). httpx's pool scans every connection on every event, which at 300+ streams
     # made the replay send requests up to 0.6 s (wall) late on this machine.

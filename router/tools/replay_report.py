@@ -12,17 +12,24 @@ import os
 import shlex
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from router.tools.goodput import SLO, Result, Summary
 from router.tools.traffic import Arrival, describe
 
-if TYPE_CHECKING:
-    from router.tools.replay import State
-
 FORMAT = 1
+
+
+@dataclass
+class Sent:
+    """How far a replay is: the counters the progress display shows."""
+
+    total: int
+    sent: int = 0
+    done: int = 0
+    worst_late: float = 0.0  # model seconds
 
 
 class Progress:
@@ -35,12 +42,12 @@ class Progress:
         self.tty = stream.isatty()
         self.began = time.monotonic()
 
-    async def watch(self, state: State) -> None:
+    async def watch(self, state: Sent) -> None:
         while True:
             self.draw(state)
             await asyncio.sleep(0.2 if self.tty else self.every)
 
-    def draw(self, state: State) -> None:
+    def draw(self, state: Sent) -> None:
         filled = self.WIDTH * state.sent // max(1, state.total)
         bar = "#" * filled + "." * (self.WIDTH - filled)
         wall = time.monotonic() - self.began

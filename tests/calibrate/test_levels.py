@@ -18,8 +18,8 @@ from router.calibrate.levels import (
     refusal,
     requests_per_level,
 )
+from router.calibrate.loadgen import RequestResult
 from router.decide.table import Point, Workload, from_json, load, save, to_json
-from router.tools.loadgen import RequestResult
 
 
 def request(

@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
+from router.calibrate.loadgen import RequestResult, send_one
 from router.tools.llamacpp import MODEL
-from router.tools.loadgen import RequestResult, send_one
 
 # Four prompts of ~40 words with distinct first words. Every request sends cache_prompt: false,
 # so the engine computes each from scratch and its timings do not depend on what came before.

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
+from router.calibrate.loadgen import RequestResult
 from router.tools.llamacpp import DRAFT_MAX
-from router.tools.loadgen import RequestResult
 from tests.real.conftest import Calibration, Engines, RouterFactory
 from tests.real.drive import (
     CHAT,

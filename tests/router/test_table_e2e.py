@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from router.app import RouterApp
+from router.calibrate.loadgen import run_closed_loop
 from router.decide import table as tables
 from router.settings import Settings
 from router.sim.model import BASELINE, EAGLE3, crossover
-from router.tools.loadgen import run_closed_loop
 from tests.conftest import TIME_SCALE, RouterFactory, router_env
 from tests.support.http import router_status, wait_for
 from tests.support.processes import Proc

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from router.tools.loadgen import run_closed_loop
+from router.calibrate.loadgen import run_closed_loop
 from tests.conftest import RouterFactory
 from tests.support.http import router_status, wait_for
 

@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from router.tools.loadgen import (
+from router.calibrate.loadgen import (
     UPSTREAM_ERROR_NAMES,
     RequestResult,
     Workload,

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from router.calibrate.loadgen import run_closed_loop, window_stats
 from router.sim.model import PRESETS, closed_loop
-from router.tools.loadgen import run_closed_loop, window_stats
 from tests.support.processes import Proc, running, sim_args
 
 PROMPT, OUTPUT = 32, 64

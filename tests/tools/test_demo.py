@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from router.calibrate.loadgen import RequestResult, run_closed_loop
 from router.settings import Settings
 from router.sim.model import BASELINE, EAGLE3, closed_loop
 from router.tools.demo import (
@@ -30,7 +31,6 @@ from router.tools.demo import (
     scrape_metrics,
     shortfalls,
 )
-from router.tools.loadgen import RequestResult, run_closed_loop
 from router.tools.processes import Proc
 
 

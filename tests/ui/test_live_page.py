@@ -22,8 +22,8 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Error, Page
 
+from router.calibrate.loadgen import run_closed_loop
 from router.decide.table import to_json
-from router.tools.loadgen import run_closed_loop
 from tests.conftest import TIME_SCALE, RouterFactory
 from tests.support.http import router_status, wait_for
 from tests.support.processes import Proc

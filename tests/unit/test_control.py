@@ -11,7 +11,8 @@ import httpx
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from router.control.app import Controlled, build_control_app
+from router.control.app import build_control_app
+from router.control.controlled import Controlled
 from router.control.feed import Feed
 from router.decide import table as tables
 from router.errors import NoBackend

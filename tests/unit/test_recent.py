@@ -8,7 +8,7 @@ import pytest
 
 from router.account.outcome import Outcome
 from router.account.recent import RATIO, RecentWindow, quantile
-from router.tools.loadgen import percentile
+from router.calibrate.loadgen import percentile
 from router.upstream.stream import Usage
 
 

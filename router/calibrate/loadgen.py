@@ -553,7 +553,7 @@ def summarize(results: Sequence[RequestResult]) -> Summary:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m router.tools.loadgen", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m router.calibrate.loadgen", description=__doc__)
     parser.add_argument("--url", required=True, help="base URL ending in /v1")
     parser.add_argument("-c", "--concurrency", type=int, default=8)
     parser.add_argument("--duration", type=float, default=30.0)
