@@ -34,7 +34,7 @@ COLLECTING = [
     "        time.sleep(10)\n"
     "        gc.collect()\n"
     "threading.Thread(target=collect, daemon=True).start()\n"
-    "from router.serve import main\n"
+    "from router.process.serve import main\n"
     "sys.exit(main(['--port', '0']))\n",
 ]
 

@@ -6,7 +6,7 @@ endpoints (``/health``, ``/ready``, ``/metrics``, ``/router/*``, ``/v1/models``)
 app, off the hot path. ``app`` (made on first use, at the bottom) serves ``uvicorn
 router.app:app``: one process, whose in-flight counts live in it. ``uvicorn --workers N`` is
 refused (each worker would route with its own counts); ``spec-router serve --workers N``
-(``router.supervisor``) runs N workers over one shared count, and then each ``RouterApp`` is given
+(``router.process.supervisor``) runs N workers over one shared count, and then each ``RouterApp`` is given
 its ``WorkerContext``.
 """
 
@@ -51,10 +51,10 @@ from router.origin import Origin
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings, SettingsError, load_settings
 from router.upstream.client import OriginPool
-from router.worker import TableExchange
+from router.workers import TableExchange
 
 if TYPE_CHECKING:
-    from router.worker import WorkerContext
+    from router.workers import WorkerContext
 
 log = logging.getLogger("spec_router")
 
@@ -258,7 +258,7 @@ class RouterApp:
 
     def closing(self) -> None:
         """The server is about to stop: end the live page's feeds, which would otherwise hold
-        the graceful shutdown open (``router.serve`` calls this before uvicorn's shutdown)."""
+        the graceful shutdown open (``router.serving`` calls this before uvicorn's shutdown)."""
         self.feed.close()
 
     def _connections(self, url: str) -> dict[str, int]:
@@ -460,7 +460,7 @@ def __getattr__(name: str) -> Any:
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if _app is None:
-        from router.worker import refuse_uvicorn_workers
+        from router.workers import refuse_uvicorn_workers
 
         refuse_uvicorn_workers()
         _app = create_app()

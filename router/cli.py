@@ -11,7 +11,7 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("router.serve", "run the router (same as `uvicorn router.app:app`)"),
+    "serve": ("router.process.serve", "run the router (same as `uvicorn router.app:app`)"),
     "sim": ("router.sim.cli", "run a simulated SGLang-like engine"),
     "demo": (
         "router.tools.demo",

@@ -20,7 +20,7 @@ from router.learn.keeper import CrossoverKeeper
 from router.pools import POOLS
 
 if TYPE_CHECKING:
-    from router.worker import WorkerContext
+    from router.workers import WorkerContext
 
 
 def _engine(seen: EngineLoad | None, now: float) -> dict[str, Any] | None:

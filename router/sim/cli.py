@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from router.serve import LISTENING_PREFIX, ClosingServer, bind_socket, socket_url, uvicorn_config
+from router.serving import LISTENING_PREFIX, ClosingServer, bind_socket, socket_url, uvicorn_config
 from router.sim.behaviour import VERSIONS, behaviour
 from router.sim.exposition import Topology
 from router.sim.model import MS, PRESETS, Preset
@@ -190,7 +190,7 @@ def main(argv: list[str]) -> int:
 
 
 def serve(app: SimServer, host: str, port: int, log_level: str) -> int:
-    """``router.serve.run`` with a short graceful-shutdown timeout."""
+    """``router.serving.run`` with a short graceful-shutdown timeout."""
     try:
         sock = bind_socket(host, port)
     except OSError as exc:

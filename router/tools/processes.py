@@ -1,7 +1,7 @@
 """Run the project's servers (sims, routers) as subprocesses: for the demo, benches and tests.
 
 Each process is asked for ``--port 0`` and announces its URL on stdout (see
-``router.serve.LISTENING_PREFIX``); we wait for that line rather than sleeping. Processes are
+``router.serving.LISTENING_PREFIX``); we wait for that line rather than sleeping. Processes are
 stopped by their PID (SIGTERM, then SIGKILL), never by name.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from router.serve import LISTENING_PREFIX
+from router.serving import LISTENING_PREFIX
 
 START_TIMEOUT = 30.0
 MAX_OUTPUT_LINES = 5000  # kept for error messages and tests; the rest is read and dropped

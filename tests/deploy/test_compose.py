@@ -21,7 +21,7 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from router.serve import uvicorn_config
+from router.serving import uvicorn_config
 from tests.deploy.load import drive
 from tests.deploy.queries import DEPLOY, PROMETHEUS_YML, ROOT
 from tests.deploy.stack import (

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from router.serve import uvicorn_config
+from router.serving import uvicorn_config
 from router.settings import CONFIG_ENV, load_settings
 from tests.deploy.queries import DEPLOY
 

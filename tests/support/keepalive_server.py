@@ -9,7 +9,7 @@ import asyncio
 import sys
 from typing import Any
 
-from router.serve import AnnouncingServer, bind_socket, socket_url, uvicorn_config
+from router.serving import AnnouncingServer, bind_socket, socket_url, uvicorn_config
 
 SLOW = 1.0
 

@@ -1,11 +1,10 @@
-"""One worker of ``spec-router serve --workers N`` (``router.supervisor`` forks it).
+"""What one router process of ``spec-router serve --workers N`` knows of the others.
 
-A whole router (``RouterApp`` with its ``WorkerContext``) under its own uvicorn, on the
-listening socket it inherited. It tells the supervisor when it is serving (one line on a pipe)
-instead of announcing the URL itself, so the URL is announced once, when all are up.
-
-Plain ``uvicorn router.app:app --workers N`` is refused here (``refuse_uvicorn_workers``):
-uvicorn's workers know nothing of each other, so each would route with its own counts.
+Its place (``WorkerContext``: its slot, the shared table, the run's directory), how an
+operator's table reaches the other workers (``TableExchange``), and the refusal of plain
+``uvicorn router.app:app --workers N`` (``refuse_uvicorn_workers``): uvicorn's workers know
+nothing of each other, so each would route with its own counts. The processes themselves are
+``router.process``'s; the app only reads this.
 """
 
 from __future__ import annotations
@@ -16,18 +15,13 @@ import logging
 import multiprocessing
 import os
 import signal
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import uvicorn
-
 from router.account.shared import SharedTable
 from router.decide import table as tables
-from router.serve import ClosingServer, uvicorn_config
-from router.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from router.learn.keeper import CrossoverKeeper
@@ -89,53 +83,6 @@ class TableExchange:
                 keeper.replace(raw, publish=False)
             except (OSError, ValueError, tables.TableError) as exc:
                 log.warning("cannot take up the table another worker was given: %s", exc)
-
-
-class ReadyServer(ClosingServer):
-    """A uvicorn server that tells the supervisor (on ``fd``) once it is accepting."""
-
-    def __init__(self, config: uvicorn.Config, fd: int, slot: int) -> None:
-        super().__init__(config)
-        self.fd = fd
-        self.slot = slot
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        if self.started:
-            os.write(self.fd, f"{self.slot}\n".encode())
-
-
-def run_worker(
-    settings: Settings,
-    sock: socket.socket,
-    ctx: WorkerContext,
-    ready_fd: int,
-    log_level: str,
-    http: str,
-) -> int:
-    """Serve until SIGTERM; an exit code (2: bad settings, 3: start-up failed)."""
-    # Before any metric exists: this process's counters go to its own file in the run's
-    # directory (PROMETHEUS_MULTIPROC_DIR), whatever was imported before the fork.
-    from prometheus_client import values
-
-    values.ValueClass = values.MultiProcessValue()
-    from router.app import RouterApp
-
-    try:
-        app = RouterApp(settings, worker=ctx)
-    except SettingsError as exc:
-        print(f"spec-router: {exc}", file=sys.stderr)
-        return 2
-    config = uvicorn_config(
-        app,
-        log_level=log_level,
-        http=http,
-        request_timeout=settings.request_timeout,
-        keep_alive=settings.client_keep_alive,
-    )
-    server = ReadyServer(config, ready_fd, ctx.slot)
-    server.run(sockets=[sock])
-    return 0 if server.started else 3
 
 
 def uvicorn_workers(argv: list[str], environ: dict[str, str]) -> int:

@@ -35,9 +35,9 @@ from pathlib import Path
 from router.account.shared import SharedTable
 from router.decide import table as tables
 from router.pools import POOLS
-from router.serve import LISTENING_PREFIX, bind_socket, socket_url
+from router.serving import LISTENING_PREFIX, bind_socket, socket_url
 from router.settings import Settings
-from router.worker import WorkerContext
+from router.workers import WorkerContext
 
 # A worker that dies sooner than this after it started is restarted only after a pause, so a
 # worker that cannot start does not spin the machine.
@@ -171,7 +171,7 @@ class Supervisor:
         _die_with(parent)
         for fd in self._fds:
             os.close(fd)
-        from router.worker import run_worker
+        from router.process.worker import run_worker
 
         return run_worker(self.settings, self.sock, ctx, self._ready_w, self.log_level, self.http)
 
