@@ -3,7 +3,7 @@ soak's four sims, the router's footprint after each round once idle; with ``--co
 router runs with a thread that calls ``gc.collect()`` every 10 s.
 
 The router collects young objects only every 50,000 allocations and older ones far more rarely
-(``router.app.GC_YOUNG_THRESHOLD``, chosen for throughput): cyclic garbage waits for those. If
+(``router.lifecycle.GC_YOUNG_THRESHOLD``, chosen for throughput): cyclic garbage waits for those. If
 RSS keeps growing with ``--collect`` too, something is leaked; if it flattens, it was garbage.
 
     python bench/soak_rss.py [--rounds 5] [--requests 4000] [--collect]

@@ -1,31 +1,28 @@
-"""The router's ASGI application.
+"""The router's ASGI application: wires the components and dispatches ASGI.
 
-``create_app(settings)`` wires the pieces; the lifespan owns everything with I/O (upstream
-clients, the health poller). ``/v1/*`` goes straight to the raw-ASGI proxy; the router's own
-endpoints (``/health``, ``/ready``, ``/metrics``, ``/router/*``, ``/v1/models``) are a FastAPI
-app, off the hot path. ``app`` (made on first use, at the bottom) serves ``uvicorn
-router.app:app``: one process, whose in-flight counts live in it. ``uvicorn --workers N`` is
-refused (each worker would route with its own counts); ``spec-router serve --workers N``
-(``router.process.supervisor``) runs N workers over one shared count, and then each ``RouterApp`` is given
-its ``WorkerContext``.
+``create_app(settings)`` wires the pieces; the lifespan starts and stops everything with I/O
+(upstream clients, the health poller, the timers: ``router.lifecycle``), and
+``/router/status`` is laid out by ``router.control.status``. ``/v1/*`` goes straight to the
+raw-ASGI proxy; the router's own endpoints (``/health``, ``/ready``, ``/metrics``,
+``/router/*``, ``/v1/models``) are a FastAPI app, off the hot path. ``app`` (made on first use,
+at the bottom) serves ``uvicorn router.app:app``: one process, whose in-flight counts live in
+it. ``uvicorn --workers N`` is refused (each worker would route with its own counts);
+``spec-router serve --workers N`` (``router.process.supervisor``) runs N workers over one shared
+count, and then each ``RouterApp`` is given its ``WorkerContext`` (``router.workers``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import gc
-import logging
-import resource
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from router import lifecycle
 from router.account.inflight import InflightTracker
 from router.account.metrics import RouterMetrics, StateCollector
 from router.account.outcome import Outcome
@@ -36,75 +33,19 @@ from router.control.app import build_control_app
 from router.control.feed import Feed
 from router.control.live import live_document
 from router.control.models import list_models
-from router.control.status import status_document, workers_document
+from router.control.status import router_status
 from router.decide import table as tables
-from router.fastpath import fast_path_status
-from router.fastpath.busypoll import SHARE_PERIOD, BusyPoll, ShareWatch
+from router.fastpath.busypoll import BusyPoll, ShareWatch
 from router.forward.admission import Admission
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
 from router.health.poller import HealthPoller
 from router.health.state import HealthConfig, HealthRegistry
 from router.learn.keeper import CrossoverKeeper
-from router.lifecycle import keep_learning
-from router.origin import Origin
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings, SettingsError, load_settings
 from router.upstream.client import OriginPool
-from router.workers import TableExchange
-
-if TYPE_CHECKING:
-    from router.workers import WorkerContext
-
-log = logging.getLogger("spec_router")
-
-# Young objects the collector may gather before it runs (CPython's default is 700). A router
-# with thousands of streams in flight keeps thousands of live young objects (tasks, frames,
-# buffers); with the default, the collector runs every few milliseconds and walks all of them,
-# 1-7 ms each time (measured: ~170 gen-0 and 15 gen-1 runs in 8 s of 256 streams, none with
-# anything to free). Request objects are freed by reference counting; the collector is only for
-# the rare cycle (bench/results/overhead.md).
-GC_YOUNG_THRESHOLD = 50_000
-
-
-# The event loop's thread alone where the OS can tell (Linux), else the whole process.
-_RUSAGE: int = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
-
-
-def _waited_for_core() -> float | None:
-    """Seconds this thread has spent runnable but waiting for a core, where Linux keeps it."""
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-async def _watch_share(busy: BusyPoll, share: ShareWatch) -> None:
-    """Hold busy polling while the router's core looks shared (``ShareWatch``)."""
-    while True:
-        switches = resource.getrusage(_RUSAGE).ru_nivcsw
-        shared = share.update(time.monotonic(), switches, _waited_for_core())
-        if shared != busy.held:
-            log.info(
-                "busy polling %s: %.0f involuntary context switches/s, %.1f%% of the time "
-                "waiting for the core",
-                "held, the core looks shared" if shared else "resumed",
-                share.rate or 0.0,
-                100 * (share.wait or 0.0),
-            )
-        busy.hold(shared)
-        await asyncio.sleep(SHARE_PERIOD)
-
-
-def _tune_gc() -> None:
-    """Process-wide, so done when a server starts the app (its lifespan), not in tests that
-    drive the app in-process: everything built at start-up moves out of the collector's sight
-    (``gc.freeze``), and young collections wait for ``GC_YOUNG_THRESHOLD`` objects."""
-    gc.collect()
-    gc.freeze()
-    young, middle, old = gc.get_threshold()
-    gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
+from router.workers import TableExchange, WorkerContext, refuse_uvicorn_workers
 
 
 class RouterApp:
@@ -216,41 +157,7 @@ class RouterApp:
 
     # -- views and actions for the control endpoints (router.control.controlled.Controlled) ---
     def status(self) -> dict[str, Any]:
-        busy = self.busy
-        return status_document(
-            now=self.clock(),
-            tracker=self.tracker,
-            health=self.health,
-            loads=self.poller.loads,
-            keeper=self.keeper,
-            decider=self.decider,
-            connections=self._connections,
-            served_models=self.poller.served_models,
-            extra={
-                "slo": self.decider.status() if self.decider.policy == "slo" else None,
-                "queue": self.admission.status(),
-                "fast_path": (
-                    self.proxy.responders.status() if self.proxy is not None else fast_path_status()
-                ),
-                "busy_poll": {
-                    "window_us": self.settings.busy_poll_us,
-                    "spinning": busy is not None and busy.running,
-                    "turns": 0 if busy is None else busy.spins,
-                    # the core looks shared (too many involuntary context switches a second, or
-                    # too long waiting for the core): no spinning until it stops
-                    "held": busy is not None and busy.held,
-                    "involuntary_switches_per_s": None if self.share is None else self.share.rate,
-                    "waiting_for_core": None if self.share is None else self.share.wait,
-                },
-                "recent": self.recent.summary(),
-                "ui": {
-                    "feed_connections": self.feed.connections,
-                    "snapshots": self.feed.seq,
-                    "interval_s": self.feed.interval,
-                },
-                "workers": workers_document(self.tracker, self.worker),
-            },
-        )
+        return router_status(self)
 
     def ui_snapshot(self) -> dict[str, Any]:
         """One snapshot for the live page (made on the feed's timer, never per request)."""
@@ -261,14 +168,15 @@ class RouterApp:
         the graceful shutdown open (``router.serving`` calls this before uvicorn's shutdown)."""
         self.feed.close()
 
-    def _connections(self, url: str) -> dict[str, int]:
+    # -- views for the status document and the proxy (router.control.status, router.lifecycle)
+    def connections(self, url: str) -> dict[str, int]:
         client = self.clients.get(url)
         if client is None:
             return {"open": 0, "idle": 0, "busy": 0}
         opened, idle = client.open_connections, client.idle_connections
         return {"open": opened, "idle": idle, "busy": opened - idle}
 
-    def _default_model(self, pool: Pool, url: str) -> str | None:
+    def default_model(self, pool: Pool, url: str) -> str | None:
         """The model a request that names none is sent as: the pool's, when its model map
         names one, else what the backend lists first at /v1/models."""
         served = set(self.settings.pool_model_map(pool).values())
@@ -276,12 +184,13 @@ class RouterApp:
             return served.pop()
         return self.poller.served_models.get(url)
 
-    def _abort_lag(self, url: str) -> float:
+    def abort_lag(self, url: str) -> float:
         """SGLang goes on running a request whose client left for 2 s (a started stream) or
         until its next 4-s poll; vLLM aborts at once (docs/engines.md, section 8)."""
         seen = self.poller.loads.get(url)
         return self.settings.engine_abort_lag if seen and seen.flavor == "sglang" else 0.0
 
+    # -- the rest of Controlled ----------------------------------------------------------------
     def usable_pools(self) -> dict[Pool, bool]:
         return {pool: self.decider.pool_usable(pool) for pool in POOLS}
 
@@ -314,67 +223,12 @@ class RouterApp:
             self.settings, self.pools, self.clients, lambda url: self.health.usable(url, now)
         )
 
-    # -- lifecycle ----------------------------------------------------------------------------
+    # -- lifecycle (router.lifecycle) ---------------------------------------------------------
     @asynccontextmanager
     async def running(self) -> AsyncIterator[RouterApp]:
-        """Start the upstream clients and the poller; stop them on exit."""
-        s = self.settings
-        _ensure_logging(s.log_level)
-        loop = asyncio.get_running_loop()
-        busy = self.busy = BusyPoll(loop, s.busy_poll_us / 1e6) if s.busy_poll_us else None
-        poke = busy.poke if busy is not None else None
-        for pool in POOLS:
-            for url in self.pools[pool]:
-                self.clients[url] = OriginPool(
-                    Origin.parse(url),
-                    max_connections=s.max_connections_per_backend,
-                    max_idle=s.max_idle_per_backend,
-                    keepalive_expiry=s.keepalive_expiry,
-                    poke=poke,
-                )
-        self.proxy = Proxy(
-            s,
-            self.decider,
-            self.tracker,
-            self.health,
-            self.clients,
-            self.observers,
-            self.clock,
-            poke=poke,
-            admission=self.admission,
-            abort_lag=self._abort_lag,
-            default_model=self._default_model,
-        )
-        self.poller.start()
-        keeper_task = loop.create_task(keep_learning(self.keeper))
-        share_task = None
-        if busy is not None and s.busy_poll_yield:
-            self.share = ShareWatch()
-            share_task = loop.create_task(_watch_share(busy, self.share))
-        exchange = self.exchange
-        follow_task = None if exchange is None else loop.create_task(exchange.follow(self.keeper))
-        log.info(
-            "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
-            self.decider.policy,
-            self.keeper.crossover,
-            self.keeper.source,
-            ",".join(self.pools[SPECULATIVE]),
-            ",".join(self.pools[BASELINE]),
-        )
-        try:
+        """Start the upstream clients, the proxy, the poller and the timers; stop them on exit."""
+        async with lifecycle.running(self):
             yield self
-        finally:
-            tasks = [t for t in (keeper_task, follow_task, share_task) if t is not None]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self.keeper.persist()
-            await self.poller.stop()
-            for client in self.clients.values():
-                client.close()
-            if busy is not None:
-                busy.stop()
-            self.proxy = None
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         message = await receive()
@@ -382,7 +236,7 @@ class RouterApp:
         started = False
         try:
             async with self.running():
-                _tune_gc()
+                lifecycle.tune_gc()
                 await send({"type": "lifespan.startup.complete"})
                 started = True
                 message = await receive()
@@ -418,16 +272,6 @@ class RouterApp:
             await send({"type": "websocket.close", "code": 1003})
 
 
-def _ensure_logging(level: str) -> None:
-    """Under ``uvicorn router.app:app`` nothing configures our loggers: give them a handler."""
-    ours = logging.getLogger("spec_router")
-    if not ours.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        ours.addHandler(handler)
-    ours.setLevel(level.upper())
-
-
 def load_table(settings: Settings) -> tables.Table | None:
     """The table at TABLE_PATH; None when unset or not written yet; a bad one is an error."""
     path = settings.table_path
@@ -460,8 +304,6 @@ def __getattr__(name: str) -> Any:
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if _app is None:
-        from router.workers import refuse_uvicorn_workers
-
         refuse_uvicorn_workers()
         _app = create_app()
     return _app

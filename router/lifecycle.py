@@ -1,13 +1,156 @@
-"""What runs while the router serves, started and stopped in one place."""
+"""What runs while the router serves, started and stopped in one place.
+
+``running`` opens what needs an event loop -- an upstream client per backend, the proxy over
+them, busy polling, the health poller, the keeper's learning timer, the watch on a shared core
+and, under ``--workers``, the table exchange -- and on exit stops each and writes the table
+once more. ``RouterApp`` built the components that do not need a loop; this module starts and
+stops them, and the ASGI lifespan (or a test) enters it. ``tune_gc`` is the process-wide part a
+server's start-up adds.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import resource
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Protocol
 
+from router.account.inflight import InflightTracker
+from router.account.outcome import Outcome
+from router.fastpath.busypoll import SHARE_PERIOD, BusyPoll, ShareWatch
+from router.forward.admission import Admission
+from router.forward.decider import Decider
+from router.forward.proxy import Proxy
+from router.health.poller import HealthPoller
+from router.health.state import HealthRegistry
 from router.learn.keeper import CrossoverKeeper
+from router.origin import Origin
+from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
+from router.settings import Settings
+from router.upstream.client import OriginPool
+from router.workers import TableExchange
 
+log = logging.getLogger("spec_router")
 tuning_log = logging.getLogger("spec_router.tuning")
+
+# Young objects the collector may gather before it runs (CPython's default is 700). A router
+# with thousands of streams in flight keeps thousands of live young objects (tasks, frames,
+# buffers); with the default, the collector runs every few milliseconds and walks all of them,
+# 1-7 ms each time (measured: ~170 gen-0 and 15 gen-1 runs in 8 s of 256 streams, none with
+# anything to free). Request objects are freed by reference counting; the collector is only for
+# the rare cycle (bench/results/overhead.md).
+GC_YOUNG_THRESHOLD = 50_000
+
+
+# The event loop's thread alone where the OS can tell (Linux), else the whole process.
+_RUSAGE: int = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
+class Runnable(Protocol):
+    """The router's components as ``running`` starts them (``router.app.RouterApp``): it reads
+    the ones built without a loop and sets ``proxy``, ``busy`` and ``share``."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def pools(self) -> Mapping[Pool, list[str]]: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def tracker(self) -> InflightTracker: ...
+    @property
+    def health(self) -> HealthRegistry: ...
+    @property
+    def poller(self) -> HealthPoller: ...
+    @property
+    def keeper(self) -> CrossoverKeeper: ...
+    @property
+    def decider(self) -> Decider: ...
+    @property
+    def admission(self) -> Admission: ...
+    @property
+    def exchange(self) -> TableExchange | None: ...
+    @property
+    def observers(self) -> list[Callable[[Outcome], None]]: ...
+    @property
+    def clients(self) -> dict[str, OriginPool]: ...
+
+    proxy: Proxy | None
+    busy: BusyPoll | None
+    share: ShareWatch | None
+
+    def abort_lag(self, url: str) -> float: ...
+
+    def default_model(self, pool: Pool, url: str) -> str | None: ...
+
+
+@asynccontextmanager
+async def running(app: Runnable) -> AsyncIterator[None]:
+    """Start the upstream clients, the proxy and the poller and the timers; stop them on exit."""
+    s = app.settings
+    ensure_logging(s.log_level)
+    loop = asyncio.get_running_loop()
+    busy = app.busy = BusyPoll(loop, s.busy_poll_us / 1e6) if s.busy_poll_us else None
+    poke = busy.poke if busy is not None else None
+    clients = app.clients
+    for pool in POOLS:
+        for url in app.pools[pool]:
+            clients[url] = OriginPool(
+                Origin.parse(url),
+                max_connections=s.max_connections_per_backend,
+                max_idle=s.max_idle_per_backend,
+                keepalive_expiry=s.keepalive_expiry,
+                poke=poke,
+            )
+    app.proxy = Proxy(
+        s,
+        app.decider,
+        app.tracker,
+        app.health,
+        clients,
+        app.observers,
+        app.clock,
+        poke=poke,
+        admission=app.admission,
+        abort_lag=app.abort_lag,
+        default_model=app.default_model,
+    )
+    keeper = app.keeper
+    app.poller.start()
+    keeper_task = loop.create_task(keep_learning(keeper))
+    share_task = None
+    if busy is not None and s.busy_poll_yield:
+        share = app.share = ShareWatch()
+        share_task = loop.create_task(_watch_share(busy, share))
+    exchange = app.exchange
+    follow_task = None if exchange is None else loop.create_task(exchange.follow(keeper))
+    log.info(
+        "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
+        app.decider.policy,
+        keeper.crossover,
+        keeper.source,
+        ",".join(app.pools[SPECULATIVE]),
+        ",".join(app.pools[BASELINE]),
+    )
+    try:
+        yield
+    finally:
+        tasks = [t for t in (keeper_task, follow_task, share_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        keeper.persist()
+        await app.poller.stop()
+        for client in clients.values():
+            client.close()
+        if busy is not None:
+            busy.stop()
+        app.proxy = None
 
 
 async def keep_learning(keeper: CrossoverKeeper) -> None:
@@ -22,3 +165,49 @@ async def keep_learning(keeper: CrossoverKeeper) -> None:
                 keeper.persist()
         except Exception:
             tuning_log.exception("crossover update failed")
+
+
+def _waited_for_core() -> float | None:
+    """Seconds this thread has spent runnable but waiting for a core, where Linux keeps it."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+async def _watch_share(busy: BusyPoll, share: ShareWatch) -> None:
+    """Hold busy polling while the router's core looks shared (``ShareWatch``)."""
+    while True:
+        switches = resource.getrusage(_RUSAGE).ru_nivcsw
+        shared = share.update(time.monotonic(), switches, _waited_for_core())
+        if shared != busy.held:
+            log.info(
+                "busy polling %s: %.0f involuntary context switches/s, %.1f%% of the time "
+                "waiting for the core",
+                "held, the core looks shared" if shared else "resumed",
+                share.rate or 0.0,
+                100 * (share.wait or 0.0),
+            )
+        busy.hold(shared)
+        await asyncio.sleep(SHARE_PERIOD)
+
+
+def tune_gc() -> None:
+    """Process-wide, so done when a server starts the app (its lifespan), not in tests that
+    drive the app in-process: everything built at start-up moves out of the collector's sight
+    (``gc.freeze``), and young collections wait for ``GC_YOUNG_THRESHOLD`` objects."""
+    gc.collect()
+    gc.freeze()
+    young, middle, old = gc.get_threshold()
+    gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
+
+
+def ensure_logging(level: str) -> None:
+    """Under ``uvicorn router.app:app`` nothing configures our loggers: give them a handler."""
+    ours = logging.getLogger("spec_router")
+    if not ours.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        ours.addHandler(handler)
+    ours.setLevel(level.upper())

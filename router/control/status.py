@@ -1,8 +1,10 @@
 """``GET /router/status``: one JSON document of what the router knows, from its owners' views.
 
 Each part comes from the component that owns it (counts from the tracker, health from the
-registry, engine loads from the poller, the crossover from the keeper); this module only lays
-them out.
+registry, engine loads from the poller, the crossover from the keeper, the queue, the fast path,
+busy polling, the recent window, the live page's feed, the worker's place); this module only
+lays them out. ``router_status`` assembles the whole document from the router's components
+(``Observed``, which ``router.app.RouterApp`` provides).
 """
 
 from __future__ import annotations
@@ -10,17 +12,95 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from router.account.inflight import InflightTracker
+from router.account.recent import RecentWindow
+from router.control.feed import Feed
+from router.fastpath import fast_path_status
+from router.fastpath.busypoll import BusyPoll, ShareWatch
+from router.forward.admission import Admission
 from router.forward.decider import Decider
-from router.health.poller import EngineLoad
+from router.forward.proxy import Proxy
+from router.health.poller import EngineLoad, HealthPoller
 from router.health.state import HealthRegistry, usable
 from router.learn.keeper import CrossoverKeeper
 from router.pools import POOLS
+from router.settings import Settings
+from router.workers import WorkerContext
 
-if TYPE_CHECKING:
-    from router.workers import WorkerContext
+
+class Observed(Protocol):
+    """The router's components the status document is read from (``router.app.RouterApp``)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def tracker(self) -> InflightTracker: ...
+    @property
+    def health(self) -> HealthRegistry: ...
+    @property
+    def poller(self) -> HealthPoller: ...
+    @property
+    def keeper(self) -> CrossoverKeeper: ...
+    @property
+    def decider(self) -> Decider: ...
+    @property
+    def admission(self) -> Admission: ...
+    @property
+    def proxy(self) -> Proxy | None: ...
+    @property
+    def busy(self) -> BusyPoll | None: ...
+    @property
+    def share(self) -> ShareWatch | None: ...
+    @property
+    def recent(self) -> RecentWindow: ...
+    @property
+    def feed(self) -> Feed: ...
+    @property
+    def worker(self) -> WorkerContext | None: ...
+
+    def connections(self, url: str) -> dict[str, int]: ...
+
+
+def router_status(app: Observed) -> dict[str, Any]:
+    """The whole ``/router/status`` document."""
+    busy, share, feed, proxy = app.busy, app.share, app.feed, app.proxy
+    decider = app.decider
+    return status_document(
+        now=app.clock(),
+        tracker=app.tracker,
+        health=app.health,
+        loads=app.poller.loads,
+        keeper=app.keeper,
+        decider=decider,
+        connections=app.connections,
+        served_models=app.poller.served_models,
+        extra={
+            "slo": decider.status() if decider.policy == "slo" else None,
+            "queue": app.admission.status(),
+            "fast_path": proxy.responders.status() if proxy is not None else fast_path_status(),
+            "busy_poll": {
+                "window_us": app.settings.busy_poll_us,
+                "spinning": busy is not None and busy.running,
+                "turns": 0 if busy is None else busy.spins,
+                # the core looks shared (too many involuntary context switches a second, or
+                # too long waiting for the core): no spinning until it stops
+                "held": busy is not None and busy.held,
+                "involuntary_switches_per_s": None if share is None else share.rate,
+                "waiting_for_core": None if share is None else share.wait,
+            },
+            "recent": app.recent.summary(),
+            "ui": {
+                "feed_connections": feed.connections,
+                "snapshots": feed.seq,
+                "interval_s": feed.interval,
+            },
+            "workers": workers_document(app.tracker, app.worker),
+        },
+    )
 
 
 def _engine(seen: EngineLoad | None, now: float) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture(autouse=True)
 def no_gc_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
     """The lifespan tunes the process's garbage collector for a server; not this one's."""
-    monkeypatch.setattr("router.app._tune_gc", lambda: None)
+    monkeypatch.setattr("router.lifecycle.tune_gc", lambda: None)
 
 
 class Boom(RuntimeError):
