@@ -15,6 +15,6 @@ def test_every_test_directory_but_real_is_collected_by_default() -> None:
         f"tests/{d.name}"
         for d in (ROOT / "tests").iterdir()
         if d.is_dir() and any(d.glob("test_*.py"))
-    }
+    } | {f"tests/{f.name}" for f in (ROOT / "tests").glob("test_*.py")}
     assert "tests/real" in with_tests and "tests/real" not in testpaths
     assert with_tests - {"tests/real"} == testpaths
