@@ -81,8 +81,8 @@ run bench/traffic.py
 run --cpu 1 bench/soak.py
 
 # 8. The fuzz suite's long run: 20x the examples of `make test`, freshly random (issue 13).
-echo "bench: SPEC_ROUTER_FUZZ_PROFILE=long $PY -m pytest -q tests/router/test_fuzz.py" >&2
-SPEC_ROUTER_FUZZ_PROFILE=long "$PY" -m pytest -q -p no:cacheprovider tests/router/test_fuzz.py
+echo "bench: SPEC_ROUTER_FUZZ_PROFILE=long $PY -m pytest -q tests/forward/test_fuzz_e2e.py" >&2
+SPEC_ROUTER_FUZZ_PROFILE=long "$PY" -m pytest -q -p no:cacheprovider tests/forward/test_fuzz_e2e.py
 
 # 9. The streaming tail under another harness's choices, one at a time (issue 14):
 #    bench/results/overhead-harnesses.md. About 15 minutes.

@@ -13,7 +13,7 @@ import pytest
 
 from router.settings import sim_time_env
 from tests.support.http import router_ready, wait_for
-from tests.support.processes import Proc, sim_args, spawn
+from tests.support.processes import Proc, running, sim_args, spawn
 
 
 def _one_tls_context_per_setting() -> None:
@@ -66,6 +66,31 @@ def sim_pair(engine: str = "sglang", seeds: tuple[str, ...] = ()) -> dict[str, P
         spec.stop()
         raise
     return {"speculative": spec, "baseline": base}
+
+
+# End-to-end tests start servers -- sims and routers as processes, or servers on sockets of
+# their own -- and live in modules named *_e2e.py (tests/real, the llama.cpp tier, is all end to
+# end); each of their tests carries the ``e2e`` marker, so ``pytest -m "not e2e"`` runs the rest,
+# in process. A test elsewhere that asks for one of these server fixtures is refused.
+E2E_MODULE_SUFFIX = "_e2e.py"
+SERVER_FIXTURES = frozenset(
+    {"sims", "vllm_sims", "engine_sims", "engine_pair", "own_sims", "start_router"}
+    | {"eagle3", "baseline", "vllm_eagle3"}
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    misplaced = []
+    for item in items:
+        real = item.path.parent.name == "real"
+        if real or item.path.name.endswith(E2E_MODULE_SUFFIX):
+            item.add_marker(pytest.mark.e2e)
+        elif SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(
+            "tests that start servers belong in a *_e2e.py module: " + ", ".join(misplaced)
+        )
 
 
 @pytest.fixture(scope="session")
@@ -130,6 +155,31 @@ def own_sims() -> Iterator[dict[str, Proc]]:
     finally:
         for proc in procs.values():
             proc.stop()
+
+
+# The single sims below (tests/sim, the load generator's tests): fast enough for tests, slow
+# enough that an iteration (>= 1 ms) is above timer resolution.
+SIM_SCALE = "0.05"
+
+
+@pytest.fixture(scope="session")
+def eagle3() -> Iterator[Proc]:
+    with running(sim_args("eagle3", "--time-scale", SIM_SCALE, "--seed", "1")) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def baseline() -> Iterator[Proc]:
+    with running(sim_args("baseline", "--time-scale", SIM_SCALE, "--seed", "1")) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def vllm_eagle3() -> Iterator[Proc]:
+    with running(
+        sim_args("eagle3", "--time-scale", SIM_SCALE, "--seed", "1", "--engine", "vllm")
+    ) as p:
+        yield p
 
 
 def router_env(spec_url: str, base_url: str, **settings: str) -> dict[str, str]:

@@ -20,7 +20,7 @@ It takes them only when all of this holds (else False):
     its own.
 
 The bytes go out with the engine's own chunk framing: the same chunked body the Python path
-would send, which frames each read as one chunk. tests/unit/test_relay.py holds this to a
+would send, which frames each read as one chunk. tests/upstream/test_relay.py holds this to a
 reference written in Python, over generated inputs.
 */
 #define _GNU_SOURCE /* memmem */

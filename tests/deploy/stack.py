@@ -13,6 +13,7 @@ on the router's volumes (the learned crossover table) move to scratch directorie
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -191,3 +192,12 @@ def start_sim_profile(
         yield stack
     finally:
         stack.close()
+
+
+def healthcheck_code(dockerfile: str) -> str:
+    """The Python code of a Dockerfile's exec-form HEALTHCHECK (``python -c CODE``)."""
+    cmd = re.search(r"HEALTHCHECK[^\n]*\\\n\s*CMD (\[.*\])", dockerfile)
+    assert cmd, "no exec-form HEALTHCHECK"
+    args = json.loads(cmd.group(1))
+    assert args[:2] == ["python", "-c"]
+    return str(args[2])

@@ -68,7 +68,7 @@ def test_replay_light_then_heavy(
     # test's: the prompts start with a per-run nonce, and on some runs this draft pair decodes
     # no faster than the baseline (speculative TPOT 22-37 ms against the baseline's 21-36 ms,
     # where other runs give 10-13 against 28-35), and then the router rightly learns not to
-    # prefer it (its predictions follow what it measures: tests/router/test_learning_e2e.py).
+    # prefer it (its predictions follow what it measures: tests/learn/test_learning_e2e.py).
     light_spec = sum(r.pool == "speculative" for r in light) / len(light)
     heavy_spec = heavy_pools["speculative"] / len(heavy)
     spec_tpot = _median([r.tpot for r in light if r.pool == "speculative"])

@@ -1,35 +1,13 @@
-"""Simulated engines as real subprocesses on ephemeral loopback ports."""
+"""The sims' tests: each preset in turn (``sim``; the session's sims are tests/conftest.py's),
+and helpers to read their answers and metrics."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.processes import Proc, running, sim_args
-
-# Fast enough for tests, slow enough that an iteration (>= 1 ms) is above timer resolution.
-SCALE = "0.05"
-
-
-@pytest.fixture(scope="session")
-def eagle3() -> Iterator[Proc]:
-    with running(sim_args("eagle3", "--time-scale", SCALE, "--seed", "1")) as proc:
-        yield proc
-
-
-@pytest.fixture(scope="session")
-def baseline() -> Iterator[Proc]:
-    with running(sim_args("baseline", "--time-scale", SCALE, "--seed", "1")) as proc:
-        yield proc
-
-
-@pytest.fixture(scope="session")
-def vllm_eagle3() -> Iterator[Proc]:
-    with running(sim_args("eagle3", "--time-scale", SCALE, "--seed", "1", "--engine", "vllm")) as p:
-        yield p
+from tests.support.processes import Proc
 
 
 @pytest.fixture(params=["eagle3", "baseline"])

@@ -1,7 +1,7 @@
 """A server of the router's protocol with a short keep-alive, answering every request with a
 small 200 (after ``SLOW`` seconds for ``/slow``; before reading its body for ``/early``):
 ``python -m tests.support.keepalive_server KEEP_ALIVE``. For the keep-alive timer's tests
-(tests/router/test_keep_alive_e2e.py): the router's own keep-alive is CLIENT_KEEP_ALIVE."""
+(tests/fastpath/test_keep_alive_e2e.py): the router's own keep-alive is CLIENT_KEEP_ALIVE."""
 
 from __future__ import annotations
 

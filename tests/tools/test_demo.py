@@ -1,21 +1,15 @@
-"""``spec-router demo``: it names the live page, the page answers while the demo runs, and
-``--hold`` keeps the stack up (ramping load through the router) and still ends on its own."""
+"""``spec-router demo``'s own arithmetic: the hold's ramp, shortfalls, a busy load generator,
+judging the SLO in model time, and the router's settings in the sims' time (against real sims:
+test_demo_e2e.py, where it names the live page and ``--hold`` keeps the stack up)."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import math
-import subprocess
-import sys
-import time
 from dataclasses import replace
-from pathlib import Path
 
-import httpx
 import pytest
 
-from router.calibrate.loadgen import RequestResult, run_closed_loop
+from router.calibrate.loadgen import RequestResult
 from router.settings import Settings
 from router.sim.model import BASELINE, EAGLE3, closed_loop
 from router.tools.demo import (
@@ -23,15 +17,11 @@ from router.tools.demo import (
     LOADGEN_LIMIT,
     Point,
     attained,
-    engine_facts,
     hold_levels,
     router_env,
-    run_target,
     saturated,
-    scrape_metrics,
     shortfalls,
 )
-from router.tools.processes import Proc
 
 
 def test_the_hold_ramps_up_and_back_down() -> None:
@@ -77,15 +67,6 @@ def test_a_run_through_which_the_load_generator_was_busy_is_saturated() -> None:
     assert busy[0][2] == pytest.approx(LOADGEN_LIMIT + 0.05)
 
 
-def test_each_run_measures_the_load_generators_own_cpu(sims: dict[str, Proc]) -> None:
-    # this process is the load generator: a run of 0.6 s costs it some CPU, and no more than
-    # the run's length (one thread)
-    args = argparse.Namespace(duration=0.6, prompt_tokens=32, output_tokens=32, time_scale=0.05)
-    point, _ = asyncio.run(run_target(sims["baseline"].url, "baseline", 4, args))
-    assert point.total_tps > 0
-    assert 0.0 < point.loadgen_cpu <= 1.05
-
-
 def test_within_slo_is_judged_in_model_time() -> None:
     # sims at 0.1: 0.08 s to the first token is 0.8 model s; 97 tokens over 0.192 s is 20 ms
     # per token (strict and relaxed); over 0.384 s, 40 ms (relaxed only); a failure meets none
@@ -123,51 +104,3 @@ def test_the_routers_slo_and_engine_lags_are_the_defaults_in_the_sims_time(
     assert (unscaled.engine_abort_lag, unscaled.engine_gauge_lag) == (2.0, 2.0)
     assert scaled.engine_abort_lag == pytest.approx(0.2)
     assert scaled.engine_gauge_lag == pytest.approx(0.2)
-
-
-def test_the_demo_table_has_the_engines_acceptance_length_and_caps(sims: dict[str, Proc]) -> None:
-    # as calibrate reads them: a table that says 1.0 for an engine that accepts 2.8 tokens an
-    # iteration makes the router take each of its iterations for 2.8 times shorter than it is
-    spec, base = sims["speculative"].url, sims["baseline"].url
-    before = asyncio.run(scrape_metrics(spec))
-    asyncio.run(
-        run_closed_loop(
-            f"{spec}/v1", concurrency=2, prompt_tokens=32, output_tokens=64, duration=1.0
-        )
-    )
-    urls = {"speculative": spec, "baseline": base}
-    tau, caps = asyncio.run(engine_facts(spec, urls, before))
-    assert tau == pytest.approx(EAGLE3.tau, rel=0.15)  # greedy requests: the preset's 2.8
-    assert caps == {"speculative": EAGLE3.max_running, "baseline": BASELINE.max_running}
-
-
-@pytest.mark.slow
-def test_the_demo_names_its_live_page_and_holds(tmp_path: Path) -> None:
-    # (short requests: a run of 0.4 s measures several after its warm-up)
-    cmd = [sys.executable, "-m", "router", "demo", "--levels", "2", "--duration", "0.4"]
-    cmd += ["--output-tokens", "32"]
-    cmd += ["--hold", "1.5", "--hold-step", "0.5", "--plot", str(tmp_path / "demo.png")]
-    began = time.monotonic()
-    lines: list[str] = []
-    page = None
-    up_while_holding = False
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        assert proc.stdout is not None
-        try:
-            for line in proc.stdout:
-                lines.append(line)
-                if line.startswith("live page: "):
-                    page = line.split()[2]
-                    r = httpx.get(page, follow_redirects=True, timeout=10)
-                    assert r.status_code == 200 and "spec-router live" in r.text
-                if line.startswith("holding for") and page is not None:
-                    r = httpx.get(page.replace("/router/ui", "/ready"), timeout=10)
-                    up_while_holding = r.status_code == 200
-            assert proc.wait(timeout=120) == 0, "".join(lines)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    assert page is not None, "".join(lines)
-    assert up_while_holding, "".join(lines)
-    assert (tmp_path / "demo.png").exists()
-    assert time.monotonic() - began < 120

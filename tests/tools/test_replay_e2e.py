@@ -9,13 +9,15 @@ from pathlib import Path
 import httpx
 
 from router.tools import goodput, traffic
-from router.tools.replay import main, replay, request_body
+from router.tools.replay import main, replay
 from router.tools.replay_report import read_json
 from tests.conftest import TIME_SCALE, RouterFactory
 from tests.support.http import metric_value
 from tests.support.processes import Proc
 
 SCALE = float(TIME_SCALE)
+
+
 REASONS = {"below_crossover", "above_crossover", "predicted_gain", "failover", "retry", "explore"}
 
 
@@ -126,14 +128,3 @@ def test_the_command_writes_results_and_a_report(sims: dict[str, Proc], tmp_path
     assert 0.3 < sum(r.arrival.temperature == 1.0 for r in results) / len(results) < 0.7
     text = report.read_text()
     assert "goodput custom" in text and f"{len(results)}/{len(results)}" in text
-
-
-def test_prompts_start_with_a_per_run_nonce() -> None:
-    """A second run must not find the first one's prompts in an engine's prefix cache."""
-    a = traffic.Arrival(0.0, 4, 8)
-    first = request_body(a, 3, "chat", "m", "n1")["messages"][0]["content"].split()
-    assert first == ["n1r3", "hello", "hello", "hello"]
-    assert request_body(a, 3, "chat", "m", "n2")["messages"][0]["content"].split()[0] == "n2r3"
-    ids = request_body(a, 3, "completions", "m", "n1")["prompt"]
-    assert ids == request_body(a, 3, "completions", "m", "n1")["prompt"]
-    assert ids != request_body(a, 3, "completions", "m", "n2")["prompt"]

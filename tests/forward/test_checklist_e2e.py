@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import RouterFactory
-from tests.router.test_health_e2e import CHAT, assert_clean, configure, metrics
+from tests.health.test_health_e2e import CHAT, assert_clean, configure, metrics
 from tests.support.http import metric_value, router_status, sim_running
 from tests.support.processes import Proc
 from tests.support.raw_http import check_answer, check_error_shape, exchange

@@ -1,5 +1,5 @@
 """``LaneCycle``: a proxied request's own response cycle (router/fastpath/lane.py), on a
-transport that keeps what is written. tests/router/test_fast_path_e2e.py drives it over real
+transport that keeps what is written. tests/fastpath/test_fast_path_e2e.py drives it over real
 sockets under the router's protocol."""
 
 from __future__ import annotations

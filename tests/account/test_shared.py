@@ -2,7 +2,7 @@
 every reader, reclaimed after a worker dies; and the crossover board over it.
 
 Two ``SharedTracker`` objects on one table stand in for two workers (the e2e test in
-tests/router/test_workers_e2e.py forks real ones); clocks are moved by the test.
+tests/process/test_workers_e2e.py forks real ones); clocks are moved by the test.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``DirectSend.body_sink``: the per-chunk writer under uvicorn's httptools server, on a stand-in
-for uvicorn's request cycle (the e2e tests in tests/router/test_fast_path_e2e.py drive the real
+for uvicorn's request cycle (the e2e tests in tests/fastpath/test_fast_path_e2e.py drive the real
 one over sockets)."""
 
 from __future__ import annotations

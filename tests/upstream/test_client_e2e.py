@@ -177,7 +177,8 @@ async def raw_diverted(
     bytes as a chunk on a client transport and to the C relay's raw writer to that transport
     (``taken``: each read the raw writer wrote). Returns the connection, the client transport,
     and its flow (``write_paused`` makes both decline)."""
-    from router.upstream._relay import Relay  # (tests/unit/test_relay.py fails if it is not built)
+    # (tests/upstream/test_relay.py fails if it is not built)
+    from router.upstream._relay import Relay
 
     await script.writes.put(HEAD + chunk(b"first"))
     conn = await request(pool)

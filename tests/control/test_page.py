@@ -9,7 +9,7 @@ import pytest
 
 from router.control.page import COOKIE, load_assets
 from router.settings import Settings
-from tests.unit.test_control import Router, assert_error, serve
+from tests.control.test_control import Router, assert_error, serve
 
 pytestmark = pytest.mark.anyio
 
