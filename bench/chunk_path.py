@@ -1,6 +1,6 @@
 """The router's own per-chunk code, timed in-process: no socket, no event loop turn.
 
-One upstream ``Connection`` (router/forward/upstream.py) in the middle of a chunked SSE response,
+One upstream ``Connection`` (router/upstream/client.py) in the middle of a chunked SSE response,
 diverted to the sink ``Proxy._divert`` asks ``DirectSend`` for (ready check, SSE tap that
 strips the usage it asked for, chunk framing) writing to a transport that only counts. Each
 iteration feeds one chunk of bench/fake_backend.py's shape to ``data_received``: what the
@@ -10,7 +10,7 @@ makes.
     python bench/chunk_path.py --chunks 200000 --repeat 3
     python bench/chunk_path.py --tap    # and the SSE tap alone per read shape (timeit, best of)
 
-Each run is timed twice: with the C relay of plain chunks (router/forward/_relay.c, as the
+Each run is timed twice: with the C relay of plain chunks (router/upstream/_relay.c, as the
 router runs where it is built) and with every read the Python way (httptools, tap, sink).
 """
 

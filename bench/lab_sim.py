@@ -3,11 +3,11 @@
 Engines: a discrete-event copy of the sims' continuous-batching loop (``router.sim.engine``
 over ``router.sim.model``): iteration cost, prefill stalls, speculative gains, ``max_running``.
 
-Router: the decision shell of ``router.decide.snapshot.Decider`` as HTTP runs it, imitated on
+Router: the decision shell of ``router.forward.decider.Decider`` as HTTP runs it, imitated on
 the lab's clock: loads are the requests in flight per engine (the router's ``local`` signal),
 the prefill share and the Little's-law expected load over ``RECENT_WINDOW``, the crossover and
 the curves from the calibrated table, kept current by learning from finished requests as
-``router.account.keeper`` does (samples into ``Learner`` and ``EngineModels``, republished
+``router.learn.keeper`` does (samples into ``Learner`` and ``EngineModels``, republished
 every ``LEARN_INTERVAL``), and the same exploration near the crossover. ``Router(models=...)``
 can instead hand the policies the sims' true models (``tests.support.models``), to tell what
 the policy gets wrong from what the router's knowledge does.

@@ -1,11 +1,11 @@
 """CPU per SSE event of the load generator's HTTP client: httpx against the router's own.
 
-``spec-router demo``'s load generator (router.tools.loadgen) is its own process, one Python
+``spec-router demo``'s load generator (router.calibrate.loadgen) is its own process, one Python
 thread; past most of a core it measures itself, not the engines (router/tools/demo.py,
 ``LOADGEN_LIMIT``). This drives one simulated engine (pinned to CPU 1) with ``--users`` streams
 back to back for ``--seconds``, reading every event as the load generator does (split, JSON
-decode), through ``httpx.AsyncClient.stream`` and through ``router.tools.loadgen.FastClient``
-(httptools callbacks, router.forward.upstream) in turns, from this process pinned to CPU 0, and
+decode), through ``httpx.AsyncClient.stream`` and through ``router.calibrate.loadgen.FastClient``
+(httptools callbacks, router.upstream.client) in turns, from this process pinned to CPU 0, and
 prints events/s, the process's CPU and its CPU per event for each run, then the medians.
 
     python bench/loadgen_client.py

@@ -166,7 +166,7 @@ STACKS = {
     "direct": "no proxy: load generator → fake backend",
     "nginx": "nginx, 1 worker, `proxy_buffering off`, HTTP/1.1 keep-alive upstream "
     "(bench/nginx.conf.template)",
-    "router": "`python -m router serve` (the product: raw ASGI + router/forward/upstream.py, "
+    "router": "`python -m router serve` (the product: raw ASGI + router/upstream/client.py, "
     "its own HTTP/1.1 client on asyncio + httptools), default settings",
     "router_no_busy_poll": "the same router with busy polling off "
     "(`SPEC_ROUTER_BUSY_POLL_US=0`, router/fastpath/busypoll.py)",
@@ -190,7 +190,7 @@ STACKS = {
 # router/forward/ and router/fastpath/) and bench/profile_router.py.
 HOT_PATH = [
     "- A raw ASGI handler and its own HTTP/1.1 client on asyncio + httptools "
-    "(router/forward/upstream.py): no framework routing, no `StreamingResponse`, no httpx "
+    "(router/upstream/client.py): no framework routing, no `StreamingResponse`, no httpx "
     "(see above).",
     "- Under uvicorn's httptools server (the default), `router.fastpath.uvicorn.DirectSend`: the "
     "response start goes out with the body bytes that came with the upstream's headers in one "
@@ -517,7 +517,7 @@ def _findings(summary: dict[str, Any]) -> list[str]:
             f"httpx costs ×{httpx / aiohttp:.0f} the CPU per request of aiohttp (whose response "
             "parser is in C) and collapses under 256 concurrent streams (see the table above). "
             "The router forwards with its own small HTTP/1.1 client on asyncio and httptools' "
-            "C parser (router/forward/upstream.py), the parser uvicorn already brings, rather than "
+            "C parser (router/upstream/client.py), the parser uvicorn already brings, rather than "
             "add "
             "aiohttp as a second client library; httpx remains only in the tools around it "
             "(demo, calibration, load generator), where nothing is hot.",

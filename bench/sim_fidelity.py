@@ -2,9 +2,10 @@
 
 For each time scale and preset this starts one ``router.sim`` process pinned to CPU 0
 (``taskset -c 0``), and from this process (pin it to CPU 1) runs the closed-loop load
-generator ``router.tools.loadgen`` at each concurrency. Each point starts with desynchronised first
-requests, skips a warm-up and measures a steady window: total tok/s from the chunks that
-arrived in it, per-request decode tok/s from each request's chunk spans in it. Both are
+generator ``router.calibrate.loadgen`` at each concurrency. Each point starts with
+desynchronised first requests, skips a warm-up and measures a steady window: total tok/s from
+the chunks that arrived in it, per-request decode tok/s from each request's chunk spans in it.
+Both are
 compared with ``router.sim.model.closed_loop`` divided by the time scale. Writes a Markdown
 report (``--out``) and prints it.
 
@@ -245,8 +246,8 @@ METHOD = """
   requests end, and their successors join, spread evenly from the start; the window opens after
   the initial prefill burst plus a quarter of a request's life. Requests in flight when the run
   stops are abandoned; their chunks inside the window still count.
-- **Client.** `router.tools.loadgen` (httpx, one keep-alive connection per worker), pinned to the
-  other core, keeps up with every point of the main table. Measured apart: at 256 streams and
+- **Client.** `router.calibrate.loadgen` (httpx, one keep-alive connection per worker), pinned to
+  the other core, keeps up with every point of the main table. Measured apart: at 256 streams and
   time scale 0.1 (about 6,500 chunks/s) it used 70-80% of its core and the total came out 3%
   low, because re-joins slipped an iteration; at time scale 0.05 it managed 3,900 of the
   13,000 chunks/s asked for. The sim itself served 17,000 SSE events/s over 256 streams with

@@ -1,4 +1,4 @@
-"""router.forward.jsonfast answers every input as json.loads does: the same object, or the
+"""router.jsonfast answers every input as json.loads does: the same object, or the
 same error (type and message)."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each ASGI candidate runs under the server settings the router uses (uvicorn with
 httptools, one worker, lifespan on, access log off; ``serve``); the protocol candidates run
 their own ``asyncio.Protocol`` on uvloop (``serve_protocol``). Each announces its URL on stdout
 in the router's one-line format, so the benchmark starts and waits for all of them the same way.
-Kept self-contained rather than importing ``router.serve`` so the candidates do not change
+Kept self-contained rather than importing ``router.serving`` so the candidates do not change
 when the router does.
 """
 

@@ -25,7 +25,7 @@ Prompts start with a nonce drawn once per run, then the worker and sequence numb
 another request of the run nor an earlier run finds the prompt in an engine's prefix cache.
 
 The load generator's own HTTP client is the router's (``FastClient``: httptools callbacks,
-``router.forward.upstream``), not httpx: a load generator at its core's limit measures itself,
+``router.upstream.client``), not httpx: a load generator at its core's limit measures itself,
 and httpx cost 321 µs of CPU per SSE event against this one's 35 on a slow host (medians,
 ``python bench/loadgen_client.py``; bench/results/loadgen-client.md). ``send_one`` still takes
 an ``httpx.AsyncClient`` too.

@@ -6,7 +6,7 @@ greedy and sampled requests (the speculative acceptance length; 1 for a baseline
 prefill time as ``base + tokens * per_token``, and the engine's cap on running requests when one
 is known. All durations in the model are the engines' *model* time; ``scale`` turns them into
 the wall-clock seconds clients see (1 for real engines). ``router.decide.twin`` simulates a
-backend with it; ``router.decide.models`` learns it.
+backend with it; ``router.learn.models`` learns it.
 
 Batch sizes past the table are extrapolated by its last slope (never downhill).
 """

@@ -10,7 +10,7 @@ Besides the points, each pool carries a *fit*: seconds per iteration (``spt * ta
 straight line in concurrency, the shape of a batching engine (an iteration costs ``a + b * n``
 and yields ``tau`` tokens per request). The fit is a summary for plots and readers; what matters
 to the router is its ``tau``, the acceptance length the speculative points were measured at,
-which lets ``router.decide.learner`` rescale the curve when the engine's acceptance length changes.
+which lets ``router.learn.learner`` rescale the curve when the engine's acceptance length changes.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class Responders:
 
 def fast_path_status(counts: tuple[int, int, int] = (0, 0, 0)) -> dict[str, int | bool]:
     """``/router/status``'s ``fast_path``: responses by responder (``STATUS_KEYS``), and the
-    reads of chunked streams that router.forward.relay's C relay wrote (none where it is not
+    reads of chunked streams that router.upstream.relay's C relay wrote (none where it is not
     built, ``raw_relay`` false: every read then goes the Python way)."""
     status: dict[str, int | bool] = dict(zip(STATUS_KEYS, counts, strict=True))
     status["raw_relay"] = RELAY_BUILT

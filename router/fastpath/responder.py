@@ -72,7 +72,7 @@ class Responder(Protocol):
         chunk; ``first`` (when given) is called once, before the first bytes it takes."""
 
     def body_relay(self, tap: SseTap | BodyTap | None) -> Raw | None:
-        """Where ``body_sink`` gives a ``Sink``: ``router.forward.relay``'s writer of the
+        """Where ``body_sink`` gives a ``Sink``: ``router.upstream.relay``'s writer of the
         engine's own chunked bytes, for the reads ``tap`` (an ``SseTap`` or None) would pass
         unchanged, when the extension is built (never for a ``BodyTap``)."""
 

@@ -153,7 +153,7 @@ def decode_only_spi(spi: float, n: int, output_tokens: int, tau: float, prefill:
 class EngineModels:
     """The ``slo`` policy's knowledge of both pools, kept current from served requests.
 
-    ``curves`` (``router.decide.learner``) hold decode speed as measured, prefill stalls
+    ``curves`` (``router.learn.learner``) hold decode speed as measured, prefill stalls
     included; here the decode-only iteration time is kept apart from the prefill, because the
     policy adds the stalls of the traffic it actually sees.
     """

@@ -10,7 +10,7 @@ or SIGINT it passes SIGTERM on to each worker (which drains as one process would
 when a worker dies it reaps it, releases what the worker held in the table (``reclaim``: the
 counts that worker's streams held return at once; their clients see the connection break),
 and starts a replacement in the same slot. Worker 0 is the leader: the one that learns the
-crossover over time and writes the table file (``router.account.keeper``).
+crossover over time and writes the table file (``router.learn.keeper``).
 
 Metrics use prometheus-client's multiprocess mode: each worker writes its counters and
 histograms to files in a directory of this run (``PROMETHEUS_MULTIPROC_DIR``), and a scrape of

@@ -8,7 +8,7 @@ token ids with ``--endpoint completions`` (exact on real SGLang / vLLM). Every r
 ``router.tools.goodput.Result``; the run is written as JSON (every result) and markdown (the
 summary).
 
-Requests go out through the router's own HTTP/1.1 client (``router.forward.upstream``:
+Requests go out through the router's own HTTP/1.1 client (``router.upstream.client``:
 asyncio protocols and httptools), and each stream keeps no state beyond a few instants, so
 one Python process keeps up with hundreds of concurrent streams; the report shows how late it
 sent requests (``lateness``), which is the check that it did.

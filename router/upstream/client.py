@@ -116,7 +116,7 @@ class Connection(asyncio.Protocol):
         self._peek = 0
         self._before_body: float | None = None  # the idle timeout, armed at the first body byte
         self._sink: Callable[[bytes], bool] | None = None
-        # router.forward.relay's writer of whole plain chunks (divert's ``raw``): ``_raw`` once
+        # router.upstream.relay's writer of whole plain chunks (divert's ``raw``): ``_raw`` once
         # the sink has taken bytes (so the response's first bytes went the Python way), and
         # tried on a read only where the last one ended at the end of a chunk (``_at_chunk``)
         self._raw: Callable[[bytes], bool] | None = None
@@ -364,7 +364,7 @@ class Connection(asyncio.Protocol):
         ``first_event_peek`` > 0: for a 200 event stream, wait on until its first event is in
         too (a blank line), or that many bytes without one, the end, an error, or reading
         paused for a backlog; so that the caller, which reads it next
-        (``router.forward.stream.first_event``), is woken once and not twice: engines send the
+        (``router.upstream.stream.first_event``), is woken once and not twice: engines send the
         head when they take a request and the first event after the prefill. A failure after
         the head is then not raised here but left for ``read()``, as it would have been had
         this returned at the head; the first-byte timer still gives way to the idle timer at
@@ -448,7 +448,7 @@ class Connection(asyncio.Protocol):
 
         The sink runs inside the socket callback: it must not block, and returns False without
         consuming anything when it cannot write now. Bytes already buffered stay for ``read()``.
-        ``raw`` (``router.forward.relay``), from the sink's first bytes on, is offered each read
+        ``raw`` (``router.upstream.relay``), from the sink's first bytes on, is offered each read
         of a chunked body that starts at a chunk's start, as it came: it writes it all to the
         client (True) or nothing (False, and the read goes through the parser to the sink).
         """

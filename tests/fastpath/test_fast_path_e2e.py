@@ -221,7 +221,7 @@ def test_the_fast_path_is_engaged_under_httptools_and_only_there(
             text = "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
             assert text == filler(0, 64)
     fast = router_status(router.url)["fast_path"]
-    # the C relay (router/forward/_relay.c) is built by the install, and relays the streams'
+    # the C relay (router/upstream/_relay.c) is built by the install, and relays the streams'
     # plain chunks under httptools; the plain ASGI path has no use for it
     assert fast.pop("raw_relay") is True
     lane_raw_reads = fast.pop("raw_reads")

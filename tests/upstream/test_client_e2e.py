@@ -143,7 +143,7 @@ async def test_a_diverted_body_goes_to_the_sink_one_call_per_read_and_the_end_to
 async def test_reads_at_a_chunk_start_go_out_raw_and_the_rest_through_the_sink(
     server: tuple[Script, OriginPool],
 ) -> None:
-    """router.forward.relay's raw writer is offered a read only from the sink's first bytes on,
+    """router.upstream.relay's raw writer is offered a read only from the sink's first bytes on,
     and only where the last read ended at a chunk's end: a read that starts mid-chunk, or
     after a cut size line, goes through the parser. The client gets every byte once, in order."""
     script, pool = server

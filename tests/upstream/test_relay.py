@@ -1,4 +1,4 @@
-"""router/forward/_relay.c: a read of a chunked stream goes out as it came only where the Python
+"""router/upstream/_relay.c: a read of a chunked stream goes out as it came only where the Python
 path would have sent the same body, and otherwise nothing is written.
 
 ``plain_chunks`` (the C test of a read's bytes) is held to ``reference``, a plain reading of
@@ -29,7 +29,7 @@ from tests.support.transport import KeptTransport
 @pytest.fixture(autouse=True)
 def built() -> None:
     if Relay is None:
-        pytest.fail("router/forward/_relay.c is not built (make venv builds it: gcc, Python.h)")
+        pytest.fail("router/upstream/_relay.c is not built (make venv builds it: gcc, Python.h)")
 
 
 SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,8})\r\n")
