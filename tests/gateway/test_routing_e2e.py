@@ -23,7 +23,7 @@ from tests.support.processes import Proc
 from tests.support.raw_http import check_error_shape
 from tests.support.tables import model_table
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.gateway]
 
 SPILLOVER = {"policy": "spillover", "crossover": "2", "learn": "false", "explore_share": "0"}
 
