@@ -25,8 +25,11 @@ def http_filters(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def cluster(config: dict[str, Any], name: str) -> dict[str, Any]:
-    (found,) = [c for c in config["static_resources"]["clusters"] if c["name"] == name]
-    return found
+    found: list[dict[str, Any]] = [
+        c for c in config["static_resources"]["clusters"] if c["name"] == name
+    ]
+    (one,) = found
+    return one
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

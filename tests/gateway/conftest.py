@@ -61,7 +61,7 @@ class Gateway:
 
         def clean() -> bool:
             status = self.status()
-            return status["in_flight"]["total"] == 0 and status["gateway"]["leases"] == 0
+            return bool(status["in_flight"]["total"] == 0 and status["gateway"]["leases"] == 0)
 
         wait_for(clean, timeout=10)
 

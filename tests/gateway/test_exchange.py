@@ -82,7 +82,7 @@ def destination(answer: Any) -> str:
     (value,) = [h.header.raw_value for h in sets if h.header.key == messages.DESTINATION]
     lb = json_format.MessageToDict(answer.dynamic_metadata)["envoy.lb"]
     assert lb[messages.DESTINATION] == value.decode()
-    return value.decode()
+    return str(value.decode())
 
 
 def ended(request_id: str, status: int = 200, **kw: Any) -> Ending:

@@ -64,11 +64,13 @@ class Traffic:
 def test_the_epp_killed_mid_traffic_and_restarted(start_gateway: GatewayFactory) -> None:
     gateway = start_gateway(policy="spillover", crossover="2", learn="false", explore_share="0")
     envoy = gateway.envoy
-    with httpx.Client(timeout=30) as long_client, Traffic(gateway.url) as traffic:
-        # a long stream, routed before the kill
-        long_stream = long_client.stream(
+    with (
+        httpx.Client(timeout=30) as long_client,
+        long_client.stream(  # a long stream, routed before the kill
             "POST", f"{gateway.url}/v1/chat/completions", json=chat(1500, True)
-        ).__enter__()
+        ) as long_stream,
+        Traffic(gateway.url) as traffic,
+    ):
         assert long_stream.headers["x-spec-router-pool"] == "speculative"
         traffic.wait(10, since=0.0)
         assert all(s.status == 200 and s.pool for s in traffic.sent)
@@ -89,7 +91,6 @@ def test_the_epp_killed_mid_traffic_and_restarted(start_gateway: GatewayFactory)
 
         # the long stream, past its request phase at the kill, ends whole
         body = long_stream.read()
-        long_stream.__exit__(None, None, None)
         assert body.rstrip().endswith(b"data: [DONE]")
 
     during = traffic.since(killed, out)

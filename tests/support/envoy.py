@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,10 @@ def _address(hostport: str) -> dict[str, Any]:
 
 
 def configured(
-    path: Path, epp: str, engines: list[str], filters_before_ext_proc: list[dict[str, Any]] = ()
+    path: Path,
+    epp: str,
+    engines: list[str],
+    filters_before_ext_proc: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The shipped configuration at ``path`` with the EPP at ``epp`` and the engines at
     ``engines`` (ip:port each), listening on ephemeral loopback ports; ``filters_before_ext_proc``
@@ -88,7 +92,8 @@ def subset_from_header(header: str = "x-test-subset") -> dict[str, Any]:
     return {
         "name": "envoy.filters.http.header_to_metadata",
         "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config",
+            "@type": "type.googleapis.com/"
+            "envoy.extensions.filters.http.header_to_metadata.v3.Config",
             "request_rules": [
                 {
                     "header": header,
@@ -198,6 +203,7 @@ def start_envoy(config: dict[str, Any]) -> Envoy:
 
     try:
         admin = wait_for(ready, timeout=30)
+        assert admin is not None
         listeners = httpx.get(f"http://{admin}/listeners", params={"format": "json"}).json()
     except BaseException:
         if popen.poll() is None:
