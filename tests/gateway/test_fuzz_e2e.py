@@ -23,7 +23,7 @@ FUZZ = settings(
     derandomize=True,
     database=None,
     deadline=None,
-    max_examples=80,
+    max_examples=150,
     suppress_health_check=[
         HealthCheck.too_slow,
         HealthCheck.data_too_large,
