@@ -1,9 +1,10 @@
 """How faithfully the simulated engines follow their analytic model, over real HTTP, and how
 faithfully each preset's model follows the published measurements it was fitted to.
 
-The fits come first and need no server: ``fit_ratio`` refits each regime's speculative preset
-(least squares on the speculative/baseline throughput ratio at the published batch sizes) and
-the report sets the presets' curves against those points (``--fit-only`` prints just that).
+The fits come first and need no server: ``router.sim.fit.refit`` fits each regime's
+speculative preset again (least squares on the speculative/baseline throughput ratio at the
+published batch sizes) and the report sets the presets' curves against those points
+(``--fit-only`` prints just that).
 
 For each time scale and preset this starts one ``router.sim`` process pinned to CPU 0
 (``taskset -c 0``), and from this process (pin it to CPU 1) runs the closed-loop load
@@ -23,7 +24,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import math
 import os
 import sys
 import time
@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.sim.fit import REGIMES, alternatives, ratio, refit, rmse
 from router.sim.model import (
     BASELINE,
     EAGLE3,
@@ -39,7 +40,6 @@ from router.sim.model import (
     EAGLE3_TREE,
     MS,
     PRESETS,
-    Preset,
     closed_loop,
     crossover,
     decode_bound_tps,
@@ -54,138 +54,6 @@ RETRIES = 3
 
 
 # --- the presets against the published points they were fitted to ----------------------------
-
-
-@dataclass(frozen=True)
-class Published:
-    """Speculative / baseline throughput at a batch size, as a source measured it."""
-
-    source: str
-    points: tuple[tuple[int, float], ...]  # (batch, ratio)
-
-
-# arXiv 2503.01840 (EAGLE-3), Table 3, as ../shared/published-spec-curves.md section 1 gives it
-CHAIN_PUBLISHED = Published(
-    "EAGLE-3 paper (arXiv 2503.01840) Table 3: SGLang 0.4.4, 1x H100, Llama-3.1-8B-Instruct, "
-    "MT-Bench, chain of 3 drafts, throughput with EAGLE-3 / without speculation",
-    ((2, 1.81), (4, 1.82), (8, 1.62), (16, 1.48), (24, 1.39), (32, 1.32), (48, 1.38),
-     (56, 1.34), (64, 1.38)),
-)  # fmt: skip
-# arXiv 2601.11580 (SpecDecode-Bench) Fig. 2, read off the chart (+-0.03), section 2b there
-TREE_PUBLISHED = Published(
-    "SpecDecode-Bench (arXiv 2601.11580) Fig. 2 (read off the chart, +-0.03): SGLang 0.5.9, "
-    "1x H100, Qwen3-8B, ShareGPT, EAGLE-3 tree k=21 (depth 3, branching 4), token throughput "
-    "with / without speculation",
-    ((1, 1.58), (16, 1.13), (64, 0.52), (128, 0.49)),
-)
-
-
-def ratio(spec: Preset, base: Preset, batch: float) -> float:
-    """Decode-bound total tok/s of ``spec`` over ``base`` with ``batch`` requests running (no
-    prefill, no context cost): the quantity the regimes are fitted on."""
-    return decode_bound_tps(spec, batch)[1] / decode_bound_tps(base, batch)[1]
-
-
-def rmse(spec: Preset, base: Preset, published: Published) -> float:
-    errors = [ratio(spec, base, b) - r for b, r in published.points]
-    return math.sqrt(sum(e * e for e in errors) / len(errors))
-
-
-def fit_ratio(start: Preset, base: Preset, published: Published, free: tuple[str, ...]) -> Preset:
-    """Least squares on the ratio at the published batches: Levenberg-Marquardt over the
-    ``free`` cost fields of ``start`` (in ms; a numeric Jacobian), every other field of
-    ``start`` and the whole of ``base`` held fixed. Deterministic: a fixed start, fixed steps."""
-
-    def preset(x: list[float]) -> Preset | None:
-        try:
-            return start.replace(**{f: v * MS for f, v in zip(free, x, strict=True)})
-        except ValueError:  # a step to a negative cost
-            return None
-
-    def residuals(p: Preset) -> list[float]:
-        return [r - ratio(p, base, b) for b, r in published.points]
-
-    x = [getattr(start, f) / MS for f in free]
-    current = preset(x)
-    assert current is not None
-    res = residuals(current)
-    sse, damping = sum(r * r for r in res), 1e-3
-    for _ in range(200):
-        jac = []  # d ratio / d x_i at each point
-        for i in range(len(x)):
-            h = 1e-6 * max(1.0, abs(x[i]))
-            moved = preset([v + (h if j == i else 0.0) for j, v in enumerate(x)])
-            assert moved is not None
-            jac.append([(-r1 + r0) / h for r0, r1 in zip(res, residuals(moved), strict=True)])
-        n = len(x)
-        normal = [[sum(a * b for a, b in zip(jac[i], jac[j], strict=True)) for j in range(n)]
-                  for i in range(n)]  # fmt: skip
-        grad = [sum(a * r for a, r in zip(jac[i], res, strict=True)) for i in range(n)]
-        for i in range(n):
-            normal[i][i] *= 1 + damping
-        step = solve(normal, grad)
-        trial = preset([v + d for v, d in zip(x, step, strict=True)])
-        trial_res = residuals(trial) if trial is not None else None
-        if trial is not None and trial_res is not None and sum(r * r for r in trial_res) < sse:
-            x = [v + d for v, d in zip(x, step, strict=True)]
-            res, sse, damping = trial_res, sum(r * r for r in trial_res), damping / 3
-            current = trial
-        else:
-            damping *= 4
-        if max(abs(d) for d in step) < 1e-9:
-            break
-    return current
-
-
-def solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """``a x = b`` by Gaussian elimination with partial pivoting (a few unknowns)."""
-    n = len(b)
-    m = [row[:] + [b[i]] for i, row in enumerate(a)]
-    for i in range(n):
-        pivot = max(range(i, n), key=lambda r: abs(m[r][i]))
-        m[i], m[pivot] = m[pivot], m[i]
-        for r in range(n):
-            if r != i:
-                f = m[r][i] / m[i][i]
-                m[r] = [x - f * y for x, y in zip(m[r], m[i], strict=True)]
-    return [m[i][n] / m[i][i] for i in range(n)]
-
-
-@dataclass(frozen=True)
-class Regime:
-    """A speculative preset paired with ``baseline``, and how it was fitted."""
-
-    preset: Preset
-    published: Published | None
-    free: tuple[str, ...]
-    how: str
-
-
-REGIMES = (
-    Regime(
-        EAGLE3_CHAIN,
-        CHAIN_PUBLISHED,
-        ("a", "b"),
-        "Least squares on the ratio at the 9 published batches. Free: a, b. Fixed: the "
-        "baseline preset (its pairing), tau 2.79 over k=3 (EAGLE-3, K=3 on MT-Bench with "
-        "Llama-3.1-8B: accept length 2.79, vLLM issue #20780), no knee, the seed's prefill and "
-        "context costs. Only the shape is fitted: the paper's absolute 8B-on-one-H100 rates are "
-        "not the baseline preset's scale.",
-    ),
-    Regime(
-        EAGLE3_TREE,
-        TREE_PUBLISHED,
-        ("a", "b", "b_past_knee"),
-        "Least squares on the ratio at the 4 published batches. Free: a, b, b_past_knee. Fixed: "
-        "the baseline preset, tau 2.92 over depth 3 (the paper's accept length for tree k=21 on "
-        "Qwen3-8B/GSM8K; ShareGPT's is not given), knee 13 requests (the verify batch turns "
-        "compute-bound: in SpecDecode-Bench's fitted H100 step cost, 5.886 ms + 0.02101 ms per "
-        "batched token, the per-token part overtakes the fixed part at 280 tokens, i.e. at "
-        "280 / 22 verified tokens per request = 12.7 requests). Without the knee, a line "
-        "through the baseline preset cannot fall from x1.58 to x0.52 (best: RMSE 0.17, "
-        "crossing at 9).",
-    ),
-)
 
 
 def seed_rows() -> list[tuple[str, float, float]]:
@@ -208,8 +76,9 @@ def fit_report() -> list[str]:
         "baseline, at the batch (`decode_bound_tps`: no prefill, no context cost, capped at "
         "`max_running`), which is what was fitted; the last column is the closed loop's total "
         "tok/s ratio at that concurrency with 128-token prompts and 256-token outputs "
-        "(`closed_loop`, prefill and re-joins included), for comparison. `refit` is "
-        "`fit_ratio` run now; the preset holds its values rounded to 4 digits.",
+        "(`closed_loop`, prefill and re-joins included), for comparison. `refit` is the fit run "
+        "again now (`router.sim.fit.refit`, from the seed's costs); the preset holds its "
+        "values rounded to 4 digits.",
         "",
         "### eagle3 and baseline: the seed deployment",
         "",
@@ -222,12 +91,9 @@ def fit_report() -> list[str]:
     for what, seed, model in seed_rows():
         lines.append(f"| {what} | {seed:g} | {model:.1f} | {100 * (model / seed - 1):+.2f}% |")
     for regime in REGIMES:
-        p, pub = regime.preset, regime.published
-        assert pub is not None
-        refit = fit_ratio(EAGLE3.replace(name="start", **fixed(p, regime.free)), BASELINE, pub,
-                          regime.free)  # fmt: skip
+        p, pub, again = regime.preset, regime.published, refit(regime)
         values = ", ".join(
-            f"{f} {getattr(p, f) / MS:.4g} ms (refit {getattr(refit, f) / MS:.4f})"
+            f"{f} {getattr(p, f) / MS:#.4g} ms (refit {getattr(again, f) / MS:.4f})"
             for f in regime.free
         )
         lines += [
@@ -239,8 +105,19 @@ def fit_report() -> list[str]:
             f"Fit: {regime.how}",
             "",
             f"Fitted: {values}; RMSE {rmse(p, BASELINE, pub):.3f} in the ratio "
-            f"(refit {rmse(refit, BASELINE, pub):.3f}).",
+            f"(refit {rmse(again, BASELINE, pub):.3f}).",
             "",
+        ]
+        for label, alt in alternatives(regime):
+            cross = crossover(alt, BASELINE, None, None, hi=256)
+            lines.append(
+                f"Not chosen, {label}: RMSE {rmse(alt, BASELINE, pub):.3f}, crossing "
+                f"{'none' if cross is None else f'{cross:.1f}'}, ratio at "
+                + ", ".join(f"{b}: {ratio(alt, BASELINE, b):.2f}" for b, _ in pub.points)
+                + "."
+            )
+            lines.append("")
+        lines += [
             "| batch | published | model | error | closed loop 128/256 |",
             "|---|---|---|---|---|",
         ]
@@ -251,8 +128,8 @@ def fit_report() -> list[str]:
             lines.append(f"| {b} | {r:.2f} | {model:.3f} | {model - r:+.3f} | {loop:.3f} |")
     lines += ["", "### Where each regime crosses", "", CROSS_HEAD, "|---|---|---|---|---|---|---|"]
     for p in (EAGLE3, EAGLE3_CHAIN, EAGLE3_TREE):
-        rho = (p.b + p.b_past_knee) / (p.tau * BASELINE.b)
-        at = [ratio(p, BASELINE, n) for n in (1, 16, 64)]
+        rho = (p.b + (p.a / p.knee if p.knee else 0.0)) / (p.tau * BASELINE.b)
+        at_load = [ratio(p, BASELINE, n) for n in (1, 16, 64)]
 
         def fmt(x: float | None) -> str:
             return "none" if x is None else f"{x:.1f}"
@@ -264,16 +141,16 @@ def fit_report() -> list[str]:
         ]
         lines.append(
             f"| {p.name} | {rho:.2f} | "
-            + " / ".join(f"{x:.2f}" for x in at)
+            + " / ".join(f"{x:.2f}" for x in at_load)
             + " | "
             + " | ".join(cells)
             + f" | {p.max_running} |"
         )
     lines += [
         "",
-        "rho is the slope ratio b_spec / (tau b_baseline) at large batch (past the knee for "
-        "eagle3-tree): above 1 the baseline catches up, below 1 it never does. Crossovers are "
-        "`model.crossover` up to 256 running requests.",
+        "rho is the slope ratio b_spec / (tau b_baseline) at large batch (past the knee, "
+        "a / knee + b for eagle3-tree): above 1 the baseline catches up, below 1 it never "
+        "does. Crossovers are `model.crossover` up to 256 running requests.",
     ]
     return lines
 
@@ -282,15 +159,6 @@ CROSS_HEAD = (
     "| regime | rho | ratio at 1 / 16 / 64 | crossover, decode-bound | per-request, closed loop "
     "128/256 | per client, closed loop 128/256 | max_running |"
 )
-
-
-def fixed(p: Preset, free: tuple[str, ...]) -> dict[str, object]:
-    """``p``'s fields but the free ones (those start from the seed eagle3's a and b, and 1 ms
-    past the knee): a refit does not start from its own answer."""
-    keep = {f: getattr(p, f) for f in p.__dataclass_fields__ if f not in free and f != "name"}
-    if "b_past_knee" in free:
-        keep["b_past_knee"] = 1 * MS
-    return keep
 
 
 def cpu_seconds(pid: int) -> float:
@@ -439,13 +307,17 @@ def report(
 ) -> str:
     e1, e48 = decode_bound_tps(PRESETS["eagle3"], 1), decode_bound_tps(PRESETS["eagle3"], 48)
     lines = [
-        "# Simulator fidelity: measured over HTTP vs the analytic model",
+        "# Simulator fidelity: the presets against published measurements, the sims against "
+        "their model",
         "",
         f"Command (from the repository root, {os.cpu_count()} cores):",
         "",
         "```",
         command,
         "```",
+        *fit_report(),
+        "",
+        "## The sims over HTTP against their model",
         "",
         f"Workload: closed loop, prompt {args.prompt} tokens, output {args.output} tokens, "
         "temperature 0, streamed chat completions. Sim pinned to CPU 0, load generator to "
@@ -727,7 +599,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Point], list[Point], list[
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scales", type=float, nargs="*", default=[1.0, 0.1])
-    parser.add_argument("--presets", nargs="+", default=["eagle3", "baseline"])
+    parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=sorted(PRESETS))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--output", type=int, default=256)
@@ -741,7 +613,15 @@ def main() -> int:
     parser.add_argument("--saturation", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--saturation-scale", type=float, default=1.0)
     parser.add_argument("--out", help="write the Markdown report here")
+    parser.add_argument(
+        "--fit-only",
+        action="store_true",
+        help="print only the presets against their published points (no server, no --out)",
+    )
     args = parser.parse_args()
+    if args.fit_only:
+        print("\n".join(fit_report()[1:]))
+        return 0
     command = "taskset -c 1 python bench/sim_fidelity.py " + " ".join(sys.argv[1:])
     points, cross, saturation = asyncio.run(run(args))
     text = report(points, cross, saturation, args, command.strip())

@@ -1,12 +1,13 @@
 """The performance model of a simulated engine: pure functions over frozen presets.
 
 An engine runs a continuous-batching loop. One iteration with ``B`` running requests that hold
-``K`` context tokens costs ``a + b*B + c_kv*K`` (plus, where a preset or a setting says so, a
-steeper slope past a knee, the eager penalty above ``--cuda-graph-max-bs`` and the cost of a
-disabled overlap scheduler: see ``step_time``); requests that join at the start of an iteration
-add their prefill ``(1 + eps) * (p0 + N_in / R_pre)`` each to that iteration and get their first
-token at its end. After that a baseline request gains one token per iteration; a speculative
-(EAGLE-3-like) request gains ``1 + j`` tokens, ``j`` being the number of leading accepted drafts
+``K`` context tokens costs ``a + b*B + c_kv*K`` (where a preset or a setting says so: a cost
+proportional to the batch past a compute-bound knee, the eager penalty above
+``--cuda-graph-max-bs`` and the cost of a disabled overlap scheduler; see ``step_time``);
+requests that join at the start of an iteration add their prefill
+``(1 + eps) * (p0 + N_in / R_pre)`` each to that iteration and get their first token at its
+end. After that a baseline request gains one token per iteration; a speculative (EAGLE-3-like)
+request gains ``1 + j`` tokens, ``j`` being the number of leading accepted drafts
 out of ``k``, each accepted independently with probability ``alpha``, which is solved so that
 the mean gain ``1 + alpha + ... + alpha**k`` equals ``tau``.
 
@@ -66,10 +67,10 @@ class Preset:
     tau: float  # mean tokens per iteration per request at temperature 0
     tau_sampling: float  # the same when temperature > 0 (drafts are accepted less often)
     startup: float  # start-up time when a start-up delay is asked for
-    # Past ``knee`` running requests each one costs ``b_past_knee`` more per iteration: a verify
-    # batch of many draft tokens per request turning compute-bound (eagle3-tree). 0: none.
-    knee: int = 0
-    b_past_knee: float = 0.0
+    # Past ``knee`` running requests the iteration is compute-bound: its cost grows in proportion
+    # to the batch, ``(a / knee + b) * B`` (a roofline; the total rate stops growing). A verify
+    # batch of many draft tokens per request gets there early (eagle3-tree). 0: never.
+    knee: float = 0.0
     # Settings under SGLang's names (``spec-router sim`` flags of the same names)
     cuda_graph_max_bs: int | None = None  # batches above run eagerly; None: all captured
     disable_overlap_schedule: bool = False
@@ -80,7 +81,7 @@ class Preset:
     num_draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if min(self.a, self.b, self.c_kv, self.p0, self.b_past_knee) < 0 or self.r_pre <= 0:
+        if min(self.a, self.b, self.c_kv, self.p0) < 0 or self.r_pre <= 0:
             raise ValueError(f"{self.name}: costs must be >= 0 and r_pre > 0")
         if self.max_running < 1 or self.spec_k < 0 or self.prefill_factor <= 0:
             raise ValueError(f"{self.name}: max_running >= 1, spec_k >= 0, prefill_factor > 0")
@@ -116,8 +117,8 @@ class Preset:
         return not self.disable_overlap_schedule and not self.spec_k
 
 
-# The presets. Each is fitted to published points, cited by it; the fit is reproduced by
-# ``bench/sim_fidelity.py`` (``fit_ratio``), whose report (bench/results/sim-fidelity.md) sets
+# The presets. Each is fitted to published points, cited by it; ``router.sim.fit.refit``
+# reproduces each fit, and bench/sim_fidelity.py's report (bench/results/sim-fidelity.md) sets
 # each curve against its points. docs/regimes.md describes the regimes. Costs not named as
 # fitted (c_kv, p0, r_pre, prefill_factor, startup) are the seed's, kept for every preset.
 #
@@ -179,17 +180,17 @@ EAGLE3_CHAIN = EAGLE3.replace(
 # A wide draft tree (EAGLE-3, depth 3, top-4, 21 drafts + the root verified per request):
 # SpecDecode-Bench (arXiv 2601.11580, Fig. 2, read off the chart; SGLang 0.5.9, 1x H100,
 # Qwen3-8B, ShareGPT, tree k=21): x1.58 at batch 1, 1.13 at 16, 0.52 at 64, 0.49 at 128 over
-# no speculation, crossing near 20. Fitted: a, b and b_past_knee, by least squares on that
-# ratio against the baseline preset; fixed: tau 2.92 (the paper's accept length for k=21 on
-# GSM8K; ShareGPT's is not given) and the knee at 13 requests, where 22 verified tokens per
-# request reach the compute-bound point of SpecDecode-Bench's fitted H100 step cost (280
-# batched tokens). Running cap 256 (the paper ran batch 128).
+# no speculation, crossing near 20. Fitted: a and b, by least squares on that ratio against
+# the baseline preset, held to cross at 20. Fixed: tau 2.92 (the paper's accept length for
+# k=21 on GSM8K; ShareGPT's is not given) and the compute-bound knee at 13 requests, where 22
+# verified tokens per request reach the 280 batched tokens at which SpecDecode-Bench's fitted
+# H100 step cost turns compute-bound. Past the crossover the model stays above the published
+# ratio (docs/regimes.md says why). Running cap 256 (the paper ran batch 128).
 EAGLE3_TREE = EAGLE3.replace(
     name="eagle3-tree",
-    a=33.89 * MS,
-    b=3.084 * MS,
-    knee=13,
-    b_past_knee=6.236 * MS,
+    a=33.00 * MS,
+    b=3.974 * MS,
+    knee=13.0,
     max_running=256,
     tau=2.92,
     tau_sampling=round(2.92 * SAMPLING_SHARE, 2),
@@ -205,11 +206,12 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (EAGLE3, EAGLE3_CHAIN, EAGLE3_T
 
 def step_time(p: Preset, batch: float, context_tokens: float) -> float:
     """Decode cost of one iteration with ``batch`` running requests holding ``context_tokens``:
-    ``a + b*B + c_kv*K``, plus ``b_past_knee`` per request past the knee and ``a`` times
-    ``EAGER_FACTOR - 1`` for a batch above ``cuda_graph_max_bs``, all times
-    ``NO_OVERLAP_FACTOR`` when the overlap scheduler was turned off."""
+    ``a + b*B + c_kv*K``; past the knee ``a / knee`` more per request beyond it (so that
+    ``a + b*B`` becomes ``(a / knee + b) * B``); ``a`` times ``EAGER_FACTOR - 1`` more for a
+    batch above ``cuda_graph_max_bs``; all times ``NO_OVERLAP_FACTOR`` when the overlap
+    scheduler was turned off."""
     t = p.a + p.b * batch + p.c_kv * context_tokens
-    if p.b_past_knee or p.cuda_graph_max_bs is not None:
+    if p.knee or p.cuda_graph_max_bs is not None:
         # A fractional batch is a mean (the closed loop's): take the stepped costs as the mean
         # over the two whole batches around it, as the engine alternates between them.
         lo = math.floor(batch)
@@ -221,7 +223,7 @@ def step_time(p: Preset, batch: float, context_tokens: float) -> float:
 
 
 def _stepped(p: Preset, batch: int) -> float:
-    extra = p.b_past_knee * max(0, batch - p.knee)
+    extra = p.a / p.knee * max(0.0, batch - p.knee) if p.knee else 0.0
     if p.cuda_graph_max_bs is not None and batch > p.cuda_graph_max_bs:
         extra += (EAGER_FACTOR - 1) * p.a
     return extra
