@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.sim.fit import REGIMES, alternatives, ratio, refit, rmse
+from router.sim.fit import FITS, alternatives, ratio, refit, rmse
 from router.sim.model import (
     BASELINE,
     EAGLE3,
@@ -90,11 +90,11 @@ def fit_report() -> list[str]:
     ]
     for what, seed, model in seed_rows():
         lines.append(f"| {what} | {seed:g} | {model:.1f} | {100 * (model / seed - 1):+.2f}% |")
-    for regime in REGIMES:
-        p, pub, again = regime.preset, regime.published, refit(regime)
+    for fit in FITS:
+        p, pub, again = fit.preset, fit.published, refit(fit)
         values = ", ".join(
             f"{f} {getattr(p, f) / MS:#.4g} ms (refit {getattr(again, f) / MS:.4f})"
-            for f in regime.free
+            for f in fit.free
         )
         lines += [
             "",
@@ -102,13 +102,13 @@ def fit_report() -> list[str]:
             "",
             f"Source: {pub.source}.",
             "",
-            f"Fit: {regime.how}",
+            f"Fit: {fit.how}",
             "",
             f"Fitted: {values}; RMSE {rmse(p, BASELINE, pub):.3f} in the ratio "
             f"(refit {rmse(again, BASELINE, pub):.3f}).",
             "",
         ]
-        for label, alt in alternatives(regime):
+        for label, alt in alternatives(fit):
             cross = crossover(alt, BASELINE, None, None, hi=256)
             lines.append(
                 f"Not chosen, {label}: RMSE {rmse(alt, BASELINE, pub):.3f}, crossing "

@@ -1,6 +1,6 @@
 """Where the presets' costs come from: least squares on published speculative/baseline ratios.
 
-Pure and deterministic, so a fit is reproducible: ``refit(regime)`` starts from the seed's
+Pure and deterministic, so a fit is reproducible: ``refit(fit)`` starts from the seed's
 costs, not from the preset's own, and lands on the values the preset holds (rounded to 4
 digits; ``tests/sim/test_model.py`` checks it). ``bench/sim_fidelity.py`` reports each preset's
 curve against its points (bench/results/sim-fidelity.md); docs/regimes.md describes them.
@@ -128,7 +128,7 @@ def solve(a: list[list[float]], b: list[float]) -> list[float]:
 
 
 @dataclass(frozen=True)
-class Regime:
+class PresetFit:
     """A speculative preset paired with ``baseline``, and how it was fitted."""
 
     preset: Preset
@@ -137,8 +137,8 @@ class Regime:
     how: str
 
 
-REGIMES = (
-    Regime(
+FITS = (
+    PresetFit(
         EAGLE3_CHAIN,
         CHAIN_PUBLISHED,
         ("a", "b"),
@@ -148,7 +148,7 @@ REGIMES = (
         "context costs. Only the shape is fitted: the paper's absolute 8B-on-one-H100 rates are "
         "not the baseline preset's scale.",
     ),
-    Regime(
+    PresetFit(
         EAGLE3_TREE,
         TREE_PUBLISHED,
         ("a", "b"),
@@ -167,23 +167,23 @@ REGIMES = (
 )
 
 
-def alternatives(regime: Regime) -> list[tuple[str, Preset]]:
+def alternatives(fit: PresetFit) -> list[tuple[str, Preset]]:
     """The fits the preset's form was chosen over, for the report: without the knee, and
     without the held crossover (free a and b each time)."""
     out = []
-    pub = regime.published
-    if regime.preset.knee:
-        line = regime.preset.replace(knee=0.0, a=EAGLE3.a, b=EAGLE3.b)
-        out.append(("a line (no knee)", fit_ratio(line, BASELINE, pub, regime.free)))
+    pub = fit.published
+    if fit.preset.knee:
+        line = fit.preset.replace(knee=0.0, a=EAGLE3.a, b=EAGLE3.b)
+        out.append(("a line (no knee)", fit_ratio(line, BASELINE, pub, fit.free)))
     if pub.crossover is not None:
         free = Published(pub.source, pub.points)
-        start = regime.preset.replace(a=EAGLE3.a, b=EAGLE3.b)
-        out.append(("no crossover held", fit_ratio(start, BASELINE, free, regime.free)))
+        start = fit.preset.replace(a=EAGLE3.a, b=EAGLE3.b)
+        out.append(("no crossover held", fit_ratio(start, BASELINE, free, fit.free)))
     return out
 
 
-def refit(regime: Regime) -> Preset:
-    """``fit_ratio`` for ``regime``, from the seed eagle3's a and b: every field the fit holds
+def refit(fit: PresetFit) -> Preset:
+    """``fit_ratio`` for ``fit``, from the seed eagle3's a and b: every field the fit holds
     fixed is the preset's own."""
-    start = regime.preset.replace(a=EAGLE3.a, b=EAGLE3.b)
-    return fit_ratio(start, BASELINE, regime.published, regime.free)
+    start = fit.preset.replace(a=EAGLE3.a, b=EAGLE3.b)
+    return fit_ratio(start, BASELINE, fit.published, fit.free)

@@ -199,6 +199,8 @@ EAGLE3_TREE = EAGLE3.replace(
 )
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (EAGLE3, EAGLE3_CHAIN, EAGLE3_TREE, BASELINE)}
+# An engine regime: a speculative preset, paired with the baseline preset (docs/regimes.md)
+REGIMES: tuple[str, ...] = tuple(name for name, p in PRESETS.items() if p.spec_k)
 
 
 # --- one iteration -----------------------------------------------------------------------------

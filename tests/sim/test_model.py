@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import pytest
 
-from router.sim.fit import REGIMES, Regime, ratio, refit
+from router.sim.fit import FITS, PresetFit, ratio, refit
 from router.sim.model import (
     BASELINE,
     EAGER_FACTOR,
@@ -189,13 +189,13 @@ def test_the_regimes_cross_where_their_published_curves_do() -> None:
     assert crossover(EAGLE3, BASELINE, None, None, hi=64) == pytest.approx(6.756, abs=1e-3)
 
 
-@pytest.mark.parametrize("regime", REGIMES, ids=lambda r: r.preset.name)
-def test_each_preset_holds_what_its_fit_gives(regime: Regime) -> None:
-    again = refit(regime)  # least squares from the seed's costs, not the preset's
-    for name in regime.free:
-        assert getattr(regime.preset, name) == pytest.approx(getattr(again, name), rel=5e-4)
+@pytest.mark.parametrize("fit", FITS, ids=lambda f: f.preset.name)
+def test_each_preset_holds_what_its_fit_gives(fit: PresetFit) -> None:
+    again = refit(fit)  # least squares from the seed's costs, not the preset's
+    for name in fit.free:
+        assert getattr(fit.preset, name) == pytest.approx(getattr(again, name), rel=5e-4)
     for name in ("tau", "max_running", "knee", "c_kv", "p0", "r_pre", "prefill_factor"):
-        assert getattr(again, name) == getattr(regime.preset, name)  # held fixed
+        assert getattr(again, name) == getattr(fit.preset, name)  # held fixed
 
 
 def test_settings_change_the_iteration_cost() -> None:
