@@ -153,8 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--disable-overlap-schedule",
         action="store_true",
-        help="SGLang's: iterations cost NO_OVERLAP_FACTOR more (a speculative engine already "
-        "runs without the overlap scheduler)",
+        help="SGLang's: iterations cost NO_OVERLAP_FACTOR more (the speculative presets were "
+        "measured without the overlap scheduler already)",
     )
     metrics = parser.add_mutually_exclusive_group()
     metrics.add_argument(

@@ -39,10 +39,11 @@ MS = 1e-3
 # extra per iteration rather than a per-request one.
 EAGER_FACTOR = 1.5
 # SGLang's overlap scheduler hides the CPU's scheduling work behind the GPU's: "1.1x increase in
-# throughput" (SGLang v0.4 release blog, 2024-12-04). With --disable-overlap-schedule a
-# non-speculative engine's iteration costs this factor more. A speculative one already runs
-# without it (SGLang turns it off for EAGLE unless SGLANG_ENABLE_SPEC_V2), and its preset's
-# costs were fitted that way, so the flag changes nothing there.
+# throughput" (SGLang v0.4 release blog, 2024-12-04). An engine whose preset was measured with
+# it costs this factor more per iteration under --disable-overlap-schedule. The speculative
+# presets were measured without it (SGLang turned it off for EAGLE until 0.5.23 made spec v2's
+# overlap the default: sg03 server_args.py:1061, 0.5.9 unless SGLANG_ENABLE_SPEC_V2), so the
+# flag changes nothing there, and turning it on for them is not modelled.
 NO_OVERLAP_FACTOR = 1.1
 
 
@@ -74,6 +75,7 @@ class Preset:
     # Settings under SGLang's names (``spec-router sim`` flags of the same names)
     cuda_graph_max_bs: int | None = None  # batches above run eagerly; None: all captured
     disable_overlap_schedule: bool = False
+    fitted_overlap: bool = True  # the overlap scheduler ran where the costs were measured
     # --speculative-eagle-topk and --speculative-num-draft-tokens (None: a chain's spec_k + 1).
     # Reported, not modelled: a preset's costs were fitted with its own draft shape.
     # (--speculative-num-steps is ``spec_k``.)
@@ -112,9 +114,9 @@ class Preset:
 
     @property
     def overlap_schedule(self) -> bool:
-        """Whether the overlap scheduler runs, as SGLang resolves it: never for speculation
-        (without SGLANG_ENABLE_SPEC_V2, which the sims do not model)."""
-        return not self.disable_overlap_schedule and not self.spec_k
+        """Whether the overlap scheduler runs: as where the costs were measured, unless
+        disabled."""
+        return self.fitted_overlap and not self.disable_overlap_schedule
 
 
 # The presets. Each is fitted to published points, cited by it; ``router.sim.fit.refit``
@@ -129,7 +131,9 @@ SAMPLING_SHARE = 2.4 / 2.8
 
 # The seed: one 8-GPU Kimi K2.5 INT4 deployment on SGLang (README). The baseline's b is its
 # 773 tok/s asymptote; eagle3's a and b give its 80.9 tok/s per request at concurrency 1 and
-# 354 tok/s total at SGLang's default cap of 48 running requests, with tau 2.8 over k=3.
+# 354 tok/s total at SGLang's default cap of 48 running requests, with tau 2.8 over k=3, and
+# without the overlap scheduler (SGLang's default for speculation then; the other speculative
+# presets' sources, SGLang 0.4.4 and 0.5.9, ran without it too).
 BASELINE = Preset(
     name="baseline",
     a=18.71 * MS,
@@ -158,6 +162,7 @@ EAGLE3 = Preset(
     tau=2.8,
     tau_sampling=2.4,  # the assumption above
     startup=550.0,
+    fitted_overlap=False,
 )
 
 # A healthy chain-draft EAGLE-3 (3 steps, top-1, 4 draft tokens): the EAGLE-3 paper's SGLang
@@ -219,7 +224,7 @@ def step_time(p: Preset, batch: float, context_tokens: float) -> float:
         lo = math.floor(batch)
         share = batch - lo
         t += (1 - share) * _stepped(p, lo) + (share * _stepped(p, lo + 1) if share else 0.0)
-    if p.disable_overlap_schedule and not p.spec_k:
+    if p.fitted_overlap and p.disable_overlap_schedule:
         t *= NO_OVERLAP_FACTOR
     return t
 

@@ -340,6 +340,9 @@ class SimServer:
                     k: sum(x.scheduling()[k] for x in stats)
                     for k in ("iterations", "spec_tokens", "spec_steps", "lag_resets")
                 },
+                "late_mean_ms": 1e3
+                * sum(x.late_sum for x in stats)
+                / max(1, sum(x.iterations for x in stats)),
                 "late_max_ms": max(x.scheduling()["late_max_ms"] for x in stats),
                 "aborted": sum(x.aborted for x in stats),
                 "refused": sum(x.refused for x in stats),

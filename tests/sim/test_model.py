@@ -210,8 +210,8 @@ def test_settings_change_the_iteration_cost() -> None:
     )
     assert closed_loop(graphs, 16, 128, 256).total_tps < closed_loop(EAGLE3, 16, 128, 256).total_tps
     assert closed_loop(graphs, 4, 128, 256) == closed_loop(EAGLE3, 4, 128, 256)
-    # --disable-overlap-schedule: a baseline iteration costs 10% more; speculation already ran
-    # without the overlap scheduler (SGLang), so its fitted costs do not change
+    # --disable-overlap-schedule: a baseline iteration costs 10% more; the speculative presets
+    # were measured without the overlap scheduler, so their costs do not change
     no_overlap = BASELINE.replace(disable_overlap_schedule=True)
     assert BASELINE.overlap_schedule and not no_overlap.overlap_schedule
     assert step_time(no_overlap, 10, 1000) == pytest.approx(

@@ -60,7 +60,7 @@ def test_server_info_reports_the_settings() -> None:
     assert info["max_running_requests"] == 32
     assert info["cuda_graph_max_bs_decode"] == 8  # 0.5.23's name, and its resolved config
     assert info["cuda_graph_config"]["decode"] == {"backend": "full", "max_bs": 8}
-    assert info["disable_overlap_schedule"] is True  # SGLang turns it off for speculation
+    assert info["disable_overlap_schedule"] is True  # the seed was measured without it
     assert info["enable_metrics"] is True
     assert (
         info["speculative_num_steps"],
@@ -112,7 +112,7 @@ def test_the_settings_slow_the_sim_as_the_model_says() -> None:
     stats = window_stats(results, t0 + warm, t0 + warm + window)
     assert stats.per_request_tps == pytest.approx(model.per_request_tps / scale, rel=0.05)
     assert stats.total_tps == pytest.approx(model.total_tps / scale, rel=0.05)
-    # and a speculative engine's overlap flag changes nothing (it already runs without it)
+    # and a speculative preset's overlap flag changes nothing (measured without it)
     assert closed_loop(EAGLE3.replace(disable_overlap_schedule=True), n, prompt, output) == (
         closed_loop(EAGLE3, n, prompt, output)
     )
