@@ -27,7 +27,7 @@ from router.sim.server import SimServer, SimSettings
 DEFAULT_PORTS = {"eagle3": 30001, "eagle3-chain": 30001, "eagle3-tree": 30001, "baseline": 30002}
 # SGLang's --cuda-graph-max-bs when not given, as on an 80-160 GB GPU (H100, H200): 256 below
 # TP 4, else 512; 0.5.23 caps that default at --max-running-requests (sg23 memory_hook.py,
-# _handle_gpu_memory_settings; sg03 server_args.py:599-616 does not cap it).
+# _handle_gpu_memory_settings; sg03 server_args.py:597-616 does not cap it).
 GRAPH_MAX_BS, GRAPH_MAX_BS_TP4 = 256, 512
 # On SIGTERM, open streams get this long before they are cancelled: a simulator holds no
 # state worth a graceful drain, and tests stop servers that have hanging requests.
