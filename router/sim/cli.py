@@ -247,6 +247,7 @@ def main(argv: list[str]) -> int:
         max_queued=args.max_queued,
         keep_alive=args.keep_alive,
         metrics=args.metrics,
+        cuda_graph_flag=args.cuda_graph_max_bs,
     )
     if args.startup_mode == "refuse" and delay > 0:
         wait = delay * args.time_scale

@@ -68,6 +68,9 @@ class SimSettings:
     max_queued: int | None = None
     keep_alive: float = 5.0  # seconds an idle client connection stays open (uvicorn's, both)
     metrics: bool = True  # serve /metrics (SGLang only with --enable-metrics; vLLM always)
+    # --cuda-graph-max-bs as given (None: not given), which 0.5.23's /server_info shows raw
+    # beside the resolved limit; the preset holds the resolved one
+    cuda_graph_flag: int | None = None
 
 
 class SimServer:
@@ -299,15 +302,19 @@ class SimServer:
         await respond(send, 200, json.dumps(info).encode())
 
     def _graph_info(self) -> dict[str, Any]:
-        """The CUDA-graph limit as each version reports it: 0.5.3 flat (``cuda_graph_max_bs``),
-        0.5.23 per phase (``cuda_graph_max_bs_decode`` and the resolved ``cuda_graph_config``)."""
+        """The CUDA-graph limit as each version reports it: 0.5.3 resolved in place
+        (``cuda_graph_max_bs``); 0.5.23 the flag as given (``cuda_graph_max_bs_decode``) and
+        the resolved limit in ``cuda_graph_config`` (sg23 ``resolution_result``)."""
         p = self.settings.preset
         # (None: every batch captured, so the limit is the running cap)
         max_bs = p.max_running if p.cuda_graph_max_bs is None else p.cuda_graph_max_bs
         if self.settings.how.version != "0.5.23":
             return {"cuda_graph_max_bs": max_bs}
         decode = {"backend": "full", "max_bs": max_bs}
-        return {"cuda_graph_max_bs_decode": max_bs, "cuda_graph_config": {"decode": decode}}
+        return {
+            "cuda_graph_max_bs_decode": self.settings.cuda_graph_flag,
+            "cuda_graph_config": {"decode": decode},
+        }
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = generate_latest(self.registry)
