@@ -6,7 +6,9 @@ One run, the same fast fake backend (bench/fake_backend.py) behind every target:
 - ``proxy``: ``spec-router serve`` in front of two backends;
 - ``envoy``: Envoy alone on deploy/envoy/envoy.yaml with ext_proc and the access log taken out
   (what the data plane costs by itself);
-- ``gateway``: Envoy on deploy/envoy/envoy.yaml as shipped, asking ``spec-router epp``.
+- ``gateway``: Envoy on deploy/envoy/envoy.yaml as shipped, asking ``spec-router epp``;
+- ``gateway-skip``: the same with ``response_header_mode: SKIP`` (the EPP is not asked at the
+  response headers, which then carry no ``x-spec-router-*``): one round trip to the EPP less.
 
 Scenarios: (a) non-streamed requests one at a time (added latency at concurrency 1, and CPU per
 request); (b) streams of 20 chunks 10 ms apart, 8 at a time (CPU per stream). Targets are run
@@ -71,8 +73,11 @@ def _address(hostport: str) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": int(port)}}
 
 
-def envoy_config(epp: str | None, engines: list[str]) -> dict[str, Any]:
-    """The shipped config on ephemeral ports; ``epp`` None: ext_proc and the access log out."""
+def envoy_config(
+    epp: str | None, engines: list[str], response_headers: str = "SEND"
+) -> dict[str, Any]:
+    """The shipped config on ephemeral ports; ``epp`` None: ext_proc and the access log out;
+    ``response_headers``: ext_proc's ``response_header_mode``."""
     config: dict[str, Any] = copy.deepcopy(yaml.safe_load(CONFIG.read_text()))
     config["admin"]["address"] = _address("127.0.0.1:0")
     resources = config["static_resources"]
@@ -82,6 +87,9 @@ def envoy_config(epp: str | None, engines: list[str]) -> dict[str, Any]:
     if epp is None:
         hcm.pop("access_log")
         hcm["http_filters"] = [f for f in hcm["http_filters"] if "ext_proc" not in f["name"]]
+    for f in hcm["http_filters"]:
+        if f["name"].endswith(".ext_proc"):
+            f["typed_config"]["processing_mode"]["response_header_mode"] = response_headers
     for cluster in resources["clusters"]:
         hosts = {"epp": [epp] if epp else [], "engines": engines}.get(cluster["name"])
         if hosts is not None:
@@ -247,6 +255,10 @@ def start_targets(chunks: int, interval_ms: float) -> tuple[list[Target], list[P
             "gateway", envoy.url, {"envoy": envoy.popen.pid, "epp": epp.pid}, [envoy.stop, epp.stop]
         )
     )
+    # the same, without asking the EPP at the response headers (no x-spec-router-* headers)
+    skip = start_envoy(envoy_config(f"127.0.0.1:{grpc_port}", engines, "SKIP"), core=1)
+    pids = {"envoy": skip.popen.pid, "epp": epp.pid}
+    targets.append(Target("gateway-skip", skip.url, pids, [skip.stop]))
     for url in (proxy.url, epp.url):
         deadline = time.monotonic() + 20
         while httpx.get(f"{url}/ready").status_code != 200:
@@ -350,6 +362,8 @@ def render(report: dict[str, Any], command: str, args: argparse.Namespace) -> st
         "- `envoy`: the shipped config without ext_proc and the access log, so the gateway's",
         "  cost splits into Envoy's own relay and what asking the EPP adds (four ext_proc",
         "  messages each way and one access-log record per request, in Python's grpc.aio).",
+        "- `gateway-skip`: `response_header_mode: SKIP`: Envoy does not wait for the EPP's",
+        "  answer to the response headers (which then carry no `x-spec-router-*` headers).",
         "- The EPP never reads response bytes (`response_body_mode: NONE`): its CPU per stream",
         "  does not grow with the number of chunks, unlike the proxy's, which relays them.",
     ]
