@@ -1,12 +1,22 @@
-"""deploy/k8s/gateway/: the EPP's Deployment, Service and ConfigMap against the Kubernetes
-schemas that kubernetes-validate bundles (strict); the Gateway API and Inference Extension
-kinds (Gateway, HTTPRoute, InferencePool) are CRDs with no schema in any PyPI package here, so
-they are checked by hand against their v1 fields (InferencePool: the CRD
-inference.networking.k8s.io_inferencepools.yaml of gateway-api-inference-extension)."""
+"""deploy/k8s/gateway/: every manifest against a published schema where a package ships one.
+
+- Deployment, Service, ConfigMap: the Kubernetes 1.30 schemas kubernetes-validate bundles
+  (PyPI), strict (unknown fields refused).
+- Gateway, HTTPRoute: the Gateway API's schemas, compiled into the npm package
+  @kubernetes-models/gateway-api (scripts/ensure-gateway-api-models.sh installs it; run by the
+  machine's node). Types, required fields, enums and patterns are checked; unknown fields are
+  not (CRD schemas allow them: the API server prunes them), so the fields are also checked here.
+- InferencePool: no package on PyPI or npm ships the Inference Extension's schema, so it is
+  checked by hand against its v1 CRD (gateway-api-inference-extension,
+  config/crd/bases/inference.networking.k8s.io_inferencepools.yaml).
+"""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -17,6 +27,8 @@ import yaml
 from router.gateway.messages import EXT_PROC_SERVICE
 from router.settings import CONFIG_ENV, load_settings
 from tests.deploy.queries import DEPLOY
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GATEWAY = DEPLOY / "k8s" / "gateway"
 KUBERNETES_VERSION = "1.30"
@@ -43,6 +55,41 @@ def test_core_kinds_validate_against_kubernetes_schemas() -> None:
             kv.validate(doc, KUBERNETES_VERSION, strict=True)
             seen.add(doc["kind"])
     assert seen == CORE_KINDS
+
+
+@functools.cache
+def gateway_api_models() -> str:
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "ensure-gateway-api-models.sh")],
+        capture_output=True, text=True, check=True, timeout=600,
+    )  # fmt: skip
+    return done.stdout.strip().splitlines()[-1]
+
+
+def gateway_api_errors(docs: list[dict[str, Any]]) -> list[str | None]:
+    """Each object's schema violations (None: valid), from the npm package's validators."""
+    done = subprocess.run(
+        ["node", str(Path(__file__).with_name("validate_gateway_api.mjs")), gateway_api_models()],
+        input=json.dumps(docs), capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return [r["error"] for r in json.loads(done.stdout)]
+
+
+def test_gateway_and_route_validate_against_the_gateway_api_schemas() -> None:
+    docs = of_kind("Gateway") + of_kind("HTTPRoute")
+    assert [d["kind"] for d in docs] == ["Gateway", "HTTPRoute"]
+    assert gateway_api_errors(docs) == [None, None]
+    # (so that the check can fail) a port that is not a number, a backend weight that is not
+    # one, a timeout that is not a duration, a parent with no name
+    gateway, route = json.loads(json.dumps(docs))
+    gateway["spec"]["listeners"][0]["port"] = "80"
+    wrong_weight, wrong_timeout, no_parent = (json.loads(json.dumps(route)) for _ in range(3))
+    wrong_weight["spec"]["rules"][0]["backendRefs"][0]["weight"] = "one"
+    wrong_timeout["spec"]["rules"][0]["timeouts"]["request"] = "forever"
+    no_parent["spec"]["parentRefs"] = [{}]
+    errors = gateway_api_errors([gateway, wrong_weight, wrong_timeout, no_parent])
+    assert all(errors), errors
+    assert "port" in str(errors[0]) and "weight" in str(errors[1])
 
 
 def test_kustomization_lists_every_manifest() -> None:
