@@ -48,7 +48,11 @@ class EppConfig:
     # A lease whose access-log record has not come after this long is let go (and counted):
     # generous, since a request may legitimately last that long (a long non-streamed answer).
     lease_max_age: float = 3600.0
-    # Seconds in-flight ext_proc streams get to finish when the EPP stops.
+    # Stopping, the EPP reports NOT_SERVING and goes on serving this long, so that Envoy's
+    # health check (deploy/envoy/envoy.yaml: every 1 s, out after 2 failures) stops sending it
+    # requests before the port closes: no request is caught mid-way by the stop.
+    drain: float = 3.0
+    # Then, seconds the ext_proc streams still open get to finish.
     stop_grace: float = 5.0
 
     @property
@@ -157,7 +161,7 @@ class EppApp:
             )
             yield self
         finally:
-            await grpc.stop(config.stop_grace)
+            await grpc.stop(config.drain, config.stop_grace)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

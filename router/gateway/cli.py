@@ -32,10 +32,17 @@ def main(argv: list[str]) -> int:
         "--lease-max-age", type=float, default=3600.0, help="seconds after which a request "
         "whose access-log record never came stops counting as in flight (default 3600)",
     )  # fmt: skip
+    parser.add_argument(
+        "--drain", type=float, default=3.0, help="seconds the EPP, stopping, reports "
+        "NOT_SERVING and still serves, so that Envoy's health check takes it out first "
+        "(default 3: the shipped Envoy config checks every second, out after two failures)",
+    )  # fmt: skip
     parser.add_argument("--config", help="TOML settings file (same as SPEC_ROUTER_CONFIG)")
     args = parser.parse_args(argv)
     if args.lease_max_age <= 0:
         parser.error("--lease-max-age must be positive")
+    if args.drain < 0:
+        parser.error("--drain must not be negative")
     try:
         import grpc  # noqa: F401
         from envoy.service.ext_proc.v3 import external_processor_pb2  # noqa: F401
@@ -62,6 +69,7 @@ def main(argv: list[str]) -> int:
                 grpc_host=args.grpc_host or args.host,
                 grpc_port=args.grpc_port,
                 lease_max_age=args.lease_max_age,
+                drain=args.drain,
             ),
         )
     except SettingsError as exc:
@@ -78,7 +86,7 @@ def main(argv: list[str]) -> int:
         print(f"spec-router epp: cannot listen on {args.host}:{args.port}: {exc.strerror}",
               file=sys.stderr)  # fmt: skip
         return 1
-    config = uvicorn_config(app, log_level=settings.log_level, graceful_shutdown=5.0)
+    config = uvicorn_config(app, log_level=settings.log_level, graceful_shutdown=2.0)
     # grpc.aio runs on asyncio's own loop; the HTTP side is off the request path
     config.loop = "asyncio"
     server = AnnouncingServer(config, socket_url(sock))

@@ -3,12 +3,13 @@
 One ``grpc.aio`` server in the router's event loop, so the decisions, the leases and the HTTP
 endpoints share one thread and one set of counts. Envoy's health check of the EPP cluster asks
 for ``envoy.service.ext_proc.v3.ExternalProcessor``; it is SERVING while the process serves and
-NOT_SERVING from the moment it starts to stop, so Envoy fails open to its fallback before the
-port closes.
+NOT_SERVING from the moment it starts to stop, for a drain period before the port closes, so
+Envoy fails open to its fallback with no request caught by the stop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -104,9 +105,13 @@ class GrpcServer:
         for service in ("", EXT_PROC_SERVICE):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
-    async def stop(self, grace: float) -> None:
+    async def stop(self, drain: float, grace: float) -> None:
+        """NOT_SERVING, still serving for ``drain`` seconds (while Envoy's health check takes
+        the EPP out), then stop, giving open streams ``grace`` seconds."""
         for service in ("", EXT_PROC_SERVICE):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.processor.streams and drain > 0:  # (nobody to tell, if Envoy never came)
+            await asyncio.sleep(drain)
         await self.server.stop(grace)
 
     def status(self) -> dict[str, Any]:

@@ -25,9 +25,14 @@ def endpoint(url: str) -> str:
     return url.removeprefix("http://")
 
 
-def start_epp(spec_url: str, base_url: str, grpc_port: int, **settings: str) -> Proc:
+def start_epp(
+    spec_url: str, base_url: str, grpc_port: int, drain: float = 0.0, **settings: str
+) -> Proc:
+    """``drain``: seconds it serves on, NOT_SERVING, once told to stop (0: tests stop at once;
+    the default of ``spec-router epp`` is 3)."""
     env = router_env(spec_url, base_url, **settings)
     args = ["-m", "router", "epp", "--port", "0", "--grpc-port", str(grpc_port)]
+    args += ["--drain", str(drain)]
     proc = spawn(args, env=env)
     try:
         wait_for(lambda: router_ready(proc.url))
@@ -45,6 +50,7 @@ class Gateway:
     base_url: str
     grpc_port: int
     settings: dict[str, str]
+    drain: float
     epp: Proc
     envoy: Envoy
     stopped: list[Proc] = field(default_factory=list)
@@ -68,7 +74,9 @@ class Gateway:
     def restart_epp(self) -> None:
         """The EPP again, on the same gRPC port (Envoy's EPP cluster is static)."""
         self.stopped.append(self.epp)
-        self.epp = start_epp(self.spec_url, self.base_url, self.grpc_port, **self.settings)
+        self.epp = start_epp(
+            self.spec_url, self.base_url, self.grpc_port, self.drain, **self.settings
+        )
 
     def stop(self) -> None:
         self.envoy.stop()
@@ -89,12 +97,13 @@ def start_gateway(sims: dict[str, Proc]) -> Iterator[GatewayFactory]:
         spec_url: str | None = None,
         base_url: str | None = None,
         filters: list[dict[str, Any]] | None = None,
+        drain: float = 0.0,
         **settings: str,
     ) -> Gateway:
         spec = spec_url or sims["speculative"].url
         base = base_url or sims["baseline"].url
         grpc_port = free_port()
-        epp = start_epp(spec, base, grpc_port, **settings)
+        epp = start_epp(spec, base, grpc_port, drain, **settings)
         try:
             envoy = start_envoy(
                 configured(
@@ -107,7 +116,7 @@ def start_gateway(sims: dict[str, Proc]) -> Iterator[GatewayFactory]:
         except BaseException:
             epp.stop()
             raise
-        gateway = Gateway(spec, base, grpc_port, settings, epp, envoy)
+        gateway = Gateway(spec, base, grpc_port, settings, drain, epp, envoy)
         started.append(gateway)
         wait_for(envoy.epp_healthy, timeout=15)
         return gateway

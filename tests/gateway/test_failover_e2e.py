@@ -109,3 +109,20 @@ def test_the_epp_killed_mid_traffic_and_restarted(start_gateway: GatewayFactory)
         f"{len(failed_at_kill)} failed: {[s.status for s in failed_at_kill]}); "
         f"{len(fallback)} by fallback; routed again {back - restarted:.2f} s after the restart"
     )
+
+
+def test_a_stopping_epp_drains_before_it_closes(start_gateway: GatewayFactory) -> None:
+    """SIGTERM (a rolling update): the EPP reports NOT_SERVING and serves on for its drain, so
+    Envoy's health check takes it out before the port closes: no request fails."""
+    gateway = start_gateway(drain=3.0, policy="spillover", crossover="2", learn="false")
+    with Traffic(gateway.url) as traffic:
+        traffic.wait(10, since=0.0)
+        stopping = time.monotonic()
+        gateway.epp.stop()  # SIGTERM; returns once it has exited
+        stopped = time.monotonic()
+        traffic.wait(10, since=stopped)
+    since = traffic.since(stopping)
+    assert all(s.status == 200 for s in since), [s for s in since if s.status != 200]
+    # routed by the EPP while it drained, then by the fallback once it was out
+    assert any(s.pool for s in since) and all(s.pool is None for s in traffic.since(stopped))
+    assert stopped - stopping >= 3.0
