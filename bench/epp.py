@@ -365,7 +365,8 @@ def render(report: dict[str, Any], command: str, args: argparse.Namespace) -> st
         "- `gateway-skip`: `response_header_mode: SKIP`: Envoy does not wait for the EPP's",
         "  answer to the response headers (which then carry no `x-spec-router-*` headers).",
         "- The EPP never reads response bytes (`response_body_mode: NONE`): its CPU per stream",
-        "  does not grow with the number of chunks, unlike the proxy's, which relays them.",
+        "  is about its CPU per request, whatever the stream's length; the proxy's and Envoy's",
+        "  grow with the chunks they relay.",
     ]
     return "\n".join(lines) + "\n"
 
