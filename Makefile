@@ -28,13 +28,13 @@ venv: $(STAMP)
 envoy:
 	PY=$(PY) bash scripts/ensure-envoy.sh
 
-# Everything but the gateway tier (tests/gateway/*_e2e.py, through a real Envoy).
 test: $(STAMP) envoy
 	bash scripts/ensure-prometheus.sh
 	bash scripts/ensure-chromium.sh
-	$(BIN)/python -m pytest -q -m "not gateway"
+	$(BIN)/python -m pytest -q
 
-# The gateway tier: a real Envoy before `spec-router epp` and simulated engines.
+# Only the gateway's end-to-end tests (a real Envoy before `spec-router epp` and simulated
+# engines, ~40 s; `make test` runs them too).
 test-gateway: $(STAMP) envoy
 	$(BIN)/python -m pytest -q -m gateway
 
