@@ -79,7 +79,7 @@ class EppApp:
         self.config = config if config is not None else EppConfig()
         self.router = router = RouterApp(settings, registry, clock)
         try:
-            self.endpoints = Endpoints.of(url for pool in POOLS for url in router.pools[pool])
+            self.endpoints = Endpoints(router.pools)
         except EndpointError as exc:
             raise SettingsError(str(exc)) from None
         self.metrics = GatewayMetrics(router.registry)
@@ -106,7 +106,7 @@ class EppApp:
         document = self.router.status()
         document["gateway"] = {
             "grpc": None if self.grpc is None else self.grpc.status(),
-            "endpoints": dict(self.endpoints.of_url),
+            "endpoints": self.endpoints.all(),
             "lease_max_age_s": self.config.lease_max_age,
             **self.picker.status(),
         }
@@ -157,7 +157,7 @@ class EppApp:
                 router.decider.policy,
                 router.keeper.crossover,
                 router.keeper.source,
-                ", ".join(f"{u}={e}" for u, e in self.endpoints.of_url.items()),
+                ", ".join(f"{u}={e}" for u, e in self.endpoints.all().items()),
             )
             yield self
         finally:

@@ -8,10 +8,10 @@ could resolve. The subset hint (``envoy.lb.subset_hint``) names endpoints the sa
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 from router.origin import Origin
+from router.pools import POOLS, Pool
 
 
 class EndpointError(ValueError):
@@ -33,23 +33,46 @@ def endpoint_of(url: str) -> str:
     return f"{host}:{origin.port}"
 
 
-@dataclass(frozen=True)
 class Endpoints:
-    """Backend URL <-> endpoint, for every backend of both pools."""
+    """Backend URL <-> endpoint, over the pools as they are now.
 
-    of_url: Mapping[str, str]
-    of_endpoint: Mapping[str, str]
+    It reads the pools' lists when asked (the same lists the ``Decider`` reads), so a backend
+    added to a pool is routable as soon as the Decider can pick it; each URL's endpoint is
+    worked out once."""
 
-    @classmethod
-    def of(cls, urls: Iterable[str]) -> Endpoints:
-        of_url = {url: endpoint_of(url) for url in urls}
-        of_endpoint = {endpoint: url for url, endpoint in of_url.items()}
-        if len(of_endpoint) != len(of_url):
-            raise EndpointError("two backend URLs name the same ip:port")
-        return cls(of_url, of_endpoint)
+    def __init__(self, pools: Mapping[Pool, list[str]]) -> None:
+        self.pools = pools
+        self._of_url: dict[str, str] = {}
+        self._of_endpoint: dict[str, str] = {}
+        self.check()
+
+    def urls(self) -> list[str]:
+        return [url for pool in POOLS for url in self.pools[pool]]
+
+    def check(self) -> None:
+        """Raise ``EndpointError`` for a backend the gateway could not be told to route to."""
+        seen: dict[str, str] = {}
+        for url in self.urls():
+            endpoint = self.endpoint(url)
+            if seen.setdefault(endpoint, url) != url:
+                raise EndpointError(f"{seen[endpoint]} and {url} name the same ip:port")
+
+    def endpoint(self, url: str) -> str:
+        found = self._of_url.get(url)
+        if found is None:
+            found = self._of_url[url] = endpoint_of(url)
+            self._of_endpoint[found] = url
+        return found
+
+    def backend(self, endpoint: str) -> str | None:
+        """The backend URL at ``endpoint`` (None: not one of ours)."""
+        return self._of_endpoint.get(endpoint)
+
+    def all(self) -> dict[str, str]:
+        return {url: self.endpoint(url) for url in self.urls()}
 
     def excluded(self, subset: frozenset[str] | None) -> frozenset[str]:
         """The backend URLs a request with this subset hint may not go to (none without one)."""
         if subset is None:
             return frozenset()
-        return frozenset(url for url, endpoint in self.of_url.items() if endpoint not in subset)
+        return frozenset(url for url in self.urls() if self.endpoint(url) not in subset)

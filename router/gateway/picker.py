@@ -156,7 +156,7 @@ class Picker:
         out.read(info.stream, info.sampling, info.prompt_chars)
         excluded = self.endpoints.excluded(subset)
         retry_after = self.settings.retry_after()
-        if len(excluded) == len(self.endpoints.of_url):
+        if excluded and excluded.issuperset(self.endpoints.urls()):
             raise NoBackend("no endpoint of the gateway's subset hint is a backend", retry_after)
         decider = self.decider
         request = decider.request(info, *slo_headers(headers)) if decider.policy == "slo" else None
@@ -207,7 +207,7 @@ class Picker:
         elif self._api_keys:  # the client's key is the router's: it must not reach the engine
             remove = ("authorization",)
         return Routed(
-            self.endpoints.of_url[backend], decision.pool, decision.reason, payload,
+            self.endpoints.endpoint(backend), decision.pool, decision.reason, payload,
             set_headers, remove,
         )  # fmt: skip
 
@@ -221,7 +221,7 @@ class Picker:
             return
         now = self.clock()
         out, backend = held.out, held.lease.backend
-        served = None if end.upstream is None else self.endpoints.of_endpoint.get(end.upstream)
+        served = None if end.upstream is None else self.endpoints.backend(end.upstream)
         elsewhere = served is not None and served != backend
         self.metrics.records.labels("elsewhere" if elsewhere else "released").inc()
         out.answered(end.status)
