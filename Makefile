@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-real real-engine check demo bench clean
+.PHONY: venv test test-real real-engine check docs demo bench clean
 
 # `make demo HOLD=300` keeps the demo's sims and routers up 5 more minutes, ramping load through
 # the router, to watch its live page (/router/ui); the default ends as soon as the demo is done.
@@ -42,6 +42,11 @@ check: $(STAMP)
 	$(BIN)/ruff format --check router tests bench
 	$(BIN)/mypy
 
+# The operators' guide (docs/) as a site in site/; --strict: a broken link, a missing anchor or a
+# page missing from the nav (mkdocs.yml) fails the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet
+
 demo: $(STAMP)
 	$(BIN)/spec-router demo --hold $(HOLD)
 
@@ -49,4 +54,4 @@ bench: $(STAMP)
 	bash bench/run.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build router/upstream/_relay.*.so
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache build router/upstream/_relay.*.so
