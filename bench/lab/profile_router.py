@@ -6,8 +6,8 @@ where its CPU goes: self time by function (where the interpreter was), then incl
 function (what a call costs with everything under it). py-spy is not a project dependency:
 ``pip install py-spy`` first.
 
-    python bench/profile_router.py stream --seconds 15
-    python bench/profile_router.py c64 --raw /tmp/c64.txt   # keep the collapsed stacks too
+    python bench/lab/profile_router.py stream --seconds 15
+    python bench/lab/profile_router.py c64 --raw /tmp/c64.txt   # keep the collapsed stacks too
 
 Caveat: py-spy pauses the process to sample, so the router runs slower than in the benchmark;
 read the shares, not the absolute rates. Samples taken inside C code (uvloop, socket writes)
@@ -26,7 +26,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from overhead import CHAT, HERE, PY, spawn, wait_ready
+# (bench/lab/: the maintained benchmarks' modules are one folder up)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from overhead import CHAT, HERE, PY, spawn, wait_ready  # noqa: E402
 
 _PATH = re.compile(r"\((?:/[^()]*?site-packages/|/[^()]*?/lib/python3\.\d+/|" + re.escape(
     str(HERE.parent) + "/") + r")")  # fmt: skip

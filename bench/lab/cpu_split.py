@@ -11,8 +11,8 @@ floor of an HTTP-aware one, and the typical Python stacks. ``--where``:
 - ``unpinned``: they may run on the target's core;
 - ``hog``: as pinned, plus a busy loop pinned to the target's core.
 
-    python bench/cpu_split.py --target router --chunks 20
-    python bench/cpu_split.py --target router --where hog --concurrency 16
+    python bench/lab/cpu_split.py --target router --chunks 20
+    python bench/lab/cpu_split.py --target router --where hog --concurrency 16
 
 The switches and the waiting are the main thread's (the event loop's), from
 ``/proc/<pid>/status`` and ``/proc/<pid>/schedstat``: what router/fastpath/busypoll.py's
@@ -29,9 +29,12 @@ import sys
 import time
 from pathlib import Path
 
-from overhead import CANDIDATES, CHAT, HERE, PY, ROUTER_ENV, spawn, start_candidate, wait_ready
+# (bench/lab/: the maintained benchmarks' modules are one folder up)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from router.tools.processes import pinned
+from overhead import CANDIDATES, CHAT, HERE, PY, ROUTER_ENV, spawn, start_candidate, wait_ready  # noqa: E402
+
+from router.tools.processes import pinned  # noqa: E402
 
 
 def counters(pid: int) -> tuple[float, float, int, float]:

@@ -22,7 +22,7 @@ difference with the router's code taken out, on a transport that only counts wri
 - ``loop turn``: one ``await asyncio.sleep(0)`` of the driver, included in each of the above
   (once for ``callbacks``, one or more times for the others).
 
-    taskset -c 0 python bench/server_shape.py --number 20000 --repeat 3
+    taskset -c 0 python bench/lab/server_shape.py --number 20000 --repeat 3
 """
 
 from __future__ import annotations

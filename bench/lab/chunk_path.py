@@ -7,8 +7,8 @@ iteration feeds one chunk of bench/fake_backend.py's shape to ``data_received``:
 router does per chunk on top of the read and the write that any proxy, a TCP pipe included,
 makes.
 
-    python bench/chunk_path.py --chunks 200000 --repeat 3
-    python bench/chunk_path.py --tap    # and the SSE tap alone per read shape (timeit, best of)
+    python bench/lab/chunk_path.py --chunks 200000 --repeat 3
+    python bench/lab/chunk_path.py --tap    # and the SSE tap alone per read shape (timeit, best of)
 
 Each run is timed twice: with the C relay of plain chunks (router/upstream/_relay.c, as the
 router runs where it is built) and with every read the Python way (httptools, tap, sink).
@@ -37,7 +37,7 @@ HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding
 
 
 class CountingTransport:
-    """A transport that counts writes (here and in bench/server_shape.py)."""
+    """A transport that counts writes (here and in bench/lab/server_shape.py)."""
 
     def __init__(self) -> None:
         self.writes = 0

@@ -6,7 +6,7 @@ The router collects young objects only every 50,000 allocations and older ones f
 (``router.lifecycle.GC_YOUNG_THRESHOLD``, chosen for throughput): cyclic garbage waits for those. If
 RSS keeps growing with ``--collect`` too, something is leaked; if it flattens, it was garbage.
 
-    python bench/soak_rss.py [--rounds 5] [--requests 4000] [--collect]
+    python bench/lab/soak_rss.py [--rounds 5] [--requests 4000] [--collect]
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# (bench/lab/: the soak's modules are one folder up, the package two)
+BENCH = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
 from soak import SERVE, client, router_env  # noqa: E402
 from soak_checks import Engines, footprint  # noqa: E402

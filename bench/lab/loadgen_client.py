@@ -8,8 +8,8 @@ decode), through ``httpx.AsyncClient.stream`` and through ``router.calibrate.loa
 (httptools callbacks, router.upstream.client) in turns, from this process pinned to CPU 0, and
 prints events/s, the process's CPU and its CPU per event for each run, then the medians.
 
-    python bench/loadgen_client.py
-    python bench/loadgen_client.py --users 64 --seconds 4 --reps 3 --time-scale 0.1
+    python bench/lab/loadgen_client.py
+    python bench/lab/loadgen_client.py --users 64 --seconds 4 --reps 3 --time-scale 0.1
 """
 
 from __future__ import annotations

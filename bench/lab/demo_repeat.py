@@ -9,10 +9,10 @@ each pool's median predicted TPOT (the ``x-spec-router-predicted-tpot-ms`` heade
 measured one, in model time. A later repeat starts from what the router learned in the earlier
 ones, so a drift in what it learns shows as a trend down the repeats.
 
-    python bench/demo_repeat.py --router-levels 32,64 --repeat 4
-    python bench/demo_repeat.py --log-decisions /tmp/decisions   # every slo decision, JSONL
+    python bench/lab/demo_repeat.py --router-levels 32,64 --repeat 4
+    python bench/lab/demo_repeat.py --log-decisions /tmp/decisions   # every slo decision, JSONL
 
-``--log-decisions DIR`` starts the default router with ``bench/decision_log`` on its
+``--log-decisions DIR`` starts the default router with ``bench/lab/decision_log`` on its
 ``PYTHONPATH``: its ``sitecustomize`` writes each slo decision's options (load, feasibility,
 value, predicted TTFT/TPOT, stream rate) and the models to ``DIR/decisions-<pid>.jsonl``.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from router.calibrate.loadgen import RequestResult, decode_tps  # noqa: E402
@@ -78,7 +78,9 @@ def main(argv: list[str]) -> int:
         env = demo.router_env(spec, base, None, token, scale)
         if args.log_decisions is not None:
             args.log_decisions.mkdir(parents=True, exist_ok=True)
-            env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench" / "decision_log"), str(ROOT)])
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(ROOT / "bench" / "lab" / "decision_log"), str(ROOT)]
+            )
             env["SPEC_ROUTER_BENCH_DECISIONS"] = str(args.log_decisions)
         router = stack.enter_context(running(serve, env)).url
         rr = stack.enter_context(

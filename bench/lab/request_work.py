@@ -15,8 +15,8 @@ cost about twice as much as here, where one loop keeps them in the CPU's caches.
   last content event with its finish reason, the usage event the router strips, ``[DONE]``);
 - ``outcome+observers``: the request's ``Outcome`` through its life and every observer.
 
-    python bench/request_work.py
-    python bench/request_work.py --policy spillover --chunks 20
+    python bench/lab/request_work.py
+    python bench/lab/request_work.py --policy spillover --chunks 20
 """
 
 from __future__ import annotations
@@ -26,15 +26,19 @@ import functools
 import sys
 import timeit
 from collections.abc import Callable
+from pathlib import Path
 
-from decision_cost import BODY, healthy_app
-from prometheus_client import CollectorRegistry, Histogram
+# (bench/lab/: the maintained benchmarks' modules are one folder up)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from router.account.metrics import E2E_BUCKETS, observer
-from router.account.outcome import Outcome
-from router.decide.policy import Decision
-from router.forward.request import forward_headers, inspect, response_headers, upstream_body
-from router.upstream.stream import SseTap, Usage
+from decision_cost import BODY, healthy_app  # noqa: E402
+from prometheus_client import CollectorRegistry, Histogram  # noqa: E402
+
+from router.account.metrics import E2E_BUCKETS, observer  # noqa: E402
+from router.account.outcome import Outcome  # noqa: E402
+from router.decide.policy import Decision  # noqa: E402
+from router.forward.request import forward_headers, inspect, response_headers, upstream_body  # noqa: E402
+from router.upstream.stream import SseTap, Usage  # noqa: E402
 
 PATH = "/v1/chat/completions"
 REQUEST_HEADERS = [
