@@ -45,7 +45,7 @@ check: $(STAMP)
 # The operators' guide (docs/) as a site in site/; --strict: a broken link, a missing anchor or a
 # page missing from the nav (mkdocs.yml) fails the build.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet
+	$(BIN)/mkdocs build --strict
 
 demo: $(STAMP)
 	$(BIN)/spec-router demo --hold $(HOLD)
