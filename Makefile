@@ -23,10 +23,14 @@ $(STAMP): pyproject.toml setup.py router/upstream/_relay.c
 
 venv: $(STAMP)
 
+# pytest-xdist workers: each runs its own session fixtures (sims) on ports of its own.
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	bash scripts/ensure-prometheus.sh
 	bash scripts/ensure-chromium.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # The real-engine tier: builds llama.cpp's llama-server and a model pair the first time (several
 # minutes; cached under ~/.cache/spec-router/real-engine), then runs tests/real against them.
