@@ -201,10 +201,12 @@ def test_both_pools_down_answers_503_at_once(
     def errors(kind: str) -> float:
         return metric_value(metrics(router.url), "spec_router_upstream_errors_total", kind=kind)
 
-    assert (errors("connect"), errors("connect_timeout")) == (2, 0)  # one refusal per pool
+    # refused, not timed out (a probe may have found one of them refused first)
+    tried = errors("connect")
+    assert tried >= 1 and errors("connect_timeout") == 0
     # both are ejected now: the next one is refused without any attempt
     again = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 3})
-    assert again.status_code == 503 and errors("connect") == 2
+    assert again.status_code == 503 and errors("connect") == tried
     assert router_status(router.url)["in_flight"]["total"] == 0
 
 
