@@ -20,7 +20,8 @@ from starlette.routing import Route
 from router.app import RouterApp
 from router.settings import Settings
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 
 
 def rows(page: str) -> list[list[str]]:
@@ -46,6 +47,14 @@ def once(names: set[str], page: str, kind: str) -> list[str]:
     extra = {c for c in counts if re.match(kind, c)} - cells
     problems += [f"{c} is listed but does not exist" for c in sorted(extra)]
     return problems
+
+
+def test_the_readme_stays_a_front_door() -> None:
+    """The README says what it is, the two commands, a first deployment, the picture and where
+    to read on (issue 32: at most ~250 lines); the manual is docs/."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    assert "make demo" in readme and "make test" in readme
 
 
 # -- settings ------------------------------------------------------------------------------------
