@@ -184,17 +184,8 @@ class Picker:
                 )
             decision = alt
         backend = decision.backend
-        lease = self.tracker.acquire(backend, out if request is not None else None)
-        out.attempt(
-            decision.pool,
-            backend,
-            decision.reason,
-            decision.load,
-            decision.prefill_share,
-            self.tracker.started[backend],
-            decision.prefill,
-        )
-        self.book.open(request_id, Held(lease, out, self.clock()))
+        # everything that could fail before the lease is taken: nothing is held if it does
+        endpoint = self.endpoints.endpoint(backend)
         named = None
         if info.fill_model and self.default_model is not None:
             named = self.default_model(decision.pool, backend)
@@ -206,10 +197,18 @@ class Picker:
             set_headers.append((b"authorization", key))
         elif self._api_keys:  # the client's key is the router's: it must not reach the engine
             remove = ("authorization",)
-        return Routed(
-            self.endpoints.endpoint(backend), decision.pool, decision.reason, payload,
-            set_headers, remove,
-        )  # fmt: skip
+        lease = self.tracker.acquire(backend, out if request is not None else None)
+        self.book.open(request_id, Held(lease, out, self.clock()))
+        out.attempt(
+            decision.pool,
+            backend,
+            decision.reason,
+            decision.load,
+            decision.prefill_share,
+            self.tracker.started[backend],
+            decision.prefill,
+        )
+        return Routed(endpoint, decision.pool, decision.reason, payload, set_headers, remove)
 
     # -- its end -------------------------------------------------------------------------------
     def ended(self, end: Ending) -> None:
