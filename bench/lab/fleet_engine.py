@@ -24,7 +24,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from router.sim.model import Preset, expected_steps, gain_pmf, prefill_time, sample_gain, solve_alpha
+from router.sim.model import (
+    Preset,
+    expected_steps,
+    gain_pmf,
+    prefill_time,
+    sample_gain,
+    solve_alpha,
+)
 
 # Outputs up to this many tokens draw their decode iterations one by one; longer ones from the
 # renewal theorem's normal approximation (exact within a few per cent of a standard deviation

@@ -21,6 +21,7 @@ from router.plan.planner import (
     PlanState,
     Setting,
     plan,
+    steady_split,
 )
 from router.plan.values import Curve, Mix, Slo, curve_of, mix_of
 
@@ -50,4 +51,5 @@ __all__ = [
     "slo_capacity",
     "spill_threshold",
     "split_goodput",
+    "steady_split",
 ]

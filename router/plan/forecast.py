@@ -26,7 +26,7 @@ from typing import NamedTuple
 class ForecastParams(NamedTuple):
     alpha: float = 0.3  # level smoothing
     beta: float = 0.1  # trend smoothing
-    damping: float = 0.97  # trend damping per step
+    damping: float = 0.995  # trend damping per step
     gamma: float = 0.2  # residual variance smoothing
     z: float = 2.0  # band width in standard deviations
     cv_floor: float = 0.03  # the band's standard deviation is at least this share of the level

@@ -3,7 +3,7 @@
 
 The router in front (as ``spillover`` runs it): a speculative engine takes a request while the
 least loaded one has fewer than ``spill_threshold`` in flight (the crossover from the curves at
-the mix's acceptance, never past what the engine serves within the relaxed SLO), the least
+the mix's acceptance, or sooner where speculation stops meeting the strict TPOT), the least
 loaded engine of a pool gets it, and the rest spills to the baseline pool. With one pool empty
 the other takes everything.
 
@@ -118,35 +118,31 @@ def mix_tau(curve: Curve, mix: Mix) -> float:
     return 1.0 / (h / curve.tau(True) + (1.0 - h) / curve.tau(False))
 
 
-def slo_batch(curve: Curve, mix: Mix, slo: Slo, mp: ModelParams = DEFAULT) -> int:
-    """The largest batch one engine runs in its steady state with its mean time per output
-    token within the relaxed target (the rate that keeps ``b`` running, by Little's law, with
-    the decode stretched by that rate's prefills): what it serves within the SLO."""
+def slow_batch(curve: Curve, mix: Mix, target: float, mp: ModelParams = DEFAULT) -> int:
+    """The first batch at which one engine's steady state misses ``target`` seconds per
+    output token on average (the rate that keeps that many running, by Little's law, with the
+    decode stretched by that rate's prefills); one past the cap if none does."""
     lw = law(curve, mix)
     tau = mix_tau(curve, mix)
-    target = slo.tpot * slo.relaxed_tpot
-    best = 1
     for b in range(1, curve.limit + 1):
-        rate = lw.departures[b]
-        per_token = curve.iteration(b) / tau / (1.0 - min(mp.max_stall, rate * lw.stall_mean))
-        if per_token > target:
-            break
-        best = b
-    return best
+        stalls = min(mp.max_stall, lw.departures[b] * lw.stall_mean)
+        if curve.iteration(b) / tau / (1.0 - stalls) > target:
+            return b
+    return curve.limit + 1
 
 
 @lru_cache(maxsize=256)
 def spill_threshold(spec: Curve, base: Curve, mix: Mix, slo: Slo) -> int:
     """In flight on the least loaded speculative engine below which it takes a request (when
-    a baseline engine is up to take the rest): the first batch at which the baseline is as fast
-    per token at the mix's acceptance (the crossover), and never past what the speculative
-    engine serves within the relaxed SLO (which is all that bounds it with no crossover)."""
+    a baseline engine is up to take the rest): the first batch at which speculation stops
+    paying, because the baseline is as fast per token at the mix's acceptance (the crossover)
+    or because a speculative engine there misses the strict TPOT target on average."""
     ts, tb = mix_tau(spec, mix), mix_tau(base, mix)
-    held = slo_batch(spec, mix, slo)
-    for b in range(1, held + 1):
+    slow = slow_batch(spec, mix, slo.tpot)
+    for b in range(1, slow):
         if spec.iteration(b) / ts >= base.iteration(b) / tb:
             return b
-    return held
+    return max(1, min(slow, spec.limit))
 
 
 # --- one request's chances at a state --------------------------------------------------------
@@ -359,7 +355,7 @@ def pool_result(
     strict = relaxed = 0.0
     cache: dict[int, tuple[float, float]] = {}
     for n, p in enumerate(pi):
-        if n >= top or p < 1e-9:
+        if n >= top or p < 1e-7:
             continue
         c = n // k
         got = cache.get(c)
@@ -399,8 +395,13 @@ def _birth_death(rate: float, mu: tuple[float, ...], k: int, top: int) -> list[f
 GRID_LOW = 1e-3  # requests per second at grid index 0
 
 
-def _grid_index(rate: float, step: float) -> float:
+def grid_index(rate: float, step: float) -> float:
+    """Where ``rate`` falls on the grid (a real number: between two points)."""
     return math.log(max(rate, GRID_LOW) / GRID_LOW) / math.log(step)
+
+
+def grid_rate(index: int, step: float) -> float:
+    return GRID_LOW * step**index
 
 
 @lru_cache(maxsize=65536)
@@ -421,7 +422,7 @@ def pool_on_grid(
     mp: ModelParams,
 ) -> PoolResult:
     """``pool_result`` interpolated between the grid's rates around ``rate``."""
-    x = _grid_index(rate, mp.grid_step)
+    x = grid_index(rate, mp.grid_step)
     i = int(math.floor(x))
     f = x - i
     lo = _pool_at(curve, mix, slo, engines, i, limit, mp)
@@ -442,19 +443,34 @@ def split_goodput(
     mp: ModelParams = DEFAULT,
 ) -> Goodput:
     """Expected shares meeting each tier with ``k`` speculative and ``m`` baseline engines up
-    at ``rate`` requests per second (nothing up: none)."""
+    at ``rate`` requests per second (nothing up: none); interpolated between the rate grid's
+    points around ``rate``."""
     if k < 0 or m < 0:
         raise ValueError("engine counts must be >= 0")
     if k + m == 0:
         return Goodput(0.0, 0.0)
+    x = grid_index(rate, mp.grid_step)
+    i = int(math.floor(x))
+    f = x - i
+    lo = _split_at(spec, base, mix, slo, k, m, i, mp)
+    if f < 1e-9:
+        return lo
+    hi = _split_at(spec, base, mix, slo, k, m, i + 1, mp)
+    return Goodput(lo[0] + f * (hi[0] - lo[0]), lo[1] + f * (hi[1] - lo[1]))
+
+
+@lru_cache(maxsize=65536)
+def _split_at(spec: Curve, base: Curve, mix: Mix, slo: Slo, k: int, m: int, index: int,
+              mp: ModelParams) -> Goodput:  # fmt: skip
+    rate = GRID_LOW * mp.grid_step**index
     if m == 0:
-        s = pool_on_grid(spec, mix, slo, k, rate, None, mp)
+        s = _pool_at(spec, mix, slo, k, index, None, mp)
         return Goodput(s.strict, s.relaxed)
     if k == 0:
-        b = pool_on_grid(base, mix, slo, m, rate, None, mp)
+        b = _pool_at(base, mix, slo, m, index, None, mp)
         return Goodput(b.strict, b.relaxed)
     theta = spill_threshold(spec, base, mix, slo)
-    s = pool_on_grid(spec, mix, slo, k, rate, theta, mp)
+    s = _pool_at(spec, mix, slo, k, index, theta, mp)
     over = rate * s.blocked
     if over <= GRID_LOW:
         return Goodput(s.strict, s.relaxed)
@@ -462,6 +478,7 @@ def split_goodput(
     return Goodput(s.strict + s.blocked * b.strict, s.relaxed + s.blocked * b.relaxed)
 
 
+@lru_cache(maxsize=4096)
 def slo_capacity(
     spec: Curve,
     base: Curve,
@@ -483,7 +500,7 @@ def slo_capacity(
 
     if not ok(0):
         return 0.0
-    lo, hi = 0, int(_grid_index(1e4, mp.grid_step))
+    lo, hi = 0, int(grid_index(1e4, mp.grid_step))
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if ok(mid):

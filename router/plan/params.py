@@ -17,25 +17,27 @@ class Params(NamedTuple):
     # Seconds between planning calls. A minute: the forecast needs counts large enough to
     # mean something (tens of requests per engine), and a restart (~530 s) spans nine calls.
     interval: float = 60.0
-    # The window a switch must pay back within, after its restart: value is compared over
-    # restart + dwell. Ten minutes, about one restart: a switch that does not pay back the
-    # capacity it costs within the time it took is not worth its risk (and a forecast much
-    # past a restart is a guess).
-    dwell: float = 600.0
-    # Least seconds since the last switch ended before the next one towards speculation, and
-    # towards baseline. Asymmetric on purpose (the rule: towards baseline faster): load
-    # that rises hurts within minutes, load that falls only wastes a little latency. Towards
-    # baseline 0: one switch in flight at a time already spaces them by a restart.
-    dwell_speculative: float = 600.0
-    dwell_baseline: float = 0.0
-    # A switch opposite to the last one waits this long after it ended (dynamo #9294: replicas
-    # flipping between 2 and 1 each interval). Two restarts: a reversal sooner than the time two
-    # switches cost cannot have paid for the first.
-    dwell_reverse: float = 1200.0
-    # Least expected gain, in points of the objective over the window's requests, to switch
-    # towards baseline / towards speculation. Above the model's noise between neighbouring
-    # splits (a few tenths of a point; the lab's flat loads) so a flat load never switches;
-    # larger towards speculation (the asymmetry above).
+    # Seconds ahead the schedule is planned over. 90 min: going all the way from one mode to
+    # the other on four engines takes four restarts (~37 min), and the load that path is for
+    # must be in view when it starts.
+    horizon: float = 5400.0
+    # Past the horizon each split keeps the horizon's last rate for this long, so a switch late
+    # in the horizon is not judged on its restart alone: about one restart, the least a switch
+    # must pay back within.
+    tail: float = 600.0
+    # A switch towards speculation waits this long after the last switch towards baseline
+    # ended, and one towards baseline this long after the last towards speculation (switches
+    # in the same direction follow each other, one at a time). Reversals are what flaps
+    # (dynamo #9294: replicas flipping between 2 and 1 each interval); a reversal sooner than
+    # two restarts cannot have paid for the first switch. Asymmetric on purpose (the issue's
+    # rule: towards baseline faster): load that rises hurts within minutes, load that falls only
+    # wastes some latency.
+    dwell_to_speculative: float = 1800.0
+    dwell_to_baseline: float = 600.0
+    # Least expected gain, in points of the objective over the horizon's requests, to switch
+    # towards baseline / towards speculation (which must also not lose under the upper band).
+    # Above the model's noise between neighbouring splits (a few tenths of a point; the lab's
+    # flat loads) so a flat load never switches; larger towards speculation (the asymmetry).
     margin_baseline: float = 0.005
     margin_speculative: float = 0.01
     # The objective: strict_weight * strict goodput + (1 - strict_weight) * relaxed.
@@ -43,11 +45,14 @@ class Params(NamedTuple):
     # The floor: during a switch, the engines that stay up must keep the upper forecast's peak
     # over the restart at or below their SLO capacity, the rate at which their expected relaxed
     # goodput is this share.
-    floor_share: float = 0.9
+    floor_share: float = 0.5
     # The model's mix is replaced by the observed one when their means or sampling shares drift
     # apart by more than this (relative / absolute): the model's cached tables stay valid
     # between, and a mix estimate's noise does not move the plan.
     mix_tolerance: float = 0.1
+    # Intervals observed before the first switch is advised: a trend from fewer counts is
+    # their noise (a minute of 1 req/s is 60 +- 8).
+    warmup: int = 5
     # Recent decisions kept in the state (for GET /router/plan's history).
     history: int = 20
     forecast: ForecastParams = ForecastParams()

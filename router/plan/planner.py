@@ -7,27 +7,30 @@ Nothing here acts: the plan is advice, and actuation is another layer's.
 
 The rule (issue 37's, with the lessons of others' failures):
 
-- **Best split over the horizon.** Expected goodput of every split of the engines in service
-  or on their way (``router.plan.goodput``) at the forecast rate over one restart plus the
-  dwell; the best is the desired split.
+- **Best splits over the horizon.** Expected goodput of each split (``router.plan.goodput``)
+  at the forecast rate, minute by minute, over the horizon. A small dynamic program over that
+  forecast finds the best schedule of switches from the fleet as it is: one switch at a time,
+  each engine out of service for its mode's restart, none whose remaining engines fall below
+  the floor. Where that schedule ends is the desired split.
+- **A switch must pay.** The next switch is advised when starting it now beats the best
+  schedule that does not start it now (waiting included) by a margin: its gain over the
+  horizon exceeds what is lost while the engine is down. So a flat load never switches, a
+  falling one does not flap (dynamo #9294), and a path of several switches starts early enough
+  to end before the load it is for.
+- **The floor.** While an engine restarts, those that stay up must serve the upper band's peak
+  over the restart within the SLO (their SLO capacity: ``floor_share`` relaxed goodput).
 - **One switch in flight at a time**, and engines loading count as capacity on its way in the
-  mode they load (inference-sim #1109: loading instances counted as absent, so the scaler kept
-  adding more). While any engine is draining or loading, nothing more is advised.
-- **A switch must pay.** Its value is the requests meeting the SLO over restart + dwell with
-  the engine down during its restart and in its new mode after, against staying; it must beat
-  staying by a margin, under the point forecast (towards speculation: and under the upper band
-  too; towards baseline: under either), so a flat load never switches and a falling one does
-  not flap (dynamo #9294).
-- **The floor.** The engines that stay up during the restart must serve the upper band's
-  peak over it within the SLO (their SLO capacity at ``floor_share`` relaxed goodput).
-- **Towards baseline faster**: a smaller margin, no dwell; towards speculation waits
-  ``dwell_speculative`` after the last switch ended; a reversal waits ``dwell_reverse``.
+  mode they load into (inference-sim #1109: loading instances counted as absent, so the scaler
+  kept adding more). While any engine is draining or loading, nothing more is advised.
+- **Towards baseline faster**: a smaller margin; towards speculation the upper band must
+  agree, and a reversal towards speculation waits longer than one towards baseline.
 - **The GPU budget** (dynamo #12428: two pools over one budget left pods Pending): a switch
-  moves an engine between modes on its own GPU, and an engine that is down is started only
-  while up + loading + draining stays within the budget.
+  moves an engine between modes on its own GPU; an engine that is down is started only while
+  up + draining + loading stays within the budget.
 - **Estimates from what is steady** (dynamo #12430: new workers' slow first passes wrecked the
-  capacity estimate): the curves come from calibration or learning, never from one engine's
-  first minutes, and the rate from arrivals, which engines starting up do not change.
+  capacity estimate): the curves come from calibration or learning, not from one engine's first
+  minutes; the rate from arrivals, which engines starting up do not change; nothing is advised
+  before ``warmup`` intervals are seen.
 """
 
 from __future__ import annotations
@@ -37,12 +40,14 @@ from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 from router.plan.forecast import Forecast, Holt, forecast, observe
-from router.plan.goodput import slo_capacity, split_goodput
+from router.plan.goodput import grid_index, grid_rate, slo_capacity, split_goodput
 from router.plan.params import Params
 from router.plan.values import Curve, Mix, Slo
 from router.pools import BASELINE, SPECULATIVE, Pool
 
 Status = Literal["up", "loading", "draining", "down"]
+Split = tuple[int, int]  # (speculative, baseline) engines up
+MODES: tuple[Pool, Pool] = (BASELINE, SPECULATIVE)
 
 
 class EngineState(NamedTuple):
@@ -84,16 +89,15 @@ class Action(NamedTuple):
 
 
 class Option(NamedTuple):
-    """One switch considered, with its numbers."""
+    """One switch that could start now, with its numbers."""
 
     action: Action
-    during: tuple[int, int]  # (speculative, baseline) engines up while it restarts
-    after: tuple[int, int]
-    gain: float  # expected objective gained over the window, points (point forecast)
+    during: Split  # up while it restarts
+    gain: float  # expected objective gained by starting it now, points (point forecast)
     gain_upper: float  # the same under the upper band
     need: float  # the upper band's peak over its restart, requests per second
-    have: float  # what the engines that stay up serve within the SLO (floor_share)
-    blocked: str  # why it may not go ahead ("" if it may)
+    have: float  # what the engines staying up serve within the SLO (floor_share)
+    blocked: str  # why it may not go ahead now ("" if it may)
 
 
 class Decision(NamedTuple):
@@ -120,8 +124,9 @@ class Plan(NamedTuple):
     action: Action | None  # the next switch, or none
     reason: str
     forecast: Forecast
-    values: tuple[float, ...]  # expected objective of each split k = 0..engines (window)
+    values: tuple[float, ...]  # expected objective per minute of each split k = 0..engines
     options: tuple[Option, ...]
+    schedule: tuple[tuple[float, Pool], ...]  # the best schedule's switches: (seconds, mode)
     state: PlanState
 
 
@@ -130,8 +135,8 @@ DEFAULT = Params()
 
 
 class _Fleet(NamedTuple):
-    up: tuple[int, int]  # (speculative, baseline) up
-    coming: tuple[int, int]  # up or on their way into each mode
+    up: Split
+    coming: Split  # up or on their way into each mode
     switching: tuple[EngineState, ...]  # draining or loading
     down: tuple[EngineState, ...]
     holding: int  # engines holding a GPU
@@ -158,92 +163,207 @@ def plan(
     names = [e.name for e in fleet]
     if len(set(names)) != len(names):
         raise ValueError("engine names must be unique")
+    if obs.seconds <= 0 or obs.arrivals < 0:
+        raise ValueError("need seconds > 0 and arrivals >= 0")
     holt = observe(state.holt, obs.arrivals / obs.seconds, obs.seconds, params.forecast)
     mix = state.mix
     if mix is None or not obs.mix.close_to(mix, params.mix_tolerance):
         mix = obs.mix
     census = _census(fleet)
-    window = max(setting.restart_speculative, setting.restart_baseline) + params.dwell
-    steps = math.ceil(window / params.interval)
+    steps = math.ceil(params.horizon / params.interval)
     fc = forecast(holt, steps, params.interval, params.forecast)
+    model = _Model(setting, mix, params, fc)
     switched = obs.now if census.switching else state.switched
-    model = _Model(setting, mix, params)
 
     k_now, m_now = census.coming
     n = k_now + m_now
-    settle = min(setting.restart_speculative, setting.restart_baseline)
-    values = tuple(model.value((k, n - k), fc.point, settle, window) for k in range(n + 1))
-    desired = _desired(values, k_now, params.margin_baseline * model.volume(fc.point, settle,
-                                                                             window))  # fmt: skip
+    values = tuple(model.steady((k, n - k)) for k in range(n + 1))
+    dp = _Schedule(model, census.coming, fc.point)
+    path = dp.follow(census.coming)
+    desired = path[-1][2][0] if path else k_now
+    schedule = tuple((t * params.interval, mode) for t, mode, _ in path)
 
     options: list[Option] = []
     action: Action | None = None
-    if census.switching:
+    if holt.seen < params.warmup:
+        reason = f"warming up: {holt.seen} of {params.warmup} intervals observed"
+    elif census.switching:
         e = census.switching[0]
         reason = (f"switch in flight: {e.name} {e.status} into {e.mode}, up in ~{e.eta:.0f} s; "
                   "one at a time")  # fmt: skip
     else:
-        options = _options(obs, setting, fleet, census, fc, model, state, params)
+        upper = _Schedule(model, census.up, fc.upper)
+        options = _options(obs, setting, fleet, census, model, dp, upper, state, params)
         allowed = [o for o in options if not o.blocked]
         if allowed:
             best = max(allowed, key=lambda o: o.gain)
             action = best.action
-            reason = _explain(best, fc)
+            reason = _explain(best, fc, desired)
             switched = obs.now
         else:
-            reason = _idle_reason(options, desired, k_now)
+            reason = _idle_reason(options, desired, k_now, schedule)
     direction = action.mode if action is not None else state.direction
     decision = Decision(obs.now, desired, action, reason)
     history = (state.history + (decision,))[-params.history :]
     new_state = PlanState(holt, mix, switched, direction, history)
-    return Plan(desired, k_now, n, action, reason, fc, values, tuple(options), new_state)
+    return Plan(desired, k_now, n, action, reason, fc, values, tuple(options), schedule,
+                new_state)  # fmt: skip
+
+
+def steady_split(setting: Setting, mix: Mix, rate: float, engines: int,
+                 params: Params = DEFAULT) -> int:  # fmt: skip
+    """The speculative engines of ``engines`` that the objective prefers at a steady ``rate``
+    (where to start a fleet the planner has not seen yet)."""
+    fc = Forecast(params.interval, (rate,), (rate,))
+    model = _Model(setting, mix, params, fc)
+    return max(range(engines + 1), key=lambda k: model.rate_value((k, engines - k), rate))
 
 
 class _Model:
-    """The goodput model over a forecast, for one call."""
+    """The goodput model over one call's forecast: value per step, SLO capacities."""
 
-    def __init__(self, setting: Setting, mix: Mix, params: Params) -> None:
+    def __init__(self, setting: Setting, mix: Mix, params: Params, fc: Forecast) -> None:
         self.s = setting
         self.mix = mix
         self.p = params
+        self.fc = fc
+        self._caps: dict[Split, float] = {}
+        self._memo: dict[tuple[Split, int], float] = {}
 
-    def rate_value(self, split: tuple[int, int], rate: float) -> float:
-        """Expected requests per second meeting the objective."""
-        if rate <= 0:
+    def rate_value(self, split: Split, rate: float) -> float:
+        """Expected requests per second meeting the objective (the model's grid points
+        remembered for the call: most calls ask for the same few)."""
+        if rate <= 0 or split[0] + split[1] == 0:
             return 0.0
-        g = split_goodput(self.s.speculative, self.s.baseline, self.mix, self.s.slo, split[0],
-                          split[1], rate, self.p.model)  # fmt: skip
-        return g.value(self.p.strict_weight) * rate
+        x = grid_index(rate, self.p.model.grid_step)
+        i = int(x)
+        lo, hi = self._at(split, i), self._at(split, i + 1)
+        return (lo + (x - i) * (hi - lo)) * rate
 
-    def value(self, split: tuple[int, int], series: Sequence[float], start: float,
-              end: float) -> float:  # fmt: skip
-        """Requests meeting the objective from ``start`` to ``end`` seconds ahead."""
-        return sum(self.rate_value(split, r) * dt for r, dt in self._slices(series, start, end))
+    def _at(self, split: Split, index: int) -> float:
+        key = (split, index)
+        got = self._memo.get(key)
+        if got is None:
+            rate = grid_rate(index, self.p.model.grid_step)
+            g = split_goodput(self.s.speculative, self.s.baseline, self.mix, self.s.slo,
+                              split[0], split[1], rate, self.p.model)  # fmt: skip
+            got = self._memo[key] = g.value(self.p.strict_weight)
+        return got
 
-    def volume(self, series: Sequence[float], start: float, end: float) -> float:
-        return sum(r * dt for r, dt in self._slices(series, start, end))
+    def steady(self, split: Split) -> float:
+        """Expected objective per second of ``split`` over the horizon (point forecast, every
+        fifth step)."""
+        points = self.fc.point[::5]
+        return sum(self.rate_value(split, r) for r in points) / len(points)
 
-    def _slices(self, series: Sequence[float], start: float,
-                end: float) -> list[tuple[float, float]]:  # fmt: skip
-        step = self.p.interval
+    def capacity(self, split: Split) -> float:
+        if split not in self._caps:
+            self._caps[split] = slo_capacity(self.s.speculative, self.s.baseline, self.mix,
+                                             self.s.slo, split[0], split[1],
+                                             self.p.floor_share, self.p.model)  # fmt: skip
+        return self._caps[split]
+
+    def restart_steps(self, mode: Pool) -> int:
+        return max(1, math.ceil(self.s.restart(mode) / self.p.interval))
+
+
+class _Schedule:
+    """The best schedule of switches over a rate series (a dynamic program, one step per
+    planning interval): from each split at each step, stay a step, or start a switch that
+    keeps the engines up during its restart at or above the floor (the upper band's peak over
+    it) and lands in the neighbouring split when done. A step is worth the requests expected
+    to meet the objective there, less the share of the upper band's load past the split's SLO
+    capacity (so the schedule keeps capacity ahead of the band, and starts the switches that
+    need a while early enough). Past the horizon each split keeps its last step's value for
+    ``Params.tail`` seconds."""
+
+    def __init__(self, model: _Model, start: Split, series: Sequence[float]) -> None:
+        self.model = model
+        n = start[0] + start[1]
+        self.n = n
+        p = model.p
+        horizon = len(series)
+        tail = math.ceil(p.tail / p.interval)
+        rates = list(series) + [series[-1]] * tail
+        self.steps = len(rates)
+        self.horizon = horizon
+        dt = p.interval
+        splits = [(k, n - k) for k in range(n + 1)] + [(k, n - 1 - k) for k in range(n)]
+        upper = list(model.fc.upper) + [model.fc.upper[-1]] * tail
+        # each step's value: the requests expected to meet the objective, less those the upper
+        # band puts beyond what the split serves within the SLO (its capacity)
+        self.v: dict[Split, list[float]] = {}
+        for s in splits:
+            cap = model.capacity(s)
+            self.v[s] = [
+                (model.rate_value(s, r) - r * max(0.0, u - cap) / max(u, 1e-9)) * dt
+                for r, u in zip(rates, upper, strict=True)
+            ]
+        self.prefix = {s: _prefix(v) for s, v in self.v.items()}
+        self.restart = {m: model.restart_steps(m) for m in MODES}
+        # ok[mode][k][t]: a switch of one engine into ``mode`` from k speculative may start at t
+        self.ok: dict[Pool, list[list[bool]]] = {}
+        for mode in MODES:
+            r = self.restart[mode]
+            rows = []
+            for k in range(n + 1):
+                during = (k - 1, n - k) if mode == BASELINE else (k, n - k - 1)
+                if min(during) < 0:
+                    rows.append([False] * horizon)
+                    continue
+                cap = model.capacity(during)
+                rows.append([cap >= max(upper[t : t + r]) for t in range(horizon)])
+            self.ok[mode] = rows
+        # value[t][k]: best objective from step t in split k (stable) to the end
+        self.value = [[0.0] * (n + 1) for _ in range(self.steps + 1)]
+        self.choice: list[list[Pool | None]] = [[None] * (n + 1) for _ in range(self.steps + 1)]
+        for t in range(self.steps - 1, -1, -1):
+            for k in range(n + 1):
+                best = self.v[(k, n - k)][t] + self.value[t + 1][k]
+                pick: Pool | None = None
+                if t < horizon:
+                    for mode in MODES:
+                        got = self.switch_value(t, k, mode)
+                        if got is not None and got > best:
+                            best, pick = got, mode
+                self.value[t][k] = best
+                self.choice[t][k] = pick
+
+    def switch_value(self, t: int, k: int, mode: Pool, check: bool = True) -> float | None:
+        """Objective from step t if a switch into ``mode`` starts then from split k (None if
+        it cannot: no engine to move, or the floor)."""
+        n = self.n
+        if (mode == BASELINE and k == 0) or (mode == SPECULATIVE and k == n):
+            return None
+        if check and not self.ok[mode][k][t]:
+            return None
+        r = self.restart[mode]
+        during = (k - 1, n - k) if mode == BASELINE else (k, n - k - 1)
+        after = k - 1 if mode == BASELINE else k + 1
+        end = min(self.steps, t + r)
+        pre = self.prefix[during]
+        return pre[end] - pre[t] + self.value[end][after]
+
+    def follow(self, start: Split) -> list[tuple[int, Pool, Split]]:
+        """The best schedule's switches from ``start``: (step, mode, split after)."""
+        k, t = start[0], 0
         out = []
-        for i, r in enumerate(series):
-            lo, hi = max(start, i * step), min(end, (i + 1) * step)
-            if hi > lo:
-                out.append((r, hi - lo))
+        while t < self.horizon:
+            mode = self.choice[t][k]
+            if mode is None:
+                t += 1
+                continue
+            k = k - 1 if mode == BASELINE else k + 1
+            t += self.restart[mode]
+            out.append((t - self.restart[mode], mode, (k, self.n - k)))
         return out
 
-    def capacity(self, split: tuple[int, int]) -> float:
-        return slo_capacity(self.s.speculative, self.s.baseline, self.mix, self.s.slo, split[0],
-                            split[1], self.p.floor_share, self.p.model)  # fmt: skip
 
-
-def _desired(values: Sequence[float], current: int, tolerance: float) -> int:
-    """The best split; the current one while it is within ``tolerance`` of the best."""
-    best = max(range(len(values)), key=lambda k: values[k])
-    if 0 <= current < len(values) and values[current] >= values[best] - tolerance:
-        return current
-    return best
+def _prefix(xs: Sequence[float]) -> list[float]:
+    out = [0.0]
+    for x in xs:
+        out.append(out[-1] + x)
+    return out
 
 
 def _options(
@@ -251,41 +371,63 @@ def _options(
     setting: Setting,
     fleet: Sequence[EngineState],
     census: _Fleet,
-    fc: Forecast,
     model: _Model,
+    dp: _Schedule,
+    upper: _Schedule,
     state: PlanState,
     params: Params,
 ) -> list[Option]:
-    """Each switch one engine could make now, scored, and why it may not go ahead if not."""
+    """Each switch that could start now, scored against the best schedule without it."""
     up_s, up_b = census.up
     since = obs.now - state.switched
-    moves: list[tuple[Pool, tuple[int, int], tuple[int, int], str]] = []
-    if up_s:
-        moves.append((BASELINE, (up_s - 1, up_b), (up_s - 1, up_b + 1), _pick(fleet, SPECULATIVE)))
-    if up_b:
-        moves.append((SPECULATIVE, (up_s, up_b - 1), (up_s + 1, up_b - 1), _pick(fleet, BASELINE)))
-    if census.down:
-        name = census.down[0].name  # one down engine stands for the others
-        moves.append((SPECULATIVE, (up_s, up_b), (up_s + 1, up_b), name))
-        moves.append((BASELINE, (up_s, up_b), (up_s, up_b + 1), name))
+    volume = max(sum(model.fc.point) * params.interval, 1e-9)
+    volume_upper = max(sum(model.fc.upper) * params.interval, 1e-9)
     out = []
-    for mode, during, after, engine in moves:
-        restart = setting.restart(mode)
-        end = restart + params.dwell
+    for mode in MODES:
+        source: Pool = SPECULATIVE if mode == BASELINE else BASELINE
+        if (up_s if source == SPECULATIVE else up_b) == 0:
+            continue
         gains = []
-        for series in (fc.point, fc.upper):
-            stay = model.value((up_s, up_b), series, 0.0, end)
-            moved = model.value(during, series, 0.0, restart) + model.value(after, series,
-                                                                          restart, end)  # fmt: skip
-            volume = max(model.volume(series, 0.0, end), 1e-9)
-            gains.append((moved - stay) / volume)
-        need = fc.peak(restart, upper=True)
-        starting = during == (up_s, up_b)
-        have = math.inf if starting else model.capacity(during)
-        blocked = _blocked(mode, gains[0], gains[1], need, have, since, starting, census,
-                           setting.budget, state, params)  # fmt: skip
-        out.append(Option(Action(engine, mode), during, after, gains[0], gains[1], need, have,
-                          blocked))  # fmt: skip
+        for sched, vol in ((dp, volume), (upper, volume_upper)):
+            now = sched.switch_value(0, up_s, mode, check=False)
+            assert now is not None
+            wait = sched.v[(up_s, up_b)][0] + sched.value[1][up_s]
+            gains.append((now - wait) / vol)
+        during = (up_s - 1, up_b) if mode == BASELINE else (up_s, up_b - 1)
+        need = model.fc.peak(setting.restart(mode), upper=True)
+        have = model.capacity(during)
+        blocked = _blocked(mode, gains[0], gains[1], need, have, since, state, params)
+        out.append(Option(Action(_pick(fleet, source), mode), during, gains[0], gains[1], need,
+                          have, blocked))  # fmt: skip
+    out.extend(_starts(census, setting, model, params))
+    return out
+
+
+def _starts(census: _Fleet, setting: Setting, model: _Model, params: Params) -> list[Option]:
+    """Starting an engine that is down (one stands for all), within the GPU budget: it adds
+    an engine after its restart and takes none away."""
+    if not census.down:
+        return []
+    up_s, up_b = census.up
+    fc = model.fc
+    dt = params.interval
+    volume = max(sum(fc.point) * dt, 1e-9)
+    out = []
+    starts: tuple[tuple[Pool, Split], ...] = (
+        (SPECULATIVE, (up_s + 1, up_b)),
+        (BASELINE, (up_s, up_b + 1)),
+    )
+    for mode, after in starts:
+        r = model.restart_steps(mode)
+        gain = sum(model.rate_value(after, x) - model.rate_value((up_s, up_b), x)
+                   for x in fc.point[r:]) * dt / volume  # fmt: skip
+        blocked = ""
+        if setting.budget is not None and census.holding + 1 > setting.budget:
+            blocked = f"GPU budget: {census.holding} of {setting.budget} held"
+        elif gain <= params.margin_baseline:
+            blocked = f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_baseline:.2f}"
+        out.append(Option(Action(census.down[0].name, mode), (up_s, up_b), gain, gain, 0.0,
+                          math.inf, blocked))  # fmt: skip
     return out
 
 
@@ -302,46 +444,41 @@ def _blocked(
     need: float,
     have: float,
     since: float,
-    starting: bool,
-    census: _Fleet,
-    budget: int | None,
     state: PlanState,
     params: Params,
 ) -> str:
     """Why this switch may not go ahead now ("" if it may): the rule's checks in order."""
-    if starting and budget is not None and census.holding + 1 > budget:
-        return f"GPU budget: {census.holding} of {budget} held"
     if mode == BASELINE:
-        best = max(gain, gain_upper)
-        if best <= params.margin_baseline:
-            return f"gain {100 * best:+.2f} pt <= margin {100 * params.margin_baseline:.2f}"
-        if since < params.dwell_baseline:
-            return f"dwell: {since:.0f} of {params.dwell_baseline:.0f} s"
+        if gain <= params.margin_baseline:
+            return f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_baseline:.2f}"
+        wait = params.dwell_to_baseline
     else:
-        worst = min(gain, gain_upper)
-        if worst <= params.margin_speculative:
-            return f"gain {100 * worst:+.2f} pt <= margin {100 * params.margin_speculative:.2f}"
-        if since < params.dwell_speculative:
-            return f"dwell: {since:.0f} of {params.dwell_speculative:.0f} s"
-    if state.direction not in (None, mode) and since < params.dwell_reverse:
-        return f"reversal: {since:.0f} of {params.dwell_reverse:.0f} s since the last switch"
+        if gain <= params.margin_speculative:
+            return f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_speculative:.2f}"
+        if gain_upper <= 0:
+            return f"gain {100 * gain_upper:+.2f} pt at the upper band"
+        wait = params.dwell_to_speculative
+    if state.direction not in (None, mode) and since < wait:
+        return f"reversal: {since:.0f} of {wait:.0f} s since the last switch"
     if have < need:
-        return f"floor: those up serve {have:.2f}/s < upper forecast {need:.2f}/s"
+        return f"floor: those up would serve {have:.2f}/s < upper forecast {need:.2f}/s"
     return ""
 
 
-def _explain(o: Option, fc: Forecast) -> str:
+def _explain(o: Option, fc: Forecast, desired: int) -> str:
     return (
-        f"switch {o.action.engine} to {o.action.mode}: expected {100 * o.gain:+.2f} pt "
-        f"({100 * o.gain_upper:+.2f} at the upper band) over the restart and dwell; "
-        f"{o.during[0]}+{o.during[1]} up meanwhile serve {o.have:.2f}/s >= upper forecast "
-        f"{o.need:.2f}/s; forecast now {fc.point[0]:.2f}/s"
+        f"switch {o.action.engine} to {o.action.mode} (towards {desired} speculative): "
+        f"{100 * o.gain:+.2f} pt expected over the horizon against the best schedule without "
+        f"it ({100 * o.gain_upper:+.2f} at the upper band); {o.during[0]}+{o.during[1]} up "
+        f"meanwhile serve {o.have:.2f}/s >= upper forecast {o.need:.2f}/s; rate now "
+        f"{fc.point[0]:.2f}/s"
     )
 
 
-def _idle_reason(options: Sequence[Option], desired: int, current: int) -> str:
+def _idle_reason(options: Sequence[Option], desired: int, current: int,
+                 schedule: Sequence[tuple[float, Pool]]) -> str:  # fmt: skip
     if desired == current:
-        return f"hold: {current} speculative is the best split for the forecast"
-    toward = SPECULATIVE if desired > current else BASELINE
-    why = [f"{o.action.mode}: {o.blocked}" for o in options if o.action.mode == toward]
-    return f"hold: desired {desired} speculative, but " + ("; ".join(why) or "no engine to move")
+        return f"hold: {current} speculative stays the best over the horizon"
+    why = "; ".join(f"to {o.action.mode}: {o.blocked}" for o in options if o.blocked)
+    nxt = f"next switch planned in {schedule[0][0] / 60:.0f} min; " if schedule else ""
+    return f"hold: heading for {desired} speculative; {nxt}{why}"
