@@ -22,6 +22,7 @@ from router.plan import (
     Setting,
     Slo,
     mix_of,
+    observe,
     plan,
 )
 from router.sim.model import Preset, step_time
@@ -48,6 +49,14 @@ class PlannerController:
         self.state = PlanState()
         self.plans: list[tuple[float, Plan]] = []
 
+    def warm(self, counts: Sequence[int], seconds: float) -> None:
+        """Feed the forecast an earlier day's arrivals (counts per interval), as a planner that
+        has run for a day has seen them."""
+        holt = self.state.holt
+        for c in counts:
+            holt = observe(holt, c / seconds, seconds, self.params.forecast)
+        self.state = self.state._replace(holt=holt)
+
     def __call__(self, obs: Observed) -> tuple[Action | None, dict[str, float]]:
         mix = mix_of(obs.prompts, obs.outputs, obs.hot)
         p = plan(Observation(obs.now, obs.arrivals, obs.seconds, mix), self.setting, obs.fleet,
@@ -59,6 +68,7 @@ class PlannerController:
         if p.action is not None:
             chosen = next(o for o in p.options if o.action == p.action)
             note["need"], note["have"] = chosen.need, chosen.have
+            note["short"] = float(chosen.short)
         return p.action, note
 
 
@@ -67,6 +77,14 @@ class Schedule:
 
     def __init__(self, moves: Sequence[tuple[float, str]]) -> None:
         self.moves = sorted(moves)  # (time, mode)
+
+    def warm(self, counts: Sequence[int], seconds: float) -> None:
+        """Feed the forecast an earlier day's arrivals (counts per interval), as a planner that
+        has run for a day has seen them."""
+        holt = self.state.holt
+        for c in counts:
+            holt = observe(holt, c / seconds, seconds, self.params.forecast)
+        self.state = self.state._replace(holt=holt)
 
     def __call__(self, obs: Observed) -> tuple[Action | None, dict[str, float]]:
         if not self.moves or self.moves[0][0] > obs.now:

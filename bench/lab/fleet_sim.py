@@ -60,6 +60,7 @@ class Switch:
     up: float = math.nan  # when it came up in the new mode
     need: float = math.nan  # the controller's upper forecast over the restart, if it said
     have: float = math.nan  # what the engines staying up serve, as it reckoned
+    short: bool = False  # the split up was below the need already when it decided
 
 
 @dataclass
@@ -176,7 +177,7 @@ class Fleet:
         if slot.status not in ("up", "down"):
             raise ValueError(f"{slot.name} is {slot.status}: one switch at a time")
         w = Switch(slot.name, action.mode, t, need=note.get("need", math.nan),
-                   have=note.get("have", math.nan))  # fmt: skip
+                   have=note.get("have", math.nan), short=bool(note.get("short", 0.0)))  # fmt: skip
         self.switches.append(w)
         if slot.status == "down":
             slot.mode, slot.status = action.mode, "loading"

@@ -223,6 +223,7 @@ class _Pool(NamedTuple):
     lw: Law
     slo: Slo
     engines: int
+    limit: int  # the most running on one engine: its cap, or the spill threshold if lower
     rate: float  # admitted per engine
     stall_share: float  # of time, per engine
     discount: float  # the least loaded engine's chance of being mid-stall, against one engine's
@@ -233,9 +234,13 @@ class _Pool(NamedTuple):
 
 def _tpot_ok(pool: _Pool, others: int) -> tuple[float, float]:
     curve, lw, slo = pool.curve, pool.lw, pool.slo
-    cap = curve.limit
+    cap = pool.limit
     start = float(min(others, cap - 1) + 1)
-    centre = min(float(cap), 1.0 + pool.mean)
+    # Its company: the others in flight (the mean, as Poisson arrivals see it), fewer as the
+    # engine fills towards its limit, where all but this one's slot are someone else's; and the
+    # requests joining while it decodes arrive as fast as that company turns over.
+    company = 1.0 - pool.mean / (cap * cap)
+    centre = min(float(cap), 1.0 + pool.mean * company)
     spi_centre = curve.iteration(centre)
     stretch = 1.0 / (1.0 - pool.stall_share)
     strict = relaxed = 0.0
@@ -261,7 +266,7 @@ def _tpot_ok(pool: _Pool, others: int) -> tuple[float, float]:
         for b, q in points:
             b = min(float(cap), max(1.0, b))
             t0 = iters * curve.iteration(b)
-            count = pool.rate * t0 * stretch
+            count = pool.rate * t0 * stretch * company
             strict += weight * q * stall_cdf(t_strict * tokens - t0, count, lw.stall_mean,
                                              lw.stall_var, pool.engines)  # fmt: skip
             relaxed += weight * q * stall_cdf(t_relaxed * tokens - t0, count, lw.stall_mean,
@@ -345,6 +350,7 @@ def pool_result(
         lw,
         slo,
         k,
+        min(cap, limit) if limit is not None else cap,
         per_engine,
         min(mp.max_stall, per_engine * lw.stall_mean),
         _stalled(lw, per_engine, k) / one if one > 0 else 1.0,

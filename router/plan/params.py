@@ -20,7 +20,11 @@ class Params(NamedTuple):
     # Seconds ahead the schedule is planned over. 90 min: going all the way from one mode to
     # the other on four engines takes four restarts (~37 min), and the load that path is for
     # must be in view when it starts.
-    horizon: float = 5400.0
+    horizon: float = 10800.0
+    # The schedule plans for the point forecast plus this share of the way to the upper band:
+    # a load that may come costs more when it comes unplanned for (a restart to fix it takes
+    # nine minutes and the floor may forbid it then) than a little headroom costs when not.
+    caution: float = 0.0
     # Past the horizon each split keeps the horizon's last rate for this long, so a switch late
     # in the horizon is not judged on its restart alone: about one restart, the least a switch
     # must pay back within.

@@ -18,7 +18,12 @@ The rule (issue 37's, with the lessons of others' failures):
   falling one does not flap (dynamo #9294), and a path of several switches starts early enough
   to end before the load it is for.
 - **The floor.** While an engine restarts, those that stay up must serve the upper band's peak
-  over the restart within the SLO (their SLO capacity: ``floor_share`` relaxed goodput).
+  over the restart within the SLO (their SLO capacity: ``floor_share`` relaxed goodput). Even
+  when the split up is short of it already (a surge, or a load past what it serves): there the
+  goodput model is least right (it has no transient queues), and a restart only deepens the
+  shortfall. So a split that will need several switches must start them while the floor still
+  lets it, which the schedule sees: it charges every request the upper band puts past a split's
+  capacity, all over the horizon.
 - **One switch in flight at a time**, and engines loading count as capacity on its way in the
   mode they load into (inference-sim #1109: loading instances counted as absent, so the scaler
   kept adding more). While any engine is draining or loading, nothing more is advised.
@@ -93,10 +98,11 @@ class Option(NamedTuple):
 
     action: Action
     during: Split  # up while it restarts
-    gain: float  # expected objective gained by starting it now, points (point forecast)
+    gain: float  # the best schedule starting with it against staying put, points (point)
     gain_upper: float  # the same under the upper band
     need: float  # the upper band's peak over its restart, requests per second
     have: float  # what the engines staying up serve within the SLO (floor_share)
+    short: bool  # the split up now serves less than ``need`` already
     blocked: str  # why it may not go ahead now ("" if it may)
 
 
@@ -178,7 +184,8 @@ def plan(
     k_now, m_now = census.coming
     n = k_now + m_now
     values = tuple(model.steady((k, n - k)) for k in range(n + 1))
-    dp = _Schedule(model, census.coming, fc.point)
+    planned = [p + params.caution * (u - p) for p, u in zip(fc.point, fc.upper, strict=True)]
+    dp = _Schedule(model, census.coming, planned)
     path = dp.follow(census.coming)
     desired = path[-1][2][0] if path else k_now
     schedule = tuple((t * params.interval, mode) for t, mode, _ in path)
@@ -300,6 +307,7 @@ class _Schedule:
                 for r, u in zip(rates, upper, strict=True)
             ]
         self.prefix = {s: _prefix(v) for s, v in self.v.items()}
+        self.volume = max(sum(rates) * dt, 1e-9)  # requests expected over the horizon
         self.restart = {m: model.restart_steps(m) for m in MODES}
         # ok[mode][k][t]: a switch of one engine into ``mode`` from k speculative may start at t
         self.ok: dict[Pool, list[list[bool]]] = {}
@@ -377,28 +385,34 @@ def _options(
     state: PlanState,
     params: Params,
 ) -> list[Option]:
-    """Each switch that could start now, scored against the best schedule without it."""
+    """Each switch that could start now, scored: the best schedule that starts with it against
+    staying put over the horizon. It may go ahead only if the best schedule starts with it now
+    (so its timing is the schedule's: a path of switches that pays later starts when it must)
+    and its gain clears the margin."""
     up_s, up_b = census.up
     since = obs.now - state.switched
-    volume = max(sum(model.fc.point) * params.interval, 1e-9)
-    volume_upper = max(sum(model.fc.upper) * params.interval, 1e-9)
     out = []
     for mode in MODES:
         source: Pool = SPECULATIVE if mode == BASELINE else BASELINE
         if (up_s if source == SPECULATIVE else up_b) == 0:
             continue
         gains = []
-        for sched, vol in ((dp, volume), (upper, volume_upper)):
+        for sched in (dp, upper):
             now = sched.switch_value(0, up_s, mode, check=False)
             assert now is not None
-            wait = sched.v[(up_s, up_b)][0] + sched.value[1][up_s]
-            gains.append((now - wait) / vol)
+            stay = sum(sched.v[(up_s, up_b)])
+            gains.append((now - stay) / sched.volume)
         during = (up_s - 1, up_b) if mode == BASELINE else (up_s, up_b - 1)
         need = model.fc.peak(setting.restart(mode), upper=True)
         have = model.capacity(during)
-        blocked = _blocked(mode, gains[0], gains[1], need, have, since, state, params)
+        short = model.capacity((up_s, up_b)) < need
+        blocked = _blocked(mode, gains[0], gains[1], need, have, short, since, state, params)
+        if not blocked and dp.choice[0][up_s] != mode:
+            when = [t for t, m, _ in dp.follow((up_s, up_b)) if m == mode]
+            blocked = (f"not yet: the best schedule starts it in {when[0]} min" if when
+                       else "the best schedule does not start it")  # fmt: skip
         out.append(Option(Action(_pick(fleet, source), mode), during, gains[0], gains[1], need,
-                          have, blocked))  # fmt: skip
+                          have, short, blocked))  # fmt: skip
     out.extend(_starts(census, setting, model, params))
     return out
 
@@ -427,7 +441,7 @@ def _starts(census: _Fleet, setting: Setting, model: _Model, params: Params) -> 
         elif gain <= params.margin_baseline:
             blocked = f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_baseline:.2f}"
         out.append(Option(Action(census.down[0].name, mode), (up_s, up_b), gain, gain, 0.0,
-                          math.inf, blocked))  # fmt: skip
+                          math.inf, False, blocked))  # fmt: skip
     return out
 
 
@@ -443,6 +457,7 @@ def _blocked(
     gain_upper: float,
     need: float,
     have: float,
+    short: bool,
     since: float,
     state: PlanState,
     params: Params,
@@ -468,8 +483,8 @@ def _blocked(
 def _explain(o: Option, fc: Forecast, desired: int) -> str:
     return (
         f"switch {o.action.engine} to {o.action.mode} (towards {desired} speculative): "
-        f"{100 * o.gain:+.2f} pt expected over the horizon against the best schedule without "
-        f"it ({100 * o.gain_upper:+.2f} at the upper band); {o.during[0]}+{o.during[1]} up "
+        f"{100 * o.gain:+.2f} pt expected over the horizon against staying put "
+        f"({100 * o.gain_upper:+.2f} at the upper band); {o.during[0]}+{o.during[1]} up "
         f"meanwhile serve {o.have:.2f}/s >= upper forecast {o.need:.2f}/s; rate now "
         f"{fc.point[0]:.2f}/s"
     )
