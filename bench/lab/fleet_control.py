@@ -43,9 +43,9 @@ def setting_for(spec: Preset, base: Preset, context: float, budget: int | None =
 class PlannerController:
     """``router.plan.plan`` in the loop, its state kept between calls."""
 
-    def __init__(self, setting: Setting, params: Params = Params()) -> None:
+    def __init__(self, setting: Setting, params: Params | None = None) -> None:
         self.setting = setting
-        self.params = params
+        self.params = params if params is not None else Params()
         self.state = PlanState()
         self.plans: list[tuple[float, Plan]] = []
 
@@ -77,14 +77,6 @@ class Schedule:
 
     def __init__(self, moves: Sequence[tuple[float, str]]) -> None:
         self.moves = sorted(moves)  # (time, mode)
-
-    def warm(self, counts: Sequence[int], seconds: float) -> None:
-        """Feed the forecast an earlier day's arrivals (counts per interval), as a planner that
-        has run for a day has seen them."""
-        holt = self.state.holt
-        for c in counts:
-            holt = observe(holt, c / seconds, seconds, self.params.forecast)
-        self.state = self.state._replace(holt=holt)
 
     def __call__(self, obs: Observed) -> tuple[Action | None, dict[str, float]]:
         if not self.moves or self.moves[0][0] > obs.now:

@@ -91,17 +91,15 @@ HELD_OUT = (
     Workload("day, seed 3", seed=3, held_out=True),
     Workload(
         "day, seed 4, surge at 5.5 h", seed=4, env=Envelope(surge_at=5.5 * HOUR), held_out=True
-    ),  # fmt: skip
+    ),
     Workload("low day 10-80%", env=Envelope(hi=0.8, surge_at=SURGE_AT), held_out=True),
-    Workload(
-        "high day 30-130%", env=Envelope(lo=0.3, hi=1.3, surge_at=SURGE_AT), held_out=True
-    ),  # fmt: skip
+    Workload("high day 30-130%", env=Envelope(lo=0.3, hi=1.3, surge_at=SURGE_AT), held_out=True),
     Workload("all greedy (T=0)", hot=0.0, held_out=True),
     Workload("half at T=1", hot=0.5, held_out=True),
     Workload("all at T=1", hot=1.0, held_out=True),
     Workload(
         "code, no surge, 12 h day", kind="code", env=Envelope(hours=12.0), seed=5, held_out=True
-    ),  # fmt: skip
+    ),
 )
 FLAT = tuple(
     Workload(f"flat {int(100 * x)}% for 2 h", env=Envelope("flat", hours=2.0, hi=x), oracle=False)
@@ -130,7 +128,7 @@ def _row(res: Result, duration: float, weight: float) -> dict[str, Any]:
         "drain_engine_s": res.drain_s,
         "hourly": [
             {"strict": h.strict, "relaxed": h.relaxed, "tok_s": h.tok_s, "n": h.n} for h in hourly
-        ],  # fmt: skip
+        ],
     }
 
 
@@ -167,8 +165,9 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
     duration = wl.env.duration
     prompt, output = mean_lengths(wl.kind)
     setting = setting_for(spec, base, prompt + output / 2)
-    theta = spill_threshold(setting.speculative, setting.baseline, workload_mix(wl.kind, wl.hot),
-                            Slo())  # fmt: skip
+    theta = spill_threshold(
+        setting.speculative, setting.baseline, workload_mix(wl.kind, wl.hot), Slo()
+    )
     w = params.strict_weight
     rows: dict[str, dict[str, Any]] = {}
     full = {}
@@ -177,23 +176,35 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
         rows[f"static {k}"] = _row(res, duration, w)
         full[k] = per_bucket_good(res.requests, duration, BUCKET)
     first = [r for r in reqs if r.at < params.interval]
-    mix0 = mix_of([r.prompt for r in first] or [prompt], [r.output for r in first] or [output],
-                  sum(r.hot for r in first) / max(1, len(first)))  # fmt: skip
+    mix0 = mix_of(
+        [r.prompt for r in first] or [prompt],
+        [r.output for r in first] or [output],
+        sum(r.hot for r in first) / max(1, len(first)),
+    )
     start = steady_split(setting, mix0, len(first) / params.interval, n, params)
     yesterday = _yesterday(wl, capacity, params.interval)
     # the planner's season is the lab's day (in intervals)
     params = params._replace(forecast=params.forecast._replace(season=len(yesterday)))
     ctl = PlannerController(setting, params)
     ctl.warm(yesterday, params.interval)
-    res = run(reqs, spec, base, n, start, theta, seed=wl.seed, controller=ctl,
-              interval=params.interval)  # fmt: skip
+    res = run(
+        reqs, spec, base, n, start, theta, seed=wl.seed, controller=ctl, interval=params.interval
+    )
     rows["planner"] = _row(res, duration, w)
     rows["planner"]["start"] = start
     floors = []
     for sw in res.switches:
         end = sw.up if not math.isnan(sw.up) else duration
-        floors.append({"t": sw.decided, "mode": sw.mode, "need": sw.need, "have": sw.have,
-                       "short": sw.short, "actual_peak": _peak_rate(reqs, sw.decided, end)})  # fmt: skip
+        floors.append(
+            {
+                "t": sw.decided,
+                "mode": sw.mode,
+                "need": sw.need,
+                "have": sw.have,
+                "short": sw.short,
+                "actual_peak": _peak_rate(reqs, sw.decided, end),
+            }
+        )
     rows["planner"]["floors"] = floors
     rows["planner"]["timeline"] = res.timeline
     if wl.oracle:
@@ -203,12 +214,25 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
             short[k] = per_bucket_good(r2.requests, duration, BUCKET)
         restarts = {"speculative": spec.startup, "baseline": base.startup}
         o = oracle(full, short, n, BUCKET, restarts, w)
-        rows["oracle"] = {"strict": o.strict, "relaxed": o.relaxed,
-                          "objective": w * o.strict + (1 - w) * o.relaxed,
-                          "switches": len(o.moves), "start": o.start,
-                          "restart_engine_s": sum(restarts[m] for _, m in o.moves)}  # fmt: skip
-        replay = run(reqs, spec, base, n, o.start, theta, seed=wl.seed,
-                     controller=Schedule(list(o.moves)), interval=BUCKET)  # fmt: skip
+        rows["oracle"] = {
+            "strict": o.strict,
+            "relaxed": o.relaxed,
+            "objective": w * o.strict + (1 - w) * o.relaxed,
+            "switches": len(o.moves),
+            "start": o.start,
+            "restart_engine_s": sum(restarts[m] for _, m in o.moves),
+        }
+        replay = run(
+            reqs,
+            spec,
+            base,
+            n,
+            o.start,
+            theta,
+            seed=wl.seed,
+            controller=Schedule(list(o.moves)),
+            interval=BUCKET,
+        )
         rows["oracle replayed"] = _row(replay, duration, w)
     statics = [rows[f"static {k}"] for k in range(n + 1)]
     best = max(range(n + 1), key=lambda k: statics[k]["objective"])
@@ -250,8 +274,11 @@ def checks(ev: dict[str, Any], weight: float) -> dict[str, Any]:
             continue
         for m in ("strict", "relaxed"):
             worst[m] = min(worst[m], ph[m] - max(spec["hourly"][h][m], base["hourly"][h][m]))
-        worst["objective"] = min(worst["objective"], objective(ph, weight) - max(
-            objective(spec["hourly"][h], weight), objective(base["hourly"][h], weight)))  # fmt: skip
+        worst["objective"] = min(
+            worst["objective"],
+            objective(ph, weight)
+            - max(objective(spec["hourly"][h], weight), objective(base["hourly"][h], weight)),
+        )
     out["worst_hour"] = worst
     out["floor_held"] = all(f["have"] >= f["need"] for f in p["floors"] if not f["short"])
     out["switches_short"] = sum(f["short"] for f in p["floors"])
@@ -261,14 +288,22 @@ def checks(ev: dict[str, Any], weight: float) -> dict[str, Any]:
 # --- the forecast, scored -------------------------------------------------------------------
 
 
-def forecast_scores(series: Sequence[float], truth: Sequence[float] | None,
-                    fp: ForecastParams, restart_steps: int = 10) -> dict[str, float]:  # fmt: skip
-    """Holt fed per-minute rates; the point's relative error 10/30/60 minutes ahead, and how
-    often the upper band's peak over the next restart covers the truth's peak there (the
-    envelope's rate; for a trace, its realised per-minute rate smoothed over five)."""
+def forecast_scores(
+    series: Sequence[float],
+    truth: Sequence[float] | None,
+    fp: ForecastParams,
+    warm: Sequence[float] = (),
+    restart_steps: int = 10,
+) -> dict[str, float]:
+    """Holt fed per-minute rates (after ``warm``, the day before, if any); the point's relative
+    error 10, 30 and 60 minutes ahead, and how often the upper band's peak over the next restart
+    covers the truth's peak there (the envelope's rate; for a trace, its realised per-minute
+    rate smoothed over five minutes)."""
     if truth is None:
         truth = [statistics.fmean(series[max(0, i - 2) : i + 3]) for i in range(len(series))]
     holt = None
+    for y in warm:
+        holt = observe(holt, y, 60.0, fp)
     errs: dict[int, list[float]] = {10: [], 30: [], 60: []}
     cover = []
     for i, y in enumerate(series):
@@ -280,14 +315,15 @@ def forecast_scores(series: Sequence[float], truth: Sequence[float] | None,
             if i + h < len(series) and truth[i + h] > 0:
                 e.append(abs(fc.point[h - 1] - truth[i + h]) / truth[i + h])
         if i + restart_steps < len(series):
-            cover.append(fc.peak(restart_steps * 60.0) >= max(truth[i + 1 : i + 1 + restart_steps]))
+            peak = max(truth[i + 1 : i + 1 + restart_steps])
+            cover.append(fc.peak(restart_steps * 60.0) >= peak)
     out = {f"mape_{h}min": 100 * statistics.fmean(e) for h, e in errs.items() if e}
     out["upper_covers_restart_peak"] = 100 * statistics.fmean(cover)
     return out
 
 
 def forecast_report(params: Params) -> list[dict[str, Any]]:
-    fp = params.forecast
+    """The forecast on the lab's days (without and with the day before) and on the traces."""
     rows = []
     _, base = regime("eagle3")
     for wl in (MAIN, *HELD_OUT[2:5], FLAT[1]):
@@ -299,15 +335,34 @@ def forecast_report(params: Params) -> list[dict[str, Any]]:
             counts[min(minutes - 1, int(r.at // 60))] += 1
         series = [c / 60 for c in counts]
         truth = [wl.env.share((i + 0.5) * 60) * cap for i in range(minutes)]
-        rows.append({"series": wl.name, **forecast_scores(series, truth, fp)})
+        warm = [c / 60 for c in _yesterday(wl, cap, 60.0)]
+        seasonal = params.forecast._replace(season=len(warm))
+        rows.append(
+            {
+                "series": f"{wl.name}: Holt alone",
+                **forecast_scores(series, truth, params.forecast._replace(season=0)),
+            }
+        )
+        rows.append(
+            {
+                "series": f"{wl.name}: with the day before",
+                **forecast_scores(series, truth, seasonal, warm),
+            }
+        )
     for kind in ("conv", "code"):
         trace = load_trace(Path("/work/shared/traces") / f"azure-llm-2023-{kind}.csv")
         minutes = int(trace[-1].at // 60) + 1
         counts = [0] * minutes
         for a in trace:
             counts[int(a.at // 60)] += 1
-        rows.append({"series": f"Azure {kind} trace (its own arrivals)",
-                     **forecast_scores([c / 60 for c in counts], None, fp)})  # fmt: skip
+        rows.append(
+            {
+                "series": f"Azure {kind} trace (its own arrivals), Holt alone",
+                **forecast_scores(
+                    [c / 60 for c in counts], None, params.forecast._replace(season=0)
+                ),
+            }
+        )
     return rows
 
 
@@ -331,8 +386,9 @@ def table(ev: dict[str, Any], weight: float) -> list[str]:
         if name not in rows:
             continue
         r = rows[name]
-        text = label.get(name, name.replace("static ", "static ") + (" spec" if "static" in name
-                                                                        else ""))  # fmt: skip
+        text = label.get(
+            name, name.replace("static ", "static ") + (" spec" if "static" in name else "")
+        )
         if name == f"static {ev['best_static']}":
             text += " **(best static)**"
         if name == "planner":
@@ -340,25 +396,32 @@ def table(ev: dict[str, Any], weight: float) -> list[str]:
         if name == "oracle":
             text = "oracle (DP over static minutes)"
         good = f"{r['good_tok_s']:.0f}" if "good_tok_s" in r else "—"
-        out.append(f"| {text} | {_pct(r['strict'])} | {_pct(r['relaxed'])} | "
-                   f"{_pct(r['objective'])} | {good} | {r['switches']} | "
-                   f"{r['restart_engine_s']:.0f} |")  # fmt: skip
+        out.append(
+            f"| {text} | {_pct(r['strict'])} | {_pct(r['relaxed'])} | "
+            f"{_pct(r['objective'])} | {good} | {r['switches']} | "
+            f"{r['restart_engine_s']:.0f} |"
+        )
     return out
 
 
 def hourly_table(ev: dict[str, Any]) -> list[str]:
     rows = ev["rows"]
     p, s, b = rows["planner"], rows[f"static {ENGINES}"], rows["static 0"]
-    out = ["| hour | planner strict / relaxed | all-spec | all-base | planner − better "
-           "(strict, relaxed) |", "|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        "| hour | planner strict / relaxed | all-spec | all-base | planner − better "
+        "(strict, relaxed) |",
+        "|---|---|---|---|---|",
+    ]
     for h, ph in enumerate(p["hourly"]):
         sh, bh = s["hourly"][h], b["hourly"][h]
         ds = ph["strict"] - max(sh["strict"], bh["strict"])
         dr = ph["relaxed"] - max(sh["relaxed"], bh["relaxed"])
-        out.append(f"| {h} | {_pct(ph['strict'])} / {_pct(ph['relaxed'])} | "
-                   f"{_pct(sh['strict'])} / {_pct(sh['relaxed'])} | "
-                   f"{_pct(bh['strict'])} / {_pct(bh['relaxed'])} | "
-                   f"{100 * ds:+.1f}, {100 * dr:+.1f} |")  # fmt: skip
+        out.append(
+            f"| {h} | {_pct(ph['strict'])} / {_pct(ph['relaxed'])} | "
+            f"{_pct(sh['strict'])} / {_pct(sh['relaxed'])} | "
+            f"{_pct(bh['strict'])} / {_pct(bh['relaxed'])} | "
+            f"{100 * ds:+.1f}, {100 * dr:+.1f} |"
+        )
     return out
 
 
@@ -379,28 +442,37 @@ def report(results: dict[str, Any], command: str) -> str:
         "engine-s: seconds engines spent out of service restarting (drains apart).",
         "",
     ]
-    for section, title in (("main", "The compressed day (tuning set)"),
-                           ("held_out", "Held-out workloads"),
-                           ("flat", "Flat load: the planner must not switch")):  # fmt: skip
+    for section, title in (
+        ("main", "The compressed day (tuning set)"),
+        ("held_out", "Held-out workloads"),
+        ("flat", "Flat load: the planner must not switch"),
+    ):
         evs = results.get(section, [])
         if not evs:
             continue
         lines += [f"## {title}", ""]
         if section == "flat":
-            lines += ["| regime | load | planner split (start) | switches | strict % | "
-                      "relaxed % | best static (strict / relaxed) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+            lines += [
+                "| regime | load | planner split (start) | switches | strict % | "
+                "relaxed % | best static (strict / relaxed) |",
+                "|---|---|---|---|---|---|---|",
+            ]
             for ev in evs:
                 p = ev["rows"]["planner"]
                 b = ev["rows"][f"static {ev['best_static']}"]
-                lines.append(f"| {ev['regime']} | {ev['workload']} | {p['start']} | "
-                             f"{p['switches']} | {_pct(p['strict'])} | {_pct(p['relaxed'])} | "
-                             f"{ev['best_static']}: {_pct(b['strict'])} / {_pct(b['relaxed'])} |")  # fmt: skip
+                lines.append(
+                    f"| {ev['regime']} | {ev['workload']} | {p['start']} | "
+                    f"{p['switches']} | {_pct(p['strict'])} | {_pct(p['relaxed'])} | "
+                    f"{ev['best_static']}: {_pct(b['strict'])} / {_pct(b['relaxed'])} |"
+                )
             lines.append("")
             continue
         if section == "held_out":
-            lines += ["| regime | workload | planner strict / relaxed | best static (k) | "
-                      "oracle | planner/oracle | worst hour vs better pure (strict, relaxed) |",
-                      "|---|---|---|---|---|---|---|"]  # fmt: skip
+            lines += [
+                "| regime | workload | planner strict / relaxed | best static (k) | "
+                "oracle | planner/oracle | worst hour vs better pure (strict, relaxed) |",
+                "|---|---|---|---|---|---|---|",
+            ]
             for ev in evs:
                 c = ev["checks"]
                 p = ev["rows"]["planner"]
@@ -409,17 +481,23 @@ def report(results: dict[str, Any], command: str) -> str:
                 ot = f"{_pct(o['strict'])} / {_pct(o['relaxed'])}" if o else "—"
                 of = f"{100 * c['of_oracle']:.0f}%" if "of_oracle" in c else "—"
                 wh = c["worst_hour"]
-                lines.append(f"| {ev['regime']} | {ev['workload']} | {_pct(p['strict'])} / "
-                             f"{_pct(p['relaxed'])} | {_pct(b['strict'])} / {_pct(b['relaxed'])} "
-                             f"({ev['best_static']}) | {ot} | {of} | {100 * wh['strict']:+.1f}, "
-                             f"{100 * wh['relaxed']:+.1f} |")  # fmt: skip
+                lines.append(
+                    f"| {ev['regime']} | {ev['workload']} | {_pct(p['strict'])} / "
+                    f"{_pct(p['relaxed'])} | {_pct(b['strict'])} / {_pct(b['relaxed'])} "
+                    f"({ev['best_static']}) | {ot} | {of} | {100 * wh['strict']:+.1f}, "
+                    f"{100 * wh['relaxed']:+.1f} |"
+                )
             lines.append("")
             continue
         for ev in evs:
             c = ev["checks"]
-            lines += [f"### {ev['regime']}: {ev['workload']}", "",
-                      f"{ev['envelope']}; {ev['requests']} requests, all-baseline SLO capacity "
-                      f"{ev['capacity']:.2f} req/s, spillover threshold {ev['threshold']}.", ""]  # fmt: skip
+            lines += [
+                f"### {ev['regime']}: {ev['workload']}",
+                "",
+                f"{ev['envelope']}; {ev['requests']} requests, all-baseline SLO capacity "
+                f"{ev['capacity']:.2f} req/s, spillover threshold {ev['threshold']}.",
+                "",
+            ]
             lines += table(ev, w)
             wh = c["worst_hour"]
             lines += [
@@ -436,45 +514,65 @@ def report(results: dict[str, Any], command: str) -> str:
             lines += hourly_table(ev)
             floors = ev["rows"]["planner"]["floors"]
             if floors:
-                lines += ["", "The planner's switches: when, into what, the upper forecast's peak "
-                          "over the restart (need), what the engines staying up serve within the "
-                          "SLO (have), and the highest minute of arrivals while it restarted:", "",
-                          "| at h | into | need /s | have /s | short already | actual peak /s |",
-                          "|---|---|---|---|---|---|"]  # fmt: skip
+                lines += [
+                    "",
+                    "The planner's switches: when, into what, the upper forecast's peak "
+                    "over the restart (need), what the engines staying up serve within the "
+                    "SLO (have), and the highest minute of arrivals while it restarted:",
+                    "",
+                    "| at h | into | need /s | have /s | short already | actual peak /s |",
+                    "|---|---|---|---|---|---|",
+                ]
                 for f in floors:
-                    lines.append(f"| {f['t'] / HOUR:.2f} | {f['mode']} | {f['need']:.2f} | "
-                                 f"{f['have']:.2f} | {'yes' if f['short'] else 'no'} | "
-                                 f"{f['actual_peak']:.2f} |")  # fmt: skip
+                    lines.append(
+                        f"| {f['t'] / HOUR:.2f} | {f['mode']} | {f['need']:.2f} | "
+                        f"{f['have']:.2f} | {'yes' if f['short'] else 'no'} | "
+                        f"{f['actual_peak']:.2f} |"
+                    )
             lines.append("")
     if "calibration" in results:
-        lines += ["## The planner's goodput model against the lab", "",
-                  "Static splits at flat Poisson loads (1 h each, " + ", ".join(
-                      f"{int(100 * x)}%" for x in LOADS) + " of the all-baseline capacity), every "
-                  "split of 4 engines; mean and worst absolute error in points, and the regret "
-                  "of choosing the split the model prefers (lab objective of the lab's best split "
-                  "minus that of the model's choice).", "",
-                  "| regime | workload | strict MAE | relaxed MAE | strict max | relaxed max | "
-                  "regret mean | regret max | cells over 1 pt |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "## The planner's goodput model against the lab",
+            "",
+            "Static splits at flat Poisson loads (1 h each, "
+            + ", ".join(f"{int(100 * x)}%" for x in LOADS)
+            + " of the all-baseline capacity), every "
+            "split of 4 engines; mean and worst absolute error in points, and the regret "
+            "of choosing the split the model prefers (lab objective of the lab's best split "
+            "minus that of the model's choice).",
+            "",
+            "| regime | workload | strict MAE | relaxed MAE | strict max | relaxed max | "
+            "regret mean | regret max | cells over 1 pt |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for c in results["calibration"]:
             s = c["summary"]
-            lines.append(f"| {c['regime']} | {c['workload']} | {s['strict_mae']:.1f} | "
-                         f"{s['relaxed_mae']:.1f} | {s['strict_max']:.1f} | {s['relaxed_max']:.1f} "
-                         f"| {s['regret_mean']:.2f} | {s['regret_max']:.2f} | "
-                         f"{100 * s['regret_over_1pt']:.0f}% |")  # fmt: skip
+            lines.append(
+                f"| {c['regime']} | {c['workload']} | {s['strict_mae']:.1f} | "
+                f"{s['relaxed_mae']:.1f} | {s['strict_max']:.1f} | {s['relaxed_max']:.1f} "
+                f"| {s['regret_mean']:.2f} | {s['regret_max']:.2f} | "
+                f"{100 * s['regret_over_1pt']:.0f}% |"
+            )
         lines.append("")
     if "forecast" in results:
-        lines += ["## The forecast", "",
-                  "Holt's damped trend fed per-minute arrival rates (`router/plan/forecast.py`): "
-                  "mean absolute percentage error of the point 10, 30 and 60 min ahead against the "
-                  "envelope's true rate (traces: their own rate smoothed over five minutes), and "
-                  "how often the upper band's peak over the next restart (10 min) covers the "
-                  "true peak there.", "",
-                  "| series | MAPE 10 min | 30 min | 60 min | upper covers restart peak |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "## The forecast",
+            "",
+            "Holt's damped trend fed per-minute arrival rates (`router/plan/forecast.py`): "
+            "mean absolute percentage error of the point 10, 30 and 60 min ahead against the "
+            "envelope's true rate (traces: their own rate smoothed over five minutes), and "
+            "how often the upper band's peak over the next restart (10 min) covers the "
+            "true peak there.",
+            "",
+            "| series | MAPE 10 min | 30 min | 60 min | upper covers restart peak |",
+            "|---|---|---|---|---|",
+        ]
         for f in results["forecast"]:
-            lines.append(f"| {f['series']} | {f.get('mape_10min', math.nan):.1f}% | "
-                         f"{f.get('mape_30min', math.nan):.1f}% | {f.get('mape_60min', math.nan):.1f}% "
-                         f"| {f['upper_covers_restart_peak']:.0f}% |")  # fmt: skip
+            lines.append(
+                f"| {f['series']} | {f.get('mape_10min', math.nan):.1f}% | "
+                f"{f.get('mape_30min', math.nan):.1f}% | {f.get('mape_60min', math.nan):.1f}% "
+                f"| {f['upper_covers_restart_peak']:.0f}% |"
+            )
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -490,16 +588,20 @@ def _task(args: tuple[str, Workload, Params, str]) -> tuple[str, dict[str, Any]]
 def _calibration_task(args: tuple[str, str, float]) -> dict[str, Any]:
     reg, kind, hot = args
     rows = calibrate(reg, kind, hot, ENGINES, LOADS, 1.0, 1)
-    return {"regime": reg, "workload": f"{kind}, {int(100 * hot)}% at T=1",
-            "summary": summary(rows),
-            "rows": [asdict(r) for r in rows]}  # fmt: skip
+    return {
+        "regime": reg,
+        "workload": f"{kind}, {int(100 * hot)}% at T=1",
+        "summary": summary(rows),
+        "rows": [asdict(r) for r in rows],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--regimes", default=",".join(REGIMES))
-    ap.add_argument("--only", default="main,held_out,flat,calibration,forecast",
-                    help="sections to run")  # fmt: skip
+    ap.add_argument(
+        "--only", default="main,held_out,flat,calibration,forecast", help="sections to run"
+    )
     ap.add_argument("--quick", action="store_true", help="the main day, eagle3 only")
     ap.add_argument("--strict-weight", type=float, default=None)
     ap.add_argument("--jobs", type=int, default=2)
@@ -519,14 +621,16 @@ def main(argv: list[str] | None = None) -> int:
         tasks += [(reg, wl, params, "held_out") for reg in regimes for wl in HELD_OUT]
     if "flat" in only:
         tasks += [(reg, wl, params, "flat") for reg in regimes for wl in FLAT]
-    results: dict[str, Any] = {"strict_weight": params.strict_weight,
-                               "params": params._asdict()}  # fmt: skip
+    results: dict[str, Any] = {"strict_weight": params.strict_weight, "params": params._asdict()}
     with multiprocessing.Pool(args.jobs) as pool:
         for section, ev in pool.imap(_task, tasks):
             results.setdefault(section, []).append(ev)
         if "calibration" in only:
-            cal = [(reg, kind, hot) for reg in regimes
-                   for kind, hot in (("conv", 0.8), ("conv", 0.0), ("conv", 1.0), ("code", 0.8))]  # fmt: skip
+            cal = [
+                (reg, kind, hot)
+                for reg in regimes
+                for kind, hot in (("conv", 0.8), ("conv", 0.0), ("conv", 1.0), ("code", 0.8))
+            ]
             results["calibration"] = pool.map(_calibration_task, cal)
     if "forecast" in only:
         results["forecast"] = forecast_report(params)

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 Counts = Sequence[tuple[int, int, int]]  # per bucket: (arrived, strict, relaxed)
+MODES = ("baseline", "speculative")
 
 
 class OraclePlan(NamedTuple):
@@ -49,7 +50,6 @@ def oracle(
     def gain(c: tuple[int, int, int]) -> float:
         return strict_weight * c[1] + (1 - strict_weight) * c[2]
 
-    prefix_full = {k: _prefix([gain(c) for c in full[k]]) for k in range(n + 1)}
     prefix_short = {k: _prefix([gain(c) for c in short[k]]) for k in range(n)}
     value = [[0.0] * (n + 1) for _ in range(buckets + 1)]
     choice: list[list[str | None]] = [[None] * (n + 1) for _ in range(buckets + 1)]
@@ -57,7 +57,7 @@ def oracle(
         for k in range(n + 1):
             best = gain(full[k][b]) + value[b + 1][k]
             pick = None
-            for mode in ("baseline", "speculative"):
+            for mode in MODES:
                 if (mode == "baseline" and k == 0) or (mode == "speculative" and k == n):
                     continue
                 during = k - 1 if mode == "baseline" else k  # speculative ones up meanwhile
@@ -74,20 +74,20 @@ def oracle(
     k, b = start, 0
     strict = relaxed = 0
     while b < buckets:
-        mode = choice[b][k]
-        if mode is None:
+        pick = choice[b][k]
+        if pick is None:
             c = full[k][b]
             strict += c[1]
             relaxed += c[2]
             b += 1
             continue
-        moves.append((b * bucket, mode))
-        during = k - 1 if mode == "baseline" else k
-        end = min(buckets, b + steps[mode])
+        moves.append((b * bucket, pick))
+        during = k - 1 if pick == "baseline" else k
+        end = min(buckets, b + steps[pick])
         for i in range(b, end):
             strict += short[during][i][1]
             relaxed += short[during][i][2]
-        k = k - 1 if mode == "baseline" else k + 1
+        k = k - 1 if pick == "baseline" else k + 1
         b = end
     total = sum(c[0] for c in full[0])
     return OraclePlan(value[0][start], strict / total, relaxed / total, start, tuple(moves))

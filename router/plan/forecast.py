@@ -42,8 +42,9 @@ class ForecastParams(NamedTuple):
     cv_floor: float = 0.03  # the band's standard deviation is at least this share of the level
     clip: float = 3.0  # level and trend learn from errors clipped to this many deviations
     scale_gamma: float = 0.05  # how fast the clipping scale learns (about 20 observations)
-    # Observations per season (a day of one-minute intervals); 0: none. With a whole season seen, the point forecast
-    # is today's level times the ratio of yesterday's smoothed rate then to yesterday's now.
+    # Observations per season (a day of one-minute intervals); 0: none. With a whole season
+    # seen, the point forecast is today's level times the ratio of yesterday's smoothed rate
+    # then to yesterday's now.
     season: int = 1440
     season_smooth: int = 5  # yesterday's rates are averaged over this many steps either side
 
