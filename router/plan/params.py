@@ -17,14 +17,12 @@ class Params(NamedTuple):
     # Seconds between planning calls. A minute: the forecast needs counts large enough to
     # mean something (tens of requests per engine), and a restart (~530 s) spans nine calls.
     interval: float = 60.0
-    # Seconds ahead the schedule is planned over. 90 min: going all the way from one mode to
-    # the other on four engines takes four restarts (~37 min), and the load that path is for
-    # must be in view when it starts.
+    # Seconds ahead the schedule is planned over. Three hours: the split for a day's peak must
+    # be reached while the floor still allows switches, at mid load, a couple of hours before
+    # the peak; with 90 minutes the lab's eagle3-tree day kept all-speculative into its peak
+    # (5 points under the best static split), with three hours it did not. Going all the way
+    # from one mode to the other on four engines takes four restarts (~37 min) besides.
     horizon: float = 10800.0
-    # The schedule plans for the point forecast plus this share of the way to the upper band:
-    # a load that may come costs more when it comes unplanned for (a restart to fix it takes
-    # nine minutes and the floor may forbid it then) than a little headroom costs when not.
-    caution: float = 0.0
     # Past the horizon each split keeps the horizon's last rate for this long, so a switch late
     # in the horizon is not judged on its restart alone: about one restart, the least a switch
     # must pay back within.
@@ -44,11 +42,18 @@ class Params(NamedTuple):
     # flat loads) so a flat load never switches; larger towards speculation (the asymmetry).
     margin_baseline: float = 0.005
     margin_speculative: float = 0.01
-    # The objective: strict_weight * strict goodput + (1 - strict_weight) * relaxed.
+    # The objective: strict_weight * strict goodput + (1 - strict_weight) * relaxed. Half and
+    # half, by the lab: with 0.5 the planner came within a point of the best static split in
+    # both tiers in all three regimes of the tuning day; weighted towards relaxed (0.2) it fell
+    # 11-16 relaxed points short in eagle3 and eagle3-tree, misled where the model is weakest
+    # (an overloaded all-baseline fleet's relaxed goodput, which it underrates by up to 15).
     strict_weight: float = 0.5
     # The floor: during a switch, the engines that stay up must keep the upper forecast's peak
     # over the restart at or below their SLO capacity, the rate at which their expected relaxed
-    # goodput is this share.
+    # goodput is this share. Half: the model's capacity of four baseline engines at 0.5 is
+    # 3.10 req/s on the conversation mix, where the engines' model puts their SLO capacity
+    # (mean TPOT at the relaxed target; the lab's envelopes) at 3.09. At 0.9 the floor closed
+    # at under half that load and froze the fleet in the split it had.
     floor_share: float = 0.5
     # The model's mix is replaced by the observed one when their means or sampling shares drift
     # apart by more than this (relative / absolute): the model's cached tables stay valid

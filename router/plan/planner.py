@@ -100,6 +100,7 @@ class Option(NamedTuple):
     during: Split  # up while it restarts
     gain: float  # the best schedule starting with it against staying put, points (point)
     gain_upper: float  # the same under the upper band
+    cost: float  # what its restart loses against staying (points of the horizon's requests)
     need: float  # the upper band's peak over its restart, requests per second
     have: float  # what the engines staying up serve within the SLO (floor_share)
     short: bool  # the split up now serves less than ``need`` already
@@ -184,8 +185,7 @@ def plan(
     k_now, m_now = census.coming
     n = k_now + m_now
     values = tuple(model.steady((k, n - k)) for k in range(n + 1))
-    planned = [p + params.caution * (u - p) for p, u in zip(fc.point, fc.upper, strict=True)]
-    dp = _Schedule(model, census.coming, planned)
+    dp = _Schedule(model, census.coming, fc.point)
     path = dp.follow(census.coming)
     desired = path[-1][2][0] if path else k_now
     schedule = tuple((t * params.interval, mode) for t, mode, _ in path)
@@ -403,6 +403,8 @@ def _options(
             stay = sum(sched.v[(up_s, up_b)])
             gains.append((now - stay) / sched.volume)
         during = (up_s - 1, up_b) if mode == BASELINE else (up_s, up_b - 1)
+        r = dp.restart[mode]
+        cost = (sum(dp.v[(up_s, up_b)][:r]) - sum(dp.v[during][:r])) / dp.volume
         need = model.fc.peak(setting.restart(mode), upper=True)
         have = model.capacity(during)
         short = model.capacity((up_s, up_b)) < need
@@ -411,8 +413,8 @@ def _options(
             when = [t for t, m, _ in dp.follow((up_s, up_b)) if m == mode]
             blocked = (f"not yet: the best schedule starts it in {when[0]} min" if when
                        else "the best schedule does not start it")  # fmt: skip
-        out.append(Option(Action(_pick(fleet, source), mode), during, gains[0], gains[1], need,
-                          have, short, blocked))  # fmt: skip
+        out.append(Option(Action(_pick(fleet, source), mode), during, gains[0], gains[1], cost,
+                          need, have, short, blocked))  # fmt: skip
     out.extend(_starts(census, setting, model, params))
     return out
 
@@ -441,7 +443,7 @@ def _starts(census: _Fleet, setting: Setting, model: _Model, params: Params) -> 
         elif gain <= params.margin_baseline:
             blocked = f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_baseline:.2f}"
         out.append(Option(Action(census.down[0].name, mode), (up_s, up_b), gain, gain, 0.0,
-                          math.inf, False, blocked))  # fmt: skip
+                          0.0, math.inf, False, blocked))  # fmt: skip
     return out
 
 
@@ -484,7 +486,8 @@ def _explain(o: Option, fc: Forecast, desired: int) -> str:
     return (
         f"switch {o.action.engine} to {o.action.mode} (towards {desired} speculative): "
         f"{100 * o.gain:+.2f} pt expected over the horizon against staying put "
-        f"({100 * o.gain_upper:+.2f} at the upper band); {o.during[0]}+{o.during[1]} up "
+        f"({100 * o.gain_upper:+.2f} at the upper band), its restart costing "
+        f"{100 * o.cost:.2f} pt; {o.during[0]}+{o.during[1]} up "
         f"meanwhile serve {o.have:.2f}/s >= upper forecast {o.need:.2f}/s; rate now "
         f"{fc.point[0]:.2f}/s"
     )
