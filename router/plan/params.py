@@ -1,8 +1,9 @@
 """The planner's tunables, in one place, each with where its value comes from.
 
 "The lab" is ``bench/lab/fleet_lab.py`` (results: ``bench/results/fleet-lab.md``); a value
-chosen there was chosen on the tuning set (the Azure conversation day, seeds 1-2) and judged
-on the held-out set. Values from first principles say so.
+chosen there was chosen on the tuning day (the Azure conversation trace's lengths under the
+diurnal envelope with its surge, seed 1) and is judged on the held-out days. Values from first
+principles say so.
 """
 
 from __future__ import annotations
