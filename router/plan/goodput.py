@@ -4,8 +4,9 @@
 The router in front (as ``spillover`` runs it): a speculative engine takes a request while the
 least loaded one has fewer than ``spill_threshold`` in flight (the crossover from the curves at
 the mix's acceptance, or sooner where speculation stops meeting the strict TPOT), the least
-loaded engine of a pool gets it, and the rest spills to the baseline pool. With one pool empty
-the other takes everything.
+loaded engine of a pool gets it, and the rest spills to the baseline pool (in bursts: when all
+the speculative engines are full; see ``overflow_peakedness``). With one pool empty the other
+takes everything.
 
 A pool of ``k`` alike engines is a birth-death process on the requests in flight ``n``
 (Poisson arrivals; join-the-least-loaded keeps its engines within one request of each other).
@@ -322,9 +323,11 @@ def pool_result(
     rate: float,
     limit: int | None = None,
     mp: ModelParams = DEFAULT,
+    peakedness: float = 1.0,
 ) -> PoolResult:
     """``engines`` alike engines offered ``rate`` requests per second (see the module's
-    docstring); ``limit``: in flight on the least loaded one past which arrivals spill over."""
+    docstring); ``limit``: in flight on the least loaded one past which arrivals spill over;
+    ``peakedness``: of the arrivals (1: Poisson; more: overflow, see ``overflow_peakedness``)."""
     if engines < 1:
         raise ValueError("a pool needs at least one engine")
     rate = max(rate, 1e-6)
@@ -337,7 +340,7 @@ def pool_result(
     else:
         queue = math.ceil(mp.queue_ttfts * slo.ttft * slo.relaxed_ttft * mu[cap])
         top = k * (cap + max(1, queue))
-    pi = _birth_death(rate, mu, k, top)
+    pi = _birth_death(rate, mu, k, top, peakedness)
     blocked = pi[top] if len(pi) > top else 0.0
     per_engine = rate * (1.0 - blocked) / k
     mean = sum(p * min(n / k, cap) for n, p in enumerate(pi))
@@ -376,8 +379,13 @@ def pool_result(
     return PoolResult(strict, relaxed, blocked, mean)
 
 
-def _birth_death(rate: float, mu: tuple[float, ...], k: int, top: int) -> list[float]:
-    """The stationary distribution of the in-flight count on [0, top] (cut where negligible)."""
+def _birth_death(rate: float, mu: tuple[float, ...], k: int, top: int,
+                 peakedness: float = 1.0) -> list[float]:  # fmt: skip
+    """The stationary distribution of the in-flight count on [0, top] (cut where negligible).
+
+    Arrivals of peakedness ``z`` (Hayward's approximation: the pool behaves as ``k / z``
+    engines offered ``rate / z``, its count scaled by ``z``) leave each step's log-ratio
+    divided by ``z``: the same mean load, a wider spread."""
     cap = len(mu) - 1
     log_rate = math.log(rate)
     logs = [0.0]
@@ -386,7 +394,7 @@ def _birth_death(rate: float, mu: tuple[float, ...], k: int, top: int) -> list[f
         q, r = divmod(n, k)
         a, b = min(q, cap), min(q + 1, cap)
         departures = (k - r) * mu[a] + r * mu[b]
-        x = logs[-1] + log_rate - math.log(departures)
+        x = logs[-1] + (log_rate - math.log(departures)) / peakedness
         logs.append(x)
         best = max(best, x)
         if x < best - 30.0 and x < logs[-2]:
@@ -413,9 +421,10 @@ def grid_rate(index: int, step: float) -> float:
 @lru_cache(maxsize=65536)
 def _pool_at(
     curve: Curve, mix: Mix, slo: Slo, engines: int, index: int, limit: int | None,
-    mp: ModelParams,
+    mp: ModelParams, peakedness: float = 1.0,
 ) -> PoolResult:  # fmt: skip
-    return pool_result(curve, mix, slo, engines, GRID_LOW * mp.grid_step**index, limit, mp)
+    return pool_result(curve, mix, slo, engines, GRID_LOW * mp.grid_step**index, limit, mp,
+                       peakedness)  # fmt: skip
 
 
 def pool_on_grid(
@@ -426,15 +435,16 @@ def pool_on_grid(
     rate: float,
     limit: int | None,
     mp: ModelParams,
+    peakedness: float = 1.0,
 ) -> PoolResult:
     """``pool_result`` interpolated between the grid's rates around ``rate``."""
     x = grid_index(rate, mp.grid_step)
     i = int(math.floor(x))
     f = x - i
-    lo = _pool_at(curve, mix, slo, engines, i, limit, mp)
+    lo = _pool_at(curve, mix, slo, engines, i, limit, mp, peakedness)
     if f < 1e-9:
         return lo
-    hi = _pool_at(curve, mix, slo, engines, i + 1, limit, mp)
+    hi = _pool_at(curve, mix, slo, engines, i + 1, limit, mp, peakedness)
     return PoolResult(*(a + f * (b - a) for a, b in zip(lo, hi, strict=True)))
 
 
@@ -480,8 +490,23 @@ def _split_at(spec: Curve, base: Curve, mix: Mix, slo: Slo, k: int, m: int, inde
     over = rate * s.blocked
     if over <= GRID_LOW:
         return Goodput(s.strict, s.relaxed)
-    b = pool_on_grid(base, mix, slo, m, over, None, mp)
+    z = overflow_peakedness(law(spec, mix).departures[theta] / theta, k * theta, rate, s.blocked)
+    b = pool_on_grid(base, mix, slo, m, over, None, mp, round(4 * z) / 4)
     return Goodput(s.strict + s.blocked * b.strict, s.relaxed + s.blocked * b.relaxed)
+
+
+def overflow_peakedness(slot_rate: float, slots: int, rate: float, blocked: float) -> float:
+    """The peakedness of what overflows a pool of ``slots`` (each freed at ``slot_rate`` when
+    busy) offered Poisson ``rate``, of which ``blocked`` overflows (Riordan's formula for an
+    Erlang loss system: ``Z = 1 - M + A / (N + 1 + M - A)``): overflow comes in bursts, when
+    the speculative engines are all full, and a baseline engine fed it queues more than the
+    same mean rate of Poisson arrivals would make it (held within 1..8)."""
+    offered = rate / max(slot_rate, 1e-9)
+    overflow = offered * blocked
+    room = slots + 1 + overflow - offered
+    if room <= 0:
+        return 8.0
+    return min(8.0, max(1.0, 1.0 - overflow + offered / room))
 
 
 @lru_cache(maxsize=4096)
