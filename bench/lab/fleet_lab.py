@@ -425,9 +425,44 @@ def hourly_table(ev: dict[str, Any]) -> list[str]:
     return out
 
 
+def summary_table(results: dict[str, Any]) -> list[str]:
+    """How many days meet each target (the lab half of the issue's must-show)."""
+    lines = ["## The targets at a glance", "",
+             "Per set of days: how many meet each target. Best static: the static split with the "
+             "best objective; the planner's strict and relaxed must each be within 1 point of "
+             "its. Oracle: the planner's objective at least 95% of the oracle's (its dynamic "
+             "program's value). Hours: in every hour, within 3 points of the better of "
+             "all-speculative and all-baseline in each tier / in the objective. Flat: no "
+             "switch.", "",
+             "| set | regime | days | strict and relaxed >= best static − 1 | >= 95% of oracle | "
+             "every hour >= better pure − 3 (tiers / objective) | floor held |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for section in ("main", "held_out"):
+        for reg in REGIMES:
+            evs = [ev for ev in results.get(section, []) if ev["regime"] == reg]
+            if not evs:
+                continue
+            c = [ev["checks"] for ev in evs]
+            static = sum(min(x["vs_best_static_strict"], x["vs_best_static_relaxed"]) >= -0.01
+                         for x in c)  # fmt: skip
+            oracle = sum(x.get("of_oracle", 0.0) >= 0.95 for x in c)
+            tiers = sum(min(x["worst_hour"]["strict"], x["worst_hour"]["relaxed"]) >= -0.03
+                        for x in c)  # fmt: skip
+            obj = sum(x["worst_hour"]["objective"] >= -0.03 for x in c)
+            floor = sum(x["floor_held"] for x in c)
+            name = section.replace("_", "-")
+            lines.append(f"| {name} | {reg} | {len(c)} | {static} | {oracle} | {tiers} / {obj} "
+                         f"| {floor} |")  # fmt: skip
+    flat = results.get("flat", [])
+    if flat:
+        still = sum(ev["rows"]["planner"]["switches"] == 0 for ev in flat)
+        lines.append(
+            f"| flat | all | {len(flat)} | — | — | no switch: {still} of {len(flat)} | — |"
+        )
+    return lines + [""]
+
+
 def report(results: dict[str, Any], command: str) -> str:
-    params = Params(**results["params"]) if False else None
-    del params
     w = results["strict_weight"]
     lines = [
         "# Fleet lab: how many engines speculate",
@@ -441,6 +476,7 @@ def report(results: dict[str, Any], command: str) -> str:
         "good tok/s counts the output tokens of requests within the relaxed SLO. Restart "
         "engine-s: seconds engines spent out of service restarting (drains apart).",
         "",
+        *summary_table(results),
     ]
     for section, title in (
         ("main", "The compressed day (tuning set)"),

@@ -491,7 +491,7 @@ def _split_at(spec: Curve, base: Curve, mix: Mix, slo: Slo, k: int, m: int, inde
     if over <= GRID_LOW:
         return Goodput(s.strict, s.relaxed)
     z = overflow_peakedness(law(spec, mix).departures[theta] / theta, k * theta, rate, s.blocked)
-    b = pool_on_grid(base, mix, slo, m, over, None, mp, round(4 * z) / 4)
+    b = pool_result(base, mix, slo, m, over, None, mp, z)  # (this split point is cached)
     return Goodput(s.strict + s.blocked * b.strict, s.relaxed + s.blocked * b.relaxed)
 
 
