@@ -12,7 +12,7 @@ when it joins, how many decode iterations its ``output - 1`` remaining tokens ta
 draw per iteration) for short outputs, and from the renewal theorem's normal law (mean
 ``expected_steps``, variance ``m * var(gain) / mean(gain)**3``) for long ones. The context ``K``
 grows by each request's mean tokens per iteration (not its draws); its cost is a few per cent of
-an iteration at most. ``bench/lab/fleet_lab.py --fidelity`` compares it with ``lab_sim``'s engine.
+an iteration at most. ``bench/lab/fleet_fidelity.py`` compares it with ``lab_sim``'s engine.
 """
 
 from __future__ import annotations

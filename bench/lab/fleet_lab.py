@@ -613,6 +613,17 @@ def report(results: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rounded(x: Any) -> Any:
+    """Floats to five significant digits (the JSON is for reading and plotting)."""
+    if isinstance(x, float):
+        return float(f"{x:.5g}") if math.isfinite(x) else str(x)
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_rounded(v) for v in x]
+    return x
+
+
 def _task(args: tuple[str, Workload, Params, str]) -> tuple[str, dict[str, Any]]:
     reg, wl, params, section = args
     ev = evaluate(reg, wl, params)
@@ -676,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     out = Path(args.out)
     out.with_suffix(".md").write_text(report(results, command.strip()))
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str))
+    out.with_suffix(".json").write_text(json.dumps(_rounded(results), separators=(",", ":")))
     print(f"wrote {out.with_suffix('.md')} ({results['minutes']:.1f} min)")
     return 0
 
