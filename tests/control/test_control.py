@@ -4,7 +4,7 @@ OpenAI-shaped errors."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
@@ -16,6 +16,9 @@ from router.control.controlled import Controlled
 from router.control.feed import Feed
 from router.decide import table as tables
 from router.errors import NoBackend
+from router.members.member import Member
+from router.members.store import LocalStore, NotMember
+from router.membership import NotOwned, checked_url
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
 from tests.support.tables import model_table
@@ -38,6 +41,10 @@ class Router:
         self.pinned: list[int] = []
         self.models_fail = False
         self.feed = Feed(lambda: {"policy": "spillover"}, 0.05)
+        self.store = LocalStore(4)
+        self.store.join(SPECULATIVE, "http://s1:30000", "static", None, 0.0)
+        self.store.join(BASELINE, "http://10.0.0.9:30000", "dns", "engines.local", 0.0)
+        self.flight: dict[str, int] = {"http://s1:30000": 2}
 
     def status(self) -> dict[str, Any]:
         return self.document
@@ -62,6 +69,27 @@ class Router:
         if self.models_fail:
             raise NoBackend("no backend can list models right now", 3)
         return MODELS
+
+    # the members: a real store, with the rules the router's own membership adds to it
+    def clock(self) -> float:
+        return 100.0
+
+    def add_backend(self, pool: Pool, url: str) -> Member:
+        return self.store.join(pool, checked_url(url), "admin", None, self.clock())
+
+    def remove_backend(self, pool: Pool, url: str) -> Member:
+        current = next((m for m in self.store.read()[1] if m.url == url), None)
+        if current is None or current.pool != pool:
+            raise NotMember(f"{url} is not a backend of the {pool} pool")
+        if current.source == "dns":
+            raise NotOwned(f"{url} comes from DNS")
+        return self.store.drain(url, self.clock(), self.clock() + 30.0)
+
+    def members(self, pool: Pool) -> list[Member]:
+        return [m for m in self.store.read()[1] if m.pool == pool]
+
+    def in_flight(self) -> Mapping[str, int]:
+        return self.flight
 
 
 def serve(router: Controlled) -> httpx.AsyncClient:
