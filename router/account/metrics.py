@@ -157,18 +157,18 @@ class RouterMetrics:
             p + "discovery_resolutions",
             "DNS resolutions of a pool's name, by result: resolved, empty (NXDOMAIN/NODATA), "
             "failed (the last good set is kept).",
-            ["pool", "name", "result"], registry=registry,
+            ["pool", "dns_name", "result"], registry=registry,
         )  # fmt: skip
         self.name_failing = Gauge(
             p + "discovery_failing",
             "1 while a pool's name fails to resolve and its last good set is kept.",
-            ["pool", "name"], registry=registry, multiprocess_mode="livemax",
+            ["pool", "dns_name"], registry=registry, multiprocess_mode="livemax",
         )  # fmt: skip
         self.name_addresses = Gauge(
             p + "discovery_addresses",
             "Addresses in force for a pool's name (its last good answer, held over a grace "
             "period for empty answers).",
-            ["pool", "name"], registry=registry, multiprocess_mode="livemax",
+            ["pool", "dns_name"], registry=registry, multiprocess_mode="livemax",
         )  # fmt: skip
 
     def add_backend(self, pool: str, url: str) -> None:

@@ -234,3 +234,217 @@ async def test_addresses_join_and_leave_while_traffic_flows(
     status = router_status(router.url)
     assert status["in_flight"]["total"] == 0
     assert status["membership"]["generation"] > 0
+
+
+async def test_the_admin_api_adds_and_drains_backends(procs: list[Proc]) -> None:
+    port = shared_port([A, B, C])
+    a, b, c = sim("eagle3", A, port), sim("eagle3", B, port), sim("baseline", C, port)
+    procs += [a, b, c]
+    router = start_router(procs, url(A, port), url(C, port))
+    wait_for(lambda: router_ready(router.url))
+    api = f"{router.url}/router/pools"
+    assert httpx.post(f"{api}/speculative/backends", json={"url": url(B, port)}).status_code == 401
+    async with contextlib.AsyncExitStack() as stack:
+        on_a = await open_streams(router.url, 2, stack)
+        r = httpx.post(f"{api}/speculative/backends", json={"url": url(B, port)}, headers=ADMIN)
+        assert r.status_code == 201, r.text
+        assert r.json() == {
+            "pool": "speculative",
+            "url": url(B, port),
+            "source": "admin",
+            "name": None,
+            "membership": "active",
+            "in_flight": 0,
+            "drain_deadline_in_s": None,
+        }
+        # the rules: one pool at a time, once
+        again = httpx.post(f"{api}/speculative/backends", json={"url": url(B, port)}, headers=ADMIN)
+        assert (again.status_code, again.json()["error"]["code"]) == (409, "backend_exists")
+        other = httpx.post(f"{api}/baseline/backends", json={"url": url(B, port)}, headers=ADMIN)
+        assert (other.status_code, other.json()["error"]["code"]) == (409, "backend_in_other_pool")
+        wait_for(lambda: backends(router)[url(B, port)]["usable"])
+        await open_streams(router.url, 2, stack)
+        assert received(b) >= 1
+
+        old_checks = backends(router)[url(A, port)]["checks"]
+        gone = httpx.delete(
+            f"{api}/speculative/backends", params={"url": url(A, port)}, headers=ADMIN
+        )
+        assert gone.status_code == 202, gone.text
+        assert gone.json()["membership"] == "draining"
+        assert gone.json()["in_flight"] == 2
+        assert 0 < gone.json()["drain_deadline_in_s"] <= 30
+        listed = httpx.get(f"{api}/speculative/backends").json()["backends"]
+        assert [(m["url"], m["membership"]) for m in listed] == [
+            (url(A, port), "draining"),
+            (url(B, port), "active"),
+        ]
+        before = received(a)
+        for _ in range(6):
+            assert httpx.post(f"{router.url}/v1/chat/completions", json=short()).status_code == 200
+        assert received(a) == before
+        for stream in on_a:
+            assert await stream.flowing()
+
+        async def ended() -> bool:
+            return all(s.fate == "ended" for s in on_a)
+
+        await await_for(ended, timeout=30)
+        unknown = httpx.delete(
+            f"{api}/baseline/backends", params={"url": url(A, port)}, headers=ADMIN
+        )
+        assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "backend_not_found")
+    wait_for(lambda: url(A, port) not in backends(router))
+    # once gone, the address may come back (to either pool), and it starts fresh
+    back = httpx.post(f"{api}/speculative/backends", json={"url": url(A, port)}, headers=ADMIN)
+    assert back.status_code == 201
+    fresh = wait_for(lambda: backends(router).get(url(A, port)))
+    assert old_checks > 5 and fresh["checks"] < old_checks  # a new health state
+    assert fresh["source"] == "admin" and fresh["in_flight"] == 0
+    wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0)
+
+
+def name_state(router: Proc, pool: str = "speculative") -> dict[str, Any]:
+    names = router_status(router.url)["membership"]["names"]
+    found: dict[str, Any] = next(n for n in names if n["pool"] == pool)
+    return found
+
+
+def pool_of_answer(router: Proc) -> str:
+    r = httpx.post(f"{router.url}/v1/chat/completions", json=short())
+    assert r.status_code == 200, r.text
+    return r.headers["x-spec-router-pool"]
+
+
+def test_failures_and_empty_answers_do_not_empty_a_pool_at_once(
+    dns: DnsServer, procs: list[Proc]
+) -> None:
+    port = shared_port([A, C])
+    procs += [sim("eagle3", A, port), sim("baseline", C, port)]
+    dns.set(SPEC_NAME, [A])
+    dns.set(BASE_NAME, [C])
+    router = dns_router(procs, dns, port, discovery_grace="1.5")
+    wait_for(lambda: router_ready(router.url))
+    assert pool_of_answer(router) == "speculative"
+
+    dns.mode = "fail"  # SERVFAIL: the last good set stays, for as long as it lasts
+    failing = wait_for(lambda: (s := name_state(router))["state"] == "failing" and s)
+    assert failing["addresses"] == [A] and "SERVFAIL" in failing["error"]
+    text = httpx.get(f"{router.url}/metrics", timeout=5).text
+    assert metric_value(text, "spec_router_discovery_failing", dns_name=SPEC_NAME) == 1
+    assert metric_value(text, "spec_router_discovery_resolutions_total", result="failed") >= 1
+    rounds = failing["resolutions"]
+    wait_for(lambda: name_state(router)["resolutions"] >= rounds + 10, timeout=20)
+    assert backends(router)[url(A, port)]["usable"]
+    assert pool_of_answer(router) == "speculative"
+    said = [line for line in router.output if "cannot resolve" in line and SPEC_NAME in line]
+    assert len(said) == 1, said  # said once, not every round
+
+    dns.mode = "answer"
+    dns.delete(SPEC_NAME)  # NXDOMAIN: kept for the grace period, then gone
+    emptying = wait_for(lambda: (s := name_state(router))["state"] == "emptying" and s)
+    assert emptying["addresses"] == [A] and emptying["empty_answer"] == "NXDOMAIN"
+    assert 0 < emptying["grace_left_s"] <= 1.5
+    assert pool_of_answer(router) == "speculative"
+    wait_for(lambda: url(A, port) not in backends(router), timeout=10)
+    assert name_state(router)["state"] == "empty"
+    assert pool_of_answer(router) == "baseline"  # the pool is empty: the other one serves
+    assert any("answered NXDOMAIN: keeping its 1 address(es)" in line for line in router.output)
+    assert any("the pool loses it" in line for line in router.output)
+    text = httpx.get(f"{router.url}/metrics", timeout=5).text
+    assert metric_value(text, "spec_router_backends", pool="speculative") == 0
+    assert metric_value(text, "spec_router_discovery_addresses", dns_name=SPEC_NAME) == 0
+
+
+def test_a_name_that_never_resolves_is_a_clear_line_at_start_up(
+    dns: DnsServer, procs: list[Proc]
+) -> None:
+    port = shared_port([A, C])
+    procs += [sim("eagle3", A, port), sim("baseline", C, port)]
+    dns.set(BASE_NAME, [C])
+    router = dns_router(procs, dns, port)  # the speculative name is not in the zone
+    wait_for(lambda: router_ready(router.url))  # it starts, and serves with the other pool
+    (line,) = [line for line in router.output if SPEC_NAME in line]
+    assert "answers NXDOMAIN: no backend from it until it resolves" in line
+    assert backends(router) == {}
+    assert name_state(router)["state"] == "empty"
+    assert pool_of_answer(router) == "baseline"
+    dns.set(SPEC_NAME, [A])  # its pods come up: the pool fills
+    wait_for(lambda: url(A, port) in backends(router) and backends(router)[url(A, port)]["usable"])
+    assert pool_of_answer(router) == "speculative"
+
+    # no DNS server answers at all: both pools start empty, /ready says so, the log says why
+    silent = DnsServer("127.0.0.1")
+    silent.mode = "drop"
+    try:
+        blind = dns_router(procs, silent, port)
+        said = [line for line in blind.output if "cannot resolve" in line]
+        assert len(said) == 2 and all("no answer from" in line for line in said), said
+        r = httpx.get(f"{blind.url}/ready", timeout=5)
+        assert r.status_code == 503
+        assert r.json()["pools"] == {"speculative": False, "baseline": False}
+        assert name_state(blind)["state"] == "failing"
+    finally:
+        silent.close()
+
+
+def each_worker(router: Proc, check: Any, workers: int = 2) -> bool:
+    """``check(status)`` holds in what every worker answers (a new connection each time, so
+    the kernel hands them to either worker)."""
+    seen: dict[int, bool] = {}
+    for _ in range(40):
+        status = router_status(router.url)
+        seen[status["workers"]["this"]] = bool(check(status))
+        if len(seen) == workers:
+            break
+    return len(seen) == workers and all(seen.values())
+
+
+def listed(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {b["url"]: b for b in status["pools"]["speculative"]["backends"]}
+
+
+async def test_under_two_workers_every_worker_routes_over_the_same_set(
+    dns: DnsServer, procs: list[Proc]
+) -> None:
+    port = shared_port([A, B, C])
+    a, b, c = sim("eagle3", A, port), sim("eagle3", B, port), sim("baseline", C, port)
+    procs += [a, b, c]
+    dns.set(SPEC_NAME, [A])
+    dns.set(BASE_NAME, [C])
+    router = dns_router(procs, dns, port, "--workers", "2")
+    wait_for(lambda: router_ready(router.url))
+    assert wait_for(lambda: each_worker(router, lambda s: list(listed(s)) == [url(A, port)]))
+    async with contextlib.AsyncExitStack() as stack:
+        on_a = await open_streams(router.url, 4, stack)
+        dns.set(SPEC_NAME, [A, B])  # the leader resolves it; both workers take it up
+        assert wait_for(
+            lambda: each_worker(router, lambda s: listed(s).get(url(B, port), {}).get("usable"))
+        )
+        on_b = await open_streams(router.url, 4, stack)
+        assert received(b) >= 1
+
+        dns.set(SPEC_NAME, [B])
+        assert wait_for(
+            lambda: each_worker(
+                router, lambda s: listed(s)[url(A, port)]["membership"] == "draining"
+            )
+        )
+        before = received(a)
+        for _ in range(10):  # one connection each: both workers route some
+            r = httpx.post(f"{router.url}/v1/chat/completions", json=short())
+            assert r.status_code == 200
+        assert received(a) == before
+        for stream in on_a:
+            assert await stream.flowing()
+
+        async def ended() -> bool:
+            return all(s.fate == "ended" for s in on_a + on_b)
+
+        await await_for(ended, timeout=40)
+    assert wait_for(lambda: each_worker(router, lambda s: list(listed(s)) == [url(B, port)]))
+    status = wait_for(lambda: (s := router_status(router.url))["in_flight"]["total"] == 0 and s)
+    generations = {slot["membership_generation"] for slot in status["workers"]["slots"]}
+    assert generations == {status["membership"]["generation"]}
+    text = httpx.get(f"{router.url}/metrics", timeout=5).text
+    assert f'backend="{url(A, port)}"' not in text
