@@ -198,6 +198,7 @@ async def test_addresses_join_and_leave_while_traffic_flows(
         # nothing (no request tried there, none failed)
         dns.set(SPEC_NAME, [A, B])
         joined = wait_for(lambda: backends(router).get(url(B, port)))
+        assert joined is not None
         assert joined["state"] == "starting" and not joined["usable"]
         for _ in range(4):
             assert httpx.post(f"{router.url}/v1/chat/completions", json=short()).status_code == 200
@@ -299,6 +300,7 @@ async def test_the_admin_api_adds_and_drains_backends(procs: list[Proc]) -> None
     back = httpx.post(f"{api}/speculative/backends", json={"url": url(A, port)}, headers=ADMIN)
     assert back.status_code == 201
     fresh = wait_for(lambda: backends(router).get(url(A, port)))
+    assert fresh is not None
     assert old_checks > 5 and fresh["checks"] < old_checks  # a new health state
     assert fresh["source"] == "admin" and fresh["in_flight"] == 0
     wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0)
