@@ -164,6 +164,7 @@ class Membership:
             client = self.clients.get(m.url)
             n = 0 if client is None else client.cut("it left its pool and its drain timed out")
             if n:
+                self.metrics.drain_cut(m.pool, n)
                 log.warning(
                     "%s: drain timeout (%gs) passed: cut %d request(s) still running there",
                     m.url,

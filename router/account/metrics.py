@@ -164,12 +164,24 @@ class RouterMetrics:
             "1 while a pool's name fails to resolve and its last good set is kept.",
             ["pool", "dns_name"], registry=registry, multiprocess_mode="livemax",
         )  # fmt: skip
+        self.cuts = Counter(
+            p + "drain_cuts",
+            "Requests still running on a backend that left its pool when its drain timed "
+            "out (SPEC_ROUTER_DRAIN_TIMEOUT): cut, as on an upstream failure.",
+            ["pool"], registry=registry,
+        )  # fmt: skip
+        for pool in POOLS:
+            self.cuts.labels(pool)
         self.name_addresses = Gauge(
             p + "discovery_addresses",
             "Addresses in force for a pool's name (its last good answer, held over a grace "
             "period for empty answers).",
             ["pool", "dns_name"], registry=registry, multiprocess_mode="livemax",
         )  # fmt: skip
+
+    def drain_cut(self, pool: str, requests: int) -> None:
+        """Requests still running on a leaving backend when its drain timed out."""
+        self.cuts.labels(pool).inc(requests)
 
     def add_backend(self, pool: str, url: str) -> None:
         """A backend's error series, from 0 (at start-up, and when it joins)."""

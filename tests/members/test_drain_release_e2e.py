@@ -123,4 +123,6 @@ async def test_the_drain_timeout_cuts_the_stream_visibly(
     assert last["body"].startswith(b'data: {"error"')
     assert b"drain timed out" in last["body"] and b"upstream failed mid-stream" in last["body"]
     await assert_gone(app, spec)
+    cut = b'spec_router_drain_cuts_total{pool="speculative"} 1.0'
+    assert cut in generate_latest(app.registry)
     await await_for(drained(spec), timeout=3.0)
