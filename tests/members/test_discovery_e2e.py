@@ -145,17 +145,15 @@ def procs() -> Iterator[list[Proc]]:
 
 
 def start_router(procs: list[Proc], spec: str, base: str, *serve: str, **settings: str) -> Proc:
-    env = router_env(
-        spec,
-        base,
-        health_interval="0.1",
-        ramp_seconds="0",
-        policy="spillover",
-        crossover="100",  # everything to the speculative pool: the pool that changes here
-        admin_token=TOKEN,
-        drain_timeout="30",
-        **settings,
-    )
+    defaults = {
+        "health_interval": "0.1",
+        "ramp_seconds": "0",
+        "policy": "spillover",
+        "crossover": "100",  # everything to the speculative pool: the pool that changes here
+        "admin_token": TOKEN,
+        "drain_timeout": "30",
+    }
+    env = router_env(spec, base, **{**defaults, **settings})
     proc = spawn(["-m", "router", "serve", "--port", "0", *serve], env=env)
     procs.append(proc)
     return proc
@@ -450,3 +448,32 @@ async def test_under_two_workers_every_worker_routes_over_the_same_set(
     assert generations == {status["membership"]["generation"]}
     text = httpx.get(f"{router.url}/metrics", timeout=5).text
     assert f'backend="{url(A, port)}"' not in text
+
+
+async def test_a_drain_that_times_out_ends_its_streams_visibly(procs: list[Proc]) -> None:
+    """Through the real server (uvicorn's httptools protocol and the router's fast paths): a
+    stream still running when the drain times out ends with an error event."""
+    port = shared_port([A, C])
+    procs += [sim("eagle3", A, port), sim("baseline", C, port)]
+    router = start_router(procs, url(A, port), url(C, port), drain_timeout="1")
+    wait_for(lambda: router_ready(router.url))
+    async with contextlib.AsyncExitStack() as stack:
+        (stream,) = await open_streams(router.url, 1, stack, tokens=50_000)
+        assert await stream.flowing()
+        r = httpx.delete(
+            f"{router.url}/router/pools/speculative/backends",
+            params={"url": url(A, port)},
+            headers=ADMIN,
+        )
+        assert r.status_code == 202
+
+        async def done() -> bool:
+            return stream.fate is not None
+
+        await await_for(done, timeout=10)
+        assert stream.fate == "ended"  # a clean end of the HTTP response, with the error in it
+        assert b'data: {"error"' in stream.tail and b"drain timed out" in stream.tail
+    wait_for(lambda: backends(router) == {})
+    text = httpx.get(f"{router.url}/metrics", timeout=5).text
+    assert metric_value(text, "spec_router_drain_cuts_total", pool="speculative") == 1
+    assert router_status(router.url)["in_flight"]["total"] == 0
