@@ -296,3 +296,100 @@ async def test_put_table_refuses_a_bad_one_and_keeps_the_old(
     message = assert_error(r, 400, "invalid_request_error", "invalid_json")
     assert message.startswith("table is not valid JSON")
     assert router.current is before
+
+
+# -- admin: a pool's backends ----------------------------------------------------------------------
+
+BACKENDS = "/router/pools/speculative/backends"
+
+
+async def test_pool_backends_are_listed_without_a_token(client: httpx.AsyncClient) -> None:
+    r = await client.get(BACKENDS)
+    assert r.status_code == 200
+    assert r.json() == {
+        "pool": "speculative",
+        "backends": [
+            {
+                "pool": "speculative",
+                "url": "http://s1:30000",
+                "source": "static",
+                "name": None,
+                "membership": "active",
+                "in_flight": 2,
+                "drain_deadline_in_s": None,
+            }
+        ],
+    }
+    r = await client.get("/router/pools/turbo/backends")
+    assert "turbo" in assert_error(r, 404, "invalid_request_error", "not_found")
+
+
+async def test_adding_and_removing_a_backend(client: httpx.AsyncClient, router: Router) -> None:
+    r = await client.post(BACKENDS, json={"url": "http://10.0.0.7:30000/"}, headers=ADMIN)
+    assert r.status_code == 201
+    assert (r.json()["url"], r.json()["source"]) == ("http://10.0.0.7:30000", "admin")
+    r = await client.delete(BACKENDS, params={"url": "http://s1:30000"}, headers=ADMIN)
+    assert r.status_code == 202
+    assert (r.json()["membership"], r.json()["in_flight"]) == ("draining", 2)
+    assert r.json()["drain_deadline_in_s"] == 30.0
+    assert [m.url for m in router.members("speculative")] == [
+        "http://s1:30000",
+        "http://10.0.0.7:30000",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("method", "kwargs", "status", "code"),
+    [
+        ("post", {"content": b"{oops"}, 400, "invalid_request"),
+        ("post", {"json": {"address": "http://10.0.0.7:30000"}}, 400, "invalid_request"),
+        ("post", {"json": {"url": "ftp://10.0.0.7"}}, 400, "invalid_url"),
+        ("post", {"json": {"url": "http://s1:30000"}}, 409, "backend_exists"),
+        ("delete", {}, 400, "missing_url"),
+        ("delete", {"params": {"url": "http://nowhere:1"}}, 404, "backend_not_found"),
+    ],
+)
+async def test_bad_changes_of_a_pool_get_the_error_shape(
+    client: httpx.AsyncClient,
+    router: Router,
+    method: str,
+    kwargs: dict[str, Any],
+    status: int,
+    code: str,
+) -> None:
+    before = router.store.read()
+    r = await client.request(method.upper(), BACKENDS, headers=ADMIN, **kwargs)
+    type_ = "invalid_request_error" if status < 500 else "server_error"
+    assert_error(r, status, type_, code)
+    assert router.store.read() == before
+
+
+async def test_the_rules_of_membership_answer_409(client: httpx.AsyncClient) -> None:
+    # in the other pool
+    r = await client.post(
+        "/router/pools/baseline/backends", json={"url": "http://s1:30000"}, headers=ADMIN
+    )
+    assert "is in the speculative pool" in assert_error(
+        r, 409, "invalid_request_error", "backend_in_other_pool"
+    )
+    # discovered through DNS: it leaves when its name stops answering with it
+    r = await client.delete(
+        "/router/pools/baseline/backends", params={"url": "http://10.0.0.9:30000"}, headers=ADMIN
+    )
+    assert "comes from DNS" in assert_error(r, 409, "invalid_request_error", "backend_discovered")
+    # the capacity (4 here), draining backends included
+    for n in (1, 2):
+        r = await client.post(BACKENDS, json={"url": f"http://10.0.1.{n}:1"}, headers=ADMIN)
+        assert r.status_code == 201
+    r = await client.post(BACKENDS, json={"url": "http://10.0.1.3:1"}, headers=ADMIN)
+    assert_error(r, 409, "invalid_request_error", "too_many_backends")
+
+
+@pytest.mark.parametrize("method", ["POST", "DELETE"])
+async def test_changing_a_pool_needs_the_admin_token(method: str) -> None:
+    async with serve(Router(Settings())) as off:
+        r = await off.request(method, BACKENDS, json={"url": "http://10.0.0.7:1"})
+        assert_error(r, 403, "permission_error", "admin_disabled")
+    async with serve(Router(Settings(admin_token=TOKEN))) as on:
+        r = await on.request(method, BACKENDS, json={"url": "http://10.0.0.7:1"})
+        assert_error(r, 401, "authentication_error", "invalid_admin_token")
