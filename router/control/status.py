@@ -165,10 +165,17 @@ def status_document(
             "slow_clients": tracker.slow_clients[pool],
             "backends": backends,
         }
+    none = keeper.no_crossover_status(len(decider.pools["speculative"]),
+                                      len(decider.pools["baseline"]))  # fmt: skip
     return {
         "policy": decider.policy,
-        "crossover": keeper.crossover,
+        # null: none measured (``no_crossover`` says up to where, and what follows from it)
+        "crossover": None if none is not None else keeper.crossover,
         "crossover_source": keeper.source,
+        "no_crossover": none,
+        # requests per speculative engine before the rest go elsewhere (to the baseline, or
+        # with no crossover by load)
+        "speculative_limit": keeper.crossover,
         "learning": {**keeper.status(), "explore_share": decider.explore_share},
         "hysteresis": decider.hysteresis,
         "load_signal": decider.load_signal,
