@@ -19,6 +19,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "calibrate": ("router.calibrate", "measure both pools and write a crossover table"),
     "replay": ("router.tools.replay", "replay a trace or synthetic traffic open-loop; goodput"),
+    "doctor": ("router.tools.doctor", "check the engines' settings against what makes "
+               "speculation lose or the router misjudge"),
 }
 
 
