@@ -23,6 +23,7 @@ from router.forward.admission import Admission
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
 from router.health.poller import EngineLoad, HealthPoller
+from router.health.pool_check import PoolCheck
 from router.health.state import HealthRegistry, usable
 from router.learn.keeper import CrossoverKeeper
 from router.pools import POOLS
@@ -43,6 +44,8 @@ class Observed(Protocol):
     def health(self) -> HealthRegistry: ...
     @property
     def poller(self) -> HealthPoller: ...
+    @property
+    def pool_check(self) -> PoolCheck: ...
     @property
     def keeper(self) -> CrossoverKeeper: ...
     @property
@@ -78,6 +81,7 @@ def router_status(app: Observed) -> dict[str, Any]:
         decider=decider,
         connections=app.connections,
         served_models=app.poller.served_models,
+        pool_check=app.pool_check,
         extra={
             "slo": decider.status() if decider.policy == "slo" else None,
             "queue": app.admission.status(),
@@ -126,6 +130,7 @@ def status_document(
     connections: Callable[[str], dict[str, int]],
     extra: Mapping[str, Any],
     served_models: Mapping[str, str] | None = None,
+    pool_check: PoolCheck | None = None,
 ) -> dict[str, Any]:
     wall = time.time()
 
@@ -157,6 +162,8 @@ def status_document(
                     "connections": connections(url),
                     "engine": _engine(loads.get(url), now),
                     "served_model": (served_models or {}).get(url),
+                    # what it said about itself when it last joined (None: not yet)
+                    "reports": None if pool_check is None else pool_check.reported(url),
                 }
             )
         pools[pool] = {
@@ -181,6 +188,9 @@ def status_document(
         "load_signal": decider.load_signal,
         "in_flight": tracker.snapshot(),
         "pools": pools,
+        # what is wrong with the deployment as the engines describe it (router.health.checks):
+        # each with its level (error: it cannot work as meant), reason and fix
+        "warnings": [] if pool_check is None else pool_check.status(),
         **extra,
     }
 

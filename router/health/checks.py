@@ -34,7 +34,7 @@ LEVELS: tuple[Level, ...] = ("error", "warning", "info")
 SG = "https://github.com/sgl-project/sglang/blob/"
 VLLM = "https://github.com/vllm-project/vllm/blob/"
 LLAMA = "https://github.com/ggml-org/llama.cpp/blob/0c1e570/"
-DOCS = "docs/engines.md#configuration-and-identity"
+DOCS = "docs/engines.md#13-configuration-and-identity-for-spec-router-doctor-and-the-pool-checks"
 # Where each rule's fact is written (the engines' source at the versions read, or our docs).
 SOURCES = {
     "speculative-cap": SG
@@ -55,7 +55,7 @@ SOURCES = {
     "metrics-vllm": VLLM + "v0.34.0/vllm/v1/engine/async_llm.py#L204-L207",
     "metrics-llamacpp": LLAMA + "tools/server/server-context.cpp#L4650-L4652",
     "health-generates": SG + "v0.5.23/python/sglang/srt/entrypoints/http_server.py#L721-L799 ; "
-    "docs/engines.md#1-health",
+    "docs/engines.md#1-health-readiness-and-info-endpoints",
     "identity": SG + "v0.5.23/python/sglang/srt/arg_groups/serving_hook.py#L660-L665 ; " + DOCS,
     "speculation": DOCS,
     "model": DOCS,
@@ -235,14 +235,15 @@ def _differences(members: Sequence[Member], mapped: bool) -> list[Finding]:
             model_reason + "; a client's model name is unknown to one of them (vLLM answers "
             "404), unless SPECULATIVE_MODEL_MAP / BASELINE_MODEL_MAP map it",
         )
-    differ(
-        lambda i: i.tokenizer,
-        "error",
-        "different-tokenizers",
-        "the tokenizers",
-        "the same prompt becomes different tokens: answers differ by pool, and the token "
-        "counts the router learns from disagree",
-    )
+    if not out:  # (other weights have other tokenizers: said once is enough)
+        differ(
+            lambda i: i.tokenizer,
+            "error",
+            "different-tokenizers",
+            "the tokenizers",
+            "the same prompt becomes different tokens: answers differ by pool, and the token "
+            "counts the router learns from disagree",
+        )
     differ(
         lambda i: i.context_length,
         "warning",
@@ -555,9 +556,15 @@ def probe_findings(probes: Sequence[tuple[Member, Probe]]) -> list[Finding]:
         info, url = m.info, (m.info.url,)
         if p.errors:
             out.append(
-                Finding("warning", "probe-errors", f"{info.url}: {p.errors} of the probe's "
-                        "requests failed", "the engine refuses or drops requests at this load",
-                        "see the engine's log", DOCS, url)  # fmt: skip
+                Finding(
+                    "warning",
+                    "probe-errors",
+                    f"{info.url}: {p.errors} of the probe's requests failed",
+                    "the engine refuses or drops requests at this load",
+                    "see the engine's log",
+                    DOCS,
+                    url,
+                )  # fmt: skip
             )
         if info.metrics and p.peak_load is not None and p.peak_load < p.concurrency / 2:
             out.append(

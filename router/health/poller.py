@@ -15,6 +15,11 @@ engine not known to be vLLM gets ``HEALTH_GENERATE_TIMEOUT``, longer than SGLang
 so that a busy engine whose forward takes seconds is not taken for a dead one. Which probe a
 backend gets is found again after it refused a connection (it may come back as another
 version).
+
+When a backend turns healthy -- its first successful contact, or its return after being down --
+the poller asks it what it is (``router.health.introspect``: its model, whether it
+speculates, its identity) and hands that to ``on_info`` (``router.health.pool_check``); not
+before, so start-up never waits on an engine still loading.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from dataclasses import dataclass
 
 from router.health import engines as engine_metrics
 from router.health.engines import EngineSample
-from router.health.state import HealthRegistry
+from router.health.info import EngineInfo, Reply
+from router.health.introspect import read_engine
+from router.health.state import HealthRegistry, State
 from router.origin import Origin
 from router.upstream.client import OriginPool, Timeouts, UpstreamError
 
@@ -95,6 +102,7 @@ class HealthPoller:
         generate_timeout: float = 25.0,
         gauge_lag: float = 2.0,
         authorization: Mapping[str, bytes | None] | None = None,
+        on_info: Callable[[EngineInfo], object] | None = None,
     ) -> None:
         self.urls = urls
         self.health = health
@@ -113,6 +121,7 @@ class HealthPoller:
         self._tasks: list[asyncio.Task[None]] = []
         self._clients: dict[str, OriginPool] = {}
         self._samples: dict[str, EngineSample] = {}
+        self.on_info = on_info  # what a backend said about itself, when it (re)joined
 
     @property
     def served_models(self) -> Mapping[str, str]:
@@ -198,6 +207,33 @@ class HealthPoller:
             await self._read_models(url)
         if ok and self.scrape_metrics:
             await self._scrape(url)
+        if state is State.HEALTHY and previous is not State.HEALTHY and self.on_info is not None:
+            # (re)joined: ask what it is now (it may have come back as another engine); after
+            # the first scrape, so that routing sees its load as soon as it is usable
+            info = await read_engine(url, lambda path: self._reply(url, path))
+            if info.served_model is not None:
+                self._served[url] = info.served_model
+            self.on_info(info)
+
+    async def _reply(self, url: str, path: str) -> Reply | None:
+        """One GET for ``router.health.introspect``, with the backend's key; None on no answer."""
+        auth = self._authorization.get(url)
+        headers = [(b"authorization", auth)] if auth else []
+        timeouts = Timeouts(self.timeout, self.timeout, self.timeout)
+        try:
+            async with asyncio.timeout(self.timeout):
+                conn = await self._clients[url].request(
+                    b"GET", path.encode(), headers, b"", timeouts
+                )
+                try:
+                    body = await conn.read_all()
+                    named = {k.decode("latin-1").lower(): v.decode("latin-1")
+                             for k, v in conn.headers}  # fmt: skip
+                    return Reply(conn.status, body, named)
+                finally:
+                    conn.release()
+        except (UpstreamError, TimeoutError):
+            return None
 
     async def _read_models(self, url: str) -> None:
         """Once per backend: the model it serves, for requests that name none."""

@@ -277,9 +277,12 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"{e['pool']:<11} {e['url']}: {summary(e)}")
     for p in doc["probes"]:
         speed = "n/a" if p["decode_tps"] is None else f"{p['decode_tps']:.1f} tok/s"
+        accept = "n/a" if p["accept_length"] is None else f"{p['accept_length']:.2f}"
+        peak = "n/a" if p["peak_load"] is None else f"{p['peak_load']:g}"
+        health = "n/a" if p["health_seconds"] is None else f"{p['health_seconds']:.2f} s"
         lines.append(
-            f"probe       {p['url']}: {p['concurrency']} streams, {speed} per request, "
-            f"peak load {p['peak_load']}, acceptance {p['accept_length']}"
+            f"probe       {p['url']}: {p['concurrency']} streams, {speed} per request (wall "
+            f"clock), peak load {peak}, acceptance {accept}, /health {health}"
         )
     lines.append("")
     for f in doc["findings"]:
