@@ -61,7 +61,9 @@ def plot(table: Table, path: Path) -> None:
         a.grid(True, alpha=0.3)
     top = ax.get_ylim()[1]
     label = crossover_label(table)
-    ax.text(mark, top * 0.97, f" {label}", va="top", fontsize=9)
+    at_end = bool(levels) and mark >= max(levels)  # (written to its left, inside the plot)
+    ax.text(mark, top * 0.97, f" {label} " if at_end else f" {label}", va="top", fontsize=9,
+            ha="right" if at_end else "left")  # fmt: skip
     ax.set_ylabel("decode tok/s per request")
     ax.set_title("per-request decode speed")
     ax_total.set_ylabel("output tok/s, whole pool")
