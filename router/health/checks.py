@@ -90,7 +90,7 @@ class Finding:
 
 
 @dataclass(frozen=True, slots=True)
-class Member:
+class Described:
     """A backend as configured: its pool, and what it said about itself."""
 
     pool: Pool
@@ -115,7 +115,7 @@ def _spec(info: EngineInfo) -> str:
 # -- what the router checks itself -----------------------------------------------------------
 
 
-def pool_findings(members: Sequence[Member], mapped: bool = False) -> list[Finding]:
+def pool_findings(members: Sequence[Described], mapped: bool = False) -> list[Finding]:
     """Pools against what their engines report. ``mapped``: a model map is configured, so
     served names may differ on purpose (the weights must still agree)."""
     out: list[Finding] = []
@@ -198,7 +198,7 @@ def pool_findings(members: Sequence[Member], mapped: bool = False) -> list[Findi
     return out
 
 
-def _differences(members: Sequence[Member], mapped: bool) -> list[Finding]:
+def _differences(members: Sequence[Described], mapped: bool) -> list[Finding]:
     """Models, tokenizers and context lengths that differ between backends."""
     out: list[Finding] = []
 
@@ -254,14 +254,14 @@ def _differences(members: Sequence[Member], mapped: bool) -> list[Finding]:
     return out
 
 
-def _urls(members: Sequence[Member]) -> str:
+def _urls(members: Sequence[Described]) -> str:
     return ", ".join(m.info.url for m in members)
 
 
 # -- what the doctor adds ----------------------------------------------------------------------
 
 
-def config_findings(members: Sequence[Member]) -> list[Finding]:
+def config_findings(members: Sequence[Described]) -> list[Finding]:
     """Engine settings that make speculation lose under load or the router misjudge."""
     out: list[Finding] = []
     spec = [m.info for m in members if m.pool == SPECULATIVE]
@@ -472,7 +472,7 @@ def _engine_findings(pool: Pool, info: EngineInfo) -> list[Finding]:
     return out
 
 
-def table_findings(table: Table, members: Sequence[Member]) -> list[Finding]:
+def table_findings(table: Table, members: Sequence[Described]) -> list[Finding]:
     """A calibrated table against the engines it should describe."""
     out: list[Finding] = []
     spec = [m.info for m in members if m.pool == SPECULATIVE]
@@ -549,7 +549,7 @@ class Probe:
     errors: int = 0
 
 
-def probe_findings(probes: Sequence[tuple[Member, Probe]]) -> list[Finding]:
+def probe_findings(probes: Sequence[tuple[Described, Probe]]) -> list[Finding]:
     """What the probe showed that the configuration did not."""
     out: list[Finding] = []
     for m, p in probes:

@@ -80,6 +80,7 @@ class EngineInfo:
     tokenizer: str | None = None  # SGLang tokenizer_path; llama.cpp vocab type and size
     context_length: int | None = None  # max_model_len (llama.cpp: a slot's n_ctx)
     speculative: bool | None = None  # None: cannot tell
+    spec_evidence: str | None = None  # what said so ("/server_info speculative_algorithm=...")
     spec_algorithm: str | None = None
     spec_steps: int | None = None  # draft depth (vLLM: its K)
     spec_topk: int | None = None  # >1: a draft tree
@@ -187,11 +188,15 @@ def _server_info(doc: Mapping[str, Any]) -> dict[str, Any]:
         identity.append(("sglang.random_seed", str(doc["random_seed"])))
     if doc.get("startup_time") is not None:
         identity.append(("sglang.startup_time", json.dumps(doc["startup_time"], sort_keys=True)))
+    said = "speculative_algorithm" in doc
     return {
         "version": _str(doc.get("version")),
         "model_path": _str(doc.get("model_path")),
         "tokenizer": _str(doc.get("tokenizer_path") or doc.get("model_path")),
-        "speculative": algorithm is not None,
+        "speculative": (algorithm is not None) if said else None,
+        "spec_evidence": f"/server_info speculative_algorithm={algorithm or 'null'}"
+        if said
+        else None,
         "spec_algorithm": algorithm,
         "spec_steps": _int(doc.get("speculative_num_steps")),
         "spec_topk": _int(doc.get("speculative_eagle_topk")),
@@ -252,10 +257,12 @@ def _metrics(flavor: Flavor, reply: Reply | None) -> dict[str, Any]:
                      if n == "vllm:spec_decode_num_accepted_tokens_per_pos_total"}  # fmt: skip
         if "vllm:spec_decode_num_drafts_total" in names:
             out["speculative"] = True
+            out["spec_evidence"] = "/metrics vllm:spec_decode_* counters present"
             if positions:
                 out["spec_steps"] = len(positions)
         elif out["metrics"]:
             out["speculative"] = False  # the counters exist from start-up when speculating
+            out["spec_evidence"] = "/metrics vllm:spec_decode_* counters absent"
         for name, _, value in lines:
             if name == "process_start_time_seconds":
                 identity.append(("process_start_time_seconds", value))
@@ -290,7 +297,11 @@ def _slots(doc: Any) -> dict[str, Any]:
     flags = [s.get("speculative") for s in doc if isinstance(s, Mapping)]
     if not flags or any(not isinstance(f, bool) for f in flags):
         return {}
-    return {"speculative": any(flags), "running_cap": len(doc)}
+    return {
+        "speculative": any(flags),
+        "spec_evidence": f"/slots speculative={str(any(flags)).lower()}",
+        "running_cap": len(doc),
+    }
 
 
 def engine_info(url: str, replies: Replies) -> EngineInfo:

@@ -16,10 +16,11 @@ so that a busy engine whose forward takes seconds is not taken for a dead one. W
 backend gets is found again after it refused a connection (it may come back as another
 version).
 
-When a backend turns healthy -- its first successful contact, or its return after being down --
-the poller asks it what it is (``router.health.introspect``: its model, whether it
-speculates, its identity) and hands that to ``on_info`` (``router.health.pool_check``); not
-before, so start-up never waits on an engine still loading.
+At a backend's first healthy round, and again at the first after it refused a connection (it
+restarted, maybe as another engine), the poller asks it what it is (``router.health.introspect``:
+its model, whether it speculates, its identity), keeps its mode (``router.health.mode``) and
+hands the description to ``on_info`` (``router.health.pool_check``); not before, so start-up
+never waits on an engine still loading.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from router.health import engines as engine_metrics
 from router.health.engines import EngineSample
 from router.health.info import EngineInfo, Reply
 from router.health.introspect import read_engine
-from router.health.state import HealthRegistry, State
+from router.health.mode import ModeReading, engine_mode
+from router.health.state import HealthRegistry
 from router.origin import Origin
+from router.pools import Pool
 from router.upstream.client import OriginPool, Timeouts, UpstreamError
 
 log = logging.getLogger("spec_router.health")
@@ -102,26 +105,34 @@ class HealthPoller:
         generate_timeout: float = 25.0,
         gauge_lag: float = 2.0,
         authorization: Mapping[str, bytes | None] | None = None,
+        pools: Mapping[str, Pool] | None = None,
         on_info: Callable[[EngineInfo], object] | None = None,
+        on_leave: Callable[[str], object] | None = None,
     ) -> None:
-        self.urls = urls
+        self.urls = list(urls)
+        self._pool = dict(pools or {})  # each backend's pool, for the mode check
         self.health = health
         self._started = started  # requests this router ever sent to each backend
         self.interval = interval
         self.timeout = timeout
         self.generate_timeout = generate_timeout
         self.gauge_lag = gauge_lag
-        self._authorization = authorization or {}  # each backend's pool key (for /v1/models)
+        self._authorization = dict(authorization or {})  # each backend's pool key (/v1/models)
         self._served: dict[str, str] = {}  # the first model each backend lists
         self._history: dict[str, deque[tuple[float, int]]] = {}  # (scraped at, started then)
         self._probes: dict[str, bytes] = {}  # backends found without /ready: HEALTH
         self.scrape_metrics = scrape_metrics
         self.clock = clock
         self._loads: dict[str, EngineLoad] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._clients: dict[str, OriginPool] = {}
         self._samples: dict[str, EngineSample] = {}
-        self.on_info = on_info  # what a backend said about itself, when it (re)joined
+        # what each engine said about itself, read once per engine start (``_introspect``)
+        self._modes: dict[str, ModeReading] = {}
+        self._infos: dict[str, EngineInfo] = {}
+        self.on_info = on_info  # told each (new) description: the pool checks
+        self.on_leave = on_leave  # told each backend that left
+        self._started_polling = False
 
     @property
     def served_models(self) -> Mapping[str, str]:
@@ -133,17 +144,69 @@ class HealthPoller:
         """The latest engine-reported load per backend (only those that reported one)."""
         return self._loads
 
+    @property
+    def infos(self) -> Mapping[str, EngineInfo]:
+        """What each backend said about itself at its last start (``router.health.info``)."""
+        return self._infos
+
+    @property
+    def modes(self) -> Mapping[str, ModeReading]:
+        """Each backend's mode as its engine reported it (``router.health.mode``), once read."""
+        return self._modes
+
     def start(self) -> None:
+        self._started_polling = True
         for url in self.urls:
-            self._clients[url] = OriginPool(
-                Origin.parse(url), max_connections=2, max_idle=1, keepalive_expiry=self.interval * 2
-            )
-            self._tasks.append(asyncio.get_running_loop().create_task(self._loop(url)))
+            self._poll(url)
+
+    def _poll(self, url: str) -> None:
+        self._clients[url] = OriginPool(
+            Origin.parse(url), max_connections=2, max_idle=1, keepalive_expiry=self.interval * 2
+        )
+        self._tasks[url] = asyncio.get_running_loop().create_task(self._loop(url))
+
+    def add(self, url: str, pool: Pool, authorization: bytes | None = None) -> None:
+        """A backend that joined: polled from now on (at once, when polling has started)."""
+        if url in self.urls:
+            return
+        self.urls.append(url)
+        self._pool[url] = pool
+        self._authorization[url] = authorization
+        if self._started_polling:
+            self._poll(url)
+
+    def remove(self, url: str) -> None:
+        """A backend that left: its loop stops and everything read of it is dropped."""
+        if url not in self.urls:
+            return
+        self.urls.remove(url)
+        self._pool.pop(url, None)
+        self._authorization.pop(url, None)
+        self._served.pop(url, None)
+        self._history.pop(url, None)
+        self._probes.pop(url, None)
+        self._loads.pop(url, None)
+        self._samples.pop(url, None)
+        self._modes.pop(url, None)
+        self._infos.pop(url, None)
+        if self.on_leave is not None:
+            self.on_leave(url)
+        task = self._tasks.pop(url, None)
+        client = self._clients.pop(url, None)
+        if task is not None:
+            task.cancel()
+        if client is not None:
+            if task is None:
+                client.close()
+            else:  # (once the round in progress has let go of its connection)
+                task.add_done_callback(lambda _: client.close())
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        self._started_polling = False
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         for client in self._clients.values():
             client.close()
@@ -180,7 +243,10 @@ class HealthPoller:
                 return await self._probe(url)
         except UpstreamError as exc:
             if exc.kind in ("connect", "connect_timeout"):
-                self._probes.pop(url, None)  # down or restarting: look for /ready again
+                # down or restarting (maybe as another version, or in the other mode): look
+                # for /ready and read its mode again
+                self._probes.pop(url, None)
+                self._modes.pop(url, None)
             return False, str(exc)
         except TimeoutError:
             return False, f"{path.decode()} probe timed out after {timeout:g}s"
@@ -207,12 +273,24 @@ class HealthPoller:
             await self._read_models(url)
         if ok and self.scrape_metrics:
             await self._scrape(url)
-        if state is State.HEALTHY and previous is not State.HEALTHY and self.on_info is not None:
-            # (re)joined: ask what it is now (it may have come back as another engine); after
-            # the first scrape, so that routing sees its load as soon as it is usable
-            info = await read_engine(url, lambda path: self._reply(url, path))
-            if info.served_model is not None:
-                self._served[url] = info.served_model
+        if ok and url not in self._modes and url in self._clients:
+            # its first answer, or its first since it refused a connection (restarted, maybe
+            # as another engine): after the first scrape, so that routing sees its load as
+            # soon as it is usable
+            await self._introspect(url)
+
+    async def _introspect(self, url: str) -> None:
+        """Once per engine start: what it says it is (``router.health.info``), hence its mode
+        (``router.health.mode``), handed to ``on_info`` (the pool checks, which log a backend
+        in the wrong pool)."""
+        info = await read_engine(url, lambda path: self._reply(url, path))
+        if any(note.startswith("/v1/models: no answer") for note in info.notes):
+            return  # the next healthy round asks again
+        self._infos[url] = info
+        self._modes[url] = engine_mode(info)
+        if info.served_model is not None:
+            self._served[url] = info.served_model
+        if self.on_info is not None:
             self.on_info(info)
 
     async def _reply(self, url: str, path: str) -> Reply | None:
@@ -220,11 +298,12 @@ class HealthPoller:
         auth = self._authorization.get(url)
         headers = [(b"authorization", auth)] if auth else []
         timeouts = Timeouts(self.timeout, self.timeout, self.timeout)
+        client = self._clients.get(url)
+        if client is None:  # (it left meanwhile)
+            return None
         try:
             async with asyncio.timeout(self.timeout):
-                conn = await self._clients[url].request(
-                    b"GET", path.encode(), headers, b"", timeouts
-                )
+                conn = await client.request(b"GET", path.encode(), headers, b"", timeouts)
                 try:
                     body = await conn.read_all()
                     named = {k.decode("latin-1").lower(): v.decode("latin-1")

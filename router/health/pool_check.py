@@ -24,7 +24,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from router.health.checks import Finding, Member, pool_findings
+from router.health.checks import Described, Finding, pool_findings
 from router.health.info import EngineInfo
 from router.pools import POOLS, Pool
 
@@ -33,7 +33,8 @@ log = logging.getLogger("spec_router.health")
 
 class PoolCheck:
     """The pool checks over the latest description of each backend (one writer: the
-    poller's ``on_info``)."""
+    poller's ``on_info`` and ``on_leave``). ``pools``: each pool's URLs, as membership keeps
+    them (read at each check: a backend that joined is checked once it has answered)."""
 
     def __init__(
         self, pools: Mapping[Pool, Sequence[str]], mapped: bool = False, quiet: bool = False
@@ -47,8 +48,16 @@ class PoolCheck:
     def update(self, info: EngineInfo) -> list[Finding]:
         """Take a backend's (new) description; returns the findings it added."""
         self.infos[info.url] = info
+        return self._check()
+
+    def forget(self, url: str) -> list[Finding]:
+        """A backend that left the pools (``router.members``): its findings go with it."""
+        self.infos.pop(url, None)
+        return self._check()
+
+    def _check(self) -> list[Finding]:
         members = [
-            Member(pool, self.infos[url])
+            Described(pool, self.infos[url])
             for pool in POOLS
             for url in self.pools.get(pool, ())
             if url in self.infos

@@ -32,8 +32,8 @@ from router.health import engines as engine_metrics
 from router.health.checks import (
     DOCS,
     LEVELS,
+    Described,
     Finding,
-    Member,
     Probe,
     config_findings,
     pool_findings,
@@ -137,7 +137,7 @@ class Engines:
         return await read_engine(url, get)
 
 
-def unreachable(member: Member) -> Finding:
+def unreachable(member: Described) -> Finding:
     return Finding(
         "error",
         "unreachable",
@@ -149,7 +149,7 @@ def unreachable(member: Member) -> Finding:
     )
 
 
-async def probe(engines: Engines, member: Member, concurrency: int, tokens: int) -> Probe:
+async def probe(engines: Engines, member: Described, concurrency: int, tokens: int) -> Probe:
     """``concurrency`` streams on one engine, its metrics watched meanwhile."""
     url = member.info.url
     began = time.monotonic()
@@ -219,14 +219,14 @@ async def examine(args: argparse.Namespace, table: tables.Table | None) -> dict[
     async with httpx.AsyncClient(timeout=timeout) as client:
         engines = Engines(client, args.api_key)
         infos = await asyncio.gather(*(engines.read(url) for _, url in pools))
-        members = [Member(pool, info) for (pool, _), info in zip(pools, infos, strict=True)]
+        members = [Described(pool, info) for (pool, _), info in zip(pools, infos, strict=True)]
         reached = [m for m in members if f"{MODELS}: no answer" not in m.info.notes]
         findings = [unreachable(m) for m in members if m not in reached]
         findings += pool_findings(reached)
         findings += config_findings(reached)
         if table is not None:
             findings += table_findings(table, reached)
-        probes: list[tuple[Member, Probe]] = []
+        probes: list[tuple[Described, Probe]] = []
         if args.probe:
             for m in reached:  # one at a time: each engine alone
                 probes.append(

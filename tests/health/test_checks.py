@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from router.decide.table import Table
 from router.health.checks import (
+    Described,
     Finding,
-    Member,
     Probe,
     config_findings,
     pool_findings,
@@ -56,15 +56,15 @@ BASE = replace(
 )
 
 
-def pair(spec: EngineInfo = SPEC, base: EngineInfo = BASE) -> list[Member]:
-    return [Member(SPECULATIVE, spec), Member(BASELINE, base)]
+def pair(spec: EngineInfo = SPEC, base: EngineInfo = BASE) -> list[Described]:
+    return [Described(SPECULATIVE, spec), Described(BASELINE, base)]
 
 
 def codes(findings: list[Finding], level: str | None = None) -> list[str]:
     return [f.code for f in findings if level is None or f.level == level]
 
 
-def everything(members: list[Member]) -> list[Finding]:
+def everything(members: list[Described]) -> list[Finding]:
     return pool_findings(members) + config_findings(members)
 
 
@@ -133,7 +133,7 @@ def test_a_health_that_generates_without_ready_is_a_warning() -> None:
     (finding,) = [f for f in found if f.urls == (S,)]
     assert finding.level == "warning" and "/ready" in finding.fix
     vllm = replace(BASE, flavor="vllm", health_generates=False, has_ready=False)
-    assert "health-generates" not in codes(config_findings([Member(BASELINE, vllm)]))
+    assert "health-generates" not in codes(config_findings([Described(BASELINE, vllm)]))
 
 
 def test_pools_swapped_is_an_error_one_misplaced_engine_a_warning() -> None:
@@ -152,7 +152,7 @@ def test_one_engine_under_two_names() -> None:
     across = pool_findings(pair(SPEC, replace(twin, speculative=False)))
     assert "same-engine" in codes(across, "error")
     within = pool_findings(
-        [Member(SPECULATIVE, SPEC), Member(SPECULATIVE, twin), Member(BASELINE, BASE)]
+        [Described(SPECULATIVE, SPEC), Described(SPECULATIVE, twin), Described(BASELINE, BASE)]
     )
     (finding,) = [f for f in within if f.code == "same-engine"]
     assert finding.level == "warning" and finding.urls == (S, "http://localhost:30001")
