@@ -40,5 +40,7 @@ def test_an_engine_in_the_other_pools_mode_is_flagged(
     text = httpx.get(f"{wrong.url}/metrics", timeout=5).text
     assert metric_value(text, "spec_router_backend_mode_mismatch", backend=spec) == 1
     assert metric_value(text, "spec_router_backend_mode_mismatch", backend=base) == 1
-    said = wait_for(lambda: [line for line in wrong.output if "pools: " in line])
+    # (checked as each engine answers: the first alone may be said as misplaced before both
+    # are said as swapped, once)
+    said = wait_for(lambda: [line for line in wrong.output if "pools: pools-swapped" in line])
     assert len(said) == 1 and "ERROR spec_router.health: pools: pools-swapped" in said[0], said
