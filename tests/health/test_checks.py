@@ -145,6 +145,11 @@ def test_pools_swapped_is_an_error_one_misplaced_engine_a_warning() -> None:
     assert codes(loud, "warning") == ["baseline-pool-speculating"]
     unknown = pool_findings(pair(replace(SPEC, speculative=None)))
     assert codes(unknown) == []
+    # an engine that does not say: no pool finding, but the doctor says it could not tell
+    told = config_findings(pair(replace(SPEC, speculative=None)))
+    (said,) = [f for f in told if f.code == "speculation-unknown"]
+    assert said.level == "info" and said.urls == (S,) and "does not say" in said.message
+    assert "speculation-unknown" not in codes(config_findings(pair()))
 
 
 def test_one_engine_under_two_names() -> None:
