@@ -5,7 +5,8 @@ record, so the id is the key from a decision to its end. Ids are the client's to
 requests may share one: each id keeps its requests in the order they were routed, and a record
 ends the oldest. A record that never comes (its access-log stream broke, or it went to another
 EPP replica) is bounded by ``expired``: a lease older than the longest a request may take is
-let go, and counted.
+let go, and counted. So are the requests still on a backend whose drain timed out
+(``on_backend``): the gateway carries them, the EPP stops counting them.
 """
 
 from __future__ import annotations
@@ -53,6 +54,20 @@ class LeaseBook:
             del self._by_id[request_id]
         self._size -= 1
         return held
+
+    def on_backend(self, backend: str) -> list[Held]:
+        """Take out every request held on ``backend``."""
+        gone: list[Held] = []
+        for request_id in list(self._by_id):
+            queue = self._by_id[request_id]
+            kept = deque(held for held in queue if held.lease.backend != backend)
+            gone += [held for held in queue if held.lease.backend == backend]
+            if kept:
+                self._by_id[request_id] = kept
+            else:
+                del self._by_id[request_id]
+        self._size -= len(gone)
+        return gone
 
     def expired(self, before: float) -> list[Held]:
         """Take out every request routed before ``before``."""

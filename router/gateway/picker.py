@@ -263,6 +263,16 @@ class Picker:
             self.metrics.expired.inc(len(gone))
         return len(gone)
 
+    def let_go(self, backend: str, why: str) -> int:
+        """Stop counting the requests still on ``backend`` (its drain timed out: the member
+        goes, ``router.membership``); the gateway carries them on, the EPP cannot end them.
+        Their records, if they come, have no lease here. How many were let go."""
+        now = self.clock()
+        gone = self.book.on_backend(backend)
+        for held in gone:
+            self._release(held, now, lingers=False)
+        return len(gone)  # (logged and counted by the membership, as the proxy's cuts are)
+
     def _release(self, held: Held, now: float, lingers: bool) -> None:
         lease = held.lease
         lease.release()
