@@ -26,13 +26,20 @@ def endpoint(url: str) -> str:
 
 
 def start_epp(
-    spec_url: str, base_url: str, grpc_port: int, drain: float = 0.0, **settings: str
+    spec_url: str,
+    base_url: str,
+    grpc_port: int,
+    drain: float = 0.0,
+    lease_max_age: float | None = None,
+    **settings: str,
 ) -> Proc:
     """``drain``: seconds it serves on, NOT_SERVING, once told to stop (0: tests stop at once;
-    the default of ``spec-router epp`` is 3)."""
+    the default of ``spec-router epp`` is 3); ``lease_max_age``: its ``--lease-max-age``."""
     env = router_env(spec_url, base_url, **settings)
     args = ["-m", "router", "epp", "--port", "0", "--grpc-port", str(grpc_port)]
     args += ["--drain", str(drain)]
+    if lease_max_age is not None:
+        args += ["--lease-max-age", str(lease_max_age)]
     proc = spawn(args, env=env)
     try:
         wait_for(lambda: router_ready(proc.url))

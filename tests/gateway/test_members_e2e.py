@@ -9,6 +9,11 @@ joins is picked once healthy; one that leaves gets no new pick, its streams run 
 through Envoy, their access-log records release their leases, and it is gone; nothing is in
 flight at the end. Backends added through the admin API are addresses no Envoy cluster lists:
 the llm-d wiring (ORIGINAL_DST, by the EPP's header) reaches them.
+
+A drain that times out lets go of the leases still held there: the gateway carries those
+streams on to their end (their late records find no lease), or, when the gateway went away
+mid-stream and no record will ever come, the deadline is what ends them; a lease on a member
+that stays is bounded by ``--lease-max-age`` instead.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from tests.support.envoy import (
     engines_by_dns,
     start_envoy,
 )
-from tests.support.http import await_for, router_status, wait_for
+from tests.support.http import await_for, metric_value, router_status, wait_for
 from tests.support.processes import Proc, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.gateway]
@@ -226,3 +231,110 @@ async def test_the_admin_api_on_the_epp(procs: list[Proc | Envoy]) -> None:
         await ended(on_a)
     await until(lambda: url(A, port) not in backends(epp))
     await until(lambda: idle(epp))
+
+
+def metric(epp: Proc, name: str, **labels: str) -> float:
+    return metric_value(httpx.get(f"{epp.url}/metrics").text, name, **labels)
+
+
+def in_flight(epp: Proc) -> dict[str, int]:
+    """Each member's in-flight count, both pools."""
+    pools = router_status(epp.url)["pools"]
+    return {b["url"]: b["in_flight"] for p in pools.values() for b in p["backends"]}
+
+
+def engine_running(engine: Proc) -> int:
+    n: int = httpx.get(f"{engine.url}/sim/config", timeout=5).json()["engine"]["running"]
+    return n
+
+
+async def test_a_drain_that_times_out_lets_go_while_envoy_carries_on(
+    procs: list[Proc | Envoy],
+) -> None:
+    port = shared_port([A, C])
+    a, c = sim("eagle3", A, port), sim("baseline", C, port)
+    procs += [a, c]
+    grpc_port = free_port()
+    epp = start_epp(url(A, port), url(C, port), grpc_port, **{**SETTINGS, "drain_timeout": "1"})
+    procs.append(epp)
+    envoy = start_envoy(
+        configured(RECOMMENDED, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
+    )
+    procs.append(envoy)
+    wait_for(envoy.epp_healthy, timeout=15)
+    api = f"{epp.url}/router/pools/speculative/backends"
+
+    async with contextlib.AsyncExitStack() as stack:
+        # streams that outlive the drain timeout by far (a few seconds each, against 1 s)
+        on_a = await open_streams(envoy.url(), 2, stack)
+        assert received(a) == 2
+        gone = httpx.delete(api, params={"url": url(A, port)}, headers=ADMIN)
+        assert gone.status_code == 202 and gone.json()["in_flight"] == 2
+        # the deadline lets go of both leases and A is removed, while its streams still run:
+        # the EPP carries no bytes, so it cuts nothing; Envoy carries them on
+        await until(lambda: url(A, port) not in backends(epp))
+        assert idle(epp)
+        assert metric(epp, "spec_router_drain_cuts_total", pool="speculative") == 2
+        assert all(s.fate is None for s in on_a)
+        for stream in on_a:
+            assert await stream.flowing()
+        unknown = metric(epp, "spec_router_epp_access_log_records_total", lease="unknown")
+        await ended(on_a)
+    # their records came after all, for leases that are no longer held: counted, nothing
+    # released twice
+    await until(
+        lambda: (
+            metric(epp, "spec_router_epp_access_log_records_total", lease="unknown") == unknown + 2
+        )
+    )
+    status = router_status(epp.url)
+    assert status["in_flight"] == {"speculative": 0, "baseline": 0, "total": 0}
+    assert status["gateway"]["leases"] == 0 and in_flight(epp) == {url(C, port): 0}
+    r = await asyncio.to_thread(httpx.post, f"{envoy.url()}/v1/chat/completions", json=short())
+    assert r.status_code == 200 and r.headers["x-spec-router-pool"] == "baseline"
+    await until(lambda: idle(epp))
+
+
+async def test_leases_are_let_go_when_envoy_goes_away_mid_stream(
+    procs: list[Proc | Envoy],
+) -> None:
+    port = shared_port([A, C])
+    a, c = sim("eagle3", A, port), sim("baseline", C, port)
+    procs += [a, c]
+    grpc_port = free_port()
+    settings = {**SETTINGS, "crossover": "2", "drain_timeout": "1"}
+    epp = start_epp(url(A, port), url(C, port), grpc_port, lease_max_age=6.0, **settings)
+    procs.append(epp)
+    envoy = start_envoy(
+        configured(RECOMMENDED, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
+    )
+    procs.append(envoy)
+    wait_for(envoy.epp_healthy, timeout=15)
+    api = f"{epp.url}/router/pools/speculative/backends"
+
+    async with contextlib.AsyncExitStack() as stack:
+        streams = await open_streams(envoy.url(), 4, stack)
+        assert (received(a), received(c)) == (2, 2)
+        envoy.kill()  # the gateway is gone mid-stream: no access-log record will come
+
+        async def broken() -> bool:
+            return all(s.fate == "broken" for s in streams)
+
+        await await_for(broken)
+    # the engines saw their clients (Envoy) go; the EPP still counts the four, as it must
+    # until told otherwise (it cannot tell a gone gateway from long streams)
+    await until(lambda: engine_running(a) == 0 and engine_running(c) == 0)
+    assert router_status(epp.url)["gateway"]["leases"] == 4
+    assert in_flight(epp) == {url(A, port): 2, url(C, port): 2}
+
+    # A leaves: at its drain deadline its two leases are let go, and it is removed
+    gone = httpx.delete(api, params={"url": url(A, port)}, headers=ADMIN)
+    assert gone.status_code == 202 and gone.json()["in_flight"] == 2
+    await until(lambda: url(A, port) not in backends(epp))
+    assert metric(epp, "spec_router_drain_cuts_total", pool="speculative") == 2
+    assert router_status(epp.url)["gateway"]["leases"] == 2
+    assert in_flight(epp) == {url(C, port): 2}
+    assert metric(epp, "spec_router_epp_leases_expired_total") == 0
+    # C stays: its two are let go at the lease max age, and counted as records that never came
+    await until(lambda: idle(epp))
+    assert metric(epp, "spec_router_epp_leases_expired_total") == 2

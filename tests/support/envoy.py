@@ -194,6 +194,12 @@ class Envoy:
     def log(self) -> str:
         return Path(self.workdir, "envoy.log").read_text(errors="replace")
 
+    def kill(self) -> None:
+        """Gone at once, as a crashed gateway: no record of what was in flight."""
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
     def stop(self) -> None:
         if self.popen.poll() is None:
             os.kill(self.popen.pid, signal.SIGTERM)
