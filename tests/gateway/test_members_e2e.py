@@ -123,10 +123,12 @@ async def test_engines_join_and_leave_by_dns_through_envoy(
         url(SPEC_NAME, port),
         url(BASE_NAME, port),
         grpc_port,
-        discovery="dns",
-        dns_servers=dns.address,
-        discovery_interval="0.2",
-        **SETTINGS,
+        {
+            **SETTINGS,
+            "discovery": "dns",
+            "dns_servers": dns.address,
+            "discovery_interval": "0.2",
+        },
     )
     procs.append(epp)
     envoy = start_envoy(
@@ -191,7 +193,7 @@ async def test_the_admin_api_on_the_epp(procs: list[Proc | Envoy]) -> None:
     a, b, c = sim("eagle3", A, port), sim("eagle3", B, port), sim("baseline", C, port)
     procs += [a, b, c]
     grpc_port = free_port()
-    epp = start_epp(url(A, port), url(C, port), grpc_port, **SETTINGS)
+    epp = start_epp(url(A, port), url(C, port), grpc_port, SETTINGS)
     procs.append(epp)
     envoy = start_envoy(
         configured(ORIGINAL_DST, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
@@ -255,7 +257,7 @@ async def test_a_drain_that_times_out_lets_go_while_envoy_carries_on(
     a, c = sim("eagle3", A, port), sim("baseline", C, port)
     procs += [a, c]
     grpc_port = free_port()
-    epp = start_epp(url(A, port), url(C, port), grpc_port, **{**SETTINGS, "drain_timeout": "1"})
+    epp = start_epp(url(A, port), url(C, port), grpc_port, {**SETTINGS, "drain_timeout": "1"})
     procs.append(epp)
     envoy = start_envoy(
         configured(RECOMMENDED, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
@@ -303,7 +305,7 @@ async def test_leases_are_let_go_when_envoy_goes_away_mid_stream(
     procs += [a, c]
     grpc_port = free_port()
     settings = {**SETTINGS, "crossover": "2", "drain_timeout": "1"}
-    epp = start_epp(url(A, port), url(C, port), grpc_port, lease_max_age=6.0, **settings)
+    epp = start_epp(url(A, port), url(C, port), grpc_port, settings, lease_max_age=6.0)
     procs.append(epp)
     envoy = start_envoy(
         configured(RECOMMENDED, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
