@@ -63,6 +63,10 @@ class EppConfig:
     drain: float = 3.0
     # Then, seconds the ext_proc streams still open get to finish.
     stop_grace: float = 5.0
+    # A gateway connection whose access-log stream ended and that is not heard from again for
+    # this long is gone: the leases it asked for are let go (router.gateway.connections). A
+    # live Envoy reopens the stream at its next record.
+    gone_grace: float = 5.0
 
     @property
     def sweep_interval(self) -> float:
@@ -176,7 +180,7 @@ class EppApp:
         """What the decision needs (as under ``serve``), then the gRPC server and the sweep."""
         router, config = self.router, self.config
         async with deciding(router, _models_client):
-            grpc = GrpcServer(self.picker, config.grpc_host, config.grpc_port)
+            grpc = GrpcServer(self.picker, config.grpc_host, config.grpc_port, config.gone_grace)
             sweep = asyncio.get_running_loop().create_task(self._sweep())
             try:
                 await grpc.start()

@@ -11,9 +11,10 @@ flight at the end. Backends added through the admin API are addresses no Envoy c
 the llm-d wiring (ORIGINAL_DST, by the EPP's header) reaches them.
 
 A drain that times out lets go of the leases still held there: the gateway carries those
-streams on to their end (their late records find no lease), or, when the gateway went away
-mid-stream and no record will ever come, the deadline is what ends them; a lease on a member
-that stays is bounded by ``--lease-max-age`` instead.
+streams on to their end (their late records find no lease). A gateway that goes away
+mid-stream sends no record of what it carried: its connection's access-log stream ends, and
+the EPP lets go of the leases that connection asked for, on a leaving member and the others
+alike, long before a drain deadline or the lease max age; a new gateway is counted as before.
 """
 
 from __future__ import annotations
@@ -304,39 +305,63 @@ async def test_leases_are_let_go_when_envoy_goes_away_mid_stream(
     a, c = sim("eagle3", A, port), sim("baseline", C, port)
     procs += [a, c]
     grpc_port = free_port()
-    settings = {**SETTINGS, "crossover": "2", "drain_timeout": "1"}
-    epp = start_epp(url(A, port), url(C, port), grpc_port, settings, lease_max_age=6.0)
+    # (the drain timeout and the lease max age far beyond the test: neither is what ends them)
+    epp = start_epp(url(A, port), url(C, port), grpc_port, {**SETTINGS, "crossover": "2"})
     procs.append(epp)
-    envoy = start_envoy(
-        configured(RECOMMENDED, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
-    )
-    procs.append(envoy)
-    wait_for(envoy.epp_healthy, timeout=15)
-    api = f"{epp.url}/router/pools/speculative/backends"
+
+    def gateway() -> Envoy:
+        envoy = start_envoy(
+            configured(RECOMMENDED, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
+        )
+        procs.append(envoy)
+        wait_for(envoy.epp_healthy, timeout=15)
+        return envoy
+
+    envoy = gateway()
+    # one request to the end first: Envoy's access-log stream to the EPP is open
+    r = await asyncio.to_thread(httpx.post, f"{envoy.url()}/v1/chat/completions", json=short())
+    assert r.status_code == 200
+    await until(lambda: router_status(epp.url)["gateway"]["log_streams"] == 1)
+    await until(lambda: idle(epp))
+    released = metric(epp, "spec_router_epp_access_log_records_total", lease="released")
+    on_a, on_c = received(a), received(c)
 
     async with contextlib.AsyncExitStack() as stack:
         streams = await open_streams(envoy.url(), 4, stack)
-        assert (received(a), received(c)) == (2, 2)
-        envoy.kill()  # the gateway is gone mid-stream: no access-log record will come
+        assert (received(a), received(c)) == (on_a + 2, on_c + 2)
+        assert in_flight(epp) == {url(A, port): 2, url(C, port): 2}
+        # A leaves (a drain of 30 s), and the gateway is gone mid-stream: no access-log
+        # record of the four will come
+        gone = httpx.delete(
+            f"{epp.url}/router/pools/speculative/backends",
+            params={"url": url(A, port)},
+            headers=ADMIN,
+        )
+        assert gone.status_code == 202 and gone.json()["in_flight"] == 2
+        envoy.kill()
 
         async def broken() -> bool:
             return all(s.fate == "broken" for s in streams)
 
         await await_for(broken)
-    # the engines saw their clients (Envoy) go; the EPP still counts the four, as it must
-    # until told otherwise (it cannot tell a gone gateway from long streams)
     await until(lambda: engine_running(a) == 0 and engine_running(c) == 0)
-    assert router_status(epp.url)["gateway"]["leases"] == 4
-    assert in_flight(epp) == {url(A, port): 2, url(C, port): 2}
-
-    # A leaves: at its drain deadline its two leases are let go, and it is removed
-    gone = httpx.delete(api, params={"url": url(A, port)}, headers=ADMIN)
-    assert gone.status_code == 202 and gone.json()["in_flight"] == 2
-    await until(lambda: url(A, port) not in backends(epp))
-    assert metric(epp, "spec_router_drain_cuts_total", pool="speculative") == 2
-    assert router_status(epp.url)["gateway"]["leases"] == 2
-    assert in_flight(epp) == {url(C, port): 2}
-    assert metric(epp, "spec_router_epp_leases_expired_total") == 0
-    # C stays: its two are let go at the lease max age, and counted as records that never came
+    # its connection's access-log stream ended and nothing came back on it: the EPP lets go
+    # of the four (not at A's drain deadline, nor at the lease max age), and A, drained, goes
     await until(lambda: idle(epp))
-    assert metric(epp, "spec_router_epp_leases_expired_total") == 2
+    assert metric(epp, "spec_router_epp_leases_orphaned_total") == 4
+    assert metric(epp, "spec_router_epp_leases_expired_total") == 0
+    assert metric(epp, "spec_router_drain_cuts_total", pool="speculative") == 0
+    assert metric(epp, "spec_router_epp_access_log_records_total", lease="released") == released
+    await until(lambda: url(A, port) not in backends(epp))
+    assert in_flight(epp) == {url(C, port): 0}
+
+    # a new gateway: routed and counted as before
+    envoy = gateway()
+    async with contextlib.AsyncExitStack() as stack:
+        again = await open_streams(envoy.url(), 2, stack, tokens=LONG // 8)
+        assert received(c) == on_c + 4 and in_flight(epp) == {url(C, port): 2}
+        await ended(again)
+    await until(lambda: idle(epp))
+    assert metric(epp, "spec_router_epp_access_log_records_total", lease="released") == (
+        released + 2
+    )
