@@ -187,9 +187,11 @@ async def running(app: Runnable) -> AsyncIterator[None]:
                 share_task = loop.create_task(_watch_share(busy, share))
             keeper = app.keeper
             log.info(
-                "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
+                "spec-router: policy=%s crossover=%s (%s) speculative=%s baseline=%s",
                 app.decider.policy,
-                keeper.crossover,
+                f"none measured up to {keeper.crossover}"
+                if keeper.no_crossover
+                else keeper.crossover,
                 keeper.source,
                 ",".join(app.pools[SPECULATIVE]),
                 ",".join(app.pools[BASELINE]),

@@ -185,12 +185,15 @@ class EppApp:
             try:
                 await grpc.start()
                 self.grpc = grpc
+                keeper = router.keeper
                 log.info(
-                    "spec-router epp: gRPC on %s, policy=%s crossover=%d (%s), endpoints %s",
+                    "spec-router epp: gRPC on %s, policy=%s crossover=%s (%s), endpoints %s",
                     grpc.address,
                     router.decider.policy,
-                    router.keeper.crossover,
-                    router.keeper.source,
+                    f"none measured up to {keeper.crossover}"
+                    if keeper.no_crossover
+                    else keeper.crossover,
+                    keeper.source,
                     ", ".join(f"{u}={e}" for u, e in self.endpoints.all().items()) or "none yet",
                 )
                 yield self
