@@ -159,13 +159,15 @@ def test_dataset_against_both_endpoints(pools: dict[str, str], tmp_path: Path) -
 
 
 def test_refuses_a_sweep_with_errors(pools: dict[str, str], tmp_path: Path) -> None:
-    config = pools["baseline"] + "/sim/config"
-    httpx.post(config, json={"fault": "status=503,p=0.3"}).raise_for_status()
+    # A baseline of its own: the fault's draws come from the sim's seeded generator, so a fresh
+    # sim fails the same requests every run, whichever tests the module's sims served before.
+    base = spawn(sim_args("baseline", "--time-scale", SCALE, "--seed", "2"))
     try:
+        httpx.post(base.url + "/sim/config", json={"fault": "status=503,p=0.3"}).raise_for_status()
         out = tmp_path / "table.json"
         done = calibrate(
             "--speculative", pools["speculative"],
-            "--baseline", pools["baseline"],
+            "--baseline", base.url,
             "--concurrency", "2",
             "--prompt-tokens", "8",
             "--output-tokens", "8",
@@ -173,7 +175,7 @@ def test_refuses_a_sweep_with_errors(pools: dict[str, str], tmp_path: Path) -> N
             "--out", str(out),
         )  # fmt: skip
     finally:
-        httpx.post(config, json={"fault": None}).raise_for_status()
+        base.stop()
     assert done.returncode == 1
     assert f"not writing {out}: baseline pool at concurrency 2: " in done.stderr
     assert "requests failed (first: HTTP 503" in done.stderr
