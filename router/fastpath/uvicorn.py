@@ -174,6 +174,29 @@ def direct_send(send: Any) -> DirectSend | None:
     return direct
 
 
+def why_not_direct(send: Any) -> str:
+    """Why ``direct_send`` gives no ``DirectSend`` for ``send``, in words for the log."""
+    owner = getattr(send, "__self__", None)
+    where = f"{type(owner).__module__}.{type(owner).__qualname__}" if owner is not None else None
+    if _HTTPTOOLS_SEND is None:
+        return "uvicorn's httptools server is not available here"
+    if getattr(send, "__func__", None) is _HTTPTOOLS_SEND:
+        if owner is not None and getattr(owner, "response_started", False):
+            return "the response had already started"
+        return f"uvicorn {_uvicorn_version()}'s httptools server is not the one it was written for"
+    if where is not None and "h11" in where:
+        return "uvicorn's h11 server (--http h11)"
+    return f"the server's send is {where or repr(send)}, not uvicorn's httptools server's"
+
+
+def _uvicorn_version() -> str:
+    try:
+        import uvicorn
+    except ImportError:  # (not reached: _HTTPTOOLS_SEND came from it)
+        return "?"
+    return str(uvicorn.__version__)
+
+
 def _httptools_send() -> Any:
     try:
         from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
