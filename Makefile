@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-real real-engine check demo bench clean
+.PHONY: venv test test-uvicorn test-real real-engine check demo bench clean
 
 # `make demo HOLD=300` keeps the demo's sims and routers up 5 more minutes, ramping load through
 # the router, to watch its live page (/router/ui); the default ends as soon as the demo is done.
@@ -28,6 +28,22 @@ test: $(STAMP)
 	bash scripts/ensure-chromium.sh
 	$(BIN)/python -m pytest -q
 
+# The fast path (router/fastpath/) relies on uvicorn's internals, so its tests also run on the
+# oldest and the newest uvicorn that pyproject.toml's pin allows: each installed alone (no
+# dependencies) into a throwaway directory in front of .venv's packages. About a minute each.
+UVICORN_PIN := $(shell sed -n 's/^ *"uvicorn\[standard\]\([^"]*\)".*/\1/p' pyproject.toml)
+UVICORN_OLDEST := $(shell echo '$(UVICORN_PIN)' | sed -n 's/.*>=\([0-9.]*\).*/\1/p')
+PINNED := .uvicorn-pinned
+test-uvicorn: $(STAMP)
+	@test -n '$(UVICORN_OLDEST)' || { echo "no uvicorn pin found in pyproject.toml"; exit 1; }
+	for spec in 'uvicorn==$(UVICORN_OLDEST)' 'uvicorn$(UVICORN_PIN)'; do \
+		rm -rf $(PINNED) && $(BIN)/pip install -q --no-deps --target $(PINNED) "$$spec" && \
+		PYTHONPATH=$(PINNED) $(BIN)/python -c 'import uvicorn; print("uvicorn", uvicorn.__version__)' && \
+		PYTHONPATH=$(PINNED) $(BIN)/python -m pytest -q -p no:cacheprovider tests/fastpath \
+		|| { rm -rf $(PINNED); exit 1; }; \
+	done
+	rm -rf $(PINNED)
+
 # The real-engine tier: builds llama.cpp's llama-server and a model pair the first time (several
 # minutes; cached under ~/.cache/spec-router/real-engine), then runs tests/real against them.
 test-real: $(STAMP)
@@ -49,4 +65,4 @@ bench: $(STAMP)
 	bash bench/run.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build router/upstream/_relay.*.so
+	rm -rf $(VENV) $(PINNED) .pytest_cache .mypy_cache .ruff_cache build router/upstream/_relay.*.so
