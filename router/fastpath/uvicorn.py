@@ -174,6 +174,15 @@ def direct_send(send: Any) -> DirectSend | None:
     return direct
 
 
+def body_in(send: Any) -> bool:
+    """Whether the request ``send`` answers has its whole body in, under uvicorn's httptools
+    server: its ``receive()`` then answers at once, with nothing to wait for (or to time)."""
+    if _HTTPTOOLS_SEND is None or getattr(send, "__func__", None) is not _HTTPTOOLS_SEND:
+        return False
+    cycle: Any = send.__self__
+    return getattr(cycle, "more_body", True) is False and not getattr(cycle, "disconnected", True)
+
+
 def why_not_direct(send: Any) -> str:
     """Why ``direct_send`` gives no ``DirectSend`` for ``send``, in words for the log."""
     owner = getattr(send, "__self__", None)
