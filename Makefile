@@ -13,12 +13,10 @@ HOLD ?= 0
 # Playwright (dev extra) drives the system's chromium in tests/ui; it never fetches a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-# (setup.py builds the C relay, router/upstream/_relay.c: a change to it reinstalls)
-$(STAMP): pyproject.toml setup.py router/upstream/_relay.c
+$(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,plot]'
-	@$(BIN)/python -c "from router.upstream.relay import RELAY_BUILT as b; b or print('warning: the C relay (router/upstream/_relay.c) was not built: needs gcc and Python.h')"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -65,4 +63,4 @@ bench: $(STAMP)
 	bash bench/run.sh
 
 clean:
-	rm -rf $(VENV) $(PINNED) .pytest_cache .mypy_cache .ruff_cache build router/upstream/_relay.*.so
+	rm -rf $(VENV) $(PINNED) .pytest_cache .mypy_cache .ruff_cache build

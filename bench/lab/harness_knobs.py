@@ -134,12 +134,16 @@ def wait_quiet(limit: float = 0.15, patience: float = 3600.0) -> float:
 LOCK: Path | None = None  # --lock: taken (exclusively) around each run, not while waiting
 
 
+HELD = False  # the lock is held for the whole repetition (--lock-per rep)
+
+
 @contextlib.contextmanager
 def quiet_and_locked() -> Iterator[None]:
-    """Wait for a quiet machine, then hold ``LOCK`` exclusively (when set) for one run."""
+    """Wait for a quiet machine, then hold ``LOCK`` exclusively (when set) for one run (or
+    for the repetition, when it already does)."""
     if not RT:
         wait_quiet()
-    if LOCK is None:
+    if LOCK is None or HELD:
         yield
         return
     with open(LOCK, "a") as f:
@@ -360,6 +364,13 @@ def main() -> int:
         "--lock", type=Path, help="a lock file held exclusively around each run (flock)"
     )
     ap.add_argument("--rt", action="store_true", help="run every process of a run at nice -20")
+    ap.add_argument(
+        "--lock-per",
+        choices=["run", "rep"],
+        default="run",
+        help="hold --lock around each run, or around each repetition (a few minutes: fewer "
+        "waits where others keep taking it shared)",
+    )
     ap.add_argument("--out", type=Path, help="also write every run as JSON here")
     args = ap.parse_args()
     # SIGTERM (a killed job) ends the run through the ``finally`` below, which stops everything
@@ -374,19 +385,8 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     try:
         for rep in range(args.reps):
-            for kind, gen in refs:
-                r = {
-                    "rep": rep,
-                    "variant": f"nginx[{kind},{gen}]",
-                    **run_nginx(backends[kind], gen, args),
-                }
-                runs.append(r)
-                print(json.dumps(r), flush=True)
-            for v in variants:
-                r = {"rep": rep, "variant": v.name, **run_router(v, backends[v.backend], args)}
-                r["nginx"] = f"nginx[{v.backend},{v.gen}]"
-                runs.append(r)
-                print(json.dumps(r), flush=True)
+            with rep_locked(args.lock_per == "rep"):
+                runs += one_rep(rep, refs, variants, backends, args)
     finally:
         for b in backends.values():
             b.stop()
@@ -394,6 +394,40 @@ def main() -> int:
         args.out.write_text(json.dumps({"argv": sys.argv[1:], "runs": runs}, indent=1) + "\n")
     print(table(runs, [v.name for v in variants] + [f"nginx[{k},{g}]" for k, g in refs]))
     return 0
+
+
+@contextlib.contextmanager
+def rep_locked(whole: bool) -> Iterator[None]:
+    global HELD
+    if not whole or LOCK is None:
+        yield
+        return
+    with quiet_and_locked():
+        HELD = True
+        try:
+            yield
+        finally:
+            HELD = False
+
+
+def one_rep(
+    rep: int,
+    refs: list[tuple[str, str]],
+    variants: list[Variant],
+    backends: dict[str, Backends],
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = []
+    for kind, gen in refs:
+        r = {"rep": rep, "variant": f"nginx[{kind},{gen}]", **run_nginx(backends[kind], gen, args)}
+        runs.append(r)
+        print(json.dumps(r), flush=True)
+    for v in variants:
+        r = {"rep": rep, "variant": v.name, **run_router(v, backends[v.backend], args)}
+        r["nginx"] = f"nginx[{v.backend},{v.gen}]"
+        runs.append(r)
+        print(json.dumps(r), flush=True)
+    return runs
 
 
 def table(runs: list[dict[str, Any]], names: list[str]) -> str:

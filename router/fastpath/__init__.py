@@ -11,7 +11,6 @@ import logging
 from router.asgi import Receive, Send
 from router.fastpath.responder import PlainResponder, Responder
 from router.fastpath.uvicorn import direct_send, why_not_direct
-from router.upstream.relay import RELAY_BUILT, relayed
 
 log = logging.getLogger("spec_router.fastpath")
 
@@ -45,15 +44,10 @@ class Responders:
         self.plain += 1
         return PlainResponder(receive, send, self._loop)
 
-    def status(self) -> dict[str, int | bool]:
+    def status(self) -> dict[str, int]:
         return fast_path_status((self.direct, self.plain))
 
 
-def fast_path_status(counts: tuple[int, int] = (0, 0)) -> dict[str, int | bool]:
-    """``/router/status``'s ``fast_path``: responses by responder (``STATUS_KEYS``), and the
-    reads of chunked streams that router.upstream.relay's C relay wrote (none where it is not
-    built, ``raw_relay`` false: every read then goes the Python way)."""
-    status: dict[str, int | bool] = dict(zip(STATUS_KEYS, counts, strict=True))
-    status["raw_relay"] = RELAY_BUILT
-    status["raw_reads"] = relayed()
-    return status
+def fast_path_status(counts: tuple[int, int] = (0, 0)) -> dict[str, int]:
+    """``/router/status``'s ``fast_path``: responses by responder (``STATUS_KEYS``)."""
+    return dict(zip(STATUS_KEYS, counts, strict=True))

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from router.asgi import Receive, Send
-from router.upstream.relay import Raw
-
-if TYPE_CHECKING:
-    from router.upstream.stream import BodyTap, SseTap
 
 # Takes body bytes from the upstream's socket callback. Returns True once it has written them
 # (what its ``feed`` made of them) to the client, or False, having consumed nothing, when the
@@ -71,11 +67,6 @@ class Responder(Protocol):
         response has started: each call's bytes through ``feed`` (when given), framed as one
         chunk; ``first`` (when given) is called once, before the first bytes it takes."""
 
-    def body_relay(self, tap: SseTap | BodyTap | None) -> Raw | None:
-        """Where ``body_sink`` gives a ``Sink``: ``router.upstream.relay``'s writer of the
-        engine's own chunked bytes, for the reads ``tap`` (an ``SseTap`` or None) would pass
-        unchanged, when the extension is built (never for a ``BodyTap``)."""
-
 
 class PlainResponder:
     """Any ASGI server: messages one by one, a task blocked in ``receive()`` for disconnects."""
@@ -103,9 +94,6 @@ class PlainResponder:
     def body_sink(
         self, feed: Callable[[bytes], bytes] | None, first: Callable[[], None] | None
     ) -> Sink | None:
-        return None
-
-    def body_relay(self, tap: SseTap | BodyTap | None) -> Raw | None:
         return None
 
 

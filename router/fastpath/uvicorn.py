@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from router.fastpath.responder import Sink, chunk_sink
-from router.upstream.relay import Raw, raw_relay
-
-if TYPE_CHECKING:
-    from router.upstream.stream import BodyTap, SseTap
 
 
 class DirectSend:
@@ -101,11 +97,6 @@ class DirectSend:
         if not self.chunked():
             return None
         return chunk_sink(self._flow, self._cycle, self._transport, feed, first)
-
-    def body_relay(self, tap: SseTap | BodyTap | None) -> Raw | None:
-        if not self.chunked():
-            return None
-        return raw_relay(self._flow, self._cycle, self._transport, tap)
 
 
 class _DisconnectEvent(asyncio.Event):

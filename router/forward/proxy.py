@@ -520,7 +520,7 @@ class Proxy:
             first = functools.partial(self._first_bytes, out, lease.backend)
         sink = responder.body_sink(tap.feed if tap is not None else None, first)
         if sink is not None:
-            conn.divert(sink, responder.body_relay(tap))
+            conn.divert(sink)
 
     async def _break_stream(self, send: Send, exc: UpstreamError, is_sse: bool) -> None:
         """The backend failed after the response started: the client must see a broken stream."""

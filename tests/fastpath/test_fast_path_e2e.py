@@ -217,16 +217,10 @@ def test_the_fast_path_is_engaged_under_httptools_and_only_there(
             max_tokens=64,
             stream=stream,
         )
-        if stream:  # whole, in order, however each chunk went (the C relay's or Python's)
+        if stream:  # whole, in order
             assert isinstance(answer, openai.Stream)
             text = "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
             assert text == filler(0, 64)
-    fast = router_status(router.url)["fast_path"]
-    # the C relay (router/upstream/_relay.c) is built by the install, and relays the streams'
-    # plain chunks under httptools; the plain ASGI path has no use for it
-    assert fast.pop("raw_relay") is True
-    raw_reads = fast.pop("raw_reads")
-    assert raw_reads > 0 if http == "httptools" else raw_reads == 0
     # Expect: 100-continue is uvicorn's cycle's to answer, on the fast path too
     expecting = httpx.post(
         f"{router.url}/v1/chat/completions",
@@ -236,7 +230,6 @@ def test_the_fast_path_is_engaged_under_httptools_and_only_there(
     assert expecting.status_code == 200
     assert expecting.json()["usage"]["completion_tokens"] == 4
     fast = router_status(router.url)["fast_path"]
-    del fast["raw_relay"], fast["raw_reads"]
     if http == "httptools":
         assert fast == {"direct_responses": 4, "plain_responses": 0}
     else:
@@ -281,8 +274,7 @@ def test_the_readmes_command_with_an_access_log_stays_on_the_fast_path(
     finally:
         proc.terminate()
         output, _ = proc.communicate(timeout=30)
-    assert (fast["direct_responses"], fast["plain_responses"]) == (2, 0)
-    assert fast["raw_reads"] > 0
+    assert fast == {"direct_responses": 2, "plain_responses": 0}
     assert '"POST /v1/chat/completions HTTP/1.1" 200' in output  # (the access log was on)
     assert "not the fast path" not in output
 
