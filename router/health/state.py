@@ -109,15 +109,25 @@ class HealthRegistry:
         self.cfg = cfg
         self.states: dict[str, BackendHealth] = {url: BackendHealth(since=now) for url in urls}
 
+    def add(self, url: str, now: float) -> None:
+        """A backend that joined: ``starting``, as at start-up (no traffic until healthy)."""
+        self.states[url] = BackendHealth(since=now)
+
+    def remove(self, url: str) -> None:
+        self.states.pop(url, None)
+
     def probe(self, url: str, ok: bool, now: float, error: str | None = None) -> None:
+        if url not in self.states:
+            return  # it left while the probe was out
         self.states[url] = probe(self.states[url], ok, now, self.cfg, error)
 
     def eject(self, url: str, now: float, error: str) -> None:
-        self.states[url] = eject(self.states[url], now, self.cfg, error)
+        if url in self.states:
+            self.states[url] = eject(self.states[url], now, self.cfg, error)
 
     def served(self, url: str, now: float) -> None:
-        h = self.states[url]
-        if h.ejections:
+        h = self.states.get(url)
+        if h is not None and h.ejections:
             self.states[url] = served(h, now)
 
     def usable(self, url: str, now: float) -> bool:
