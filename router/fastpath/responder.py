@@ -31,8 +31,7 @@ def chunk_sink(
     """A ``Sink`` writing each call's bytes as one chunk of a chunked body to ``transport``,
     while the client can take it (``flow`` not paused for a slow client, ``cycle`` not
     disconnected, the transport not closing). The ready check and the framing are inlined: it
-    runs for every chunk of every stream. (With the SSE tap's own cut, the router's code per
-    chunk went from 5.0-5.8 to 4.1-4.5 us: ``bench/chunk_path.py``, 05a2ec5 and 5e27254.)"""
+    runs for every chunk of every stream (``bench/lab/chunk_path.py`` times it)."""
     write, closing = transport.write, transport.is_closing
 
     def sink(data: bytes) -> bool:

@@ -20,7 +20,7 @@ class DirectSend:
     uvicorn's ``send`` writes every message to the socket on its own: the status line and
     headers, then each body chunk. That is one write per message and, for a streamed body, one
     task switch per chunk to reach ``send`` -- at thousands of streams a large share of the
-    router's CPU (bench/results/overhead.md). Two shortcuts, both leaving uvicorn's bookkeeping
+    router's CPU. Two shortcuts, both leaving uvicorn's bookkeeping
     (framing, keep-alive, completion) to uvicorn:
 
     - ``send_all`` runs uvicorn's own ``send`` for several messages (the start and the
