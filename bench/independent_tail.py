@@ -25,7 +25,12 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-TAIL = ROOT.parent / "shared" / "bench-independent" / "tail.py"
+# ../shared/bench-independent from the main checkout (and from a worktree one level deeper)
+TAIL = next(
+    (d / "tail.py" for d in (ROOT.parent / "shared" / "bench-independent",
+                             ROOT.parent.parent / "shared" / "bench-independent") if d.is_dir()),
+    ROOT.parent / "shared" / "bench-independent" / "tail.py",
+)  # fmt: skip
 
 
 def run_once(tail: Path, extra: list[str]) -> dict[str, Any]:
