@@ -630,8 +630,10 @@ def _progress(rep: int, reps: int, scenario: str, name: str, r: dict[str, Any]) 
     if "failed" in r:
         return f"{head} FAILED {r['failed']}"
     text = f"{head} {r['rps']:9.1f} req/s  p50 {r.get('p50_ms') or 0:8.3f} ms"
-    if "ttfc_p50_ms" in r:
+    if r.get("ttfc_p50_ms") is not None:
         text += f"  ttfc p50 {r['ttfc_p50_ms']:7.2f} p99 {r['ttfc_p99_ms']:7.2f} ms"
+    elif "ttfc_p50_ms" in r:  # (no stream completed: the errors below say why)
+        text += "  ttfc –"
     cpu = r.get("cpu_target")
     text += f"  cpu {cpu:.2f}" if cpu is not None else ""
     text += f"  other {r['other_load']:.2f}" if r.get("other_load", 0) >= 0.02 else ""
