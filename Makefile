@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv envoy test test-gateway test-real real-engine check docs demo bench clean
+.PHONY: venv envoy test test-gateway test-uvicorn test-real real-engine check docs demo bench clean
 
 # `make demo HOLD=300` keeps the demo's sims and routers up 5 more minutes, ramping load through
 # the router, to watch its live page (/router/ui); the default ends as soon as the demo is done.
@@ -13,12 +13,10 @@ HOLD ?= 0
 # Playwright (dev extra) drives the system's chromium in tests/ui; it never fetches a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-# (setup.py builds the C relay, router/upstream/_relay.c: a change to it reinstalls)
-$(STAMP): pyproject.toml setup.py router/upstream/_relay.c
+$(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,plot]'
-	@$(BIN)/python -c "from router.upstream.relay import RELAY_BUILT as b; b or print('warning: the C relay (router/upstream/_relay.c) was not built: needs gcc and Python.h')"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -41,6 +39,22 @@ test: $(STAMP) envoy
 # engines, ~2 min one at a time; `make test` runs them too).
 test-gateway: $(STAMP) envoy
 	$(BIN)/python -m pytest -q -m gateway
+
+# The fast path (router/fastpath/) relies on uvicorn's internals, so its tests also run on the
+# oldest and the newest uvicorn that pyproject.toml's pin allows: each installed alone (no
+# dependencies) into a throwaway directory in front of .venv's packages. About a minute each.
+UVICORN_PIN := $(shell sed -n 's/^ *"uvicorn\[standard\]\([^"]*\)".*/\1/p' pyproject.toml)
+UVICORN_OLDEST := $(shell echo '$(UVICORN_PIN)' | sed -n 's/.*>=\([0-9.]*\).*/\1/p')
+PINNED := .uvicorn-pinned
+test-uvicorn: $(STAMP)
+	@test -n '$(UVICORN_OLDEST)' || { echo "no uvicorn pin found in pyproject.toml"; exit 1; }
+	for spec in 'uvicorn==$(UVICORN_OLDEST)' 'uvicorn$(UVICORN_PIN)'; do \
+		rm -rf $(PINNED) && $(BIN)/pip install -q --no-deps --target $(PINNED) "$$spec" && \
+		PYTHONPATH=$(PINNED) $(BIN)/python -c 'import uvicorn; print("uvicorn", uvicorn.__version__)' && \
+		PYTHONPATH=$(PINNED) $(BIN)/python -m pytest -q -p no:cacheprovider tests/fastpath \
+		|| { rm -rf $(PINNED); exit 1; }; \
+	done
+	rm -rf $(PINNED)
 
 # The real-engine tier: builds llama.cpp's llama-server and a model pair the first time (several
 # minutes; cached under ~/.cache/spec-router/real-engine), then runs tests/real against them.
@@ -68,4 +82,4 @@ bench: $(STAMP)
 	bash bench/run.sh
 
 clean:
-	rm -rf $(VENV) .venv-envoy site .pytest_cache .mypy_cache .ruff_cache build router/upstream/_relay.*.so
+	rm -rf $(VENV) $(PINNED) .venv-envoy site .pytest_cache .mypy_cache .ruff_cache build

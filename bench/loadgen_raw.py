@@ -11,9 +11,11 @@ never left with half-read streams that would cost it CPU during the next run.
 Every response is checked: status 200, the same body length as the first one, and for streams
 the final ``data: [DONE]``. Failures are counted as errors, never as latency samples.
 
-``--cpu-pid`` samples ``/proc/PID/stat`` (utime + stime) at the window's edges, so the CPU used
-by the process under test and the backend is measured over exactly the same interval; each
-CPU's busy time from /proc/stat is reported too, so load from other processes shows.
+``--new-connections`` closes each connection after its response and opens a new one for the
+next request (no client keep-alive). ``--cpu-pid`` samples ``/proc/PID/stat`` (utime + stime)
+at the window's edges, so the CPU used by the process under test and the backend is measured
+over exactly the same interval; each CPU's busy time from /proc/stat is reported too, so load
+from other processes shows.
 
 It is built like the fake backend (uvloop, raw Protocol, httptools' C parser, callbacks, no
 task per request) so it stays cheap on the core it shares with the backend. Prints one JSON
@@ -162,6 +164,7 @@ class LoadGen:
             f"Accept: */*\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode() + body
         self.concurrency: int = args.concurrency
+        self.new_connections: bool = args.new_connections
         self.warmup: float = args.warmup
         self.duration: float = args.duration
         self.drain: float = args.drain
@@ -199,7 +202,7 @@ class LoadGen:
         if conn is self.capture:
             self.first_body = conn.keep
             self.capture = None
-        if not conn.parser.should_keep_alive():
+        if self.new_connections or not conn.parser.should_keep_alive():
             assert conn.transport is not None
             conn.transport.close()  # connection_lost reconnects
         elif self.stopping:
@@ -328,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=float, default=15.0, help="max seconds to finish at end")
     parser.add_argument("--stream", action="store_true", help='send "stream": true')
     parser.add_argument("--model", default="bench-model")
+    parser.add_argument(
+        "--new-connections",
+        action="store_true",
+        help="close each connection after its response and open a new one for the next "
+        "request (as ../shared/bench-independent/loadgen.py does: overhead-vs-tail.md)",
+    )
     parser.add_argument(
         "--cpu-pid", type=int, action="append", default=[], help="sample this process's CPU"
     )

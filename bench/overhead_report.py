@@ -166,8 +166,11 @@ STACKS = {
     "direct": "no proxy: load generator → fake backend",
     "nginx": "nginx, 1 worker, `proxy_buffering off`, HTTP/1.1 keep-alive upstream "
     "(bench/nginx.conf.template)",
-    "router": "`python -m router serve` (the product: raw ASGI + router/upstream/client.py, "
-    "its own HTTP/1.1 client on asyncio + httptools), default settings",
+    "router": "`uvicorn router.app:app` (the README's command; raw ASGI + "
+    "router/upstream/client.py, its own HTTP/1.1 client on asyncio + httptools), default "
+    "settings, started from a calibrated table (`--table`) as operators do",
+    "router_serve": "the same router under `spec-router serve` (its protocol: request "
+    "deadlines and head limits)",
     "router_no_busy_poll": "the same router with busy polling off "
     "(`SPEC_ROUTER_BUSY_POLL_US=0`, router/fastpath/busypoll.py)",
     "router_spin": "the same router with busy polling that never holds, even on a shared core "
@@ -263,9 +266,22 @@ def render_markdown(report: dict[str, Any]) -> str:
         )
         + "), then `data: [DONE]`; streaming load generator: "
         + (
-            "bench/loadgen_aiohttp.py" + (", a new connection per request" if "new" in lg else "")
-            if (lg := str(cfg.get("loadgen", "raw"))).startswith("aiohttp")
-            else "bench/loadgen_raw.py"
+            ("bench/loadgen_aiohttp.py" if lg.startswith("aiohttp") else "bench/loadgen_raw.py")
+            + (", a new connection per request" if "new" in lg else "")
+            if (lg := str(cfg.get("loadgen", "raw")))
+            else ""
+        )
+        + ".",
+        "- Routers: "
+        + (
+            f"started from the calibrated table `{cfg['table']}` (a copy)"
+            if cfg.get("table")
+            else "started with no table (no curves yet)"
+        )
+        + (
+            "; settings " + ", ".join(f"`{k}={v}`" for k, v in cfg["router_env"].items())
+            if cfg.get("router_env")
+            else "; default settings"
         )
         + ".",
         "",

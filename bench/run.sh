@@ -53,6 +53,11 @@ run() {
 #    bench/results/overhead.md and overhead.json. About 15 minutes.
 run bench/overhead.py "$@"
 
+# 1b. The independent harness (issue 36): ../shared/bench-independent/tail.py (its own load
+#     generator and backends, the router as the README runs it, nginx in the same run), three
+#     runs: bench/results/tail.md. About 2 minutes; skipped where that directory is absent.
+run bench/independent_tail.py
+
 # 2. Simulated engines against their presets: bench/results/sim-fidelity.md.
 #    It pins the sim to CPU 0 itself and runs its load generator where it is started: CPU 1.
 run --cpu 1 bench/sim_fidelity.py --out bench/results/sim-fidelity.md

@@ -314,9 +314,8 @@ class RouterApp:
         await lifecycle.lifespan(self.running, receive, send, started=lifecycle.tune_gc)
 
     # -- ASGI ---------------------------------------------------------------------------------
-    def spec_router_lane(self, path: str) -> Proxy | None:
-        """The proxy, for a path it serves (else None): this app's dispatch, which the router's
-        protocol also asks to run a proxied request on a lane (``router.fastpath.lane``)."""
+    def _proxy_for(self, path: str) -> Proxy | None:
+        """The proxy, for a path it serves (else None: the control app's)."""
         proxy = self.proxy
         if proxy is not None and path.startswith("/v1/") and path != "/v1/models":
             return proxy
@@ -325,7 +324,7 @@ class RouterApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            proxy = self.spec_router_lane(scope["path"])
+            proxy = self._proxy_for(scope["path"])
             if proxy is not None:
                 await proxy(scope, receive, send)
                 return

@@ -2,8 +2,8 @@
 
 Three deadlines of the router move on every request: the client side's request deadline and
 keep-alive (``router.fastpath.protocol``) and each upstream exchange's first-byte, idle or total
-deadline (``router.upstream.client``). A timer made and cancelled per move cost 2.7% of the
-router's samples at 256 streams for the upstream side's two (``bench/profile_router.py``). A
+deadline (``router.upstream.client``). A timer made and cancelled per move showed in the
+router's profile under streaming load (``bench/lab/profile_router.py``). A
 ``LazyTimer`` keeps one timer pending no later than the deadline; moving the deadline later costs
 nothing, and the timer, on firing early, asks where the deadline is now and waits on.
 """

@@ -9,9 +9,6 @@ makes.
 
     python bench/lab/chunk_path.py --chunks 200000 --repeat 3
     python bench/lab/chunk_path.py --tap    # and the SSE tap alone per read shape (timeit, best of)
-
-Each run is timed twice: with the C relay of plain chunks (router/upstream/_relay.c, as the
-router runs where it is built) and with every read the Python way (httptools, tap, sink).
 """
 
 from __future__ import annotations
@@ -66,9 +63,8 @@ class CountingTransport:
         )
 
 
-async def per_chunk(chunks: int, relay: bool) -> float:
-    """Microseconds per chunk through ``data_received`` and the sink (``relay``: or the C
-    relay, offered each read as the router offers it)."""
+async def per_chunk(chunks: int) -> float:
+    """Microseconds per chunk through ``data_received`` and the sink."""
     origin = Origin.parse("http://127.0.0.1:9")
     pool = OriginPool(origin, max_connections=1, max_idle=1, keepalive_expiry=5.0)
     conn = Connection(pool)
@@ -86,9 +82,9 @@ async def per_chunk(chunks: int, relay: bool) -> float:
     direct = DirectSend(None, cycle)
     sink = direct.body_sink(tap.feed, None)
     assert sink is not None
-    conn.divert(sink, direct.body_relay(tap) if relay else None)
+    conn.divert(sink)
     frame = b"%x\r\n%b\r\n" % (len(EVENT), EVENT)
-    conn.data_received(frame)  # the sink's first bytes: from here on the relay is offered reads
+    conn.data_received(frame)
     client.writes = 0
     began = time.perf_counter()
     for _ in range(chunks):
@@ -123,9 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--tap", action="store_true", help="then the SSE tap alone, by read shape")
     args = p.parse_args(argv)
-    for relay, how in ((True, "C relay"), (False, "Python path")):
-        runs = [asyncio.run(per_chunk(args.chunks, relay)) for _ in range(args.repeat)]
-        print(f"per chunk ({how}): " + ", ".join(f"{us:.2f}" for us in runs) + " µs")
+    runs = [asyncio.run(per_chunk(args.chunks)) for _ in range(args.repeat)]
+    print("per chunk: " + ", ".join(f"{us:.2f}" for us in runs) + " µs")
     if args.tap:
         for name, us in per_read(args.chunks, args.repeat).items():
             print(f"  tap, {name}: {us:.2f} µs")

@@ -15,8 +15,6 @@ difference with the router's code taken out, on a transport that only counts wri
 - ``+3 wakes``: the same app waiting three times on a future another callback resolves, as the
   proxy waited for the upstream (its head, its first event, its end); ``+2 wakes``: twice, as
   it waits since the upstream connection holds the head until the first event;
-- ``lane``, ``lane +2 wakes``: the same app on the router's lane (router/fastpath/lane.py): the
-  router's protocol gives the request its own ``LaneCycle``, and the app answers through it;
 - ``plain uvicorn``: ``uvicorn+task`` with uvicorn's own httptools protocol, not the router's
   subclass (what the router's request deadline and limits cost);
 - ``loop turn``: one ``await asyncio.sleep(0)`` of the driver, included in each of the above
@@ -40,7 +38,6 @@ import uvloop
 from chunk_path import CountingTransport
 from uvicorn.server import ServerState
 
-from router.fastpath.lane import LaneCycle
 from router.fastpath.protocol import http_protocol
 from router.fastpath.uvicorn import DirectSend, direct_send
 
@@ -87,7 +84,7 @@ class Callbacks(asyncio.Protocol):
         self.transport.write(ANSWER)
 
 
-def app_with(wakes: int, lane: bool = False) -> Any:
+def app_with(wakes: int) -> Any:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         loop = asyncio.get_running_loop()
         await receive()
@@ -96,23 +93,11 @@ def app_with(wakes: int, lane: bool = False) -> Any:
             loop.call_soon(waiter.set_result, None)
             await waiter
         # as the proxy answers under this server (router.fastpath.Responders)
-        responder = send.__self__ if lane else direct_send(send)
-        assert isinstance(responder, LaneCycle if lane else DirectSend)
+        responder = direct_send(send)
+        assert isinstance(responder, DirectSend)
         await responder.send_all([START, BODY])
 
-    if not lane:
-        return app
-
-    class Laned:
-        """An app that, as ``RouterApp`` does, names the handler the lane runs."""
-
-        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            raise AssertionError("the request should have run on the lane")
-
-        def spec_router_lane(self, path: str) -> Any:
-            return app
-
-    return Laned()
+    return app
 
 
 async def loop_turn(number: int) -> float:
@@ -134,12 +119,10 @@ async def callbacks(number: int) -> float:
     return elapsed / number
 
 
-async def uvicorn_task(
-    number: int, wakes: int, router_protocol: bool = True, lane: bool = False
-) -> float:
+async def uvicorn_task(number: int, wakes: int, router_protocol: bool = True) -> float:
     loop = asyncio.get_running_loop()
     config = uvicorn.Config(
-        app_with(wakes, lane),
+        app_with(wakes),
         http=http_protocol(30.0) if router_protocol else "httptools",
         lifespan="off",
         access_log=False,
@@ -176,8 +159,6 @@ def main(argv: list[str] | None = None) -> int:
         "uvicorn+task": lambda: uvicorn_task(n, 0),
         "+3 wakes": lambda: uvicorn_task(n, 3),
         "+2 wakes": lambda: uvicorn_task(n, 2),
-        "lane": lambda: uvicorn_task(n, 0, lane=True),
-        "lane +2 wakes": lambda: uvicorn_task(n, 2, lane=True),
         "plain uvicorn": lambda: uvicorn_task(n, 0, router_protocol=False),
         "loop turn": lambda: loop_turn(n),
     }

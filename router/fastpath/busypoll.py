@@ -2,18 +2,16 @@
 
 When the loop has nothing to do it blocks in ``epoll_wait`` and its CPU goes idle; the next
 packet then has to wake it (an interrupt, and on a virtual machine a trip through the
-hypervisor), and the code that handles it runs on cold caches. On the 2-core VM of
-bench/results/overhead.md that costs about 0.1 ms per request at concurrency 1 -- more than all
-of the router's own Python code on that path. Spinning for a few tens of microseconds after each
-event catches the next one while the core is still awake: the same trade as Linux's
-``net.core.busy_poll``, Seastar's polling reactor or Go's spinning scheduler threads.
+hypervisor), and the code that handles it runs on cold caches: at low concurrency that is a
+visible part of the latency the router adds (``router`` against ``router_no_busy_poll`` in
+bench/results/overhead.md). Spinning for a few tens of microseconds after each event catches the
+next one while the core is still awake: the same trade as Linux's ``net.core.busy_poll``,
+Seastar's polling reactor or Go's spinning scheduler threads.
 
 What it costs is CPU, and only just after activity: at most ``window`` of polling per quiet gap,
 so an idle router stays idle and a busy one is awake anyway. It pays on a core of the router's
-own. On a core shared with other busy processes the spin takes time they could have run in
-(bench/results/overhead-harnesses.md: 0.78 of the core against 0.70 when holding, 256 streams of
-40 chunks with the backends and the load generator free to run there; the tail the same within
-the runs' spread, as it was with busy polling off). So the router stops spinning by
+own; on a core shared with other busy processes the spin takes time they could have run in. So
+the router stops spinning by
 itself while its core looks shared (``ShareWatch``: the kernel keeps preempting it, or it keeps
 waiting for the core when it wakes) and starts again once that stops;
 ``SPEC_ROUTER_BUSY_POLL_US=0`` turns spinning off for good.
@@ -39,12 +37,10 @@ class Scheduler(Protocol):
 # When the router's core counts as shared. Two symptoms, either is enough: the kernel keeps
 # preempting the router (involuntary context switches, what a busy router on a shared core
 # shows), or the router keeps waiting for the core when it wakes (time runnable but not running,
-# what a lightly loaded one shows). On the 2-core machine of bench/results/overhead.md
-# (`python bench/cpu_split.py --target router_spin --where pinned|unpinned|hog --concurrency N`,
-# bench/results/overhead-harnesses.md): on a core of its own, 1 to 256 streams, 1-33 switches/s
-# and 0.0-0.3% waiting; with a busy loop on its core 1.0-6.9% waiting, and with the backends and
-# load generator free to run there 1,043/s and 3.8% at 16 streams, but 87/s and 0.9% at 256 (not
-# held). The limits separate the clear cases; the margins are thin.
+# what a lightly loaded one shows). The limits separate the clear cases measured with
+# `python bench/lab/cpu_split.py --target router_spin --where pinned|unpinned|hog` (a core of its
+# own against one shared with a busy loop or with the backends and load generator,
+# bench/results/overhead-harnesses.md); the margins are thin.
 SHARED_SWITCHES_PER_S = 100.0
 SHARED_WAIT = 0.01  # seconds waiting for the core per second
 # Quiet periods in a row (each ``SHARE_PERIOD``) before a core that looked shared counts as the

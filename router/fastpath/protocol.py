@@ -17,9 +17,9 @@ complete. So this protocol, a subclass of uvicorn's, puts one absolute deadline
   ``BODY_GRACE`` seconds after the deadline if the body is still incomplete.
 
 One timer per connection, armed lazily: a request moves the deadline (``_due``) and the timer,
-when it fires early, re-arms itself for it. Arming and cancelling a timer for every phase of
-every request cost about a tenth of the router's CPU per small request
-(bench/results/overhead.md).
+when it fires early, re-arms itself for it (``router.timers.LazyTimer``): a timer armed and
+cancelled for every phase of every request was a visible share of the router's CPU per small
+request.
 
 It also bounds a request's head, where uvicorn and httptools set no limit at all: more than
 ``MAX_HEAD_BYTES`` before the headers are complete, or more than ``MAX_HEADERS`` headers, get a
@@ -39,19 +39,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import httptools
-
 from router.errors import error_body
-from router.fastpath.lane import LaneCycle
 from router.timers import LazyTimer
 
 log = logging.getLogger("spec_router.protocol")
 
 REQUEST_STARTED = "spec_router.request_started"  # scope["extensions"] key: loop time
 REQUEST_EXPIRED = "spec_router.request_expired"  # ... True once the body's deadline has passed
-# The app's method that names the handler of a proxied request, given its path, or None: the
-# request goes through uvicorn's cycle (``router.fastpath.lane``).
-LANE_HOOK = "spec_router_lane"
 BODY_GRACE = 1.0  # lets the proxy's own 408 go first
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
@@ -128,17 +122,9 @@ class _DeadlineMixin:
     cycle: Any
     scope: Any
     headers: list[tuple[bytes, bytes]]
-    app: Any
-    parser: Any
-    url: bytes
     flow: Any
     pipeline: Any
     server_state: Any
-    tasks: set[asyncio.Task[None]]
-    expect_100_continue: bool
-    access_log: bool
-    limit_concurrency: int | None
-    root_path: str
     timeout_keep_alive: float
     timeout_keep_alive_handler: Callable[[], None]
 
@@ -256,66 +242,9 @@ class _DeadlineMixin:
         self._woken = False
         self._arm(self._started + self.request_timeout)
         existing = self.cycle
-        if not self._lane():
-            super().on_headers_complete()  # type: ignore[misc]
+        super().on_headers_complete()  # type: ignore[misc]
         if existing is not None and self.cycle is not existing and not existing.response_complete:
             self._behind(existing)  # this request was pipelined behind it
-
-    def _lane(self) -> bool:
-        """Give a proxied request a ``LaneCycle`` (``router.fastpath.lane``) and start it, or
-        queue it behind the response under way, as uvicorn's ``on_headers_complete`` does with
-        its own cycle. False: this request is not for a lane; uvicorn's cycle takes it."""
-        hook = getattr(self.app, LANE_HOOK, None)
-        if (
-            hook is None
-            or self.expect_100_continue
-            or self.access_log
-            or self.limit_concurrency is not None
-            or self.root_path
-        ):
-            return False
-        parser = self.parser
-        if parser.get_method() != b"POST" or parser.should_upgrade():
-            return False
-        try:
-            url = httptools.parse_url(self.url)
-        except httptools.HttpParserInvalidURLError:
-            return False
-        raw_path: bytes = url.path
-        if b"%" in raw_path or not raw_path.isascii():  # (uvicorn unquotes it: its cycle does)
-            return False
-        path = raw_path.decode("ascii")
-        handler = hook(path)
-        if handler is None:
-            return False
-        version = parser.get_http_version()
-        scope = self.scope
-        scope["method"] = "POST"
-        if version != "1.1":
-            scope["http_version"] = version
-        scope["path"] = path
-        scope["raw_path"] = raw_path
-        scope["query_string"] = url.query or b""
-        cycle = LaneCycle(
-            scope,
-            self.transport,
-            self.flow,
-            self.loop,
-            version != "1.0" and parser.should_keep_alive(),
-            self.on_response_complete,
-            self.server_state.default_headers,
-        )
-        existing, self.cycle = self.cycle, cycle
-        if existing is None or existing.response_complete:
-            # (as every uvicorn this runs under starts a request: its own ``_start_asgi_task``
-            # is not in all of them)
-            task = self.loop.create_task(cycle.run_asgi(handler))
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)
-        else:  # pipelined behind a response under way
-            self.flow.pause_reading()
-            self.pipeline.appendleft((cycle, handler))
-        return True
 
     def _behind(self, running: Any) -> None:
         """Keep the response under way when a pipelined request takes ``self.cycle``: uvicorn

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from router.asgi import Receive, Send
-from router.upstream.relay import Raw
-
-if TYPE_CHECKING:
-    from router.upstream.stream import BodyTap, SseTap
 
 # Takes body bytes from the upstream's socket callback. Returns True once it has written them
 # (what its ``feed`` made of them) to the client, or False, having consumed nothing, when the
@@ -35,8 +31,7 @@ def chunk_sink(
     """A ``Sink`` writing each call's bytes as one chunk of a chunked body to ``transport``,
     while the client can take it (``flow`` not paused for a slow client, ``cycle`` not
     disconnected, the transport not closing). The ready check and the framing are inlined: it
-    runs for every chunk of every stream. (With the SSE tap's own cut, the router's code per
-    chunk went from 5.0-5.8 to 4.1-4.5 us: ``bench/chunk_path.py``, 05a2ec5 and 5e27254.)"""
+    runs for every chunk of every stream (``bench/lab/chunk_path.py`` times it)."""
     write, closing = transport.write, transport.is_closing
 
     def sink(data: bytes) -> bool:
@@ -71,11 +66,6 @@ class Responder(Protocol):
         response has started: each call's bytes through ``feed`` (when given), framed as one
         chunk; ``first`` (when given) is called once, before the first bytes it takes."""
 
-    def body_relay(self, tap: SseTap | BodyTap | None) -> Raw | None:
-        """Where ``body_sink`` gives a ``Sink``: ``router.upstream.relay``'s writer of the
-        engine's own chunked bytes, for the reads ``tap`` (an ``SseTap`` or None) would pass
-        unchanged, when the extension is built (never for a ``BodyTap``)."""
-
 
 class PlainResponder:
     """Any ASGI server: messages one by one, a task blocked in ``receive()`` for disconnects."""
@@ -103,9 +93,6 @@ class PlainResponder:
     def body_sink(
         self, feed: Callable[[bytes], bytes] | None, first: Callable[[], None] | None
     ) -> Sink | None:
-        return None
-
-    def body_relay(self, tap: SseTap | BodyTap | None) -> Raw | None:
         return None
 
 

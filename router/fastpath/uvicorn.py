@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from router.fastpath.responder import Sink, chunk_sink
-from router.upstream.relay import Raw, raw_relay
-
-if TYPE_CHECKING:
-    from router.upstream.stream import BodyTap, SseTap
 
 
 class DirectSend:
@@ -24,7 +20,7 @@ class DirectSend:
     uvicorn's ``send`` writes every message to the socket on its own: the status line and
     headers, then each body chunk. That is one write per message and, for a streamed body, one
     task switch per chunk to reach ``send`` -- at thousands of streams a large share of the
-    router's CPU (bench/results/overhead.md). Two shortcuts, both leaving uvicorn's bookkeeping
+    router's CPU. Two shortcuts, both leaving uvicorn's bookkeeping
     (framing, keep-alive, completion) to uvicorn:
 
     - ``send_all`` runs uvicorn's own ``send`` for several messages (the start and the
@@ -102,11 +98,6 @@ class DirectSend:
             return None
         return chunk_sink(self._flow, self._cycle, self._transport, feed, first)
 
-    def body_relay(self, tap: SseTap | BodyTap | None) -> Raw | None:
-        if not self.chunked():
-            return None
-        return raw_relay(self._flow, self._cycle, self._transport, tap)
-
 
 class _DisconnectEvent(asyncio.Event):
     """uvicorn's per-request event, which also reports a lost connection as it is set."""
@@ -172,6 +163,38 @@ def direct_send(send: Any) -> DirectSend | None:
     except (AttributeError, KeyError):  # another uvicorn than the one this was written for
         return None
     return direct
+
+
+def body_in(send: Any) -> bool:
+    """Whether the request ``send`` answers has its whole body in, under uvicorn's httptools
+    server: its ``receive()`` then answers at once, with nothing to wait for (or to time)."""
+    if _HTTPTOOLS_SEND is None or getattr(send, "__func__", None) is not _HTTPTOOLS_SEND:
+        return False
+    cycle: Any = send.__self__
+    return getattr(cycle, "more_body", True) is False and not getattr(cycle, "disconnected", True)
+
+
+def why_not_direct(send: Any) -> str:
+    """Why ``direct_send`` gives no ``DirectSend`` for ``send``, in words for the log."""
+    owner = getattr(send, "__self__", None)
+    where = f"{type(owner).__module__}.{type(owner).__qualname__}" if owner is not None else None
+    if _HTTPTOOLS_SEND is None:
+        return "uvicorn's httptools server is not available here"
+    if getattr(send, "__func__", None) is _HTTPTOOLS_SEND:
+        if owner is not None and getattr(owner, "response_started", False):
+            return "the response had already started"
+        return f"uvicorn {_uvicorn_version()}'s httptools server is not the one it was written for"
+    if where is not None and "h11" in where:
+        return "uvicorn's h11 server (--http h11)"
+    return f"the server's send is {where or repr(send)}, not uvicorn's httptools server's"
+
+
+def _uvicorn_version() -> str:
+    try:
+        import uvicorn
+    except ImportError:  # (not reached: _HTTPTOOLS_SEND came from it)
+        return "?"
+    return str(uvicorn.__version__)
 
 
 def _httptools_send() -> Any:

@@ -40,6 +40,7 @@ from router.errors import (
 from router.fastpath import Responders
 from router.fastpath.protocol import REQUEST_EXPIRED, REQUEST_STARTED
 from router.fastpath.responder import Responder
+from router.fastpath.uvicorn import body_in
 from router.forward.admission import Admission
 from router.forward.decider import Decider
 from router.forward.request import (
@@ -144,7 +145,7 @@ class Proxy:
         try:
             self._authorize(headers)
             check_path(scope["path"])
-            body = await self._read_body(scope, headers, receive)
+            body = await self._read_body(scope, headers, receive, send)
             content_type = next((v for k, v in headers if k == b"content-type"), None)
             info = inspect(scope["path"], body, content_type)
         except RouterError as exc:
@@ -239,7 +240,7 @@ class Proxy:
             raise Unauthorized("invalid or missing API key")
 
     async def _read_body(
-        self, scope: Scope, headers: list[tuple[bytes, bytes]], receive: Receive
+        self, scope: Scope, headers: list[tuple[bytes, bytes]], receive: Receive, send: Send
     ) -> bytes:
         limit = self.settings.max_body_bytes
         length = next((v for k, v in headers if k == b"content-length"), None)
@@ -254,6 +255,8 @@ class Proxy:
             # the server's protocol keeps the deadline and wakes ``receive`` at it: no timer
             # of our own per request (router.fastpath.protocol)
             return await self._receive_body(receive, limit, extensions, late)
+        if body_in(send):  # all here (most requests): ``receive`` answers at once, no timer
+            return await self._receive_body(receive, limit, None, late)
         try:
             async with asyncio.timeout(timeout):
                 return await self._receive_body(receive, limit, None, late)
@@ -506,7 +509,7 @@ class Proxy:
             first = functools.partial(self._first_bytes, out, lease.backend)
         sink = responder.body_sink(tap.feed if tap is not None else None, first)
         if sink is not None:
-            conn.divert(sink, responder.body_relay(tap))
+            conn.divert(sink)
 
     async def _break_stream(self, send: Send, exc: UpstreamError, is_sse: bool) -> None:
         """The backend failed after the response started: the client must see a broken stream."""

@@ -242,14 +242,15 @@ class EngineModels:
         # first of a burst, whose followers' prefills run between its few tokens): worth less
         weight = min(1.0, iterations / FULL_SAMPLE)
         self.pure[s.pool].add(s.concurrency, spi, s.ttft, s.ttft, weight)
-        curve = self.pure[s.pool].curve(1.0)
-        if curve is not None and s.prompt_tokens > 0 and s.load_at_start == s.joined == 0:
+        if s.prompt_tokens > 0 and s.load_at_start == s.joined == 0:
             # Sent to an idle engine, it started at once, alone: its time to first token is its
             # prefill and one iteration. (Under load it also waits for the iteration boundary
             # and shares its join iteration with other joiners' prefills, which would read as
             # a prefill many times too long; so does the first of a burst, which the others
-            # join before its first token.)
-            self.prefill[s.pool].add(s.prompt_tokens, s.ttft - curve.spi(1.0))
+            # join before its first token.) The curve is built only then: it runs per request.
+            curve = self.pure[s.pool].curve(1.0)
+            if curve is not None:
+                self.prefill[s.pool].add(s.prompt_tokens, s.ttft - curve.spi(1.0))
 
     def observe_accept(self, tau: float | None) -> None:
         """The speculative engines' reported acceptance length: tokens per verify step over

@@ -1,3 +1,3 @@
 """Talking to the engines: the HTTP/1.1 client (``client``), the taps that watch its response
-bodies (``stream``), the C relay of a stream's common case (``relay``), and what a failed
-attempt means (``verdicts``). Used by the proxy, the fast path and the health poller alike."""
+bodies (``stream``), and what a failed attempt means (``verdicts``). Used by the proxy, the fast
+path and the health poller alike."""

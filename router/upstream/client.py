@@ -119,13 +119,6 @@ class Connection(asyncio.Protocol):
         self._peek = 0
         self._before_body: float | None = None  # the idle timeout, armed at the first body byte
         self._sink: Callable[[bytes], bool] | None = None
-        # router.upstream.relay's writer of whole plain chunks (divert's ``raw``): ``_raw`` once
-        # the sink has taken bytes (so the response's first bytes went the Python way), and
-        # tried on a read only where the last one ended at the end of a chunk (``_at_chunk``)
-        self._raw: Callable[[bytes], bool] | None = None
-        self._raw_next: Callable[[bytes], bool] | None = None
-        self._chunk_done = False  # (set by on_chunk_complete, cleared by on_chunk_header)
-        self._at_chunk = False
         # called when unread body bytes pass HIGH_WATER and reading stops: the reader (and so,
         # behind it, the client) is slower than the upstream
         self.on_backlog: Callable[[], None] | None = None
@@ -140,28 +133,12 @@ class Connection(asyncio.Protocol):
             poke()
         self._received_any = True
         self._last_activity = self._loop.time()
-        raw = self._raw
-        if raw is not None and self._at_chunk:
-            # Whole plain chunks (most reads of a stream) go out as they came, or not at all.
-            # (The sink is set and nothing waits in _body: as data_received leaves them.)
-            try:
-                if raw(data):
-                    return
-            except Exception as exc:
-                self._relay_failed(exc)
-                return
-        self._chunk_done = False
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail("protocol", f"invalid response from {self._pool.origin.url}: {exc}")
             self._abort()
             return
-        # At a chunk's end, and nothing after it: the next read starts with a chunk size. (An
-        # unfinished size line after the chunk ends in no newline: its newline makes a header.
-        # The last chunk completes too, and nothing may follow it: bytes after the end are the
-        # parser's to refuse.)
-        self._at_chunk = self._chunk_done and data[-1] == 10 and not self._complete
         sink = self._sink
         if sink is None or not self._body:
             return
@@ -184,15 +161,13 @@ class Connection(asyncio.Protocol):
             self._relay_failed(exc)
             return
         if not taken:  # the client cannot take it now: back to read() for the rest
-            self._sink = self._raw = None
+            self._sink = None
             body.append(data)
             self._buffered = len(data)
             self._wake()
-        elif self._raw_next is not None:
-            self._raw, self._raw_next = self._raw_next, None
 
     def _relay_failed(self, exc: Exception) -> None:
-        self._sink = self._raw = None
+        self._sink = None
         self._fail("relay", f"relaying the response from {self._pool.origin.url}: {exc!r}")
         self._abort()
 
@@ -277,12 +252,6 @@ class Connection(asyncio.Protocol):
                 return
             self._peek = 0
         self._wake()
-
-    def on_chunk_header(self) -> None:
-        self._chunk_done = False
-
-    def on_chunk_complete(self) -> None:
-        self._chunk_done = True
 
     def on_message_complete(self) -> None:
         if self._interim:
@@ -444,20 +413,13 @@ class Connection(asyncio.Protocol):
             self._body.appendleft(data)
             self._buffered += len(data)
 
-    def divert(
-        self, sink: Callable[[bytes], bool], raw: Callable[[bytes], bool] | None = None
-    ) -> None:
+    def divert(self, sink: Callable[[bytes], bool]) -> None:
         """Send body bytes to ``sink`` as they arrive, until it returns False (see module doc).
 
         The sink runs inside the socket callback: it must not block, and returns False without
         consuming anything when it cannot write now. Bytes already buffered stay for ``read()``.
-        ``raw`` (``router.upstream.relay``), from the sink's first bytes on, is offered each read
-        of a chunked body that starts at a chunk's start, as it came: it writes it all to the
-        client (True) or nothing (False, and the read goes through the parser to the sink).
         """
         self._sink = sink
-        self._raw = None
-        self._raw_next = raw
 
     @property
     def event_stream(self) -> bool:
@@ -484,7 +446,7 @@ class Connection(asyncio.Protocol):
         """Give the connection back (response fully read) or abort it. Safe to call twice."""
         self._cancel_timer()
         # (they hold the request's side: let it go now)
-        self._sink = self._raw = self._raw_next = self.on_backlog = None
+        self._sink = self.on_backlog = None
         if self._complete and not self._body and self._keep_alive and self._error is None:
             self._pool.put_back(self)
         else:

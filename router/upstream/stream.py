@@ -59,8 +59,8 @@ def _member_starts(data: bytes, key: bytes, opening: int) -> bool:
 
     Per occurrence, one ``find`` for the key and a look at the byte after it (SGLang sends
     ``"usage":null`` and every engine ``"finish_reason":null`` in every chunk). Searching for
-    each spelling of the member with ``in`` took four scans of the chunk and, on a slow host, a
-    third of the router's own time per chunk (bench/request_work.py)."""
+    each spelling of the member with ``in`` took four scans of the chunk, a large share of the
+    router's own time per chunk (``bench/lab/request_work.py`` times it)."""
     size, end = len(key), len(data)
     at = data.find(key)
     while at >= 0:
@@ -132,8 +132,7 @@ class SseTap:
             # a null "finish_reason"): _member_starts inlined for both keys, as it runs for
             # every chunk, with no call but the finds. (Indexing past a key is safe: keys hold
             # no newline and the data ends in one, so a key and one space are followed by at
-            # least one byte.) The router's code per chunk went from 5.6 to 4.9 us with a first
-            # inlining, to 4.1-4.5 with this and the fused sink (bench/chunk_path.py).
+            # least one byte.) bench/lab/chunk_path.py times it.
             at = data.find(_USAGE_KEY)
             while at >= 0:
                 after = data[at + 8]

@@ -122,12 +122,11 @@ def test_router_service_settings() -> None:
 def test_dockerfile() -> None:
     text = DOCKERFILE.read_text()
     assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
-    # the wheel, with the C relay (setup.py), is built in a stage with a compiler
+    # the wheel is built in a stage of its own; the image installs only the wheel
     build = re.search(r"^FROM python:3\.11-slim AS (\w+)$(.*?)^FROM ", text, re.M | re.S)
     assert build
     steps = [line for line in build.group(2).splitlines() if not line.lstrip().startswith("#")]
-    assert any("apt-get install" in line and "gcc" in line for line in steps)
-    assert any("assert RELAY_BUILT" in line for line in steps)
+    assert any("pip wheel" in line for line in steps)
     assert re.search(rf"^COPY --from={build.group(1)} /wheels /wheels$", text, re.M)
     # the wheel, with the extras named by --build-arg EXTRAS (none by default; epp for
     # deploy/k8s/gateway)
@@ -147,5 +146,5 @@ def test_dockerfile() -> None:
             assert (ROOT / path).exists(), f"COPY {path}: missing"
     # Every file the package needs is in the build context the .dockerignore leaves.
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text()
-    for needed in ("!router/**", "!pyproject.toml", "!setup.py", "!README.md", "**/*.so"):
+    for needed in ("!router/**", "!pyproject.toml", "!README.md"):
         assert needed in ignore

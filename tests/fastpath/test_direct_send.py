@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from router.fastpath.uvicorn import DirectSend
-from router.upstream.stream import BodyTap, SseTap
 from tests.support.transport import KeptTransport
 
 
@@ -76,18 +75,3 @@ def test_no_sink_for_a_body_that_is_not_chunked_or_not_started() -> None:
     unstarted = cycle(KeptTransport())
     unstarted.response_started = False
     assert DirectSend(None, unstarted).body_sink(None, None) is None
-    # nor the C relay's writer, which also has none for a body kept whole for its usage
-    assert DirectSend(None, cycle(KeptTransport(), chunked=False)).body_relay(None) is None
-    assert DirectSend(None, unstarted).body_relay(None) is None
-    head = cycle(KeptTransport())
-    head.scope = {"method": "HEAD"}
-    assert DirectSend(None, head).body_relay(None) is None
-    assert DirectSend(None, cycle(KeptTransport())).body_relay(BodyTap()) is None
-
-
-def test_the_raw_writer_writes_plain_chunks_as_they_came() -> None:
-    transport = KeptTransport()
-    raw = DirectSend(None, cycle(transport)).body_relay(SseTap(strip_usage=True))
-    assert raw is not None
-    assert raw(b"3\r\nx\n\n\r\n") and transport.written == [b"3\r\nx\n\n\r\n"]
-    assert not raw(b"3\r\nx\n\n\r\n0\r\n\r\n")  # the end is the Python path's

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import socket
-import time
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import httptools
@@ -24,7 +25,7 @@ from router.sim.protocol import filler
 from tests.conftest import RouterFactory, router_env
 from tests.support.bulk_upstream import BulkUpstream
 from tests.support.http import metric_value, router_ready, router_status, wait_for
-from tests.support.processes import Proc, spawn
+from tests.support.processes import Proc, free_port, spawn
 
 MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Tell me about speculative decoding."}
@@ -216,17 +217,11 @@ def test_the_fast_path_is_engaged_under_httptools_and_only_there(
             max_tokens=64,
             stream=stream,
         )
-        if stream:  # whole, in order, however each chunk went (the C relay's or Python's)
+        if stream:  # whole, in order
             assert isinstance(answer, openai.Stream)
             text = "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
             assert text == filler(0, 64)
-    fast = router_status(router.url)["fast_path"]
-    # the C relay (router/upstream/_relay.c) is built by the install, and relays the streams'
-    # plain chunks under httptools; the plain ASGI path has no use for it
-    assert fast.pop("raw_relay") is True
-    lane_raw_reads = fast.pop("raw_reads")
-    assert lane_raw_reads > 0 if http == "httptools" else lane_raw_reads == 0
-    # requests the lane leaves to uvicorn's cycle (router.fastpath.lane): uvicorn's fast path
+    # Expect: 100-continue is uvicorn's cycle's to answer, on the fast path too
     expecting = httpx.post(
         f"{router.url}/v1/chat/completions",
         json={"model": "sim", "messages": MESSAGES, "max_tokens": 4},
@@ -234,23 +229,54 @@ def test_the_fast_path_is_engaged_under_httptools_and_only_there(
     )
     assert expecting.status_code == 200
     assert expecting.json()["usage"]["completion_tokens"] == 4
-    body = {"model": "sim", "messages": MESSAGES, "max_tokens": 64, "stream": True}
-    with httpx.stream(
-        "POST",
-        f"{router.url}/v1/chat/completions",
-        json=body,
-        headers={"expect": "100-continue"},
-    ) as streamed:
-        events = [json.loads(line[6:]) for line in streamed.iter_lines() if line[6:7] == "{"]
-    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == filler(0, 64)
     fast = router_status(router.url)["fast_path"]
-    fast.pop("raw_relay")
-    direct_raw_reads = fast.pop("raw_reads") - lane_raw_reads
-    assert direct_raw_reads > 0 if http == "httptools" else direct_raw_reads == 0
-    expected = {"lane_responses": 3, "direct_responses": 2, "plain_responses": 0}
-    if http == "h11":
-        expected = {"lane_responses": 0, "direct_responses": 0, "plain_responses": 5}
-    assert fast == expected
+    if http == "httptools":
+        assert fast == {"direct_responses": 4, "plain_responses": 0}
+    else:
+        assert fast == {"direct_responses": 0, "plain_responses": 4}
+    router.stop()
+    # off the fast path, the log says so once, and why
+    said = [line for line in router.output if "not the fast path" in line]
+    if http == "httptools":
+        assert said == []
+    else:
+        assert len(said) == 1 and "h11" in said[0], router.output
+
+
+def test_the_readmes_command_with_an_access_log_stays_on_the_fast_path(
+    sims: dict[str, Proc],
+) -> None:
+    """``uvicorn router.app:app`` (the README's command, uvicorn's own protocol) with the
+    settings that once took every request off the fast path (an access log,
+    ``--limit-concurrency``): each proxied response still takes it, and the log says nothing
+    of a plain path."""
+    port = free_port()
+    env = {**router_env(sims["speculative"].url, sims["baseline"].url), "PYTHONUNBUFFERED": "1"}
+    args = ["--port", str(port), "--access-log", "--limit-concurrency", "64"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "router.app:app", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: router_ready(url) or proc.poll() is not None, timeout=30)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        for stream in (True, False):
+            answer = client.chat.completions.create(
+                model="sim", messages=MESSAGES, max_tokens=16, stream=stream
+            )
+            if isinstance(answer, openai.Stream):
+                assert sum(1 for _ in answer) > 1
+        fast = router_status(url)["fast_path"]
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=30)
+    assert fast == {"direct_responses": 2, "plain_responses": 0}
+    assert '"POST /v1/chat/completions HTTP/1.1" 200' in output  # (the access log was on)
+    assert "not the fast path" not in output
 
 
 class Responses:
@@ -276,12 +302,10 @@ class Responses:
         self.done.append((self.parser.get_status_code(), self._headers, bytes(self._body)))
 
 
-def test_pipelined_requests_are_answered_in_order_on_and_off_the_lane(
-    start_router: RouterFactory,
-) -> None:
-    """Proxied requests run on their own cycle (router.fastpath.lane), everything else on
-    uvicorn's: requests pipelined on one connection, of both kinds, still get their answers one
-    after the other, whole and in order, and nothing stays in flight."""
+def test_pipelined_requests_are_answered_in_order(start_router: RouterFactory) -> None:
+    """Proxied requests on the fast path and the router's own endpoints, pipelined on one
+    connection, still get their answers one after the other, whole and in order, and nothing
+    stays in flight."""
     router = start_router()
     host, port = router.url.removeprefix("http://").split(":")
 
@@ -316,26 +340,23 @@ def test_pipelined_requests_are_answered_in_order_on_and_off_the_lane(
     assert b'"finish_reason":"length"' in b4 and b4.endswith(b"data: [DONE]\n\n")
     assert h4[b"x-spec-router-pool"] in (b"speculative", b"baseline")
     wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=2)
-    assert router_status(router.url)["fast_path"]["lane_responses"] == 3
+    assert router_status(router.url)["fast_path"]["direct_responses"] == 3
 
 
-@pytest.mark.parametrize("cycle", ["lane", "uvicorn"])
 def test_a_client_that_leaves_with_a_request_pipelined_behind_a_stream_is_seen_leaving(
-    start_router: RouterFactory, cycle: str
+    start_router: RouterFactory,
 ) -> None:
     """uvicorn tells only the connection's newest request of a lost connection: the stream
     still under way in front of it must learn too (its lease released, counted as a client that
-    left, no write to a closed transport in the log), on the lane and on uvicorn's cycle."""
+    left, no write to a closed transport in the log)."""
     router = start_router()
     host, port = router.url.removeprefix("http://").split(":")
     body = b'{"model": "sim", "max_tokens": 4000, "stream": true, "messages": [%s]}' % (
         b'{"role": "user", "content": "hi"}'
     )
-    extra = b"expect: 100-continue\r\n" if cycle == "uvicorn" else b""
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(
-            post("/v1/chat/completions", body, extra)
-            + b"GET /health HTTP/1.1\r\nhost: router\r\n\r\n"
+            post("/v1/chat/completions", body) + b"GET /health HTTP/1.1\r\nhost: router\r\n\r\n"
         )
         assert b"data: " in read_until_data(sock)
     wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=5)
@@ -343,8 +364,7 @@ def test_a_client_that_leaves_with_a_request_pipelined_behind_a_stream_is_seen_l
         lambda: metric_value(metrics(router.url), "spec_router_client_disconnects_total") == 1,
         timeout=5,
     )
-    fast = router_status(router.url)["fast_path"]
-    assert fast["lane_responses" if cycle == "lane" else "direct_responses"] == 1
+    assert router_status(router.url)["fast_path"]["direct_responses"] == 1
     router.stop()
     assert not [line for line in router.output if "Error" in line or "xception" in line]
 
@@ -356,28 +376,3 @@ def read_until_data(sock: socket.socket) -> bytes:
         assert data, "closed before the stream's first event"
         seen += data
     return seen
-
-
-def test_a_body_pipelined_behind_a_stream_does_not_cut_the_stream_at_its_deadline(
-    start_router: RouterFactory,
-) -> None:
-    """uvicorn stops reading behind a response under way, so a pipelined request's body
-    cannot arrive: its deadline waits for that response, which ends whole, and is then
-    enforced (the router's 408)."""
-    router = start_router(request_timeout="0.3")
-    host, port = router.url.removeprefix("http://").split(":")
-    body = b'{"model": "sim", "max_tokens": 1500, "stream": true, "messages": [%s]}' % (
-        b'{"role": "user", "content": "hi"}'
-    )
-    behind = b"POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ncontent-length: 100\r\n\r\n{"
-    began = time.monotonic()
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(post("/v1/chat/completions", body) + behind)
-        seen = b""
-        while data := sock.recv(1 << 16):
-            seen += data
-    # (the deadline and its grace passed while the stream ran, or this shows nothing)
-    assert time.monotonic() - began > 0.3 + 1.0
-    assert b"data: [DONE]" in seen  # the stream, whole
-    assert seen.count(b"HTTP/1.1 ") == 2 and b"HTTP/1.1 408 " in seen
-    wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=2)

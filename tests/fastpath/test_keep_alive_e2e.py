@@ -1,7 +1,6 @@
-"""The keep-alive timer of the router's protocol (router.fastpath.protocol): one timer per
-connection, moved lazily, where uvicorn makes and cancels one per request. An idle connection
-is closed once it has been idle for the whole keep-alive, never earlier, and never while a
-request is being answered; the router's is ``CLIENT_KEEP_ALIVE``."""
+"""The router's client keep-alive setting reaches its protocol, with one worker or several: an
+idle client connection is closed once it has been idle for ``SPEC_ROUTER_CLIENT_KEEP_ALIVE``.
+The keep-alive timer itself is tested in process (tests/fastpath/test_protocol.py)."""
 
 from __future__ import annotations
 
@@ -9,24 +8,14 @@ import json
 import re
 import socket
 import time
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.conftest import RouterFactory
-from tests.support.processes import Proc, spawn
+from tests.support.processes import Proc
 
 KEEP_ALIVE = 0.5
-
-
-@pytest.fixture
-def server() -> Iterator[Proc]:
-    proc = spawn(["-m", "tests.support.keepalive_server", str(KEEP_ALIVE)])
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def connect(proc: Proc) -> socket.socket:
@@ -65,54 +54,6 @@ def seconds_until_closed(sock: socket.socket) -> float:
     began = time.monotonic()
     assert sock.recv(4096) == b""  # (blocks until the server closes; the timeout fails it)
     return time.monotonic() - began
-
-
-def test_an_idle_connection_is_closed_after_the_whole_keep_alive_from_its_last_answer(
-    server: Proc,
-) -> None:
-    with connect(server) as sock:
-        ask(sock)
-        # The first answer's timer is still pending when the next request comes (0.3 s) and
-        # fires while the connection is idle again, 0.2 s into its second wait: it must look
-        # again, not close. (Waiting is the point: the timer's times are what is tested.)
-        time.sleep(0.3)
-        ask(sock)
-        time.sleep(0.35)  # past the first answer's keep-alive, inside the second's
-        ask(sock)
-        waited = seconds_until_closed(sock)
-    assert KEEP_ALIVE - 0.05 <= waited < KEEP_ALIVE + 1.0, waited
-
-
-def test_a_request_answered_past_the_keep_alive_keeps_its_connection(server: Proc) -> None:
-    with connect(server) as sock:
-        ask(sock)
-        ask(sock, "/slow")  # answered 1 s later: the timer fires while it is being answered
-        ask(sock)
-        waited = seconds_until_closed(sock)
-    assert KEEP_ALIVE - 0.05 <= waited < KEEP_ALIVE + 1.0, waited
-
-
-def test_a_connection_is_closed_when_idle_after_bytes_that_began_no_request(
-    server: Proc,
-) -> None:
-    # A stray CRLF after an answer starts no request (no request deadline either): it must
-    # not hold the connection open for good (found by review).
-    with connect(server) as sock:
-        ask(sock)
-        sock.sendall(b"\r\n")
-        waited = seconds_until_closed(sock)
-    assert waited < KEEP_ALIVE + 1.0, waited
-
-
-def test_a_connection_answered_before_its_body_is_in_is_closed_when_idle(server: Proc) -> None:
-    # The proxy answers a 401 (no API key) or a 413 before reading the body, and keeps the
-    # connection: answered, with the body never finished, it is idle (found by review).
-    with connect(server) as sock:
-        sock.sendall(b"POST /early HTTP/1.1\r\nhost: test\r\ncontent-length: 10\r\n\r\n12345")
-        assert read_answer(sock) == b"ok"
-        sock.sendall(b"67890")  # the rest of the body, after the answer
-        waited = seconds_until_closed(sock)
-    assert waited < KEEP_ALIVE + 1.0, waited
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

@@ -7,7 +7,6 @@ which bytes arrive in which read.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -140,51 +139,16 @@ async def test_a_diverted_body_goes_to_the_sink_one_call_per_read_and_the_end_to
     assert pool.idle_connections == 1  # read to the end: kept for the next request
 
 
-async def test_reads_at_a_chunk_start_go_out_raw_and_the_rest_through_the_sink(
-    server: tuple[Script, OriginPool],
-) -> None:
-    """router.upstream.relay's raw writer is offered a read only from the sink's first bytes on,
-    and only where the last read ended at a chunk's end: a read that starts mid-chunk, or
-    after a cut size line, goes through the parser. The client gets every byte once, in order."""
-    script, pool = server
-    raw_reads: list[bytes] = []
-    conn, client, _ = await raw_diverted(script, pool, raw_reads)
-    writes = [
-        chunk(b"a"),  # the sink's first bytes: not raw
-        chunk(b"b") + chunk(b"c"),  # raw
-        chunk(b"dddd")[:5],  # cut inside the payload: raw declines
-        chunk(b"dddd")[5:] + b"1",  # starts mid-chunk: the parser; ends in a cut size line
-        b"\r\ne\r\n",  # the parser (the size line's end)
-        chunk(b"f"),  # raw again
-    ]
-    for writes_before, data in enumerate(writes):  # (each write reaches the client at once)
-        await script.writes.put(data)
-        await until(functools.partial(grown, client.written, writes_before))
-    await script.writes.put(chunk(b"last") + END)
-    await script.writes.put(None)
-    assert await conn.read() == b"last"
-    assert raw_reads == [chunk(b"b") + chunk(b"c"), chunk(b"f")]
-    assert b"".join(dechunk(w) for w in client.written) == b"abcddddef"
-    assert await conn.read() == b""
-    conn.release()
-    assert pool.idle_connections == 1
-
-
-async def raw_diverted(
-    script: Script, pool: OriginPool, taken: list[bytes] | None = None
+async def diverted(
+    script: Script, pool: OriginPool
 ) -> tuple[Connection, KeptTransport, SimpleNamespace]:
     """A stream whose first chunk was read, then diverted to a sink that frames each call's
-    bytes as a chunk on a client transport and to the C relay's raw writer to that transport
-    (``taken``: each read the raw writer wrote). Returns the connection, the client transport,
-    and its flow (``write_paused`` makes both decline)."""
-    # (tests/upstream/test_relay.py fails if it is not built)
-    from router.upstream._relay import Relay
-
+    bytes as a chunk on a client transport. Returns the connection, the client transport, and
+    its flow (``write_paused`` makes the sink decline)."""
     await script.writes.put(HEAD + chunk(b"first"))
     conn = await request(pool)
     assert await conn.read() == b"first"
     client, flow = KeptTransport(), SimpleNamespace(write_paused=False)
-    relay = Relay(flow, SimpleNamespace(disconnected=False), client, None)
 
     def sink(data: bytes) -> bool:
         if flow.write_paused:
@@ -192,82 +156,20 @@ async def raw_diverted(
         client.write(chunk(data))
         return True
 
-    def raw(data: bytes) -> bool:
-        wrote = relay.raw(data)
-        if wrote and taken is not None:
-            taken.append(data)
-        return wrote
-
-    conn.divert(sink, raw)
+    conn.divert(sink)
     return conn, client, flow
 
 
-@pytest.mark.parametrize(
-    "reads",
-    [
-        # a chunk's payload that looks like a whole chunk: "3\r\nabc\r\n" inside a 9-byte one
-        [b"9\r\nX", b"3\r\nabc\r\n", b"\r\n" + chunk(b"q")],
-        # a read that ends in a size line's first digit, then one that looks like two chunks
-        [chunk(b"AB") + b"1", b"1\r\nx\r\nb\r\n0123456789A\r\n"],
-        # a read that ends in a newline inside a payload, then the payload's rest
-        [b"9\r\nXY\n", b"1\r\nb\r\n", b"\r\n" + chunk(b"q")],
-    ],
-    ids=["payload-like-a-chunk", "cut-size-line", "newline-inside-a-payload"],
-)
-async def test_a_read_that_does_not_start_at_a_chunk_never_goes_out_raw(
-    server: tuple[Script, OriginPool], reads: list[bytes]
-) -> None:
-    """Each read here is whole chunks to look at, but does not start at one: sent raw, it
-    would reach the client as other bytes than the engine's."""
-    script, pool = server
-    conn, client, _ = await raw_diverted(script, pool)
-    sent = [chunk(b"a"), *reads]  # (the sink's first bytes: from there on raw is offered)
-    for writes_before, data in enumerate(sent):  # (each read makes one write to the client)
-        await script.writes.put(data)
-        await until(functools.partial(grown, client.written, writes_before))
-    await script.writes.put(END)
-    await script.writes.put(None)
-    assert await conn.read() == b""
-    # what the engine sent, as a body: what the client got
-    assert b"".join(dechunk(w) for w in client.written) == dechunk(b"".join(sent))
-    conn.release()
-
-
-async def test_a_declined_read_stops_the_raw_writer_too(server: tuple[Script, OriginPool]) -> None:
-    """Once the sink declines (a slow client), the rest is read()'s, in order: the raw writer
-    must not send a later read ahead of the bytes waiting for it."""
-    script, pool = server
-    conn, client, flow = await raw_diverted(script, pool)
-    await script.writes.put(chunk(b"a"))  # the sink
-    await until(lambda: len(client.written) == 1)
-    await script.writes.put(chunk(b"b"))  # raw
-    await until(lambda: len(client.written) == 2)
-    flow.write_paused = True
-    await script.writes.put(chunk(b"c"))  # declined: left for read()
-    await until(lambda: conn.has_body)
-    flow.write_paused = False  # the client drains
-    assert await conn.read() == b"c"
-    await script.writes.put(chunk(b"d"))  # starts at a chunk, and the client could take it
-    reading = asyncio.ensure_future(conn.read())
-    await until(lambda: reading.done() or len(client.written) > 2)
-    assert client.written == [chunk(b"a"), chunk(b"b")]  # nothing raw since the decline
-    assert reading.done() and reading.result() == b"d"
-    await script.writes.put(END)
-    await script.writes.put(None)
-    assert await conn.read() == b""
-    conn.release()
-
-
-async def test_bytes_after_the_last_chunk_never_go_out_raw(
+async def test_bytes_after_the_last_chunk_never_reach_the_client(
     server: tuple[Script, OriginPool],
 ) -> None:
-    """The last chunk completes a chunk too: what an engine writes after it is the parser's to
-    refuse (the connection is dropped), not the raw writer's to send ahead of the end."""
+    """What an engine writes after the last chunk is the parser's to refuse (the connection is
+    dropped), not the sink's to send ahead of the end."""
     script, pool = server
-    conn, client, _ = await raw_diverted(script, pool)
+    conn, client, _ = await diverted(script, pool)
     await script.writes.put(chunk(b"a\n\n"))
     await until(lambda: client.written)
-    await script.writes.put(chunk(b"b\n\n"))  # raw
+    await script.writes.put(chunk(b"b\n\n"))
     await until(lambda: len(client.written) == 2)
     await script.writes.put(chunk(b"last\n\n") + END)
     await until(lambda: conn.has_body)  # the end came: its bytes wait for read()
