@@ -32,6 +32,7 @@ from router.learn.keeper import CrossoverKeeper
 from router.membership import TICK as MEMBERS_TICK
 from router.membership import Membership
 from router.origin import Origin
+from router.planning.service import FleetPlanner
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
 from router.upstream.client import OriginPool
@@ -85,6 +86,8 @@ class Runnable(Protocol):
     def membership(self) -> Membership: ...
     @property
     def worker(self) -> WorkerContext | None: ...
+    @property
+    def planner(self) -> FleetPlanner | None: ...
 
     proxy: Proxy | None
     busy: BusyPoll | None
@@ -143,6 +146,12 @@ async def running(app: Runnable) -> AsyncIterator[None]:
         None if membership.discovery is None else loop.create_task(keep_discovering(membership))
     )
     keeper_task = loop.create_task(keep_learning(keeper))
+    planner = app.planner
+    plan_task = (
+        loop.create_task(keep_planning(planner))
+        if planner is not None and planner.writer
+        else None
+    )
     share_task = None
     if busy is not None and s.busy_poll_yield:
         share = app.share = ShareWatch()
@@ -162,7 +171,14 @@ async def running(app: Runnable) -> AsyncIterator[None]:
     finally:
         tasks = [
             t
-            for t in (keeper_task, follow_task, share_task, members_task, discovery_task)
+            for t in (
+                keeper_task,
+                follow_task,
+                share_task,
+                members_task,
+                discovery_task,
+                plan_task,
+            )
             if t is not None
         ]
         for task in tasks:
@@ -213,6 +229,21 @@ async def keep_learning(keeper: CrossoverKeeper) -> None:
                 keeper.persist()
         except Exception:
             tuning_log.exception("crossover update failed")
+
+
+async def keep_planning(planner: FleetPlanner) -> None:
+    """The fleet planner's timers: a look at the engines every ``look_interval`` (their
+    counters, the switch in progress), a plan every ``PLAN_INTERVAL``."""
+    log.info("fleet planner: %s, a plan every %gs", planner.mode, planner.interval)
+    while True:
+        await asyncio.sleep(planner.look_interval)
+        try:
+            if planner.clock() - planner.last_tick >= planner.interval:
+                planner.tick()
+            else:
+                planner.look()
+        except Exception:
+            log.exception("fleet planner round failed")
 
 
 def _waited_for_core() -> float | None:

@@ -135,6 +135,12 @@ class HealthPoller:
         return self._loads
 
     @property
+    def samples(self) -> Mapping[str, EngineSample]:
+        """The latest parsed ``/metrics`` per backend (its counters: the fleet planner reads
+        the traffic from them), once scraped."""
+        return self._samples
+
+    @property
     def modes(self) -> Mapping[str, ModeReading]:
         """Each backend's mode as its engine reported it (``router.health.mode``), once read."""
         return self._modes
