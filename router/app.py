@@ -235,7 +235,7 @@ class RouterApp:
 
     def ui_snapshot(self) -> dict[str, Any]:
         """One snapshot for the live page (made on the feed's timer, never per request)."""
-        return live_document(self.status(), self.keeper.curves(), self.recent.series())
+        return live_document(self.status(), self.keeper.curves(), self.recent.series(), self.plan())
 
     def closing(self) -> None:
         """The server is about to stop: end the live page's feeds, which would otherwise hold
