@@ -40,6 +40,7 @@ from router.forward.admission import Admission
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
 from router.health.poller import HealthPoller
+from router.health.pool_check import PoolCheck
 from router.health.state import HealthConfig, HealthRegistry
 from router.learn.keeper import CrossoverKeeper
 from router.members.discovery import Discovery
@@ -112,6 +113,12 @@ class RouterApp:
             ),
             clock(),
         )
+        # the pools against what their engines say, once each answers (router.health.pool_check)
+        self.pool_check = PoolCheck(
+            self.pools,
+            mapped=bool(settings.speculative_model_map or settings.baseline_model_map),
+            quiet=worker is not None and not worker.leader,
+        )
         self.poller = HealthPoller(
             [],
             self.health,
@@ -122,6 +129,8 @@ class RouterApp:
             clock,
             generate_timeout=settings.health_generate_timeout,
             gauge_lag=settings.engine_gauge_lag,
+            on_info=self.pool_check.update,
+            on_leave=self.pool_check.forget,
         )
         self.keeper = CrossoverKeeper(
             settings,

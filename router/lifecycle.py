@@ -157,9 +157,9 @@ async def running(app: Runnable) -> AsyncIterator[None]:
     exchange = app.exchange
     follow_task = None if exchange is None else loop.create_task(exchange.follow(keeper))
     log.info(
-        "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
+        "spec-router: policy=%s crossover=%s (%s) speculative=%s baseline=%s",
         app.decider.policy,
-        keeper.crossover,
+        f"none measured up to {keeper.crossover}" if keeper.no_crossover else keeper.crossover,
         keeper.source,
         ",".join(app.pools[SPECULATIVE]),
         ",".join(app.pools[BASELINE]),
