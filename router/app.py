@@ -337,23 +337,7 @@ class RouterApp:
             yield self
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        message = await receive()
-        assert message["type"] == "lifespan.startup"
-        started = False
-        try:
-            async with self.running():
-                lifecycle.tune_gc()
-                await send({"type": "lifespan.startup.complete"})
-                started = True
-                message = await receive()
-                assert message["type"] == "lifespan.shutdown"
-        except BaseException as exc:
-            # After start-up completed, a failure is a shutdown failure (as Starlette does):
-            # uvicorn asserts against a late startup.failed, and the real error would be lost.
-            failed = "lifespan.shutdown.failed" if started else "lifespan.startup.failed"
-            await send({"type": failed, "message": f"{type(exc).__name__}: {exc}"})
-            raise
-        await send({"type": "lifespan.shutdown.complete"})
+        await lifecycle.lifespan(self.running, receive, send, started=lifecycle.tune_gc)
 
     # -- ASGI ---------------------------------------------------------------------------------
     def spec_router_lane(self, path: str) -> Proxy | None:

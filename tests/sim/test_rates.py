@@ -10,6 +10,7 @@ sockets by ``bench/sim_fidelity.py`` (``bench/results/sim-fidelity.md``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -60,6 +61,8 @@ def closed_loop_results(p: Preset, n: int, duration: float) -> list[RequestResul
 
         await asyncio.gather(*(client(i) for i in range(n)))
         runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
         return results
 
     return run_virtual(main)
