@@ -51,6 +51,8 @@ from router.members.roster import Roster
 from router.members.store import LocalStore, Store
 from router.members.targets import configured
 from router.membership import Membership
+from router.planning.metrics import PlanCollector
+from router.planning.service import FleetPlanner
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings, SettingsError, load_settings, parse_dns_server
 from router.upstream.client import OriginPool
@@ -177,6 +179,22 @@ class RouterApp:
             self.keeper.observe,
             self.recent.observe,
         ]
+        # The fleet planner (router.planning), when on: the leader plans under --workers
+        self.planner: FleetPlanner | None = None
+        if settings.planner != "off":
+            self.planner = FleetPlanner(
+                settings,
+                self.roster,
+                self.health.states,
+                self.tracker,
+                self.poller,
+                self.keeper,
+                clock,
+                writer=worker is None or worker.leader,
+                shared=None if worker is None else worker.rundir / "plan.json",
+            )
+            self.observers.append(self.planner.observe)
+            self.registry.register(PlanCollector(self.planner.document))
         self.feed = Feed(self.ui_snapshot, settings.ui_interval)
         self.clients: dict[str, OriginPool] = {}
         owner = worker is None or worker.leader  # discovers, and removes drained members
@@ -226,7 +244,7 @@ class RouterApp:
 
     def ui_snapshot(self) -> dict[str, Any]:
         """One snapshot for the live page (made on the feed's timer, never per request)."""
-        return live_document(self.status(), self.keeper.curves(), self.recent.series())
+        return live_document(self.status(), self.keeper.curves(), self.recent.series(), self.plan())
 
     def closing(self) -> None:
         """The server is about to stop: end the live page's feeds, which would otherwise hold
@@ -270,6 +288,8 @@ class RouterApp:
         self.roster.sync()
         merged.register(MembersOnly(files, lambda: self.roster.members))
         merged.register(self.state)
+        if self.planner is not None:
+            merged.register(PlanCollector(self.planner.document))
         return generate_latest(merged)
 
     def table(self) -> tables.Table:
@@ -293,6 +313,12 @@ class RouterApp:
     def members(self, pool: Pool) -> list[Member]:
         self.roster.sync()
         return self.roster.of_pool(pool)
+
+    def plan(self) -> dict[str, Any]:
+        """``GET /router/plan``: the fleet planner's last plan (router.planning)."""
+        if self.planner is None:
+            return {"planner": "off", "status": "off: set SPEC_ROUTER_PLANNER=advisory"}
+        return self.planner.document()
 
     def in_flight(self) -> Mapping[str, int]:
         return self.tracker.by_backend

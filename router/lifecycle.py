@@ -40,6 +40,7 @@ from router.learn.keeper import CrossoverKeeper
 from router.membership import TICK as MEMBERS_TICK
 from router.membership import Membership
 from router.origin import Origin
+from router.planning.service import FleetPlanner, decide
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
 from router.upstream.client import OriginPool
@@ -98,6 +99,8 @@ class Runnable(Deciding, Protocol):
     def observers(self) -> list[Callable[[Outcome], None]]: ...
     @property
     def worker(self) -> WorkerContext | None: ...
+    @property
+    def planner(self) -> FleetPlanner | None: ...
 
     proxy: Proxy | None
     busy: BusyPoll | None
@@ -185,6 +188,12 @@ async def running(app: Runnable) -> AsyncIterator[None]:
             if busy is not None and s.busy_poll_yield:
                 share = app.share = ShareWatch()
                 share_task = loop.create_task(_watch_share(busy, share))
+            planner = app.planner  # (the leader plans under --workers)
+            plan_task = (
+                loop.create_task(keep_planning(planner))
+                if planner is not None and planner.writer
+                else None
+            )
             keeper = app.keeper
             log.info(
                 "spec-router: policy=%s crossover=%s (%s) speculative=%s baseline=%s",
@@ -199,9 +208,10 @@ async def running(app: Runnable) -> AsyncIterator[None]:
             try:
                 yield
             finally:
-                if share_task is not None:
-                    share_task.cancel()
-                    await asyncio.gather(share_task, return_exceptions=True)
+                for task in (share_task, plan_task):
+                    if task is not None:
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
                 app.proxy = None
     finally:
         if busy is not None:
@@ -245,6 +255,30 @@ async def keep_members(membership: Membership) -> None:
             membership.tick()
         except Exception:
             log.exception("membership tick failed")
+
+
+async def keep_planning(planner: FleetPlanner) -> None:
+    """The fleet planner's timers: a look at the engines every ``look_interval`` (their
+    counters, the switch in progress), a plan every ``PLAN_INTERVAL``. The plan itself runs in
+    a thread (it can take seconds of CPU when its model's cache is cold), and the looks go on
+    meanwhile: the event loop only gathers its inputs and publishes its result."""
+    log.info("fleet planner: %s, a plan every %gs", planner.mode, planner.interval)
+    while True:
+        await asyncio.sleep(planner.look_interval)
+        try:
+            if planner.clock() - planner.last_tick < planner.interval:
+                planner.look()
+                continue
+            r = planner.gather()
+            t0 = time.perf_counter()
+            job = asyncio.ensure_future(asyncio.to_thread(decide, r))
+            while not job.done():
+                await asyncio.wait({job}, timeout=planner.look_interval)
+                if not job.done():
+                    planner.look()
+            planner.publish(r, job.result(), time.perf_counter() - t0)
+        except Exception:
+            log.exception("fleet planner round failed")
 
 
 async def keep_discovering(membership: Membership) -> None:

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.control.controlled import Controlled
 from router.control.page import add_page
+from router.control.plan import add_plan
 from router.decide import table as tables
 from router.errors import BadRequest, NotFound, RouterError, Unauthorized, error_body
 from router.forward.request import has_api_key
@@ -204,6 +205,7 @@ def build_control_app(app: Controlled) -> FastAPI:
         return JSONResponse(member_document(member, app.clock(), app.in_flight()), 202)
 
     add_page(api, app)
+    add_plan(api, app)
 
     @api.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])
     async def not_started(rest: str) -> Response:

@@ -46,5 +46,9 @@ class Controlled(Protocol):
 
     def in_flight(self) -> Mapping[str, int]: ...
 
+    def plan(self) -> dict[str, Any]:
+        """The fleet planner's last plan (``{"planner": "off"}`` when it is off)."""
+        ...
+
     @property
     def clock(self) -> Callable[[], float]: ...

@@ -3,7 +3,8 @@
 Laid out from ``/router/status`` (so the page and the status agree by construction), the
 keeper's curves and the recent window's series: per pool and backend, in flight against the
 crossover, the engines' own counts, health; the policy and load signal; the share and reasons of
-the last minutes with TTFT/TPOT percentiles; and the curves with each backend's operating point.
+the last minutes with TTFT/TPOT percentiles; the curves with each backend's operating point;
+and, when the fleet planner is on, its plan.
 """
 
 from __future__ import annotations
@@ -78,8 +79,45 @@ def curves_document(
     }
 
 
+# what the page shows of the next switch (an option of GET /router/plan)
+NEXT_SWITCH = ("engine", "into", "gain", "cost", "need_rps", "have_rps", "blocked")
+
+
+def plan_document(plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The fleet planner's part of the page (``GET /router/plan``, compact): the split now,
+    where the plan heads, its next step, the switch under way, the next switch's numbers, the
+    rate and its forecast, and the last reasons. None when the planner is off."""
+    if not plan or plan.get("planner", "off") == "off":
+        return None
+    nxt = plan.get("next_switch")
+    forecast = plan.get("forecast")
+    traffic = plan.get("traffic")
+    return {
+        "planner": plan["planner"],
+        "status": plan.get("status"),
+        "running": plan.get("running"),
+        "current": plan.get("current"),
+        "desired": plan.get("desired"),
+        "targets": plan.get("targets"),
+        "switch": plan.get("switch"),
+        "reason": plan.get("reason"),
+        "next_switch": None if not nxt else {k: nxt[k] for k in NEXT_SWITCH},
+        "rate": None if not traffic else traffic.get("rate"),
+        "forecast": None
+        if not forecast or not forecast.get("point")
+        else {"point": forecast["point"][0], "upper": forecast["upper"][0]},
+        "history": [
+            {"at": d["at"], "reason": d["reason"], "action": d["action"]}
+            for d in (plan.get("history") or [])[:5]
+        ],
+    }
+
+
 def live_document(
-    status: Mapping[str, Any], curves: Mapping[str, Any], series: Mapping[str, Any]
+    status: Mapping[str, Any],
+    curves: Mapping[str, Any],
+    series: Mapping[str, Any],
+    plan: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     pools: dict[str, Any] = {}
     for pool in POOLS:
@@ -117,4 +155,5 @@ def live_document(
         "recent": {**status["recent"], "series": dict(series)},
         "curves": curves_document(curves, status["pools"], status["speculative_limit"]),
         "ui": status.get("ui"),
+        "plan": plan_document(plan),
     }

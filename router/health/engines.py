@@ -25,7 +25,11 @@ A metric's series are not simply added up (``combine``; docs/engines.md, section
   window, or without speculation -- means "no data yet", not "nothing accepted".
 
 Counters are summed over every series: SGLang's tokenizer-side counters carry the request's
-own priority and no rank, vLLM's one series per engine.
+own priority and no rank, vLLM's one series per engine (``vllm:request_success_total`` one per
+finish reason). The request and token totals (SGLang's ``num_requests_total``,
+``prompt_tokens_total``, ``generation_tokens_total``; vLLM's ``request_success_total``,
+``prompt_tokens_total``, ``generation_tokens_total``; llama.cpp's ``prompt_tokens_total``,
+``tokens_predicted_total``) are what the fleet planner reads the traffic from.
 """
 
 from __future__ import annotations
@@ -40,14 +44,21 @@ _WANTED = {
     "sglang:spec_accept_length": ("accept", "gauge"),
     "sglang:generation_tokens_total": ("generated", "counter"),
     "sglang:spec_verify_calls_total": ("verifies", "counter"),
+    "sglang:num_requests_total": ("requests", "counter"),
+    "sglang:prompt_tokens_total": ("prompt", "counter"),
     "vllm:num_requests_running": ("running", "gauge"),
     "vllm:num_requests_waiting": ("queued", "gauge"),
     "vllm:spec_decode_num_accepted_tokens_total": ("accepted", "counter"),
     "vllm:spec_decode_num_drafts_total": ("drafts", "counter"),
+    "vllm:request_success_total": ("requests", "counter"),
+    "vllm:prompt_tokens_total": ("prompt", "counter"),
+    "vllm:generation_tokens_total": ("generated", "counter"),
     "llamacpp:requests_processing": ("running", "gauge"),
     "llamacpp:requests_deferred": ("queued", "gauge"),
     "llamacpp:spec_decode_num_accepted_tokens_total": ("accepted", "counter"),
     "llamacpp:spec_decode_num_drafts_total": ("drafts", "counter"),
+    "llamacpp:prompt_tokens_total": ("prompt", "counter"),
+    "llamacpp:tokens_predicted_total": ("generated", "counter"),
 }
 # The labels that tell apart the ranks of one scheduler: their series repeat its values.
 RANK_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
@@ -64,8 +75,14 @@ class EngineSample:
     accept_length: float | None  # SGLang's gauge (None: no data yet); None for vLLM, llama.cpp
     accepted_total: float | None = None  # vLLM / llama.cpp counters, for interval acceptance
     drafts_total: float | None = None
-    generated_total: float | None = None  # SGLang 0.5.23 counters, for interval acceptance
+    # output tokens generated: SGLang's (for interval acceptance with ``verifies_total``, 0.5.23),
+    # vLLM's and llama.cpp's counters
+    generated_total: float | None = None
     verifies_total: float | None = None
+    # requests finished and prompt tokens taken in (SGLang, vLLM; llama.cpp counts no
+    # requests): the arrival rate and lengths every router replica reads alike (the planner)
+    requests_total: float | None = None
+    prompt_total: float | None = None
 
 
 def _labels(text: str) -> Labels:
@@ -189,6 +206,8 @@ def parse(text: str) -> EngineSample:
         drafts_total=fields.get("drafts"),
         generated_total=fields.get("generated"),
         verifies_total=fields.get("verifies"),
+        requests_total=fields.get("requests"),
+        prompt_total=fields.get("prompt"),
     )
 
 

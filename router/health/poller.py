@@ -145,6 +145,12 @@ class HealthPoller:
         return self._loads
 
     @property
+    def samples(self) -> Mapping[str, EngineSample]:
+        """The latest parsed ``/metrics`` per backend (its counters: the fleet planner reads
+        the traffic from them), once scraped."""
+        return self._samples
+
+    @property
     def infos(self) -> Mapping[str, EngineInfo]:
         """What each backend said about itself at its last start (``router.health.info``)."""
         return self._infos

@@ -274,6 +274,14 @@ class VllmCollector(Collector):
             "Number of generation tokens processed.",
             lambda e: e.stats.generation_tokens,
         )
+        finished = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*names, "finished_reason"],
+        )
+        for labels, engine in ranks:  # (the sims end every request at its length)
+            finished.add_metric([*labels, "length"], engine.stats.requests, created=self._created)
+        yield finished
         k = self._engines[0].preset.spec_k
         if k:
             yield counter(

@@ -230,8 +230,36 @@
     text("start-label", c.start ? "starting (" + c.start_source + ")" : "starting (none loaded)");
     text("curve-units", c.time_scale !== 1 ? "· tok/s in model time (engines run at time scale " + c.time_scale + ")" : "");
 
+    renderPlan(s.plan);
+
     text("updated", "updated " + new Date().toLocaleTimeString() + " · #" + s.seq);
     document.body.dataset.seq = s.seq;
+  }
+
+  // -- the fleet plan (GET /router/plan, when the planner is on) -----------------------------------
+  const split = (x) => (x ? x[SPEC] + " speculative + " + x[BASE] + " baseline" : "–");
+  const points = (v) => (v === null || v === undefined ? "–" : (v >= 0 ? "+" : "") + (100 * v).toFixed(2) + " pt");
+
+  function renderPlan(p) {
+    $("plan").hidden = !p;
+    if (!p) return;
+    text("plan-mode", p.planner);
+    text("plan-status", p.status === "planning" ? "" : p.status);
+    text("plan-current", split(p.current || p.running));
+    text("plan-desired", split(p.desired));
+    text("plan-targets", split(p.targets));
+    const sw = p.switch;
+    text("plan-switch", sw ? "#" + sw.id + " " + sw.engine + " " + sw.from + " → " + sw.into + " (" + sw.phase + ")" : "none");
+    text("plan-rate", p.rate === null || p.rate === undefined ? "–" : p.rate.toFixed(2) + " req/s");
+    text("plan-forecast", p.forecast ? p.forecast.point.toFixed(2) + " (upper " + p.forecast.upper.toFixed(2) + ")" : "–");
+    const n = p.next_switch;
+    text("plan-next", n ? "→ " + n.into + ": gain " + points(n.gain) + ", cost " + points(n.cost) + (n.blocked ? " · " + n.blocked : "") : "–");
+    text("plan-reason", p.reason || "");
+    $("plan-history").replaceChildren(...(p.history || []).map((d) => {
+      const li = document.createElement("li");
+      li.textContent = new Date(d.at * 1000).toLocaleTimeString() + " · " + d.reason;
+      return li;
+    }));
   }
 
   // -- the feed ----------------------------------------------------------------------------------

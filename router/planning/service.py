@@ -1,0 +1,604 @@
+"""``FleetPlanner``: the planner's loop in the router, its inputs gathered as plain values.
+
+Two timers (``router.lifecycle``): ``look`` every second or so follows the engines' counters
+(``traffic``), the switch in progress and the engines that load (``fleet``); ``tick`` every
+``PLAN_INTERVAL`` calls ``router.plan.plan`` with
+
+- both modes' curves: the keeper's models (the calibrated table, then what the router learned:
+  ``router.learn``), in wall seconds;
+- the interval's arrivals from the engines' counters (the router's own count where an engine
+  keeps none), and the mix: lengths and the share at temperature > 0 of the last requests this
+  router saw, their means set to what the engines counted;
+- each mode's restart time: the median of the last switches the router saw land (an engine
+  that left one pool until it was healthy in the other), else ``RESTART_S``;
+- the engines (``fleet.census``) and the GPU budget.
+
+It keeps the plan's state between calls (and the forecast's across restarts, at
+``PLAN_STATE_PATH``), and publishes the plan as a document (``GET /router/plan``) and gauges
+(``router.planning.metrics``). The planner's own durations (its interval, horizon, dwell) are
+planner seconds, ``PLAN_TIME_SCALE`` wall seconds each: everything it is given is wall time.
+
+Under ``serve --workers`` only the leader plans; it leaves the document in the run's directory
+for the others, which serve it as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+from router.health.engines import EngineSample
+from router.health.state import BackendHealth
+from router.members.member import Member
+from router.plan import (
+    EngineState,
+    Holt,
+    Mix,
+    Observation,
+    Params,
+    Plan,
+    PlanState,
+    Setting,
+    Slo,
+    curve_of,
+    mix_of,
+    observe,
+    plan,
+)
+from router.plan.values import CurveLike
+from router.planning.fleet import (
+    Landing,
+    MemberView,
+    Switch,
+    census,
+    follow,
+    free_slots,
+    median,
+    running,
+    started,
+    targets,
+)
+from router.planning.traffic import CounterWatch, Reading, Traffic, traffic
+from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
+from router.settings import Settings
+
+log = logging.getLogger("spec_router.plan")
+
+# Requests the mix is estimated over (the most recent ones): the lab's window, about ten minutes
+# at mid load (bench/lab/fleet_sim.py).
+MIX_WINDOW = 2000
+# Restart samples kept per mode (their median is the restart time used).
+RESTART_SAMPLES = 5
+# A switch that has not landed within this many restarts (plus the drain timeout) is given up.
+SWITCH_PATIENCE = 3.0
+STATE_FORMAT = 1
+
+
+class Tokens(Protocol):
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+
+
+class Finished(Protocol):
+    """What the planner reads of a finished request (``router.account.outcome.Outcome``)."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def usage(self) -> Tokens | None: ...
+    @property
+    def sampling(self) -> bool: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def client_gone(self) -> bool: ...
+
+
+class Members(Protocol):
+    @property
+    def members(self) -> Mapping[str, Member]: ...
+
+
+class Counts(Protocol):
+    @property
+    def by_backend(self) -> Mapping[str, int]: ...
+    @property
+    def started(self) -> Mapping[str, int]: ...
+
+
+class Engines(Protocol):
+    @property
+    def samples(self) -> Mapping[str, EngineSample]: ...
+
+
+class Models(Protocol):
+    """Both pools' curves (``router.learn.keeper.CrossoverKeeper``: calibrated, then learned)."""
+
+    @property
+    def models(self) -> Mapping[Pool, CurveLike] | None: ...
+
+
+def params_of(s: Settings, base: Params | None = None) -> Params:
+    """The planner's tunables with its durations in wall seconds (``PLAN_TIME_SCALE``) and its
+    season in intervals (``PLAN_SEASON`` / ``PLAN_INTERVAL``)."""
+    p = base if base is not None else Params()
+    ts = s.plan_time_scale
+    return p._replace(
+        interval=s.plan_interval * ts,
+        horizon=p.horizon * ts,
+        tail=p.tail * ts,
+        dwell_to_speculative=p.dwell_to_speculative * ts,
+        dwell_to_baseline=p.dwell_to_baseline * ts,
+        forecast=p.forecast._replace(season=max(0, round(s.plan_season / s.plan_interval))),
+    )
+
+
+def reading_of(sample: EngineSample) -> Reading:
+    return Reading(
+        sample.requests_total,
+        sample.prompt_total,
+        sample.generated_total,
+        sample.running + sample.queued,
+    )
+
+
+def scaled_mix(
+    recent: deque[tuple[int, int, bool]], prompt_mean: float | None, output_mean: float | None
+) -> Mix | None:
+    """The recent requests' mix, each length scaled so its mean is the engines' (when they
+    counted one); the engines' means alone when this router has seen no request yet."""
+    if not recent:
+        if prompt_mean is None or output_mean is None:
+            return None
+        return Mix((prompt_mean,), (output_mean,), 0.0)
+    prompts = [float(p) for p, _, _ in recent]
+    outputs = [float(o) for _, o, _ in recent]
+    hot = sum(s for _, _, s in recent) / len(recent)
+    for xs, target in ((prompts, prompt_mean), (outputs, output_mean)):
+        mean = sum(xs) / len(xs)
+        if target is not None and mean > 0:
+            xs[:] = [x * target / mean for x in xs]
+    return mix_of(prompts, [max(1.0, o) for o in outputs], hot)
+
+
+class Round(NamedTuple):
+    """One planning round's inputs, gathered on the event loop (plain values)."""
+
+    now: float
+    seconds: float
+    traffic: Traffic
+    fleet: list[EngineState]
+    mix: Mix | None
+    setting: Setting | None
+    state: PlanState
+    params: Params
+
+
+Outcome = tuple[str, Plan | None, PlanState]  # status, the plan (if one was made), next state
+
+
+def decide(r: Round) -> Outcome:
+    """The round's plan: ``router.plan.plan`` when it has what it needs, else the reason why
+    not (the forecast learns all the same). Pure, and CPU-bound (up to seconds when the
+    goodput model's cache is cold): the lifecycle runs it in a thread."""
+    if r.setting is None:
+        status = "waiting for curves: calibrate (spec-router calibrate) or let the router "
+        status += "learn both pools"
+    elif r.mix is None:
+        status = "waiting for traffic: no request lengths seen yet"
+    elif not r.fleet:
+        status = "no engines"
+    else:
+        obs = Observation(r.now, r.traffic.arrivals, r.seconds, r.mix)
+        p = plan(obs, r.setting, r.fleet, r.state, r.params)
+        return "planning", p, p.state
+    rate = r.traffic.arrivals / r.seconds
+    holt = observe(r.state.holt, rate, r.seconds, r.params.forecast)
+    return status, None, r.state._replace(holt=holt)
+
+
+class FleetPlanner:
+    def __init__(
+        self,
+        settings: Settings,
+        roster: Members,
+        health: Mapping[str, BackendHealth],
+        tracker: Counts,
+        engines: Engines,
+        keeper: Models,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        writer: bool = True,
+        shared: Path | None = None,
+    ) -> None:
+        self.settings = settings
+        self.mode = settings.planner
+        self.roster = roster
+        self.health = health
+        self.tracker = tracker
+        self.engines = engines
+        self.keeper = keeper
+        self.clock = clock
+        self.wall = wall
+        self.writer = writer  # plans (the process, or the leader under --workers)
+        self.shared = shared  # where the leader leaves the document for the other workers
+        self.params = params_of(settings)
+        self.slo = Slo(settings.slo_ttft_ms / 1000, settings.slo_tpot_ms / 1000)
+        self.state = PlanState(holt=self._load_holt())
+        self.watch = CounterWatch()
+        self.recent: deque[tuple[int, int, bool]] = deque(maxlen=MIX_WINDOW)
+        self.switch: Switch | None = None
+        self.loading: dict[str, float] = {}  # members seen loading: since when
+        self.restarts: dict[Pool, deque[float]] = {p: deque(maxlen=RESTART_SAMPLES) for p in POOLS}
+        self.sent: dict[str, int] = {}  # requests this router sent each backend, at the last look
+        self.own = 0.0  # ... and what that grew by since the interval began
+        self.last_tick = self.born = clock()
+        self.last_plan: Plan | None = None
+        self.took = 0.0  # seconds the last decision took
+        self.last_traffic: Traffic | None = None
+        self.status = "starting: the first plan comes after one interval"
+        self.advised = 0  # distinct switches advised so far (the last one's id)
+        self.doc: dict[str, Any] = {
+            "planner": self.mode,
+            "status": self.status,
+            "at": None,
+            "interval_s": self.interval,
+            "time_scale": settings.plan_time_scale,
+            "budget": settings.gpu_budget,
+        }
+
+    @property
+    def interval(self) -> float:
+        """Wall seconds between two plans."""
+        return self.params.interval
+
+    @property
+    def look_interval(self) -> float:
+        return min(1.0, self.interval / 8)
+
+    # -- inputs --------------------------------------------------------------------------------
+    def observe(self, out: Finished) -> None:
+        """Outcome observer: a request that ended well adds its lengths to the mix."""
+        usage = out.usage
+        if out.status != 200 or usage is None or out.error is not None or out.client_gone:
+            return
+        self.recent.append((usage.prompt_tokens, usage.completion_tokens, out.sampling))
+
+    def views(self) -> list[MemberView]:
+        flight = self.tracker.by_backend
+        out = []
+        for m in self.roster.members.values():
+            h = self.health.get(m.url)
+            state = "starting" if h is None else h.state.value
+            refused = h is not None and h.failures > 0 and state == "starting"
+            since = m.joined if h is None else h.since
+            out.append(MemberView(m.url, m.pool, m.active, state, since, m.joined, refused,
+                                  flight.get(m.url, 0)))  # fmt: skip
+        return out
+
+    def restart(self, mode: Pool) -> float:
+        """Wall seconds an engine switching into ``mode`` is out of service."""
+        seen = self.restarts[mode]
+        if seen:
+            return median(list(seen))
+        return self.settings.restart_s * self.settings.plan_time_scale
+
+    def look(self) -> None:
+        """Follow the counters, the switch in progress and the engines that load."""
+        now = self.clock()
+        members = self.views()
+        for m in members:  # (one there before the planner: its load began we know not when)
+            if m.refused and m.url not in self.loading and m.joined > self.born:
+                self.loading[m.url] = m.joined
+        samples = self.engines.samples
+        readings = {url: reading_of(s) for url, s in samples.items()}
+        self.watch.update(readings, fresh=self.loading)
+        started = self.tracker.started
+        for url, n in started.items():
+            self.own += max(0, n - self.sent.get(url, n))
+        self.sent = dict(started)
+        if self.switch is not None:
+            sw, landing = follow(self.switch, members, now)
+            if landing is not None:
+                self._landed(landing, self.switch)
+            elif sw is not None and self._overdue(sw, now):
+                log.warning("the switch of %s into %s did not land in time: given up",
+                            sw.engine, sw.mode)  # fmt: skip
+                sw = None
+            self.switch = sw
+        healthy = {m.url: m for m in members if m.health == "healthy"}
+        for url in [u for u in self.loading if u in healthy]:
+            start = self.loading.pop(url)
+            self.restarts[healthy[url].pool].append(max(0.0, healthy[url].since - start))
+        present = {m.url for m in members}
+        for url in [u for u in self.loading if u not in present]:
+            del self.loading[url]
+        self.doc = {**self.doc, **self._live(members, now)}  # (the rest changes with a plan)
+        self._share()
+
+    def _landed(self, landing: Landing, sw: Switch) -> None:
+        self.restarts[landing.mode].append(landing.seconds)
+        if sw.landed is not None:
+            self.loading.pop(sw.landed, None)  # (counted here, from when it left)
+        log.info("%s serves %s again after %.1f s out of service", sw.landed, landing.mode,
+                 landing.seconds)  # fmt: skip
+
+    def _overdue(self, sw: Switch, now: float) -> bool:
+        if sw.phase == "advised":
+            return False  # (withdrawn or renewed at the next plan)
+        limit = SWITCH_PATIENCE * self.restart(sw.mode) + self.settings.drain_timeout
+        return now - sw.advised > limit
+
+    # -- the plan ------------------------------------------------------------------------------
+    def setting(self) -> Setting | None:
+        models = self.keeper.models
+        if models is None:
+            return None
+        return Setting(
+            curve_of(models[SPECULATIVE]),
+            curve_of(models[BASELINE]),
+            self.restart(SPECULATIVE),
+            self.restart(BASELINE),
+            self.slo,
+            self.settings.gpu_budget,
+        )
+
+    def tick(self) -> None:
+        """One plan in the caller's thread: gather, decide, publish (the lifecycle runs the
+        decision in a thread instead: ``gather``, ``decide``, ``publish``)."""
+        r = self.gather()
+        t0 = time.perf_counter()
+        out = decide(r)
+        self.publish(r, out, time.perf_counter() - t0)
+
+    def gather(self) -> Round:
+        """The interval's inputs as plain values (on the event loop: it reads the members)."""
+        self.look()
+        now = self.clock()
+        seconds = max(1e-9, now - self.last_tick)
+        self.last_tick = now
+        tr = traffic(self.watch.take(), seconds, self.own)
+        self.own = 0.0
+        self.last_traffic = tr
+        fleet = census(self.views(), self.switch, self.restart, now)
+        fleet += free_slots(fleet, self.settings.gpu_budget)
+        mix = scaled_mix(self.recent, tr.prompt_mean, tr.output_mean)
+        return Round(now, seconds, tr, fleet, mix, self.setting(), self.state, self.params)
+
+    def publish(self, r: Round, out: Outcome, took: float) -> None:
+        """Take the decision's plan and state, advise, and publish the document."""
+        self.status, p, self.state = out
+        self.took = took
+        if p is not None:
+            self._advise(p, r.fleet, r.now)
+        self.last_plan = p
+        self.doc = self._document(self.views(), self.clock())
+        self._share()
+        self._save_holt()
+
+    def _advise(self, p: Plan, fleet: list[Any], now: float) -> None:
+        sw = self.switch
+        if p.action is None:
+            if sw is not None and sw.phase == "advised":
+                self.switch = None  # withdrawn before anything moved
+            return
+        engine = next((e for e in fleet if e.name == p.action.engine), None)
+        source: Pool = engine.mode if engine is not None else p.action.mode
+        if sw is not None and sw.phase != "advised":
+            return  # (the planner holds while one is in flight: not reached)
+        if sw is not None and (sw.engine, sw.mode) == (p.action.engine, p.action.mode):
+            self.switch = sw._replace(advised=now)  # the same advice again: the same switch
+            return
+        self.advised += 1
+        if engine is not None and engine.status == "down":
+            self.switch = started(engine.name, p.action.mode, now, self.advised)
+        else:
+            self.switch = Switch(p.action.engine, source, p.action.mode, now, id=self.advised)
+        log.info("plan: %s", p.reason)
+
+    # -- what it publishes ---------------------------------------------------------------------
+    def document(self) -> dict[str, Any]:
+        """``GET /router/plan`` (the leader's, under --workers)."""
+        if self.writer or self.shared is None:
+            if "running" not in self.doc:  # (asked before the first look)
+                self.doc = {**self.doc, **self._live(self.views(), self.clock())}
+            return self.doc
+        try:
+            got: dict[str, Any] = json.loads(self.shared.read_text())
+            return got
+        except (OSError, ValueError):
+            return {"planner": self.mode, "status": "no plan shared by the leader yet"}
+
+    def _when(self, now: float) -> Callable[[float], float]:
+        """Monotonic seconds to Unix time, for the document."""
+        wall_now = self.wall()
+        return lambda t: round(wall_now - (now - t), 3)
+
+    def _live(self, members: list[MemberView], now: float) -> dict[str, Any]:
+        """The document's part that follows the members between two plans (each look)."""
+        sw = self.switch
+        when = self._when(now)
+        fleet = census(members, sw, self.restart, now)
+        fleet += free_slots(fleet, self.settings.gpu_budget)
+        run = running(members)
+        goal = targets(members, sw)
+        return {
+            "running": run,
+            "targets": goal,
+            "desired_engines": goal if self.mode == "autoscale" else run,
+            "off_plan_engines": sum(abs(goal[pool] - run[pool]) for pool in POOLS),
+            "fleet": [
+                {
+                    "engine": e.name,
+                    "mode": e.mode,
+                    "status": e.status,
+                    "eta_s": round(e.eta, 3),
+                    "in_flight": e.inflight,
+                }
+                for e in fleet
+            ],  # fmt: skip
+            "switch": None
+            if sw is None
+            else {
+                "id": sw.id,
+                "engine": sw.engine,
+                "from": sw.source,
+                "into": sw.mode,
+                "phase": sw.phase,
+                "advised_at": when(sw.advised),
+                "draining": sw.draining,
+                "landed": sw.landed,
+            },
+            "restart_s": {
+                pool: {
+                    "seconds": round(self.restart(pool), 3),
+                    "source": "observed" if self.restarts[pool] else "configured",
+                    "samples": [round(x, 3) for x in self.restarts[pool]],
+                }
+                for pool in POOLS
+            },
+            "switches_advised": self.advised,
+        }
+
+    def _document(self, members: list[MemberView], now: float) -> dict[str, Any]:
+        p, tr, sw = self.last_plan, self.last_traffic, self.switch
+        when = self._when(now)
+        doc: dict[str, Any] = {
+            "planner": self.mode,
+            "status": self.status,
+            "at": when(now),
+            "interval_s": self.interval,
+            "time_scale": self.settings.plan_time_scale,
+            "budget": self.settings.gpu_budget,
+            "took_s": round(self.took, 3),
+            **self._live(members, now),
+        }
+        if tr is not None:
+            doc["traffic"] = {
+                "seconds": round(tr.seconds, 3),
+                "arrivals": tr.arrivals,
+                "rate": tr.arrivals / tr.seconds,
+                "source": tr.source,
+                "prompt_mean": tr.prompt_mean,
+                "output_mean": tr.output_mean,
+                "mix_requests": len(self.recent),
+            }
+        if p is None:
+            return doc
+        split = {SPECULATIVE: p.current, BASELINE: p.engines - p.current}
+        goal = {SPECULATIVE: p.desired, BASELINE: p.engines - p.desired}
+        chosen = next((o for o in p.options if o.action == p.action), None)
+        best = max(p.options, key=lambda o: o.gain, default=None)
+        nxt = chosen or best
+        doc.update(
+            current=split,
+            desired=goal,
+            action=None
+            if p.action is None or sw is None
+            else {"engine": p.action.engine, "into": p.action.mode, "switch_id": sw.id},
+            reason=p.reason,
+            next_switch=None if nxt is None else _option(nxt),
+            forecast={
+                "step_s": p.forecast.step,
+                "point": [round(x, 4) for x in p.forecast.point],
+                "upper": [round(x, 4) for x in p.forecast.upper],
+            },
+            values=[round(v, 5) for v in p.values],
+            options=[_option(o) for o in p.options],
+            schedule=[{"in_s": round(t, 1), "into": mode} for t, mode in p.schedule],
+            history=[
+                {
+                    "at": when(d.at),
+                    "desired": d.desired,
+                    "reason": d.reason,
+                    "action": None
+                    if d.action is None
+                    else {"engine": d.action.engine, "into": d.action.mode},
+                }
+                for d in reversed(p.state.history)
+            ],  # fmt: skip
+        )
+        return doc
+
+    def _share(self) -> None:
+        if self.shared is None or not self.writer:
+            return
+        tmp = self.shared.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.doc, default=_plain))
+            os.replace(tmp, self.shared)
+        except OSError as exc:
+            log.warning("cannot share the plan: %s", exc)
+
+    # -- the forecast's state across restarts ----------------------------------------------------
+    def _load_holt(self) -> Holt | None:
+        path = self.settings.plan_state_path
+        if path is None or not path.exists():
+            return None
+        try:
+            raw = json.loads(path.read_text())
+            if raw.get("format") != STATE_FORMAT or not math.isclose(
+                raw["interval_s"], self.params.interval, rel_tol=1e-6
+            ):
+                log.warning("%s: another format or interval: the forecast starts afresh", path)
+                return None
+            h = raw["holt"]
+            return Holt(float(h["level"]), float(h["trend"]), float(h["var"]),
+                        float(h["noise"]), int(h["seen"]), float(h["scale"]),
+                        tuple(float(x) for x in h["history"]))  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: cannot read the forecast's state (%s): it starts afresh", path, exc)
+            return None
+
+    def _save_holt(self) -> None:
+        path = self.settings.plan_state_path
+        holt = self.state.holt
+        if path is None or holt is None or not self.writer:
+            return
+        raw = holt_document(holt, self.params.interval)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(raw))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("cannot keep the forecast's state at %s: %s", path, exc)
+
+
+def holt_document(holt: Holt, interval: float) -> dict[str, Any]:
+    """The forecast's state as ``PLAN_STATE_PATH`` holds it (``spec-router fleet`` writes one
+    for a router that has seen yesterday)."""
+    return {"format": STATE_FORMAT, "interval_s": interval, "holt": holt._asdict()}
+
+
+def _option(o: Any) -> dict[str, Any]:
+    return {
+        "engine": o.action.engine,
+        "into": o.action.mode,
+        "during": {SPECULATIVE: o.during[0], BASELINE: o.during[1]},
+        "gain": round(o.gain, 6),
+        "gain_upper": round(o.gain_upper, 6),
+        "cost": round(o.cost, 6),
+        "need_rps": _finite(o.need),
+        "have_rps": _finite(o.have),
+        "short": o.short,
+        "blocked": o.blocked,
+    }
+
+
+def _finite(x: float) -> float | None:
+    return round(x, 4) if math.isfinite(x) else None
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    raise TypeError(type(x).__name__)
