@@ -232,7 +232,9 @@ def _margin(
         theirs = _interpolate(base, n, "decode_tps_p50")
     else:
         theirs, mine = _interpolate(spec, n, "e2e_p50"), _interpolate(base, n, "e2e_p50")
-    return round(mine / theirs, 4) if theirs > 0 else None
+    if not (theirs > 0 and mine > 0 and math.isfinite(mine / theirs)):
+        return None  # a pool with no decode speed there: no ratio to state
+    return round(mine / theirs, 4)
 
 
 def no_crossover_reason(measured_up_to: int, margin: float | None, objective: str) -> str:

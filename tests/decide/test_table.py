@@ -68,6 +68,15 @@ def test_e2e_margin_is_the_baseline_time_over_the_speculative_time() -> None:
     assert found.crossover is None and found.margin == pytest.approx(1.5)
 
 
+def test_a_pool_with_no_decode_speed_at_the_top_states_no_margin() -> None:
+    # a speculative pool that measured no decode speed at its top level (every request there
+    # ended in one burst) gives no ratio: the table says none rather than a margin of 0, which
+    # the reader refuses
+    spec, base = points([80.0, 60.0, 0.0], [2, 4, 8]), points([50.0, 55.0, 58.0], [2, 4, 8])
+    found = crossing(spec, base)
+    assert found.crossover == 5 and found.margin is None
+
+
 def no_crossover_table() -> Table:
     spec, base = pair(PRESETS["eagle3-chain"], LEVELS)
     found = crossing(spec, base)
