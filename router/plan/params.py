@@ -56,6 +56,10 @@ class Params(NamedTuple):
     # (mean TPOT at the relaxed target; the lab's envelopes) at 3.09. At 0.9 the floor closed
     # at under half that load and froze the fleet in the split it had.
     floor_share: float = 0.5
+    # Each schedule step also loses this share of the upper band's load past the split's SLO
+    # capacity (the floor_share rate), besides what the model expects at the point forecast: a
+    # risk charge that keeps capacity ahead of the band and starts slow paths of switches early.
+    overload_charge: float = 1.0
     # The model's mix is replaced by the observed one when their means or sampling shares drift
     # apart by more than this (relative / absolute): the model's cached tables stay valid
     # between, and a mix estimate's noise does not move the plan.
