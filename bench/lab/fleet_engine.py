@@ -1,7 +1,8 @@
 """A fast simulated engine for the fleet lab: the sims' continuous-batching loop, by events.
 
 The loop is ``router.sim.model``'s (and ``bench/lab_sim.py``'s): an iteration with ``B``
-running requests holding ``K`` context tokens costs ``a + b*B + c_kv*K``; requests that join at
+running requests holding ``K`` context tokens costs ``step_time`` (``a + b*B + c_kv*K``, with a
+preset's compute-bound knee); requests that join at
 an iteration's start add their prefill to it and get their first token at its end; after that
 each iteration gives a baseline request one token and a speculative one ``1 + j`` (``j`` leading
 accepted drafts of ``k``). Requests past ``max_running`` wait in a queue.
@@ -31,6 +32,7 @@ from router.sim.model import (
     prefill_time,
     sample_gain,
     solve_alpha,
+    step_time,
 )
 
 # Outputs up to this many tokens draw their decode iterations one by one; longer ones from the
@@ -180,7 +182,7 @@ class Engine:
             self.busy = False
             return
         context = self._prompt + self.it * self._tau - self._tau_joined
-        d = p.a + p.b * batch + p.c_kv * context
+        d = step_time(p, batch, context)
         if self.joiners:
             d += sum(prefill_time(p, r.prompt) for r in self.joiners)
         else:

@@ -164,31 +164,43 @@ def _poisson_below(mean: float, k: int) -> float:
     return sum(_poisson_terms(mean, k - 1))
 
 
-def stall_cdf(h: float, count: float, mean: float, var: float, engines: int = 1) -> float:
+def _lognormal_cdf(h: float, mean: float, sd: float) -> float:
+    """P(X <= h), X lognormal with this mean and standard deviation."""
+    if h <= 0:
+        return 0.0
+    if sd <= 1e-12 * mean:
+        return 1.0 if h >= mean else 0.0
+    s2 = math.log1p((sd / mean) ** 2)
+    return phi((math.log(h) - math.log(mean) + s2 / 2.0) / math.sqrt(s2))  # h / mean: underflow
+
+
+def stall_cdf(h: float, count: float, mean: float, var: float, engines: int = 1,
+              spread: float = 1.0) -> float:  # fmt: skip
     """P(S <= h): S the prefills of the requests that join a request's engine while it
     decodes, ``count`` of them on average, each of this mean and variance.
 
-    Their number: with one engine, Poisson. Behind a join-the-least-loaded router over
-    ``engines``, the request's engine has just taken an arrival (the request) and takes about
-    every ``engines``-th one after (an Erlang renewal): none with the chance that the pool has
-    had fewer than ``engines`` arrivals, and a variance ``count / engines``. Given at least one,
-    the sum is taken as normal."""
+    None join with the chance that the pool has had fewer than ``engines`` arrivals (behind a
+    join-the-least-loaded router the request's engine has just taken one and takes about every
+    ``engines``-th after). Given some, S is lognormal (prefills are skewed, and so is their
+    sum) with the variance of a compound Poisson sum,
+    ``count * E[s^2]``, times ``spread``: the request's life is a delay busy period (the
+    joiners' prefills stall it, and more join meanwhile), which multiplies that variance by
+    ``1 / (1 - stall share)^2``; and bursty arrivals (an overflow) by their peakedness."""
     if h < 0:
         return 0.0
     if count < 1e-9 or mean <= 0:
         return 1.0
     k = engines
-    none = _poisson_below(k * count, k) if k * count < 700 else 0.0
-    some = 1.0 - none
-    if some < 1e-12:
+    pool = k * count
+    none = _poisson_below(pool, k) if pool < 700 else 0.0
+    more = 1.0 - none
+    if more < 1e-12:
         return 1.0
-    n1 = count / some
-    second = (count / k + count * count) / some
-    var_n = max(0.0, second - n1 * n1)
-    sd = math.sqrt(n1 * var + var_n * mean * mean)
-    if sd <= 0:
-        return none + (some if h >= n1 * mean else 0.0)
-    return none + some * phi((h - n1 * mean) / sd)
+    total = count * mean
+    second = count * (var + mean * mean) * spread + total * total
+    m1 = max(total / more, mean)
+    sd = math.sqrt(max(0.0, second / more - m1 * m1))
+    return min(1.0, none + more * _lognormal_cdf(h, m1, sd))
 
 
 def joined_within(window: float, rate: float, engines: int) -> float:
@@ -231,6 +243,7 @@ class _Pool(NamedTuple):
     mean: float  # running per engine (the tagged request's company: itself excluded)
     var: float
     relax: float  # seconds for the batch to relax towards its mean
+    peakedness: float  # of the arrivals (1: Poisson)
 
 
 def _tpot_ok(pool: _Pool, others: int) -> tuple[float, float]:
@@ -244,6 +257,7 @@ def _tpot_ok(pool: _Pool, others: int) -> tuple[float, float]:
     centre = min(float(cap), 1.0 + pool.mean * company)
     spi_centre = curve.iteration(centre)
     stretch = 1.0 / (1.0 - pool.stall_share)
+    spread = (1.0 + (pool.peakedness - 1.0) / pool.engines) * stretch * stretch  # see stall_cdf
     strict = relaxed = 0.0
     t_strict, t_relaxed = slo.tpot, slo.tpot * slo.relaxed_tpot
     for tokens, iters, weight in lw.decodes:
@@ -269,9 +283,9 @@ def _tpot_ok(pool: _Pool, others: int) -> tuple[float, float]:
             t0 = iters * curve.iteration(b)
             count = pool.rate * t0 * stretch * company
             strict += weight * q * stall_cdf(t_strict * tokens - t0, count, lw.stall_mean,
-                                             lw.stall_var, pool.engines)  # fmt: skip
+                                             lw.stall_var, pool.engines, spread)  # fmt: skip
             relaxed += weight * q * stall_cdf(t_relaxed * tokens - t0, count, lw.stall_mean,
-                                              lw.stall_var, pool.engines)  # fmt: skip
+                                              lw.stall_var, pool.engines, spread)  # fmt: skip
     return strict, relaxed
 
 
@@ -285,9 +299,15 @@ def _ttft_ok(pool: _Pool, others: int, wait: float) -> tuple[float, float]:
         residual = 0.0
     else:
         spi_now = curve.iteration(running)
-        stalled = min(0.95, lw.departures[running] * lw.stall_mean * pool.discount)
+        through = max(lw.departures[running], pool.rate)
+        stalled = min(0.95, through * lw.stall_mean * pool.discount)
+        # mid-stall: the iteration under way holds a prefill, length-biased (a long one is
+        # more likely under way), the request waits out a uniform share of it
+        total = sum(lw.prefills)
+        widths = ((1.0 - stalled, spi_now),) + tuple(
+            (stalled * x / total, x + spi_now) for x in lw.prefills
+        )
         stall = (lw.stall_var + lw.stall_mean**2) / (2.0 * lw.stall_mean) + spi_now / 2.0
-        widths = ((1.0 - stalled, spi_now), (stalled, 2.0 * stall))
         residual = (1.0 - stalled) * spi_now / 2.0 + stalled * stall
     joiners = joined_within(residual, pool.rate, pool.engines) * lw.stall_mean
     strict = relaxed = 0.0
@@ -360,6 +380,7 @@ def pool_result(
         mean,
         var,
         1.0 / slope,
+        peakedness,
     )
     strict = relaxed = 0.0
     cache: dict[int, tuple[float, float]] = {}

@@ -303,7 +303,8 @@ class _Schedule:
         for s in splits:
             cap = model.capacity(s)
             self.v[s] = [
-                (model.rate_value(s, r) - r * max(0.0, u - cap) / max(u, 1e-9)) * dt
+                (model.rate_value(s, r) - p.overload_charge * r * max(0.0, u - cap) / max(u, 1e-9))
+                * dt
                 for r, u in zip(rates, upper, strict=True)
             ]
         self.prefix = {s: _prefix(v) for s, v in self.v.items()}

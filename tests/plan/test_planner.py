@@ -26,8 +26,10 @@ from router.pools import BASELINE, SPECULATIVE, Pool
 from tests.plan.fixtures import CHAINED, MIX, SEED, fleet
 
 PROPERTY = settings(max_examples=25, deadline=None, derandomize=True, database=None)
-# a shorter horizon keeps each call cheap; the rule is the same
-PARAMS = Params(horizon=3600.0, forecast=Params().forecast._replace(season=0))
+# a shorter horizon keeps each call cheap; the rule is the same. The scenarios below were
+# built on the half-strict objective (the default is the lab's relaxed-first choice, under
+# which a quiet fleet is close to indifferent between the modes)
+PARAMS = Params(horizon=3600.0, forecast=Params().forecast._replace(season=0), strict_weight=0.5)
 
 
 def warm(rate: float, minutes: int = 10, p: Params = PARAMS, rise: float = 0.0) -> PlanState:
@@ -62,8 +64,10 @@ def test_a_rising_load_on_all_speculative_is_told_to_move_towards_baseline() -> 
 
 
 def test_a_quiet_all_baseline_fleet_is_told_to_move_towards_speculation() -> None:
+    # a third of the fleet's capacity, where speculation pays (a chain draft); in the seed
+    # regime the strict tier barely gains from it at low load (the lab's engines agree)
     state = warm(1.0)
-    p = call(1.0, fleet(0, 4), state)
+    p = call(1.0, fleet(0, 4), state, setting=CHAINED)
     assert p.desired > 0
     assert p.action is not None and p.action.mode == SPECULATIVE
 
