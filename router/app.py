@@ -273,12 +273,10 @@ class RouterApp:
 
 
 def load_table(settings: Settings) -> tables.Table | None:
-    """The table at TABLE_PATH; None when unset or not written yet; a bad one is an error."""
-    path = settings.table_path
-    if path is None or not path.exists():
-        return None
+    """The table at TABLE_PATH (``tables.starting_table``); a missing file without
+    TABLE_FRESH, or a bad one, is a start-up error."""
     try:
-        return tables.load(path)
+        return tables.starting_table(settings.table_path, settings.table_fresh)
     except tables.TableError as exc:
         raise SettingsError(f"SPEC_ROUTER_TABLE_PATH: {exc}") from None
 

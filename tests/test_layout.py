@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = tuple(
                 "router.origin",
                 "router.keepalive",
                 "router.jsonfast",
+                "router.units",
             },
         ),
         ("configuration", {"router.settings"}),
