@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = tuple(
                 "router.keepalive",
                 "router.jsonfast",
                 "router.units",
+                "router.uvicorn_guard",
             },
         ),
         ("configuration", {"router.settings"}),
