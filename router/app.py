@@ -33,12 +33,13 @@ from router.control.app import build_control_app
 from router.control.feed import Feed
 from router.control.live import live_document
 from router.control.models import list_models
-from router.control.status import router_status
+from router.control.status import readiness, router_status
 from router.decide import table as tables
 from router.fastpath.busypoll import BusyPoll, ShareWatch
 from router.forward.admission import Admission
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
+from router.health.notices import Notices
 from router.health.poller import HealthPoller
 from router.health.state import HealthConfig, HealthRegistry
 from router.learn.keeper import CrossoverKeeper
@@ -91,6 +92,9 @@ class RouterApp:
             ),
             clock(),
         )
+        # warnings for the operator (a backend that cannot be reached, the pools' checks),
+        # listed in /router/status, /ready and on the live page (router.health.notices)
+        self.notices = Notices()
         self.poller = HealthPoller(
             urls,
             self.health,
@@ -102,6 +106,7 @@ class RouterApp:
             generate_timeout=settings.health_generate_timeout,
             gauge_lag=settings.engine_gauge_lag,
             authorization={url: settings.pool_authorization(pool) for pool, url in backends},
+            notices=self.notices,
         )
         self.keeper = CrossoverKeeper(
             settings,
@@ -191,6 +196,9 @@ class RouterApp:
         return self.settings.engine_abort_lag if seen and seen.flavor == "sglang" else 0.0
 
     # -- the rest of Controlled ----------------------------------------------------------------
+    def readiness(self) -> dict[str, Any]:
+        return readiness(self)
+
     def usable_pools(self) -> dict[Pool, bool]:
         return {pool: self.decider.pool_usable(pool) for pool in POOLS}
 

@@ -10,7 +10,6 @@ from typing import Any, Protocol
 
 from router.control.feed import Feed
 from router.decide import table as tables
-from router.pools import Pool
 from router.settings import Settings
 
 
@@ -22,7 +21,11 @@ class Controlled(Protocol):
 
     def status(self) -> dict[str, Any]: ...
 
-    def usable_pools(self) -> dict[Pool, bool]: ...
+    def readiness(self) -> dict[str, Any]:
+        """The /ready document: ``ready`` (some pool can take traffic), ``status`` (ok,
+        degraded, down), each pool's usability, what keeps a pool from being whole and the
+        operator's warnings (``router.control.status.readiness``)."""
+        ...
 
     def metrics_text(self) -> bytes: ...
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from router.account.inflight import InflightTracker
@@ -22,10 +22,11 @@ from router.fastpath.busypoll import BusyPoll, ShareWatch
 from router.forward.admission import Admission
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
+from router.health.notices import Notices
 from router.health.poller import EngineLoad, HealthPoller
-from router.health.state import HealthRegistry, usable
+from router.health.state import HealthRegistry, pool_problem, pool_status, usable
 from router.learn.keeper import CrossoverKeeper
-from router.pools import POOLS
+from router.pools import POOLS, Pool
 from router.settings import Settings
 from router.workers import WorkerContext
 
@@ -61,8 +62,49 @@ class Observed(Protocol):
     def feed(self) -> Feed: ...
     @property
     def worker(self) -> WorkerContext | None: ...
+    @property
+    def notices(self) -> Notices: ...
 
     def connections(self, url: str) -> dict[str, int]: ...
+
+
+def readiness(app: Observed) -> dict[str, Any]:
+    """The /ready document. ``ready`` while some pool can take traffic; ``status`` says whether
+    both are whole (``ok``), one is not (``degraded``: say a speculative pool that never came
+    up, the baseline serving everything) or none can serve (``down``, the one 503)."""
+    now = app.clock()
+    pools = pool_states(app.decider.pools, app.health, now)
+    usable_pools = {pool: p["status"] != "down" for pool, p in pools.items()}
+    return {
+        "ready": any(usable_pools.values()),
+        "status": overall(pools.values()),
+        "pools": usable_pools,
+        "problems": [p["problem"] for p in pools.values() if p["problem"]],
+        "warnings": [n.message for n in app.notices.current()],
+    }
+
+
+def pool_states(
+    pools: Mapping[Pool, list[str]], health: HealthRegistry, now: float
+) -> dict[Pool, dict[str, Any]]:
+    """Each pool's ``status`` (ok, degraded, down) and what keeps it from being whole."""
+    out: dict[Pool, dict[str, Any]] = {}
+    for pool in POOLS:
+        urls = pools[pool]
+        states = [health.states[url] for url in urls]
+        out[pool] = {
+            "status": pool_status(states, now),
+            "problem": pool_problem(pool, urls, states, now),
+        }
+    return out
+
+
+def overall(pools: Iterable[Mapping[str, Any]]) -> str:
+    """``ok`` when every pool is whole, ``down`` when none can serve, else ``degraded``."""
+    statuses = [p["status"] for p in pools]
+    if all(s == "ok" for s in statuses):
+        return "ok"
+    return "down" if all(s == "down" for s in statuses) else "degraded"
 
 
 def router_status(app: Observed) -> dict[str, Any]:
@@ -79,6 +121,9 @@ def router_status(app: Observed) -> dict[str, Any]:
         connections=app.connections,
         served_models=app.poller.served_models,
         extra={
+            # what the operator should look at: backends that cannot be reached, the pools'
+            # checks (router.health.notices); each pool's own status is under "pools"
+            "warnings": app.notices.document(app.clock()),
             "slo": decider.status() if decider.policy == "slo" else None,
             "queue": app.admission.status(),
             "fast_path": proxy.responders.status() if proxy is not None else fast_path_status(),
@@ -151,6 +196,7 @@ def status_document(
                     "checks": h.checks,
                     "consecutive_failures": h.failures,
                     "consecutive_successes": h.successes,
+                    "ever_healthy": h.ever_healthy,
                     "last_error": h.last_error,
                     "ejected_for_s": round(max(0.0, h.ejected_until - now), 3),
                     "ejections": h.ejections,
@@ -159,13 +205,17 @@ def status_document(
                     "served_model": (served_models or {}).get(url),
                 }
             )
+        states = [health.states[url] for url in decider.pools[pool]]
         pools[pool] = {
+            "status": pool_status(states, now),
+            "problem": pool_problem(pool, decider.pools[pool], states, now),
             "usable": any(b["usable"] for b in backends),
             "in_flight": tracker.by_pool[pool],
             "slow_clients": tracker.slow_clients[pool],
             "backends": backends,
         }
     return {
+        "status": overall(pools.values()),
         "policy": decider.policy,
         "crossover": keeper.crossover,
         "crossover_source": keeper.source,

@@ -42,8 +42,8 @@ class Router:
     def status(self) -> dict[str, Any]:
         return self.document
 
-    def usable_pools(self) -> dict[Pool, bool]:
-        return dict(self.pools)
+    def readiness(self) -> dict[str, Any]:
+        return {"ready": any(self.pools.values()), "pools": dict(self.pools)}
 
     def metrics_text(self) -> bytes:
         return b"# TYPE spec_router_crossover gauge\nspec_router_crossover 4.0\n"
