@@ -133,7 +133,8 @@ class RouterApp:
             slo_ttft=settings.slo_ttft_ms / 1000,
             slo_tpot=settings.slo_tpot_ms / 1000,
         )
-        self.metrics = RouterMetrics(self.registry, backends)
+        slo = (settings.slo_ttft_ms / 1000, settings.slo_tpot_ms / 1000)
+        self.metrics = RouterMetrics(self.registry, backends, slo)
         meter = self.metrics.queue_meter() if worker is not None else None
         self.admission = Admission(settings.queue_size, meter)
         self.state = StateCollector(
@@ -146,7 +147,7 @@ class RouterApp:
             clock,
             self.admission if worker is None else None,  # (else: in the merged files)
         )
-        self.recent = RecentWindow(clock)
+        self.recent = RecentWindow(clock, slo=slo)
         self.registry.register(self.state)
         self.observers: list[Callable[[Outcome], None]] = [
             self.metrics.observe,

@@ -217,6 +217,9 @@ def status_document(
     return {
         "status": overall(pools.values()),
         "policy": decider.policy,
+        # the policy deciding now, and why when it is not the configured one
+        "deciding_as": decider.deciding_as,
+        "deciding_as_why": deciding_as_why(decider.policy, decider.deciding_as),
         "crossover": keeper.crossover,
         "crossover_source": keeper.source,
         "learning": {**keeper.status(), "explore_share": decider.explore_share},
@@ -226,6 +229,16 @@ def status_document(
         "pools": pools,
         **extra,
     }
+
+
+def deciding_as_why(policy: str, deciding_as: str) -> str | None:
+    """Why the configured policy decides as another (``Decider.deciding_as``)."""
+    if policy == deciding_as:
+        return None
+    return (
+        f"{policy} is deciding as {deciding_as}: no curves yet (no table at start, nothing "
+        "learned yet); `spec-router calibrate` gives them at once"
+    )
 
 
 def workers_document(tracker: InflightTracker, worker: WorkerContext | None) -> dict[str, Any]:
