@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from router.account.inflight import InflightTracker
 from router.account.recent import RecentWindow
 from router.control.feed import Feed
+from router.decide.twin import RELAXED_TPOT, RELAXED_TTFT
 from router.fastpath import fast_path_status
 from router.fastpath.busypoll import BusyPoll, ShareWatch
 from router.forward.admission import Admission
@@ -124,6 +125,9 @@ def router_status(app: Observed) -> dict[str, Any]:
             # what the operator should look at: backends that cannot be reached, the pools'
             # checks (router.health.notices); each pool's own status is under "pools"
             "warnings": app.notices.document(app.clock()),
+            # what the default policy routes for, whatever the policy: the share of requests
+            # within this SLO (recent.within_slo, /metrics spec_router_slo_*)
+            "objective": objective(decider.slo_ttft, decider.slo_tpot),
             "slo": decider.status() if decider.policy == "slo" else None,
             "queue": app.admission.status(),
             "fast_path": proxy.responders.status() if proxy is not None else fast_path_status(),
@@ -228,6 +232,16 @@ def status_document(
         "in_flight": tracker.snapshot(),
         "pools": pools,
         **extra,
+    }
+
+
+def objective(slo_ttft: float, slo_tpot: float) -> dict[str, float]:
+    """The SLO requests are judged against (milliseconds), at both tiers."""
+    return {
+        "slo_ttft_ms": round(slo_ttft * 1000, 3),
+        "slo_tpot_ms": round(slo_tpot * 1000, 3),
+        "relaxed_ttft_ms": round(slo_ttft * RELAXED_TTFT * 1000, 3),
+        "relaxed_tpot_ms": round(slo_tpot * RELAXED_TPOT * 1000, 3),
     }
 
 
