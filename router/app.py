@@ -146,6 +146,7 @@ class RouterApp:
             settings.load_signal,
             clock,
             self.admission if worker is None else None,  # (else: in the merged files)
+            slo,
         )
         self.recent = RecentWindow(clock, slo=slo)
         self.registry.register(self.state)

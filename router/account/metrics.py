@@ -4,7 +4,7 @@ Two kinds: counters and histograms updated once per finished request (``observe`
 ``Outcome`` observer; nothing per chunk), and gauges read from live state at scrape time by a
 collector (in-flight counts, health, crossover, engine signals), so the hot path pays nothing
 for them. Names follow Prometheus conventions: ``spec_router_`` prefix, base units, ``_total``
-on counters, labels limited to pool, backend, reason, code, kind, state.
+on counters, labels limited to pool, backend, reason, code, kind, state, tier, latency.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from router.account.objective import TIERS, within_slo
+from router.decide.twin import RELAXED_TPOT, RELAXED_TTFT
 from router.health.state import State
 from router.pools import POOLS, SPECULATIVE
 from router.upstream.verdicts import failure_kinds, retry_kinds
@@ -308,7 +309,9 @@ class StateCollector(Collector):
         load_signal: str,
         clock: Callable[[], float],
         admission: Queue | None = None,
+        slo: tuple[float, float] = (1.0, 0.025),
     ) -> None:
+        self.slo = slo  # TTFT, TPOT (s): the SLO requests are judged against
         self.tracker = tracker
         self.health = health
         self.tuning = tuning
@@ -353,6 +356,18 @@ class StateCollector(Collector):
         pol = InfoMetricFamily(p + "policy", "The routing policy in use.")
         pol.add_metric([], {"policy": self.policy, "load_signal": self.load_signal})
         yield pol
+        target = GaugeMetricFamily(
+            p + "slo_seconds",
+            "The SLO requests are judged against (spec_router_slo_met_total), by latency "
+            "(ttft, tpot) and tier (strict: SLO_TTFT_MS / SLO_TPOT_MS; relaxed: 3x, 2x).",
+            labels=["latency", "tier"],
+        )
+        ttft, tpot = self.slo
+        target.add_metric(["ttft", "strict"], ttft)
+        target.add_metric(["ttft", "relaxed"], ttft * RELAXED_TTFT)
+        target.add_metric(["tpot", "strict"], tpot)
+        target.add_metric(["tpot", "relaxed"], tpot * RELAXED_TPOT)
+        yield target
         health = GaugeMetricFamily(
             p + "backend_health", "1 for the backend's current health state.",
             labels=["pool", "backend", "state"],

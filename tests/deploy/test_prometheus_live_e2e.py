@@ -70,6 +70,7 @@ INDUCED = {
 }
 NOT_INDUCED = {
     "SpecRouterSpecAcceptLengthDropped": "compares with the previous hour: promtool unit tests",
+    "SpecRouterSLOMissed": "needs 10 minutes of traffic below the SLO: promtool unit tests",
 }
 
 
