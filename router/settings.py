@@ -72,7 +72,7 @@ NOT_SETTINGS = frozenset(
         "SPEC_ROUTER_REAL_ENGINE_CACHE",  # ditto: the build cache
         "SPEC_ROUTER_FUZZ_PROFILE",  # tests/forward/test_fuzz_e2e.py
         "SPEC_ROUTER_FUZZ_SCALE",  # ditto
-        "SPEC_ROUTER_BENCH_DECISIONS",  # bench/decision_log: where routers log decisions
+        "SPEC_ROUTER_BENCH_DECISIONS",  # bench/lab/decision_log: where routers log decisions
     }
 )
 
