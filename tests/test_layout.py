@@ -47,6 +47,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = tuple(
         ("the workers' shared context", {"router.workers"}),
         ("control endpoints, lifecycle", {"router.control", "router.lifecycle"}),
         ("the app", {"router.app"}),
+        ("the gateway's endpoint picker", {"router.gateway"}),
         ("sims, calibration", {"router.sim", "router.calibrate"}),
         ("tools", {"router.tools"}),
         ("the process layer", {"router.process"}),

@@ -153,7 +153,7 @@ class Proxy:
         out.read(info.stream, info.sampling, info.prompt_chars)
 
         decider = self.decider
-        request = decider.request(info, *_slo_headers(headers)) if decider.policy == "slo" else None
+        request = decider.request(info, *slo_headers(headers)) if decider.policy == "slo" else None
         out.request = request
         decision = decider.decide(request)
         if decision is None:
@@ -216,35 +216,15 @@ class Proxy:
 
     async def _queue(self, request: Request | None, out: Outcome) -> Decision:
         """Hold an overflowing request until a backend can serve it within its SLO."""
-        admission, retry_after = self.admission, self.settings.retry_after()
-        admission.enter(retry_after)
-        admitted = False
-        out.queued()
-        try:
-            deadline = self.loop.time() + self.settings.queue_timeout
-            again = False
-            while True:
-                left = deadline - self.loop.time()
-                if left <= 0:
-                    admission.time_out()
-                    raise NoBackend(
-                        "no backend could serve the request within its SLO before the "
-                        "router's queue deadline",
-                        retry_after,
-                    )
-                # woken when a request in flight ends; and it looks again now and then, as
-                # what it waits for (the recent load the predictions see) also fades with time
-                await admission.wait(min(left, QUEUE_RECHECK), again)
-                again = True
-                peek = self.decider.peek(request)
-                if peek is None or peek.reason != "overflow":
-                    decision = self.decider.decide(request)
-                    if decision is None:
-                        raise NoBackend("no backend can take requests right now", retry_after)
-                    admitted = True
-                    return decision
-        finally:
-            admission.leave(admitted)
+        return await wait_in_queue(
+            self.decider,
+            self.admission,
+            request,
+            out,
+            self.settings.retry_after(),
+            self.settings.queue_timeout,
+            self.loop,
+        )
 
     # -- request side -----------------------------------------------------------------------
     def _authorize(self, headers: list[tuple[bytes, bytes]]) -> None:
@@ -590,15 +570,50 @@ def _deciding_as_header(decider: Decider) -> list[tuple[bytes, bytes]]:
     return [] if actual == decider.policy else [(b"x-spec-router-deciding-as", actual.encode())]
 
 
-def _predicted(decision: Decision) -> list[tuple[bytes, bytes]]:
-    """The slo policy's prediction for this request, in milliseconds (for clients and tests)."""
-    return [
-        (b"x-spec-router-predicted-ttft-ms", b"%.1f" % (decision.ttft * 1000)),
-        (b"x-spec-router-predicted-tpot-ms", b"%.2f" % (decision.tpot * 1000)),
-    ]
+async def wait_in_queue(
+    decider: Decider,
+    admission: Admission,
+    request: Request | None,
+    out: Outcome,
+    retry_after: int,
+    timeout: float,
+    loop: asyncio.AbstractEventLoop,
+) -> Decision:
+    """Hold an overflowing request in the router's queue (``Admission``) until a backend can
+    serve it within its SLO; raise ``QueueFull`` (429) or ``NoBackend`` (503) where the router
+    refuses it. The proxy and the gateway's endpoint picker (``router.gateway``) both wait
+    here."""
+    admission.enter(retry_after)
+    admitted = False
+    out.queued()
+    try:
+        deadline = loop.time() + timeout
+        again = False
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                admission.time_out()
+                raise NoBackend(
+                    "no backend could serve the request within its SLO before the "
+                    "router's queue deadline",
+                    retry_after,
+                )
+            # woken when a request in flight ends; and it looks again now and then, as
+            # what it waits for (the recent load the predictions see) also fades with time
+            await admission.wait(min(left, QUEUE_RECHECK), again)
+            again = True
+            peek = decider.peek(request)
+            if peek is None or peek.reason != "overflow":
+                decision = decider.decide(request)
+                if decision is None:
+                    raise NoBackend("no backend can take requests right now", retry_after)
+                admitted = True
+                return decision
+    finally:
+        admission.leave(admitted)
 
 
-def _slo_headers(headers: list[tuple[bytes, bytes]]) -> tuple[float | None, float | None]:
+def slo_headers(headers: list[tuple[bytes, bytes]]) -> tuple[float | None, float | None]:
     """A request's own SLO (``x-slo-ttft-ms`` / ``x-slo-tpot-ms``), in seconds; None: unset or
     not a positive number."""
     ttft = tpot = None
@@ -608,6 +623,14 @@ def _slo_headers(headers: list[tuple[bytes, bytes]]) -> tuple[float | None, floa
         elif name == b"x-slo-tpot-ms":
             tpot = _ms(value)
     return ttft, tpot
+
+
+def _predicted(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """The slo policy's prediction for this request, in milliseconds (for clients and tests)."""
+    return [
+        (b"x-spec-router-predicted-ttft-ms", b"%.1f" % (decision.ttft * 1000)),
+        (b"x-spec-router-predicted-tpot-ms", b"%.2f" % (decision.tpot * 1000)),
+    ]
 
 
 def _ms(value: bytes) -> float | None:
