@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any
 
 from router.account.inflight import InflightTracker
@@ -96,6 +96,16 @@ class Decider:
         if policy == "predictive" and self.tuning.gain is None:
             policy = "spillover"
         return policy
+
+    def members_changed(self, joined: Iterable[str], removed: Iterable[str]) -> None:
+        """The set of backends changed (``router.members.roster``; ``self.pools`` holds the
+        routable ones, updated in place): what it keeps per backend starts and ends with
+        them."""
+        now = self.clock()
+        for url in removed:
+            self._recent.pop(url, None)
+        for url in joined:
+            self._recent[url] = Recent(now)
 
     def backend_load(self, url: str) -> int:
         local = self.tracker.by_backend[url] + self.tracker.lingering(url, self.clock())

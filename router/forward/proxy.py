@@ -88,6 +88,7 @@ class Proxy:
         admission: Admission | None = None,
         abort_lag: Callable[[str], float] | None = None,
         default_model: Callable[[Pool, str], str | None] | None = None,
+        sync: Callable[[], object] | None = None,
     ) -> None:
         self.settings = settings
         self.decider = decider
@@ -106,6 +107,9 @@ class Proxy:
         # router closed the upstream connection): 0 for vLLM, 2-4 s for SGLang
         self.abort_lag = abort_lag
         self.default_model = default_model  # (pool, backend) -> the model a nameless request gets
+        # under --workers: take up a change of the members another worker made before routing
+        # (router.members.roster), so no request goes to a backend after it left
+        self.sync = sync
         self.timeouts = Timeouts(
             settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout
         )
@@ -153,6 +157,8 @@ class Proxy:
         out.read(info.stream, info.sampling, info.prompt_chars)
 
         decider = self.decider
+        if self.sync is not None:
+            self.sync()
         request = decider.request(info, *slo_headers(headers)) if decider.policy == "slo" else None
         out.request = request
         decision = decider.decide(request)
@@ -224,6 +230,7 @@ class Proxy:
             self.settings.retry_after(),
             self.settings.queue_timeout,
             self.loop,
+            self.sync,
         )
 
     # -- request side -----------------------------------------------------------------------
@@ -346,6 +353,8 @@ class Proxy:
             self._judge(verdict, decision, out, detail)
             alt = None
             if verdict.retry and out.attempts < max_attempts:
+                if self.sync is not None:
+                    self.sync()
                 alt = self.decider.retry(decision, tried)
             if alt is None:
                 if conn is not None and refused is None:
@@ -578,6 +587,7 @@ async def wait_in_queue(
     retry_after: int,
     timeout: float,
     loop: asyncio.AbstractEventLoop,
+    sync: Callable[[], object] | None = None,
 ) -> Decision:
     """Hold an overflowing request in the router's queue (``Admission``) until a backend can
     serve it within its SLO; raise ``QueueFull`` (429) or ``NoBackend`` (503) where the router
@@ -602,6 +612,8 @@ async def wait_in_queue(
             # what it waits for (the recent load the predictions see) also fades with time
             await admission.wait(min(left, QUEUE_RECHECK), again)
             again = True
+            if sync is not None:  # (the pools may have changed while it waited)
+                sync()
             peek = decider.peek(request)
             if peek is None or peek.reason != "overflow":
                 decision = decider.decide(request)

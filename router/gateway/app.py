@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +31,7 @@ from router.gateway.endpoints import EndpointError, Endpoints
 from router.gateway.picker import GatewayMetrics, Picker
 from router.gateway.service import GrpcServer
 from router.lifecycle import ensure_logging, keep_learning
+from router.members.member import Member
 from router.origin import Origin
 from router.pools import POOLS, Pool
 from router.settings import Settings, SettingsError
@@ -132,6 +133,22 @@ class EppApp:
 
     async def list_models(self) -> dict[str, Any]:
         return await self.router.list_models()
+
+    def add_backend(self, pool: Pool, url: str) -> Member:
+        return self.router.add_backend(pool, url)
+
+    def remove_backend(self, pool: Pool, url: str) -> Member:
+        return self.router.remove_backend(pool, url)
+
+    def members(self, pool: Pool) -> list[Member]:
+        return self.router.members(pool)
+
+    def in_flight(self) -> Mapping[str, int]:
+        return self.router.in_flight()
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.router.clock
 
     def closing(self) -> None:
         self.router.closing()

@@ -110,8 +110,10 @@ PoolStatus = Literal["ok", "degraded", "down"]
 
 
 def pool_status(states: Sequence[BackendHealth], now: float) -> PoolStatus:
+    """``ok`` when every backend is usable, ``down`` when none is (or the pool has none, say
+    its DNS name does not resolve yet), else ``degraded``."""
     usable_now = sum(usable(h, now) for h in states)
-    if usable_now == len(states):
+    if states and usable_now == len(states):
         return "ok"
     return "degraded" if usable_now else "down"
 
@@ -121,6 +123,8 @@ def pool_problem(
 ) -> str | None:
     """One line on what keeps ``pool`` from being whole, or None when every backend is usable.
     A pool none of whose backends was ever healthy says so: it is not merely starting up."""
+    if not states:
+        return f"{pool} pool: no backend"
     out = [(url, h) for url, h in zip(urls, states, strict=True) if not usable(h, now)]
     if not out:
         return None
@@ -146,15 +150,25 @@ class HealthRegistry:
         self.cfg = cfg
         self.states: dict[str, BackendHealth] = {url: BackendHealth(since=now) for url in urls}
 
+    def add(self, url: str, now: float) -> None:
+        """A backend that joined: ``starting``, as at start-up (no traffic until healthy)."""
+        self.states[url] = BackendHealth(since=now)
+
+    def remove(self, url: str) -> None:
+        self.states.pop(url, None)
+
     def probe(self, url: str, ok: bool, now: float, error: str | None = None) -> None:
+        if url not in self.states:
+            return  # it left while the probe was out
         self.states[url] = probe(self.states[url], ok, now, self.cfg, error)
 
     def eject(self, url: str, now: float, error: str) -> None:
-        self.states[url] = eject(self.states[url], now, self.cfg, error)
+        if url in self.states:
+            self.states[url] = eject(self.states[url], now, self.cfg, error)
 
     def served(self, url: str, now: float) -> None:
-        h = self.states[url]
-        if h.ejections:
+        h = self.states.get(url)
+        if h is not None and h.ejections:
             self.states[url] = served(h, now)
 
     def usable(self, url: str, now: float) -> bool:

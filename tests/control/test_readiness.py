@@ -82,3 +82,21 @@ async def test_all_whole_is_ok_and_warnings_are_listed() -> None:
     assert (body["status"], body["problems"]) == ("ok", [])
     assert body["warnings"] == ["the pools serve different models"]
     assert router.status()["warnings"][0]["message"] == "the pools serve different models"
+
+
+async def test_a_pool_without_backends_is_down_not_ok() -> None:
+    # (say its DNS name never resolved: router.members.discovery)
+    router = RouterApp(Settings(speculative_urls=[S1], baseline_urls=[B1]))
+    router.health.probe(S1, True, router.clock())
+    router.pools["baseline"].clear()
+    router.health.remove(B1)
+    body = (await ready(router)).json()
+    assert (body["ready"], body["status"], body["pools"]) == (
+        True,
+        "degraded",
+        {"speculative": True, "baseline": False},
+    )
+    assert body["problems"] == ["baseline pool: no backend"]
+    router.pools["speculative"].clear()
+    r = await ready(router)
+    assert (r.status_code, r.json()["status"]) == (503, "down")

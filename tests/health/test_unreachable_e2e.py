@@ -52,7 +52,7 @@ def check_warned_once(router: Proc, url: str, says: list[str]) -> None:
 
 def test_a_wrong_port_is_warned_about(sims: dict[str, Proc], start_router: RouterFactory) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    router = start_router(url, sims["baseline"].url)
+    router = start_router(url, sims["baseline"].url, one_pool=True)
     check_warned_once(
         router, url, ["Connection refused", f"nothing accepts connections on {url[7:]}"]
     )
@@ -62,7 +62,7 @@ def test_a_host_that_does_not_resolve_is_warned_about(
     sims: dict[str, Proc], start_router: RouterFactory
 ) -> None:
     url = "http://spec-router-no-such-host.invalid:30000"  # (.invalid never resolves: RFC 2606)
-    router = start_router(url, sims["baseline"].url)
+    router = start_router(url, sims["baseline"].url, one_pool=True)
     check_warned_once(
         router, url, ["its host 'spec-router-no-such-host.invalid' does not resolve", "typo"]
     )
@@ -73,7 +73,7 @@ def test_a_health_path_answering_404_is_warned_about(
 ) -> None:
     # a real engine, under a path it does not serve: /engine/ready and /engine/health are 404
     url = f"{sims['speculative'].url}/engine"
-    router = start_router(url, sims["baseline"].url)
+    router = start_router(url, sims["baseline"].url, one_pool=True)
     check_warned_once(
         router,
         url,
@@ -89,7 +89,7 @@ def test_a_backend_that_comes_up_clears_its_warning(
 ) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    router = start_router(url, sims["baseline"].url)
+    router = start_router(url, sims["baseline"].url, one_pool=True)
     wait_for(lambda: warnings_about(router, url), timeout=20)
     late = Background(sim_on("eagle3", port, "--time-scale", "0.1"))
     try:

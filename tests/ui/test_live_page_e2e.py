@@ -378,7 +378,7 @@ def test_the_page_shows_a_pool_that_never_came_up_as_degraded(
     sims: dict[str, Proc], start_router: RouterFactory, browser: Browser
 ) -> None:
     spec = f"http://127.0.0.1:{free_port()}"
-    router = start_router(spec, sims["baseline"].url, ui_interval="0.5")
+    router = start_router(spec, sims["baseline"].url, ui_interval="0.5", one_pool=True)
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     problems = watched(page)
     page.goto(f"{router.url}/router/ui")
