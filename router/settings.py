@@ -171,18 +171,18 @@ class Settings(BaseSettings):
     # record is one backend at that URL's scheme, port and path (a headless Service), resolved
     # again every DISCOVERY_INTERVAL seconds. The admin API adds and removes backends in both.
     discovery: DiscoveryMode = "static"
-    discovery_interval: float = Field(default=5.0, gt=0)
+    discovery_interval: Seconds = Field(default=5.0, gt=0)
     # host:port,... of the DNS servers to ask, by address (as nginx's `resolver`; port 53 by
     # default); unset: the system resolver (getaddrinfo: /etc/hosts, resolv.conf's search
     # domains, as every program in the pod resolves)
     dns_servers: CsvList = Field(default_factory=list)
     # How long empty answers (NXDOMAIN/NODATA) for a name that had addresses must last before
     # its backends leave. A failed resolution (timeout, SERVFAIL) never empties a pool.
-    discovery_grace: float = Field(default=30.0, ge=0)
+    discovery_grace: Seconds = Field(default=30.0, ge=0)
     # How long a backend that left (its address gone from DNS, or removed through the admin
     # API) may finish the requests it has in flight; then they are cut, as on an upstream
     # failure (streams end with an error event).
-    drain_timeout: float = Field(default=300.0, gt=0)
+    drain_timeout: Seconds = Field(default=300.0, gt=0)
     # The most backends at once, draining ones included (the size of serve --workers' table).
     max_backends: int = Field(default=64, ge=2, le=4096)
 

@@ -216,6 +216,26 @@ def test_durations_as_the_docs_write_them(
     assert getattr(load_settings(), env.lower()) == pytest.approx(read)
 
 
+def test_every_timeout_interval_lag_and_grace_takes_a_unit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/configuration.md: "every timeout, interval, lag and grace" reads `2m` and `500ms`
+    (a setting added later with a plain float would not)."""
+    names = [
+        n for n in Settings.model_fields if n.endswith(("_timeout", "_interval", "_lag", "_grace"))
+    ]
+    assert len(names) > 10
+    for name in names:
+        monkeypatch.setenv(f"SPEC_ROUTER_{name.upper()}", "1.5s")
+    s = load_settings()
+    for name in names:
+        assert getattr(s, name) == pytest.approx(1.5), name
+    for name in names:
+        monkeypatch.setenv(f"SPEC_ROUTER_{name.upper()}", "1500ms")
+    s = load_settings()
+    assert {name: getattr(s, name) for name in names} == pytest.approx(dict.fromkeys(names, 1.5))
+
+
 def test_a_number_that_is_not_one_says_what_to_write(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPEC_ROUTER_CROSSOVER", "many")
     with pytest.raises(SettingsError, match="CROSSOVER='many': expected a whole number, e.g. 7"):
