@@ -99,3 +99,27 @@ def test_a_backend_that_comes_up_clears_its_warning(
         assert httpx.get(f"{router.url}/ready", timeout=5).json()["warnings"] == []
     finally:
         late.stop()
+
+
+def test_a_backend_added_at_run_time_is_warned_about_until_it_leaves(
+    start_router: RouterFactory,
+) -> None:
+    # the admin API (or DNS discovery) adds a backend that cannot be reached: the same warning;
+    # once it has left the pool, its warning goes with it
+    router = start_router(admin_token="s3cret")
+    admin = {"authorization": "Bearer s3cret"}
+    backends = f"{router.url}/router/pools/speculative/backends"
+    url = f"http://127.0.0.1:{free_port()}"
+    assert httpx.post(backends, json={"url": url}, headers=admin, timeout=5).status_code == 201
+    lines = wait_for(lambda: warnings_about(router, url), timeout=20)
+    assert "nothing accepts connections" in lines[0]
+    assert [w["subject"] for w in router_status(router.url)["warnings"]] == [url]
+    r = httpx.delete(backends, params={"url": url}, headers=admin, timeout=5)
+    assert r.status_code == 202
+    wait_for(
+        lambda: all(
+            b["url"] != url for b in router_status(router.url)["pools"]["speculative"]["backends"]
+        )
+    )
+    assert router_status(router.url)["warnings"] == []
+    assert httpx.get(f"{router.url}/ready", timeout=5).json()["warnings"] == []
