@@ -25,6 +25,7 @@ from router.forward.decider import Decider
 from router.forward.proxy import Proxy
 from router.health.notices import Notices
 from router.health.poller import EngineLoad, HealthPoller
+from router.health.pool_check import PoolCheck
 from router.health.state import HealthRegistry, pool_problem, pool_status, usable
 from router.learn.keeper import CrossoverKeeper
 from router.membership import Membership
@@ -46,6 +47,8 @@ class Observed(Protocol):
     def health(self) -> HealthRegistry: ...
     @property
     def poller(self) -> HealthPoller: ...
+    @property
+    def pool_check(self) -> PoolCheck: ...
     @property
     def keeper(self) -> CrossoverKeeper: ...
     @property
@@ -84,7 +87,8 @@ def readiness(app: Observed) -> dict[str, Any]:
         "status": overall(pools.values()),
         "pools": usable_pools,
         "problems": [p["problem"] for p in pools.values() if p["problem"]],
-        "warnings": [n.message for n in app.notices.current()],
+        "warnings": [n.message for n in app.notices.current()]
+        + [f["message"] for f in app.pool_check.status()],
     }
 
 
@@ -128,10 +132,12 @@ def router_status(app: Observed) -> dict[str, Any]:
         served_models=app.poller.served_models,
         backends_of=lambda pool: [m.url for m in membership.roster.of_pool(pool)],
         member=membership.backend,
+        pool_check=app.pool_check,
         extra={
-            # what the operator should look at: backends that cannot be reached, the pools'
-            # checks (router.health.notices); each pool's own status is under "pools"
-            "warnings": app.notices.document(app.clock()),
+            # what the operator should look at: backends that cannot be reached
+            # (router.health.notices), then the pools' checks against what their engines say
+            # (router.health.pool_check); each pool's own status is under "pools"
+            "warnings": app.notices.document(app.clock()) + app.pool_check.status(),
             # what the default policy routes for, whatever the policy: the share of requests
             # within this SLO (recent.within_slo, /metrics spec_router_slo_*)
             "objective": objective(decider.slo_ttft, decider.slo_tpot),
@@ -185,6 +191,7 @@ def status_document(
     served_models: Mapping[str, str] | None = None,
     backends_of: Callable[[Pool], list[str]] | None = None,
     member: Callable[[str, float], dict[str, Any]] | None = None,
+    pool_check: PoolCheck | None = None,
 ) -> dict[str, Any]:
     """The document; each pool lists ``backends_of(pool)`` (default: the routable ones), each
     backend with what ``member`` says of its membership (where it came from, draining)."""
@@ -223,6 +230,8 @@ def status_document(
                     "engine": _engine(loads.get(url), now),
                     "served_model": (served_models or {}).get(url),
                     **({} if member is None else member(url, now)),
+                    # what it said about itself at its last start (None: not yet)
+                    "reports": None if pool_check is None else pool_check.reported(url),
                 }
             )
         states = [health.states[url] for url in decider.pools[pool]]
@@ -234,19 +243,29 @@ def status_document(
             "slow_clients": tracker.slow_clients[pool],
             "backends": backends,
         }
+    none = keeper.no_crossover_status(len(decider.pools["speculative"]),
+                                      len(decider.pools["baseline"]))  # fmt: skip
     return {
         "status": overall(pools.values()),
         "policy": decider.policy,
         # the policy deciding now, and why when it is not the configured one
         "deciding_as": decider.deciding_as,
         "deciding_as_why": deciding_as_why(decider.policy, decider.deciding_as),
-        "crossover": keeper.crossover,
+        # null: none measured (``no_crossover`` says up to where, and what follows from it)
+        "crossover": None if none is not None else keeper.crossover,
         "crossover_source": keeper.source,
+        "no_crossover": none,
+        # requests per speculative engine before the rest go elsewhere (to the baseline, or
+        # with no crossover by load)
+        "speculative_limit": keeper.crossover,
         "learning": {**keeper.status(), "explore_share": decider.explore_share},
         "hysteresis": decider.hysteresis,
         "load_signal": decider.load_signal,
         "in_flight": tracker.snapshot(),
         "pools": pools,
+        # what is wrong with the deployment as the engines describe it (router.health.checks):
+        # each with its level (error: it cannot work as meant), reason and fix
+        "warnings": [] if pool_check is None else pool_check.status(),
         **extra,
     }
 

@@ -64,6 +64,7 @@ class Notices:
         """The notices as /router/status lists them, oldest first."""
         return [
             {
+                "kind": "backend",
                 "level": n.level,
                 "subject": n.subject,
                 "message": n.message,

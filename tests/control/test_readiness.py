@@ -100,3 +100,29 @@ async def test_a_pool_without_backends_is_down_not_ok() -> None:
     router.pools["speculative"].clear()
     r = await ready(router)
     assert (r.status_code, r.json()["status"]) == (503, "down")
+
+
+async def test_the_pools_checks_join_the_warnings_everywhere() -> None:
+    # (router.health.pool_check: the pools against what their engines say) beside a backend
+    # that cannot be reached, in /router/status, /ready and the live page's list
+    from router.control.live import live_document
+    from router.health.info import EngineInfo
+
+    router = app()
+    now = router.clock()
+    for url in (S1, S2, B1):
+        router.health.probe(url, True, now)
+    router.notices.raise_(f"backend:{S2}", S2, f"backend {S2} has failed every probe", now)
+    router.pool_check.update(EngineInfo(S1, "sglang", "0.5.23", served_model="m", speculative=True))
+    router.pool_check.update(
+        EngineInfo(B1, "sglang", "0.5.23", served_model="other", speculative=False)
+    )
+    codes = [f.code for f in router.pool_check.findings]
+    assert "different-model-names" in codes
+    warnings = router.status()["warnings"]
+    assert [w["kind"] for w in warnings] == ["backend"] + ["pools"] * len(codes)
+    assert [w.get("code") for w in warnings[1:]] == codes
+    body = (await ready(router)).json()
+    assert body["warnings"] == [w["message"] for w in warnings]
+    shown = live_document(router.status(), router.keeper.curves(), router.recent.series())
+    assert shown["warnings"] == [w["message"] for w in warnings]
