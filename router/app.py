@@ -33,12 +33,13 @@ from router.control.app import build_control_app
 from router.control.feed import Feed
 from router.control.live import live_document
 from router.control.models import list_models
-from router.control.status import router_status
+from router.control.status import readiness, router_status
 from router.decide import table as tables
 from router.fastpath.busypoll import BusyPoll, ShareWatch
 from router.forward.admission import Admission
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
+from router.health.notices import Notices
 from router.health.poller import HealthPoller
 from router.health.pool_check import PoolCheck
 from router.health.state import HealthConfig, HealthRegistry
@@ -113,6 +114,9 @@ class RouterApp:
             ),
             clock(),
         )
+        # warnings for the operator (a backend that cannot be reached, the pools' checks),
+        # listed in /router/status, /ready and on the live page (router.health.notices)
+        self.notices = Notices()
         # the pools against what their engines say, once each answers (router.health.pool_check)
         self.pool_check = PoolCheck(
             self.pools,
@@ -129,6 +133,7 @@ class RouterApp:
             clock,
             generate_timeout=settings.health_generate_timeout,
             gauge_lag=settings.engine_gauge_lag,
+            notices=self.notices,
             on_info=self.pool_check.update,
             on_leave=self.pool_check.forget,
         )
@@ -157,7 +162,8 @@ class RouterApp:
             slo_ttft=settings.slo_ttft_ms / 1000,
             slo_tpot=settings.slo_tpot_ms / 1000,
         )
-        self.metrics = RouterMetrics(self.registry)
+        slo = (settings.slo_ttft_ms / 1000, settings.slo_tpot_ms / 1000)
+        self.metrics = RouterMetrics(self.registry, slo=slo)
         meter = self.metrics.queue_meter() if worker is not None else None
         self.admission = Admission(settings.queue_size, meter)
         self.state = StateCollector(
@@ -169,10 +175,11 @@ class RouterApp:
             settings.load_signal,
             clock,
             self.admission if worker is None else None,  # (else: in the merged files)
+            slo=slo,
             members=self.roster,
             modes=self.poller.modes,
         )
-        self.recent = RecentWindow(clock)
+        self.recent = RecentWindow(clock, slo=slo)
         self.registry.register(self.state)
         self.observers: list[Callable[[Outcome], None]] = [
             self.metrics.observe,
@@ -274,6 +281,9 @@ class RouterApp:
         return self.settings.engine_abort_lag if seen and seen.flavor == "sglang" else 0.0
 
     # -- the rest of Controlled ----------------------------------------------------------------
+    def readiness(self) -> dict[str, Any]:
+        return readiness(self)
+
     def usable_pools(self) -> dict[Pool, bool]:
         return {pool: self.decider.pool_usable(pool) for pool in POOLS}
 
@@ -362,12 +372,10 @@ class RouterApp:
 
 
 def load_table(settings: Settings) -> tables.Table | None:
-    """The table at TABLE_PATH; None when unset or not written yet; a bad one is an error."""
-    path = settings.table_path
-    if path is None or not path.exists():
-        return None
+    """The table at TABLE_PATH (``tables.starting_table``); a missing file without
+    TABLE_FRESH, or a bad one, is a start-up error."""
     try:
-        return tables.load(path)
+        return tables.starting_table(settings.table_path, settings.table_fresh)
     except tables.TableError as exc:
         raise SettingsError(f"SPEC_ROUTER_TABLE_PATH: {exc}") from None
 

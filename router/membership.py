@@ -37,7 +37,7 @@ from router.members.roster import Roster, drained, overdue
 from router.members.store import MembershipError, NotMember, Store
 from router.origin import Origin
 from router.pools import Pool
-from router.settings import MAX_URL_BYTES, Settings
+from router.settings import MAX_URL_BYTES, Settings, refuse_api_path
 from router.upstream.client import OriginPool
 
 log = logging.getLogger("spec_router.members")
@@ -270,8 +270,10 @@ def member_document(m: Member, now: float, in_flight: Mapping[str, int]) -> dict
 
 
 def checked_url(url: str) -> str:
-    """A backend URL as the admin API takes it (raises ``ValueError`` naming what is wrong)."""
+    """A backend URL as the admin API takes it (raises ``ValueError`` naming what is wrong):
+    as the settings take one, a path holding ``/v1`` is refused with the fix."""
     origin = Origin.parse(url)  # an http(s) URL with a host
+    refuse_api_path(url, origin.base_path.decode())
     if len(origin.url.encode()) > MAX_URL_BYTES:
         raise ValueError(f"a backend URL is at most {MAX_URL_BYTES} bytes")
     return origin.url

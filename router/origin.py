@@ -23,8 +23,15 @@ class Origin:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
+        if any(c.isspace() for c in url):
+            raise ValueError(f"a URL has no spaces: {url!r} (separate URLs with commas)")
         tls = parts.scheme == "https"
-        port = parts.port or (443 if tls else 80)
+        try:
+            port = parts.port or (443 if tls else 80)
+        except ValueError:
+            raise ValueError(
+                f"bad port in {url!r}: expected http(s)://host:port with a number"
+            ) from None
         default = (tls and port == 443) or (not tls and port == 80)
         host = parts.hostname
         shown = f"[{host}]" if ":" in host else host

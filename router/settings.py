@@ -8,14 +8,24 @@ List settings take comma-separated values in the environment (``a,b``) or a TOML
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import os
+import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -27,6 +37,7 @@ from pydantic_settings import (
 from router.keepalive import CLIENT_KEEP_ALIVE
 from router.origin import Origin
 from router.pools import SPECULATIVE, Pool
+from router.units import duration_field, size_field
 
 ENV_PREFIX = "SPEC_ROUTER_"
 CONFIG_ENV = "SPEC_ROUTER_CONFIG"
@@ -36,14 +47,80 @@ LoadSignal = Literal["local", "engine", "max"]
 DiscoveryMode = Literal["static", "dns"]
 CsvList = Annotated[list[str], NoDecode]
 NameMap = Annotated[dict[str, str], NoDecode]
+# Values with a unit, as the docs write them (router.units): a plain number is in the unit the
+# setting's name or docs give (bytes, seconds, ms, µs); "32 MiB", "30 s", "500ms" are read too.
+Bytes = Annotated[int, BeforeValidator(size_field)]
+Seconds = Annotated[float, BeforeValidator(duration_field("s"))]
+Millis = Annotated[float, BeforeValidator(duration_field("ms"))]
+Micros = Annotated[int, BeforeValidator(duration_field("us", whole=True))]
 
 # Chosen for the simulated presets (their analytic crossing is ~6.8 concurrent requests); a real
 # deployment should calibrate (``spec-router calibrate``) or set SPEC_ROUTER_CROSSOVER.
 DEFAULT_CROSSOVER = 7
 
 
+# Variables with the prefix that are not settings: read by the project's own scripts, tests and
+# deployment files, never by the router. Any other SPEC_ROUTER_* variable must be a setting
+# (a misspelt one would otherwise be ignored, and its default used in silence).
+NOT_SETTINGS = frozenset(
+    {
+        CONFIG_ENV,  # the TOML file itself
+        "SPEC_ROUTER_TAG",  # deploy/docker-compose.yml: the image tag
+        "SPEC_ROUTER_CHROMIUM",  # tests/ui, scripts/ui_screenshot.py: the browser
+        "SPEC_ROUTER_UI_SCREENSHOT",  # tests/ui: where to save a screenshot
+        "SPEC_ROUTER_LLAMA_SERVER",  # the llama.cpp tier (scripts/real-engine, tests/real)
+        "SPEC_ROUTER_REAL_MODELS",  # ditto
+        "SPEC_ROUTER_REAL_ENGINE_CACHE",  # ditto: the build cache
+        "SPEC_ROUTER_FUZZ_PROFILE",  # tests/forward/test_fuzz_e2e.py
+        "SPEC_ROUTER_FUZZ_SCALE",  # ditto
+        "SPEC_ROUTER_BENCH_DECISIONS",  # bench/lab/decision_log: where routers log decisions
+    }
+)
+
+
 class SettingsError(Exception):
     """A setting is invalid; the message is one line naming it."""
+
+
+def closest(name: str, known: list[str]) -> str | None:
+    """The known name ``name`` was most likely meant to be (a typo, a missing plural)."""
+    found = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line per ``SPEC_ROUTER_*`` variable in ``environ`` that is no setting, naming the
+    closest setting. (pydantic-settings reads the names in any case: so does this.)"""
+    settings = [name.upper() for name in Settings.model_fields]
+    known = {ENV_PREFIX + name for name in settings} | NOT_SETTINGS
+    lines = []
+    for key in sorted(environ):
+        name = key.upper()
+        if not name.startswith(ENV_PREFIX) or name in known:
+            continue
+        close = closest(name.removeprefix(ENV_PREFIX), settings)  # (not the shared prefix)
+        hint = f"did you mean {ENV_PREFIX}{close}?" if close else "no setting is named like it"
+        lines.append(
+            f"unknown setting {key} in the environment: {hint} "
+            "(every SPEC_ROUTER_* variable must be a setting; see docs/configuration.md)"
+        )
+    return lines
+
+
+def refuse_api_path(url: str, path: str) -> None:
+    """An engine URL whose path holds ``/v1`` (an OpenAI ``base_url`` habit) cannot be right:
+    the router sends each request to its own path (``/v1/chat/completions``) after the URL's
+    path, so the engine would be asked for ``/v1/v1/...``, and ``/v1/health`` answers 404.
+    Any other path is kept as a prefix (an engine behind a path-routing proxy)."""
+    segments = path.split("/")
+    if "v1" not in segments:
+        return
+    keep = "/".join(segments[: segments.index("v1")])
+    fixed = url[: url.index(path)] + keep if path in url else url
+    raise ValueError(
+        f"drop the {path[len(keep) :]} from {url} (use {fixed}): the router adds each "
+        "request's own path, /v1/chat/completions and the rest"
+    )
 
 
 class _TomlSource(PydanticBaseSettingsSource):
@@ -66,7 +143,9 @@ class _TomlSource(PydanticBaseSettingsSource):
             self._data = {str(k).lower(): v for k, v in table.items()}
             unknown = sorted(set(self._data) - set(settings_cls.model_fields))
             if unknown:
-                raise SettingsError(f"{CONFIG_ENV}={path}: unknown setting {unknown[0]!r}")
+                close = closest(unknown[0], list(settings_cls.model_fields))
+                hint = f": did you mean {close!r}?" if close else ""
+                raise SettingsError(f"{CONFIG_ENV}={path}: unknown setting {unknown[0]!r}{hint}")
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return self._data.get(field_name), field_name, False
@@ -92,18 +171,18 @@ class Settings(BaseSettings):
     # record is one backend at that URL's scheme, port and path (a headless Service), resolved
     # again every DISCOVERY_INTERVAL seconds. The admin API adds and removes backends in both.
     discovery: DiscoveryMode = "static"
-    discovery_interval: float = Field(default=5.0, gt=0)
+    discovery_interval: Seconds = Field(default=5.0, gt=0)
     # host:port,... of the DNS servers to ask, by address (as nginx's `resolver`; port 53 by
     # default); unset: the system resolver (getaddrinfo: /etc/hosts, resolv.conf's search
     # domains, as every program in the pod resolves)
     dns_servers: CsvList = Field(default_factory=list)
     # How long empty answers (NXDOMAIN/NODATA) for a name that had addresses must last before
     # its backends leave. A failed resolution (timeout, SERVFAIL) never empties a pool.
-    discovery_grace: float = Field(default=30.0, ge=0)
+    discovery_grace: Seconds = Field(default=30.0, ge=0)
     # How long a backend that left (its address gone from DNS, or removed through the admin
     # API) may finish the requests it has in flight; then they are cut, as on an upstream
     # failure (streams end with an error event).
-    drain_timeout: float = Field(default=300.0, gt=0)
+    drain_timeout: Seconds = Field(default=300.0, gt=0)
     # The most backends at once, draining ones included (the size of serve --workers' table).
     max_backends: int = Field(default=64, ge=2, le=4096)
 
@@ -115,39 +194,39 @@ class Settings(BaseSettings):
     # The service-level objective the slo policy routes for, in wall-clock milliseconds: time to
     # first token and mean time per output token after it. A request may set its own with the
     # x-slo-ttft-ms / x-slo-tpot-ms headers. The policy also values a relaxed tier of 3x / 2x.
-    slo_ttft_ms: float = Field(default=1000.0, gt=0)
-    slo_tpot_ms: float = Field(default=25.0, gt=0)
+    slo_ttft_ms: Millis = Field(default=1000.0, gt=0)
+    slo_tpot_ms: Millis = Field(default=25.0, gt=0)
     crossover: int | None = Field(default=None, ge=0)
     hysteresis: int = Field(default=1, ge=0)
     # A router-side queue (0: none) for requests the slo policy finds no backend can serve
     # within even the relaxed SLO: they wait here up to QUEUE_TIMEOUT seconds for a request in
     # flight to end, then get 503; a full queue answers 429. Both with Retry-After.
     queue_size: int = Field(default=0, ge=0)
-    queue_timeout: float = Field(default=5.0, gt=0)
+    queue_timeout: Seconds = Field(default=5.0, gt=0)
 
     # -- upstream client ----------------------------------------------------------------------
-    connect_timeout: float = Field(default=5.0, gt=0)
+    connect_timeout: Seconds = Field(default=5.0, gt=0)
     # A stream: request sent -> first body byte (its queueing and prefill; vLLM and SGLang 0.5.3
     # send the headers before the request is queued).
-    first_byte_timeout: float = Field(default=600.0, gt=0)
+    first_byte_timeout: Seconds = Field(default=600.0, gt=0)
     # Longest silence between two chunks of a stream once it has started. No total deadline.
-    idle_timeout: float = Field(default=120.0, gt=0)
+    idle_timeout: Seconds = Field(default=120.0, gt=0)
     # A non-streamed request: sent -> whole answer (headers and body come when it is generated).
-    non_stream_timeout: float = Field(default=1800.0, gt=0)
+    non_stream_timeout: Seconds = Field(default=1800.0, gt=0)
     max_connections_per_backend: int = Field(default=8192, ge=1)
     max_idle_per_backend: int = Field(default=1024, ge=0)
-    keepalive_expiry: float = Field(default=4.0, ge=0)
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    keepalive_expiry: Seconds = Field(default=4.0, ge=0)
+    max_body_bytes: Bytes = Field(default=32 * 1024 * 1024, ge=1024)
     # Absolute deadline for receiving a whole request, headers and body (slowloris): 408 after.
-    request_timeout: float = Field(default=30.0, gt=0)
+    request_timeout: Seconds = Field(default=30.0, gt=0)
     # How long a client's connection is kept open with no request on it. Behind a load balancer
     # it must outlast the balancer's own idle timeout, or the balancer may send a request on a
     # connection the router is closing (a 502 to its client).
-    client_keep_alive: float = Field(default=CLIENT_KEEP_ALIVE, gt=0)
+    client_keep_alive: Seconds = Field(default=CLIENT_KEEP_ALIVE, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     # Microseconds the event loop keeps polling after activity before it may sleep (0: never
     # spins). Saves ~0.1 ms per request at low load for CPU just after activity (busypoll.py).
-    busy_poll_us: int = Field(default=50, ge=0, le=100_000)
+    busy_poll_us: Micros = Field(default=50, ge=0, le=100_000)
     # Hold busy polling while the router's core looks shared with other busy processes
     # (busypoll.ShareWatch); false: spin whatever the core's neighbours do.
     busy_poll_yield: bool = True
@@ -160,45 +239,51 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
 
     # -- health -------------------------------------------------------------------------------
-    health_interval: float = Field(default=2.0, gt=0)
+    health_interval: Seconds = Field(default=2.0, gt=0)
     # A probe of /ready (SGLang 0.5.23) or of vLLM's /health, both flag checks.
-    health_timeout: float = Field(default=2.0, gt=0)
+    health_timeout: Seconds = Field(default=2.0, gt=0)
     # A probe of SGLang's /health where it has no /ready (0.5.3): a one-token generation that
     # answers after >= 1 s, and 503 only after the engine's own SGLANG_HEALTH_CHECK_TIMEOUT (20 s).
-    health_generate_timeout: float = Field(default=25.0, gt=0)
-    startup_grace: float = Field(default=900.0, ge=0)
+    health_generate_timeout: Seconds = Field(default=25.0, gt=0)
+    startup_grace: Seconds = Field(default=900.0, ge=0)
     fall: int = Field(default=3, ge=1)
     rise: int = Field(default=2, ge=1)
-    eject_base: float = Field(default=1.0, gt=0)
-    eject_max: float = Field(default=60.0, gt=0)
-    ramp_seconds: float = Field(default=10.0, ge=0)
+    eject_base: Seconds = Field(default=1.0, gt=0)
+    eject_max: Seconds = Field(default=60.0, gt=0)
+    ramp_seconds: Seconds = Field(default=10.0, ge=0)
     load_signal: LoadSignal = "local"
     # LOAD_SIGNAL engine/max: how stale an SGLang engine's load gauges may be. It refreshes them
     # on a prefill batch (without that batch's own requests) and every --decode-log-interval
     # (40) decode steps; this replica's requests of that long before a scrape count on top.
-    engine_gauge_lag: float = Field(default=2.0, ge=0)
+    engine_gauge_lag: Seconds = Field(default=2.0, ge=0)
     # How long a request whose client left still counts against an SGLang backend's load: it
     # aborts a started stream 2 s after the disconnect, and one not started yet (or a
     # non-stream) at its next 4-s poll. vLLM aborts at once.
-    engine_abort_lag: float = Field(default=2.0, ge=0)
+    engine_abort_lag: Seconds = Field(default=2.0, ge=0)
     scrape_metrics: bool = True
 
     # -- crossover table and learning ---------------------------------------------------------
-    # JSON table from `spec-router calibrate`; the learned table is written back here.
+    # JSON table from `spec-router calibrate`; the learned table is written back here. A path
+    # that does not exist is a start-up error unless TABLE_FRESH is set (router.decide.table:
+    # ``starting_table``).
     table_path: Path | None = None
+    # TABLE_PATH may not exist yet: start uncalibrated, and write the table there only once the
+    # router has one of its own (learned curves for both pools, or a PUT table; never the
+    # default). An existing file is read as always, so a restart resumes from what was learned.
+    table_fresh: bool = False
     learn: bool = True
-    learn_interval: float = Field(default=5.0, gt=0)  # seconds between crossover updates
+    learn_interval: Seconds = Field(default=5.0, gt=0)  # seconds between crossover updates
     learn_max_step: int = Field(default=1, ge=1)  # most the crossover moves per update
     learn_min_samples: int = Field(default=20, ge=1)  # per pool, before samples move it
     learn_decay: float = Field(default=0.99, gt=0, lt=1)  # weight a sample keeps per new one
-    persist_interval: float = Field(default=60.0, gt=0)
+    persist_interval: Seconds = Field(default=60.0, gt=0)
     # Share of requests near the crossover sent the other way, so both curves stay measured.
     explore_share: float = Field(default=0.02, ge=0, le=0.2)
     explore_band: int = Field(default=2, ge=0)
 
     # -- live page ----------------------------------------------------------------------------
     # Seconds between two snapshots of the live page's feed (/router/ui/events).
-    ui_interval: float = Field(default=1.0, ge=0.05, le=60)
+    ui_interval: Seconds = Field(default=1.0, ge=0.05, le=60)
 
     # -- the fleet planner (router/planning, docs/fleet.md) ----------------------------------
     # off: none. advisory: plan every PLAN_INTERVAL and show it (GET /router/plan, the
@@ -245,8 +330,9 @@ class Settings(BaseSettings):
     )
     @classmethod
     def _split_csv(cls, value: Any) -> Any:
+        # commas, whitespace or both: none of these values (URLs, keys, addresses) has either
         if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
+            return [part for part in re.split(r"[\s,]+", value) if part]
         return value
 
     @field_validator("speculative_model_map", "baseline_model_map", mode="before")
@@ -269,7 +355,8 @@ class Settings(BaseSettings):
             raise ValueError("at least one backend URL is needed")
         cleaned = []
         for url in urls:
-            Origin.parse(url)  # raises ValueError naming the URL
+            origin = Origin.parse(url)  # raises ValueError naming the URL
+            refuse_api_path(url, origin.base_path.decode())
             cleaned.append(url.rstrip("/"))
         if len(set(cleaned)) != len(cleaned):
             raise ValueError("a backend URL is listed twice")
@@ -370,6 +457,15 @@ def sim_time_env(time_scale: float = 1.0) -> dict[str, str]:
     }
 
 
+# pydantic's words for a value of the wrong type, replaced by what to write instead.
+_EXPECTED = {
+    "int_parsing": "expected a whole number, e.g. 7",
+    "int_from_float": "expected a whole number, e.g. 7",
+    "float_parsing": "expected a number, e.g. 2.5",
+    "bool_parsing": "expected true or false",
+}
+
+
 def _describe(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = err.get("loc") or ()
@@ -377,13 +473,19 @@ def _describe(exc: ValidationError) -> str:
     where = f"{ENV_PREFIX}{name.upper()}" if name else "settings"
     value = err.get("input")
     shown = "" if (value is None or isinstance(value, dict) or "key" in name) else f"={value!r}"
-    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    msg = _EXPECTED.get(str(err.get("type")), str(err.get("msg", "invalid")))
+    msg = msg.removeprefix("Value error, ")
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"invalid setting {where}{shown}: {msg}{more}"
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Build the settings, turning any problem into one ``SettingsError`` line."""
+    """Build the settings, turning any problem into one ``SettingsError`` line. A
+    ``SPEC_ROUTER_*`` variable that is no setting is one too (``unknown_variables``)."""
+    unknown = unknown_variables(os.environ)
+    if unknown:
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise SettingsError(unknown[0] + more)
     try:
         return Settings(**overrides)
     except ValidationError as exc:

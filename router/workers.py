@@ -2,7 +2,8 @@
 
 Its place (``WorkerContext``: its slot, the shared table, the run's directory), how an
 operator's table reaches the other workers (``TableExchange``), and the refusal of plain
-``uvicorn router.app:app --workers N`` (``refuse_uvicorn_workers``): uvicorn's workers know
+``uvicorn router.app:app --workers N`` (``router.uvicorn_guard``, and
+``refuse_uvicorn_workers`` where it could not run): uvicorn's workers know
 nothing of each other, so each would route with its own counts. The processes themselves are
 ``router.process``'s; the app only reads this.
 """
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from router.account.shared import SharedTable
 from router.decide import table as tables
+from router.uvicorn_guard import refusal, uvicorn_workers
 
 if TYPE_CHECKING:
     from router.learn.keeper import CrossoverKeeper
@@ -90,36 +92,16 @@ class TableExchange:
                 log.warning("cannot take up the table another worker was given: %s", exc)
 
 
-def uvicorn_workers(argv: list[str], environ: dict[str, str]) -> int:
-    """How many workers the uvicorn command line that started this process asked for (its
-    workers are spawned with the supervisor's ``sys.argv``); 1 when it is not that."""
-    if not argv or "--reload" in argv:
-        return 1
-    program = os.path.basename(argv[0])
-    if program != "uvicorn" and not argv[0].endswith(os.path.join("uvicorn", "__main__.py")):
-        return 1
-    value = environ.get("WEB_CONCURRENCY", "1")
-    for i, arg in enumerate(argv):
-        if arg == "--workers" and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith("--workers="):
-            value = arg.split("=", 1)[1]
-    return int(value) if value.isdigit() else 1
-
-
 def refuse_uvicorn_workers() -> None:
-    """Stop ``uvicorn router.app:app --workers N`` (N > 1) at start-up, with one clear line."""
+    """Stop ``uvicorn router.app:app --workers N`` (N > 1) in a worker, with one clear line:
+    the fallback where ``router.uvicorn_guard`` did not run in uvicorn's own process (no .pth
+    installed), so every worker prints it, after uvicorn said it was running."""
     if multiprocessing.parent_process() is None:
         return
     n = uvicorn_workers(sys.argv, dict(os.environ))
     if n <= 1:
         return
-    print(
-        f"spec-router: refusing to run under `uvicorn --workers {n}`: each worker would route "
-        "with its own in-flight counts. Use `spec-router serve --workers N` (one shared count).",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(refusal(n), file=sys.stderr, flush=True)
     # uvicorn's supervisor restarts a worker that exits: stop it, so that the refusal stands.
     os.kill(os.getppid(), signal.SIGTERM)
     raise SystemExit(2)

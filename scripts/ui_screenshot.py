@@ -1,4 +1,4 @@
-"""Take the README's screenshot (docs/ui.png): the live page during the demo's load ramp.
+"""Take the screenshot docs/img/live-page.png: the live page during the demo's load ramp.
 
 Runs ``spec-router demo --hold``, opens the router's live page in headless Chromium (the
 system's, like tests/ui) as soon as the demo names it, and takes a full-page screenshot ``--at``
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "ui.png")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "live-page.png")
     p.add_argument("--hold-step", type=float, default=3.0)
     p.add_argument("--at", type=float, default=16.5, help="seconds into the hold")
     p.add_argument("--width", type=int, default=1400)

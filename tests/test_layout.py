@@ -32,6 +32,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = tuple(
                 "router.origin",
                 "router.keepalive",
                 "router.jsonfast",
+                "router.units",
+                "router.uvicorn_guard",
             },
         ),
         ("configuration", {"router.settings"}),

@@ -1,6 +1,6 @@
 """Write deploy/grafana/dashboards/spec-router.json, the spec-router Grafana dashboard.
 
-The dashboard is generated so that its ~20 panels stay reviewable: each panel below is a title,
+The dashboard is generated so that its ~25 panels stay reviewable: each panel below is a title,
 its PromQL and a one-line description; the JSON around them is Grafana's boilerplate.
 tests/deploy checks that the committed JSON is what this script writes, that every query uses
 only metrics the router or the engines expose, and that every query returns data from a real
@@ -192,6 +192,26 @@ def row(title: str) -> dict[str, Any]:
     return {"type": "row", "title": title, "collapsed": False, "panels": [], "_size": (24, 1)}
 
 
+def within_slo(by: str = "", tier: str = "strict", window: str = RI) -> str:
+    """The share of judged requests within the SLO at ``tier``, summed ``by`` (PromQL): what
+    the default policy routes for (router/account/objective.py)."""
+    group = f" by ({by})" if by else ""
+    met = f'sum{group} (rate(spec_router_slo_met_total{{{R}, tier="{tier}"}}[{window}]))'
+    judged = f"sum{group} (rate(spec_router_slo_judged_total{{{R}}}[{window}]))"
+    return f"{met} / {judged}"
+
+
+def slo_line(latency: str) -> list[dict[str, Any]]:
+    """The SLO and the relaxed SLO as dashed reference lines on a latency panel."""
+    return [
+        target(
+            f'max(spec_router_slo_seconds{{{R}, latency="{latency}", tier="{tier}"}})',
+            f"SLO{'' if tier == 'strict' else ' relaxed'}",
+        )
+        for tier in ("strict", "relaxed")
+    ]
+
+
 def panels() -> list[dict[str, Any]]:
     share = (
         f'sum(rate(spec_router_routing_decisions_total{{{R}, pool="speculative"}}[{RI}]))'
@@ -210,23 +230,35 @@ def panels() -> list[dict[str, Any]]:
                     f"max by (pool) (spec_router_backend_usable{{{R}}})", "{{pool}}", instant=True
                 )
             ],
-            width=6,
+            width=5,
             mappings=USABLE_MAPPINGS,
             thresholds=USABLE_THRESHOLDS,
+        ),
+        stat(
+            "Within the SLO (5m)",
+            "Share of streamed requests that met the SLO over the last 5 minutes: strict "
+            "(SLO_TTFT_MS and SLO_TPOT_MS) and relaxed (3x TTFT, 2x TPOT). What the default "
+            "policy routes for; refusals for want of a backend count as misses.",
+            [
+                target(within_slo(window="5m"), "strict", instant=True),
+                target(within_slo(tier="relaxed", window="5m"), "relaxed", instant=True),
+            ],
+            width=5,
+            unit="percentunit",
         ),
         stat(
             "Crossover",
             "Concurrent requests per speculative engine above which new requests go to the "
             "baseline pool.",
             [target(f"max(spec_router_crossover{{{R}}})", "crossover", instant=True)],
-            width=4,
+            width=3,
             text_mode="value",
         ),
         stat(
             "Speculative share (5m)",
             "Share of routing decisions that chose the speculative pool over the last 5 minutes.",
             [target(share.replace(RI, "5m"), "speculative", instant=True)],
-            width=4,
+            width=3,
             unit="percentunit",
             text_mode="value",
         ),
@@ -240,7 +272,7 @@ def panels() -> list[dict[str, Any]]:
                     instant=True,
                 )
             ],
-            width=5,
+            width=4,
             text_mode="name",
         ),
         stat(
@@ -254,8 +286,33 @@ def panels() -> list[dict[str, Any]]:
                     instant=True,
                 )
             ],
-            width=5,
+            width=4,
             text_mode="name",
+        ),
+        row("Objective: requests within the SLO"),
+        timeseries(
+            "Within the SLO, all requests",
+            "Share of streamed requests within the SLO (strict and relaxed), over every pool "
+            "and the router's own refusals: what the default policy (slo) routes for.",
+            [
+                target(within_slo(), "strict"),
+                target(within_slo(tier="relaxed"), "relaxed"),
+            ],
+            unit="percentunit",
+            width=12,
+            minmax=(0, 1),
+        ),
+        timeseries(
+            "Within the SLO by pool",
+            "The same share per pool that served the requests ('none': refused by the router "
+            "for want of a backend or room).",
+            [
+                target(within_slo("pool"), "{{pool}} strict"),
+                target(within_slo("pool", "relaxed"), "{{pool}} relaxed"),
+            ],
+            unit="percentunit",
+            width=12,
+            minmax=(0, 1),
         ),
         row("Traffic"),
         timeseries(
@@ -327,21 +384,27 @@ def panels() -> list[dict[str, Any]]:
         row("Latency"),
         timeseries(
             "Time to first token p50/p99 by pool",
-            "Arrival at the router to the first response byte, by pool (successful requests).",
+            "Arrival at the router to the first response byte, by pool (successful requests), "
+            "against the SLO and the relaxed SLO (dashed).",
             [
                 target(quantile(0.5, "spec_router_time_to_first_token_seconds"), "{{pool}} p50"),
                 target(quantile(0.99, "spec_router_time_to_first_token_seconds"), "{{pool}} p99"),
+                *slo_line("ttft"),
             ],
             unit="s",
+            dashed="^SLO.*",
         ),
         timeseries(
             "Time per output token p50/p99 by pool",
-            "Mean time between output tokens after the first, per streamed request, by pool.",
+            "Mean time between output tokens after the first, per streamed request, by pool, "
+            "against the SLO and the relaxed SLO (dashed).",
             [
                 target(quantile(0.5, "spec_router_time_per_output_token_seconds"), "{{pool}} p50"),
                 target(quantile(0.99, "spec_router_time_per_output_token_seconds"), "{{pool}} p99"),
+                *slo_line("tpot"),
             ],
             unit="s",
+            dashed="^SLO.*",
         ),
         timeseries(
             "Request duration p50/p99 by pool",

@@ -4,7 +4,7 @@ Two kinds: counters and histograms updated once per finished request (``observe`
 ``Outcome`` observer; nothing per chunk), and gauges read from live state at scrape time by a
 collector (in-flight counts, health, crossover, engine signals), so the hot path pays nothing
 for them. Names follow Prometheus conventions: ``spec_router_`` prefix, base units, ``_total``
-on counters, labels limited to pool, backend, reason, code, kind, state.
+on counters, labels limited to pool, backend, reason, code, kind, state, tier, latency.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from router.account.objective import TIERS, within_slo
+from router.decide.twin import RELAXED_TPOT, RELAXED_TTFT
 from router.health.mode import ModeReading, mode_mismatch
 from router.health.state import State
 from router.members.member import Member
@@ -82,10 +84,15 @@ MAIN_REASONS = (
 
 class RouterMetrics:
     def __init__(
-        self, registry: CollectorRegistry, backends: Iterable[tuple[str, str]] = ()
+        self,
+        registry: CollectorRegistry,
+        backends: Iterable[tuple[str, str]] = (),
+        slo: tuple[float, float] = (1.0, 0.025),
     ) -> None:
-        """``backends``: (pool, url) of every backend, whose error series start at 0."""
+        """``backends``: (pool, url) of every backend, whose error series start at 0; ``slo``:
+        the TTFT and TPOT (seconds) a request without its own is judged against."""
         self.registry = registry
+        self.slo = slo
         p = "spec_router_"
         self.requests = Counter(
             p + "requests", "Requests answered, by pool, routing reason and HTTP status.",
@@ -134,6 +141,28 @@ class RouterMetrics:
             "(up to 256 KiB each) and then stopped reading from the engine until it caught up.",
             ["pool"], registry=registry,
         )  # fmt: skip
+        # The objective of the default policy (router.account.objective): counters, so that
+        # PromQL takes the share over any window and sums it over replicas and workers:
+        #   sum by (pool) (rate(spec_router_slo_met_total{tier="strict"}[5m]))
+        #     / sum by (pool) (rate(spec_router_slo_judged_total[5m]))
+        self.slo_judged = Counter(
+            p + "slo_judged",
+            "Streamed requests judged against the SLO, by pool (none: refused by the router "
+            "for want of a backend or room, a miss).",
+            ["pool"], registry=registry,
+        )  # fmt: skip
+        self.slo_met = Counter(
+            p + "slo_met",
+            "Judged requests within the SLO, by pool and tier: strict (SLO_TTFT_MS and "
+            "SLO_TPOT_MS, or the request's own x-slo-*), relaxed (3x TTFT, 2x TPOT).",
+            ["pool", "tier"], registry=registry,
+        )  # fmt: skip
+        self._slo_children: dict[str, tuple[Callable[[float], None], ...]] = {}
+        for pool in (*POOLS, "none"):
+            self._slo_children[pool] = (
+                adder(self.slo_judged.labels(pool)),
+                *(adder(self.slo_met.labels(pool, tier)) for tier in TIERS),
+            )
         self._cache: dict[tuple[str, str, int], tuple[Any, ...]] = {}
         for pool in POOLS:
             self.output_tokens.labels(pool)
@@ -255,6 +284,14 @@ class RouterMetrics:
             pool, out.reason, out.status
         )
         requests(1)
+        attained = within_slo(out, *self.slo)
+        if attained is not None:
+            judged, strict, relaxed = self._slo_children[pool]
+            judged(1)
+            if attained.strict:
+                strict(1)
+            if attained.relaxed:
+                relaxed(1)
         if out.pool is None:
             return
         decisions(1)
@@ -339,9 +376,11 @@ class StateCollector(Collector):
         load_signal: str,
         clock: Callable[[], float],
         admission: Queue | None = None,
+        slo: tuple[float, float] = (1.0, 0.025),
         members: Members | None = None,
         modes: Mapping[str, ModeReading] | None = None,
     ) -> None:
+        self.slo = slo  # TTFT, TPOT (s): the SLO requests are judged against
         self.tracker = tracker
         self.health = health
         self.tuning = tuning
@@ -396,6 +435,18 @@ class StateCollector(Collector):
         pol = InfoMetricFamily(p + "policy", "The routing policy in use.")
         pol.add_metric([], {"policy": self.policy, "load_signal": self.load_signal})
         yield pol
+        target = GaugeMetricFamily(
+            p + "slo_seconds",
+            "The SLO requests are judged against (spec_router_slo_met_total), by latency "
+            "(ttft, tpot) and tier (strict: SLO_TTFT_MS / SLO_TPOT_MS; relaxed: 3x, 2x).",
+            labels=["latency", "tier"],
+        )
+        ttft, tpot = self.slo
+        target.add_metric(["ttft", "strict"], ttft)
+        target.add_metric(["ttft", "relaxed"], ttft * RELAXED_TTFT)
+        target.add_metric(["tpot", "strict"], tpot)
+        target.add_metric(["tpot", "relaxed"], tpot * RELAXED_TPOT)
+        yield target
         health = GaugeMetricFamily(
             p + "backend_health", "1 for the backend's current health state.",
             labels=["pool", "backend", "state"],

@@ -1,6 +1,7 @@
-"""The last few minutes of finished requests: share per pool, routing reasons, TTFT and TPOT.
+"""The last few minutes of finished requests: share per pool, routing reasons, TTFT and TPOT,
+and the share within the SLO (strict and relaxed: ``router.account.objective``).
 
-An ``Outcome`` observer, cheaper than the metrics one: a finished request adds to four counters
+An ``Outcome`` observer, cheaper than the metrics one: a finished request adds to a few counters
 of the time bucket it ended in (O(1), nothing per chunk), and latencies go into log-spaced bins
 (5% wide) rather than a list, so memory is bounded by the number of buckets times the number of
 bins in use, whatever the request rate. A running total over the closed buckets is kept as
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from router.account.objective import TIERS, within_slo
 from router.pools import POOLS, SPECULATIVE
 
 if TYPE_CHECKING:
@@ -61,7 +63,8 @@ def _add(into: dict[K, int], counts: Mapping[K, int], sign: int) -> None:
 
 
 # A bucket's counts, in one flat dict: ("n", pool) requests (pool "none": the router refused),
-# ("r", pool, reason) routing reasons, ("ttft" | "tpot", pool, bin) latencies. One dict and
+# ("r", pool, reason) routing reasons, ("ttft" | "tpot", pool, bin) latencies, ("j", pool)
+# requests judged against the SLO and ("s", pool, tier) those within it. One dict and
 # short tuple keys: the cheapest per request, and one way to add and drop whole buckets.
 Counts = dict[tuple[Any, ...], int]
 
@@ -74,14 +77,36 @@ class Bucket:
     counts: Counts = field(default_factory=dict)
 
 
+def within_document(totals: Mapping[tuple[Any, ...], int]) -> dict[str, Any]:
+    """Per pool and over all judged requests (refusals too): how many were judged against the
+    SLO, and the share within it at each tier (``router.account.objective``)."""
+    doc: dict[str, Any] = {}
+    for pool in (*POOLS, "all"):
+        judged = sum(
+            n for k, n in totals.items() if k[0] == "j" and (pool == "all" or k[1] == pool)
+        )
+        row: dict[str, Any] = {"judged": judged}
+        for tier in TIERS:
+            met = sum(
+                n
+                for k, n in totals.items()
+                if k[0] == "s" and k[2] == tier and (pool == "all" or k[1] == pool)
+            )
+            row[tier] = round(met / judged, 4) if judged else None
+        doc[pool] = row
+    return doc
+
+
 class RecentWindow:
     def __init__(
         self,
         clock: Callable[[], float],
         window: float = WINDOW_S,
         bucket: float = BUCKET_S,
+        slo: tuple[float, float] = (1.0, 0.025),
     ) -> None:
         self.clock = clock
+        self.slo = slo  # TTFT, TPOT (s) a request without its own is judged against
         self.bucket = bucket
         self.slots = max(1, round(window / bucket))
         # every bucket in the window but the newest, which requests are still landing in, is
@@ -101,8 +126,19 @@ class RecentWindow:
         # (a request that ended a moment before the last one counted still lands there)
         c = buckets[-1].counts if buckets and buckets[-1].index >= index else self._open(index)
         pool = out.pool
+        attained = within_slo(out, *self.slo)
+        if attained is not None:
+            judged = pool or "none"
+            key: tuple[Any, ...] = ("j", judged)
+            c[key] = c.get(key, 0) + 1
+            if attained.strict:
+                key = ("s", judged, "strict")
+                c[key] = c.get(key, 0) + 1
+            if attained.relaxed:
+                key = ("s", judged, "relaxed")
+                c[key] = c.get(key, 0) + 1
         if pool is None:
-            key: tuple[Any, ...] = ("n", "none")
+            key = ("n", "none")
             c[key] = c.get(key, 0) + 1
             return
         key = ("n", pool)
@@ -149,12 +185,13 @@ class RecentWindow:
         requests: dict[str, int] = {}
         reasons: dict[str, dict[str, int]] = {p: {} for p in POOLS}
         hists: dict[tuple[str, str], Histogram] = {}
-        for key, n in self._totals().items():
+        totals = self._totals()
+        for key, n in totals.items():
             if key[0] == "n":
                 requests[key[1]] = n
             elif key[0] == "r":
                 reasons.setdefault(key[1], {})[key[2]] = n
-            else:
+            elif key[0] in LATENCIES:
                 hists.setdefault((key[1], key[0]), {})[key[2]] = n
         routed = sum(requests.get(p, 0) for p in POOLS)
         latency: dict[str, dict[str, float | int | None]] = {}
@@ -175,6 +212,7 @@ class RecentWindow:
             ),
             "reasons": {p: dict(sorted(r.items())) for p, r in reasons.items()},
             "latency": latency,
+            "within_slo": within_document(totals),
         }
 
     def series(self) -> dict[str, Any]:
@@ -185,6 +223,10 @@ class RecentWindow:
         self._expire(last)
         by_index = {b.index: b.counts for b in self._buckets}
         out: dict[str, Any] = {"bucket_s": self.bucket, "t": []}
+        p90: dict[str, dict[str, list[float | None]]] = {
+            f"{kind}_p90_ms": {pool: [] for pool in POOLS} for kind in LATENCIES
+        }
+        within: dict[str, list[float | None]] = {tier: [] for tier in TIERS}
         for pool in POOLS:
             out[pool] = []
         for index in range(last - self.slots + 1, last + 1):
@@ -192,4 +234,14 @@ class RecentWindow:
             counts = by_index.get(index, {})
             for pool in POOLS:
                 out[pool].append(counts.get(("n", pool), 0))
-        return out
+                for kind in LATENCIES:
+                    hist = {k[2]: n for k, n in counts.items() if k[0] == kind and k[1] == pool}
+                    value = quantile(hist, 0.9)
+                    p90[f"{kind}_p90_ms"][pool].append(
+                        None if value is None else round(value * 1000, 3)
+                    )
+            judged = sum(n for k, n in counts.items() if k[0] == "j")
+            for tier in TIERS:
+                met = sum(n for k, n in counts.items() if k[0] == "s" and k[2] == tier)
+                within[tier].append(round(met / judged, 4) if judged else None)
+        return {**out, **p90, "within_slo": within}

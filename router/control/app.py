@@ -104,10 +104,11 @@ def build_control_app(app: Controlled) -> FastAPI:
 
     @api.get("/ready")
     async def ready() -> Response:
-        pools = app.usable_pools()
-        ok = any(pools.values())
-        body = {"ready": ok, "pools": pools}
-        return JSONResponse(body, 200 if ok else 503)
+        # 200 while some pool can take traffic, even when the other never came up (the body
+        # says "degraded"): a readiness probe that failed then would take every replica out of
+        # its Service at once, turning a slower service into none (docs/observability.md).
+        body = app.readiness()
+        return JSONResponse(body, 200 if body["ready"] else 503)
 
     @api.get("/metrics")
     async def metrics() -> Response:

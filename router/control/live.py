@@ -2,9 +2,11 @@
 
 Laid out from ``/router/status`` (so the page and the status agree by construction), the
 keeper's curves and the recent window's series: per pool and backend, in flight against the
-crossover, the engines' own counts, health; the policy and load signal; the share and reasons of
-the last minutes with TTFT/TPOT percentiles; the curves with each backend's operating point;
-and, when the fleet planner is on, its plan.
+crossover, the engines' own counts, health, and what keeps a pool from being whole; the policy
+(and the one it decides as, without curves), the load signal; the share within the SLO, the
+share sent to speculation and the reasons of the last minutes with TTFT/TPOT percentiles, per
+bucket too; the curves with each backend's operating point; and, when the fleet planner is on,
+its plan.
 """
 
 from __future__ import annotations
@@ -131,9 +133,18 @@ def live_document(
         }
     usable_spec = sum(1 for b in pools[SPECULATIVE]["backends"] if b["usable"])
     learning = status.get("learning") or {}
-    slo = status.get("slo")
+    objective = status.get("objective") or {}
+    for pool in POOLS:
+        pools[pool]["status"] = status["pools"][pool].get("status")
+        pools[pool]["problem"] = status["pools"][pool].get("problem")
     return {
+        "status": status.get("status"),
+        # what keeps a pool from being whole, then the operator's warnings
+        "warnings": [p["problem"] for p in pools.values() if p["problem"]]
+        + [w["message"] for w in status.get("warnings") or ()],
         "policy": status["policy"],
+        "deciding_as": status.get("deciding_as", status["policy"]),
+        "deciding_as_why": status.get("deciding_as_why"),
         "load_signal": status["load_signal"],
         "crossover": status["crossover"],  # None: none measured (see no_crossover)
         "crossover_source": status["crossover_source"],
@@ -148,9 +159,15 @@ def live_document(
             "samples": learning.get("samples"),
             "acceptance_length": learning.get("acceptance_length"),
         },
+        # the SLO every request is judged against (strict, and the relaxed tier)
         "slo": None
-        if not slo
-        else {"ttft_ms": slo.get("slo_ttft_ms"), "tpot_ms": slo.get("slo_tpot_ms")},
+        if not objective
+        else {
+            "ttft_ms": objective["slo_ttft_ms"],
+            "tpot_ms": objective["slo_tpot_ms"],
+            "relaxed_ttft_ms": objective["relaxed_ttft_ms"],
+            "relaxed_tpot_ms": objective["relaxed_tpot_ms"],
+        },
         "pools": pools,
         "recent": {**status["recent"], "series": dict(series)},
         "curves": curves_document(curves, status["pools"], status["speculative_limit"]),

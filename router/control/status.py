@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from router.account.inflight import InflightTracker
 from router.account.recent import RecentWindow
 from router.control.feed import Feed
+from router.decide.twin import RELAXED_TPOT, RELAXED_TTFT
 from router.fastpath import fast_path_status
 from router.fastpath.busypoll import BusyPoll, ShareWatch
 from router.forward.admission import Admission
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
+from router.health.notices import Notices
 from router.health.poller import EngineLoad, HealthPoller
 from router.health.pool_check import PoolCheck
-from router.health.state import HealthRegistry, usable
+from router.health.state import HealthRegistry, pool_problem, pool_status, usable
 from router.learn.keeper import CrossoverKeeper
 from router.membership import Membership
 from router.pools import POOLS, Pool
@@ -66,9 +68,51 @@ class Observed(Protocol):
     @property
     def worker(self) -> WorkerContext | None: ...
     @property
+    def notices(self) -> Notices: ...
+    @property
     def membership(self) -> Membership: ...
 
     def connections(self, url: str) -> dict[str, int]: ...
+
+
+def readiness(app: Observed) -> dict[str, Any]:
+    """The /ready document. ``ready`` while some pool can take traffic; ``status`` says whether
+    both are whole (``ok``), one is not (``degraded``: say a speculative pool that never came
+    up, the baseline serving everything) or none can serve (``down``, the one 503)."""
+    now = app.clock()
+    pools = pool_states(app.decider.pools, app.health, now)
+    usable_pools = {pool: p["status"] != "down" for pool, p in pools.items()}
+    return {
+        "ready": any(usable_pools.values()),
+        "status": overall(pools.values()),
+        "pools": usable_pools,
+        "problems": [p["problem"] for p in pools.values() if p["problem"]],
+        "warnings": [n.message for n in app.notices.current()]
+        + [f["message"] for f in app.pool_check.status()],
+    }
+
+
+def pool_states(
+    pools: Mapping[Pool, list[str]], health: HealthRegistry, now: float
+) -> dict[Pool, dict[str, Any]]:
+    """Each pool's ``status`` (ok, degraded, down) and what keeps it from being whole."""
+    out: dict[Pool, dict[str, Any]] = {}
+    for pool in POOLS:
+        urls = pools[pool]
+        states = [health.states[url] for url in urls]
+        out[pool] = {
+            "status": pool_status(states, now),
+            "problem": pool_problem(pool, urls, states, now),
+        }
+    return out
+
+
+def overall(pools: Iterable[Mapping[str, Any]]) -> str:
+    """``ok`` when every pool is whole, ``down`` when none can serve, else ``degraded``."""
+    statuses = [p["status"] for p in pools]
+    if all(s == "ok" for s in statuses):
+        return "ok"
+    return "down" if all(s == "down" for s in statuses) else "degraded"
 
 
 def router_status(app: Observed) -> dict[str, Any]:
@@ -90,6 +134,13 @@ def router_status(app: Observed) -> dict[str, Any]:
         member=membership.backend,
         pool_check=app.pool_check,
         extra={
+            # what the operator should look at: backends that cannot be reached
+            # (router.health.notices), then the pools' checks against what their engines say
+            # (router.health.pool_check); each pool's own status is under "pools"
+            "warnings": app.notices.document(app.clock()) + app.pool_check.status(),
+            # what the default policy routes for, whatever the policy: the share of requests
+            # within this SLO (recent.within_slo, /metrics spec_router_slo_*)
+            "objective": objective(decider.slo_ttft, decider.slo_tpot),
             "membership": membership.status(),
             "slo": decider.status() if decider.policy == "slo" else None,
             "queue": app.admission.status(),
@@ -171,6 +222,7 @@ def status_document(
                     "checks": h.checks,
                     "consecutive_failures": h.failures,
                     "consecutive_successes": h.successes,
+                    "ever_healthy": h.ever_healthy,
                     "last_error": h.last_error,
                     "ejected_for_s": round(max(0.0, h.ejected_until - now), 3),
                     "ejections": h.ejections,
@@ -182,7 +234,10 @@ def status_document(
                     "reports": None if pool_check is None else pool_check.reported(url),
                 }
             )
+        states = [health.states[url] for url in decider.pools[pool]]
         pools[pool] = {
+            "status": pool_status(states, now),
+            "problem": pool_problem(pool, decider.pools[pool], states, now),
             "usable": any(b["usable"] for b in backends),
             "in_flight": tracker.by_pool[pool],
             "slow_clients": tracker.slow_clients[pool],
@@ -191,7 +246,11 @@ def status_document(
     none = keeper.no_crossover_status(len(decider.pools["speculative"]),
                                       len(decider.pools["baseline"]))  # fmt: skip
     return {
+        "status": overall(pools.values()),
         "policy": decider.policy,
+        # the policy deciding now, and why when it is not the configured one
+        "deciding_as": decider.deciding_as,
+        "deciding_as_why": deciding_as_why(decider.policy, decider.deciding_as),
         # null: none measured (``no_crossover`` says up to where, and what follows from it)
         "crossover": None if none is not None else keeper.crossover,
         "crossover_source": keeper.source,
@@ -209,6 +268,26 @@ def status_document(
         "warnings": [] if pool_check is None else pool_check.status(),
         **extra,
     }
+
+
+def objective(slo_ttft: float, slo_tpot: float) -> dict[str, float]:
+    """The SLO requests are judged against (milliseconds), at both tiers."""
+    return {
+        "slo_ttft_ms": round(slo_ttft * 1000, 3),
+        "slo_tpot_ms": round(slo_tpot * 1000, 3),
+        "relaxed_ttft_ms": round(slo_ttft * RELAXED_TTFT * 1000, 3),
+        "relaxed_tpot_ms": round(slo_tpot * RELAXED_TPOT * 1000, 3),
+    }
+
+
+def deciding_as_why(policy: str, deciding_as: str) -> str | None:
+    """Why the configured policy decides as another (``Decider.deciding_as``)."""
+    if policy == deciding_as:
+        return None
+    return (
+        f"{policy} is deciding as {deciding_as}: no curves yet (no table at start, nothing "
+        "learned yet); `spec-router calibrate` gives them at once"
+    )
 
 
 def workers_document(tracker: InflightTracker, worker: WorkerContext | None) -> dict[str, Any]:

@@ -396,6 +396,8 @@ def from_json(raw: Any) -> Table:
     if not isinstance(raw, Mapping):
         raise TableError("a table must be a JSON object")
     version = raw.get("version")
+    if version is None:
+        raise TableError(_not_a_table(raw))
     if version not in READ_VERSIONS:
         raise TableError(
             f"unsupported table version {version!r} (this router reads "
@@ -479,6 +481,45 @@ def _upgraded(table: Table) -> Table:
                        margin=found.margin, reason=reason, version=TABLE_VERSION)  # fmt: skip
     return replace(table, measured_up_to=found.measured_up_to, margin=found.margin,
                    version=TABLE_VERSION)  # fmt: skip
+
+
+# What a table is made with, for the messages that refuse something else.
+MAKE_ONE = (
+    "a table is what `spec-router calibrate --out FILE` writes (or GET /router/table returns), "
+    f'with "version": {TABLE_VERSION}'
+)
+
+
+def _not_a_table(raw: Mapping[str, Any]) -> str:
+    """Why a JSON object without a ``version`` is refused: what it looks like instead."""
+    keys = set(raw)
+    if {"format", "meta", "summary", "results"} <= keys:
+        looks = "a replay's results file (spec-router replay --out run.json)"
+    elif {"window", "summary"} <= keys:
+        looks = "a load generator's summary (python -m router.calibrate.loadgen)"
+    elif {"policy", "pools", "crossover"} <= keys:
+        looks = "the router's status document (GET /router/status)"
+    else:
+        return f'not a crossover table: it has no "version"; {MAKE_ONE}'
+    return f"this looks like {looks}, not a crossover table: {MAKE_ONE}"
+
+
+def starting_table(path: Path | None, fresh: bool) -> Table | None:
+    """The table the router starts from: the one at ``path``; None when no path is set, or
+    when the file does not exist yet and ``fresh`` says to start without one (it is written
+    there once the router has a table of its own: ``router.learn.keeper``). A missing file
+    without ``fresh``, or a bad one, raises ``TableError`` saying what to do."""
+    if path is None:
+        return None
+    if not path.exists():
+        if fresh:
+            return None
+        raise TableError(
+            f"{path} does not exist: measure one with `spec-router calibrate --out {path}`, "
+            "or set SPEC_ROUTER_TABLE_FRESH=true to start uncalibrated and have the router "
+            "write what it learns there"
+        )
+    return load(path)
 
 
 def load(path: Path) -> Table:

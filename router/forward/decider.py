@@ -84,6 +84,19 @@ class Decider:
         self._mix = Mix()  # recent requests' sizes and share at temperature > 0
         self.extrapolated = 0  # decisions that predicted beyond the measured batch sizes
 
+    @property
+    def deciding_as(self) -> PolicyName:
+        """The policy that decides now: ``slo`` without the pools' models (no table, nothing
+        learned yet) decides as ``predictive``, which without curves decides as ``spillover``
+        (``router.decide.policy``). Shown in /router/status, on the live page and, when it is
+        not the configured policy, in each response's ``x-spec-router-deciding-as``."""
+        policy = self.policy
+        if policy == "slo" and self.tuning.models is None:
+            policy = "predictive"
+        if policy == "predictive" and self.tuning.gain is None:
+            policy = "spillover"
+        return policy
+
     def members_changed(self, joined: Iterable[str], removed: Iterable[str]) -> None:
         """The set of backends changed (``router.members.roster``; ``self.pools`` holds the
         routable ones, updated in place): what it keeps per backend starts and ends with

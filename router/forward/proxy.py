@@ -430,6 +430,7 @@ class Proxy:
         headers.append((b"x-spec-router-reason", decision.reason.encode()))
         if decision.tpot > 0:  # what the slo policy expected of this request
             headers += _predicted(decision)
+        headers += _deciding_as_header(self.decider)
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         # The per-chunk loop: kept flat (no helper coroutines) because it runs for every chunk
         # of every stream, and that is most of the router's CPU under load. Under uvicorn's
@@ -568,9 +569,17 @@ class Proxy:
         ]
         if decision.tpot > 0:
             headers += _predicted(decision)
+        headers += _deciding_as_header(self.decider)
         start = {"type": "http.response.start", "status": conn.status, "headers": headers}
         end = {"type": "http.response.body", "body": body, "more_body": False}
         await _send_all(responder, [start, end])
+
+
+def _deciding_as_header(decider: Decider) -> list[tuple[bytes, bytes]]:
+    """``x-spec-router-deciding-as`` when the configured policy decides as another for want
+    of curves (``slo`` as ``spillover`` before any table or learning); none otherwise."""
+    actual = decider.deciding_as
+    return [] if actual == decider.policy else [(b"x-spec-router-deciding-as", actual.encode())]
 
 
 async def wait_in_queue(

@@ -134,6 +134,9 @@ class EppApp:
         }
         return document
 
+    def readiness(self) -> dict[str, Any]:
+        return self.router.readiness()
+
     def usable_pools(self) -> dict[Pool, bool]:
         return self.router.usable_pools()
 

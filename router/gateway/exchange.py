@@ -5,7 +5,8 @@ chunks without waiting for answers, the last with ``end_of_stream`` (or request 
 after it). The EPP answers nothing until the body is whole, since the decision reads it; then
 it answers the headers (the endpoint), hands the body back, and answers the trailers if they
 came. At the response headers (``response_header_mode: SEND``) it adds the router's own
-headers, as the proxy does (``x-spec-router-pool``, ``x-spec-router-reason``). Response bodies
+headers, as the proxy does (``x-spec-router-pool``, ``x-spec-router-reason``, and
+``x-spec-router-deciding-as`` while the policy decides as another). Response bodies
 never come here (``response_body_mode: NONE``): that is what keeps the EPP cheap. A refusal is
 one immediate response, after which Envoy closes the stream.
 """
@@ -60,14 +61,14 @@ class Exchange:
             routed = self.routed
             if routed is None:
                 return [messages.response_headers_back()]
-            return [
-                messages.response_headers_back(
-                    [
-                        (b"x-spec-router-pool", routed.pool.encode()),
-                        (b"x-spec-router-reason", routed.reason.encode()),
-                    ]
-                )
+            added = [
+                (b"x-spec-router-pool", routed.pool.encode()),
+                (b"x-spec-router-reason", routed.reason.encode()),
             ]
+            decider = self.picker.decider
+            if decider.deciding_as != decider.policy:  # (slo without curves: as spillover)
+                added.append((b"x-spec-router-deciding-as", decider.deciding_as.encode()))
+            return [messages.response_headers_back(added)]
         if kind == "response_body":  # (only if Envoy is set to send bodies: answer, unchanged)
             return [messages.body_unchanged()]
         if kind == "response_trailers":

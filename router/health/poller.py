@@ -39,10 +39,13 @@ from router.health.engines import EngineSample
 from router.health.info import EngineInfo, Reply
 from router.health.introspect import read_engine
 from router.health.mode import ModeReading, engine_mode
+from router.health.notices import Notices
 from router.health.state import HealthRegistry
+from router.health.trouble import Cause, Failure, Trouble, warning
+from router.health.trouble import after_probe as trouble_after
 from router.origin import Origin
 from router.pools import Pool
-from router.upstream.client import OriginPool, Timeouts, UpstreamError
+from router.upstream.client import OriginPool, Timeouts, UnresolvedHost, UpstreamError
 
 log = logging.getLogger("spec_router.health")
 
@@ -106,11 +109,15 @@ class HealthPoller:
         gauge_lag: float = 2.0,
         authorization: Mapping[str, bytes | None] | None = None,
         pools: Mapping[str, Pool] | None = None,
+        notices: Notices | None = None,
         on_info: Callable[[EngineInfo], object] | None = None,
         on_leave: Callable[[str], object] | None = None,
     ) -> None:
         self.urls = list(urls)
         self._pool = dict(pools or {})  # each backend's pool, for the mode check
+        # where a backend that keeps failing is reported (and how long each has been failing)
+        self.notices = notices if notices is not None else Notices()
+        self._trouble: dict[str, Trouble] = {}
         self.health = health
         self._started = started  # requests this router ever sent to each backend
         self.interval = interval
@@ -194,6 +201,8 @@ class HealthPoller:
         self._loads.pop(url, None)
         self._samples.pop(url, None)
         self._modes.pop(url, None)
+        if self._trouble.pop(url, None) is not None:
+            self.notices.clear(f"backend:{url}")
         self._infos.pop(url, None)
         if self.on_leave is not None:
             self.on_leave(url)
@@ -240,8 +249,10 @@ class HealthPoller:
         cheap = path == READY or (seen is not None and seen.flavor == "vllm")
         return path, self.timeout if cheap else self.generate_timeout
 
-    async def _probe(self, url: str) -> tuple[bool, str | None]:
+    async def _probe(self, url: str) -> Failure | None:
+        """One probe; None when healthy, else what it showed (``router.health.trouble``)."""
         path, timeout = self.probe_of(url)
+        shown = path.decode()
         try:
             status, _ = await self._get(url, path, timeout)
             if status == 404 and path == READY:  # no /ready here: /health is the probe
@@ -253,17 +264,41 @@ class HealthPoller:
                 # for /ready and read its mode again
                 self._probes.pop(url, None)
                 self._modes.pop(url, None)
-            return False, str(exc)
+                cause: Cause = "unresolved" if isinstance(exc, UnresolvedHost) else "refused"
+                return Failure(cause, str(exc), shown)
+            return Failure("failing", str(exc), shown)
         except TimeoutError:
-            return False, f"{path.decode()} probe timed out after {timeout:g}s"
-        return status == 200, None if status == 200 else f"{path.decode()}: HTTP {status}"
+            return Failure("failing", f"{shown} probe timed out after {timeout:g}s", shown)
+        if status == 200:
+            return None
+        return Failure(
+            "not_found" if status == 404 else "failing", f"{shown}: HTTP {status}", shown
+        )
+
+    def _tell(self, url: str, failure: Failure | None, now: float) -> None:
+        """Warn about a backend that keeps failing (rate-limited: ``router.health.trouble``),
+        and keep the warning in the notices until a probe succeeds."""
+        before = self._trouble.get(url)
+        trouble, warn = trouble_after(before, failure, now)
+        if trouble is None:
+            self._trouble.pop(url, None)
+            if before is not None:
+                self.notices.clear(f"backend:{url}")
+            return
+        self._trouble[url] = trouble
+        if warn and failure is not None:
+            message = warning(url, failure, now - trouble.since)
+            self.notices.raise_(f"backend:{url}", url, message, now)
 
     async def check(self, url: str) -> None:
         """One round for one backend."""
         health = self.health
-        ok, error = await self._probe(url)
+        failure = await self._probe(url)
+        ok, error = failure is None, None if failure is None else failure.detail
+        now = self.clock()
         previous = health.states[url].state
-        health.probe(url, ok, self.clock(), error)
+        health.probe(url, ok, now, error)
+        self._tell(url, failure, now)
         state = health.states[url].state
         if state is not previous:
             level = logging.INFO if ok else logging.WARNING

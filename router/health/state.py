@@ -14,8 +14,10 @@ Every function takes ``now`` explicitly; the poller and proxy supply the clock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Literal
 
 MIN_WEIGHT = 0.1
 
@@ -48,6 +50,7 @@ class BackendHealth:
     ejected_until: float = 0.0
     ejections: int = 0  # consecutive ejections: the back-off exponent
     ramp_from: float | None = None  # when it (re)became usable
+    ever_healthy: bool = False  # seen healthy at least once since the router started
 
 
 def probe(
@@ -59,7 +62,7 @@ def probe(
         h = replace(h, successes=h.successes + 1, failures=0)
         if h.state is State.STARTING or (h.state is State.UNHEALTHY and h.successes >= cfg.rise):
             # A starting engine that answers is ready: loading is a one-way door.
-            return replace(h, state=State.HEALTHY, since=now, ramp_from=now)
+            return replace(h, state=State.HEALTHY, since=now, ramp_from=now, ever_healthy=True)
         return h
     h = replace(h, failures=h.failures + 1, successes=0)
     if h.state is State.STARTING:
@@ -100,6 +103,44 @@ def weight(h: BackendHealth, now: float, cfg: HealthConfig) -> float:
     if elapsed >= cfg.ramp_seconds:
         return 1.0
     return max(MIN_WEIGHT, elapsed / cfg.ramp_seconds)
+
+
+# How a pool stands: every backend usable, some, or none.
+PoolStatus = Literal["ok", "degraded", "down"]
+
+
+def pool_status(states: Sequence[BackendHealth], now: float) -> PoolStatus:
+    """``ok`` when every backend is usable, ``down`` when none is (or the pool has none, say
+    its DNS name does not resolve yet), else ``degraded``."""
+    usable_now = sum(usable(h, now) for h in states)
+    if states and usable_now == len(states):
+        return "ok"
+    return "degraded" if usable_now else "down"
+
+
+def pool_problem(
+    pool: str, urls: Sequence[str], states: Sequence[BackendHealth], now: float
+) -> str | None:
+    """One line on what keeps ``pool`` from being whole, or None when every backend is usable.
+    A pool none of whose backends was ever healthy says so: it is not merely starting up."""
+    if not states:
+        return f"{pool} pool: no backend"
+    out = [(url, h) for url, h in zip(urls, states, strict=True) if not usable(h, now)]
+    if not out:
+        return None
+    never = [url for url, h in out if not h.ever_healthy]
+    what = (
+        "no usable backend"
+        if len(out) == len(states)
+        else f"{len(out)} of {len(states)} backends not usable"
+    )
+    parts = []
+    if never:
+        parts.append(f"never healthy: {', '.join(never)}")
+    others = [url for url, h in out if h.ever_healthy]
+    if others:
+        parts.append(f"down or ejected: {', '.join(others)}")
+    return f"{pool} pool: {what} ({'; '.join(parts)})"
 
 
 class HealthRegistry:

@@ -424,8 +424,18 @@ class CrossoverKeeper:
         state = self._state()
         return self.learner.table(Held(state.value, state.no_crossover), state.source, _now_iso())
 
+    def has_own_table(self) -> bool:
+        """Whether the table this keeper would write is one of its own: it started from one
+        (TABLE_PATH's, or an operator's PUT) or it has learned points for both pools. Without
+        either the table is the default one, which is never written: a path it did not read a
+        table from (TABLE_FRESH) gets a table once it has learned something worth reading at
+        the next start."""
+        if self.start_table is not None:
+            return True
+        return all(self.learner.pools[pool].points(1.0) for pool in POOLS)
+
     def persist(self) -> None:
-        if self.table_path is None:
+        if self.table_path is None or not self.has_own_table():
             return
         try:
             tables.save(self.table(), self.table_path)

@@ -250,13 +250,11 @@ def _signal(pid: int, sig: int) -> None:
 
 def serve(settings: Settings, host: str, port: int, workers: int, log_level: str, http: str) -> int:
     """Run ``workers`` router processes on one socket until SIGTERM/SIGINT; an exit code."""
-    path = settings.table_path
-    if path is not None and path.exists():
-        try:  # refuse a bad table once, here, rather than in every worker
-            tables.load(path)
-        except tables.TableError as exc:
-            _log(f"SPEC_ROUTER_TABLE_PATH: {exc}")
-            return 2
+    try:  # refuse a missing or bad table once, here, rather than in every worker
+        tables.starting_table(settings.table_path, settings.table_fresh)
+    except tables.TableError as exc:
+        _log(f"SPEC_ROUTER_TABLE_PATH: {exc}")
+        return 2
     try:
         sock = bind_socket(host, port)
     except OSError as exc:

@@ -7,10 +7,12 @@ one with ``round_robin`` in front of them. It ramps a closed-loop load through c
 operator would -- then through each router. For every level it prints the share of requests
 sent to the speculative pool, the per-request decode speed, the median time to first token and
 the shares of requests that ended within serve's default SLO (strict: TTFT <= 1 s and TPOT <= 25
-ms; relaxed: 3 s and 50 ms; model time), which is what the default policy routes for, and it
-draws the speeds as a PNG. The router's live page (``/router/ui``) shows all of it as it
-happens; ``--hold SECONDS`` then keeps everything up that long, ramping load up and down through
-the router, so there is time to watch it.
+ms; relaxed: 3 s and 50 ms; model time), which is what the default policy routes for, as one
+table under one header; then a verdict line (the router against round-robin on those shares
+and on total tok/s), and it draws the speeds and the shares within the SLO as a PNG. The
+router's live page (``/router/ui``) shows all of it as it happens; ``--hold SECONDS`` then keeps
+everything up that long, ramping load up and down through the router, so there is time to
+watch it.
 
 The sims run ``--time-scale`` times faster than the model (default 0.1, i.e. 10x): every
 number printed is converted back to model time (measured tok/s x time-scale; seconds / scale),
@@ -341,22 +343,100 @@ def describe_saturated(busy: Sequence[tuple[str, int, float]], scale: float) -> 
     )
 
 
+# The demo's table: one row per target and concurrency, under one header (model units).
+COLUMNS = (
+    ("users", 5),
+    ("target", 0),  # as wide as the longest title
+    ("tok/s per req", 13),
+    ("tok/s total", 11),
+    ("TTFT p50", 9),
+    ("strict SLO", 10),
+    ("relaxed SLO", 11),
+    ("to spec.", 8),
+)
+# Within this of each other, two shares within the SLO (points) or two tok/s (relative) are
+# level: the demo's runs are seconds long, and a few requests more or less move a share that
+# much (bench/demo_repeat.py measures the spread).
+LEVEL_SHARE = 0.02
+LEVEL_TPS = 0.03
+
+
+def _title_width(policy: str) -> int:
+    return max(len(TARGET_TITLES[t].format(policy=policy)) for t in TARGETS)
+
+
+def format_header(policy: str) -> str:
+    """The table's header, and what its within-SLO columns mean."""
+    width = _title_width(policy)
+    cells = [f"{name:<{width}}" if name == "target" else f"{name:>{w}}" for name, w in COLUMNS]
+    return (
+        f"{STRICT.name} SLO: TTFT <= {STRICT.ttft_s:g} s and TPOT <= {STRICT.tpot_s * 1000:g} ms;"
+        f" {RELAXED.name} SLO: {RELAXED.ttft_s:g} s and {RELAXED.tpot_s * 1000:g} ms (model"
+        " time).\nTheir columns: the share of requests within each, what the default policy "
+        "routes for.\n" + "  ".join(cells).rstrip()
+    )
+
+
 def format_level(points: Sequence[Point], policy: str) -> str:
+    """The table's rows for one concurrency level (``format_header`` names the columns)."""
     by = {p.target: p for p in points}
     n = points[0].concurrency
-    lines = [f"concurrency {n}"]
-    width = max(len(TARGET_TITLES[t].format(policy=policy)) for t in TARGETS)
-    for target in TARGETS:
+    width = _title_width(policy)
+    lines = []
+    for i, target in enumerate(TARGETS):
         p = by[target]
-        share = "" if p.spec_share is None else f"  to speculative {p.spec_share:5.0%}"
+        share = "" if p.spec_share is None else f"{p.spec_share:.0%}"
         errors = f"  errors {p.errors}" if p.errors else ""
         title = TARGET_TITLES[target].format(policy=policy)
         lines.append(
-            f"  {title:<{width}} {p.per_request_tps:6.1f} tok/s per request"
-            f"  {p.total_tps:7.1f} tok/s total  TTFT p50 {p.ttft_p50 * 1000:7.0f} ms"
-            f"  within SLO {p.strict:4.0%} / {p.relaxed:4.0%}{share}{errors}"
+            f"{n if i == 0 else '':>5}  {title:<{width}}  {p.per_request_tps:13.1f}"
+            f"  {p.total_tps:11.1f}  {p.ttft_p50 * 1000:6.0f} ms  {p.strict:10.0%}"
+            f"  {p.relaxed:11.0%}  {share:>8}{errors}".rstrip()
         )
     return "\n".join(lines)
+
+
+def _compare(ours: Sequence[float], theirs: Sequence[float], level: float, relative: bool) -> str:
+    ahead = behind = even = 0
+    for a, b in zip(ours, theirs, strict=True):
+        margin = level * abs(b) if relative else level
+        if a > b + margin:
+            ahead += 1
+        elif a < b - margin:
+            behind += 1
+        else:
+            even += 1
+    return f"ahead at {ahead}, level at {even}, behind at {behind}"
+
+
+def verdict(points: Sequence[Point], policy: str) -> str:
+    """One line: the router against round-robin over the levels, on what the default policy
+    routes for (the share within the SLO, strict and relaxed) and on total tok/s."""
+    pairs = []
+    for n in sorted({p.concurrency for p in points}):
+        at = {p.target: p for p in points if p.concurrency == n}
+        if "router" in at and "round_robin" in at:
+            pairs.append((at["router"], at["round_robin"]))
+    if not pairs:
+        return "verdict: nothing to compare"
+    ours, rr = [p for p, _ in pairs], [q for _, q in pairs]
+
+    def mean(values: Sequence[float]) -> float:
+        present = [v for v in values if not math.isnan(v)]
+        return sum(present) / len(present) if present else math.nan
+
+    title = TARGET_TITLES["router"].format(policy=policy)
+    levels = len(pairs)
+    strict = _compare([p.strict for p in ours], [p.strict for p in rr], LEVEL_SHARE, False)
+    relaxed = _compare([p.relaxed for p in ours], [p.relaxed for p in rr], LEVEL_SHARE, False)
+    tps = _compare([p.total_tps for p in ours], [p.total_tps for p in rr], LEVEL_TPS, True)
+    return (
+        f"verdict ({title} against round-robin, {levels} levels): within the strict SLO "
+        f"{mean([p.strict for p in ours]):.0%} against {mean([p.strict for p in rr]):.0%} on "
+        f"average, {strict}; within the relaxed SLO {mean([p.relaxed for p in ours]):.0%} "
+        f"against {mean([p.relaxed for p in rr]):.0%}, {relaxed}; total tok/s {tps} (level: "
+        f"within {LEVEL_SHARE * 100:g} points of share, {LEVEL_TPS:.0%} of tok/s)"
+    )
 
 
 def plot(points: Sequence[Point], path: Path, policy: str) -> None:
@@ -365,17 +445,30 @@ def plot(points: Sequence[Point], path: Path, policy: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.8))
     for target in TARGETS:
         pts = sorted((p for p in points if p.target == target), key=lambda p: p.concurrency)
         label = TARGET_TITLES[target].format(policy=policy)
-        ax.plot([p.concurrency for p in pts], [p.per_request_tps for p in pts], "o-", label=label)
-        ax2.plot([p.concurrency for p in pts], [p.total_tps for p in pts], "o-", label=label)
+        xs = [p.concurrency for p in pts]
+        ax.plot(xs, [p.per_request_tps for p in pts], "o-", label=label)
+        line = ax2.plot(xs, [p.total_tps for p in pts], "o-", label=label)[0]
+        color = line.get_color()
+        ax3.plot(xs, [100 * p.strict for p in pts], "o-", color=color, label=f"{label}, strict")
+        ax3.plot(xs, [100 * p.relaxed for p in pts], "s--", color=color, alpha=0.6)
     for a, title in ((ax, "per-request decode speed"), (ax2, "total output speed")):
-        a.set_xscale("log", base=2)
-        a.set_xlabel("concurrent requests")
         a.set_ylabel("tok/s (model time)")
         a.set_title(title)
+    ax3.set_ylabel("% of requests")
+    ax3.set_ylim(-2, 102)
+    ax3.set_title(
+        f"within the SLO: strict (solid, TTFT <= {STRICT.ttft_s:g} s, TPOT <= "
+        f"{STRICT.tpot_s * 1000:g} ms)\nand relaxed (dashed, {RELAXED.ttft_s:g} s, "
+        f"{RELAXED.tpot_s * 1000:g} ms): what the default policy routes for",
+        fontsize=9,
+    )
+    for a in (ax, ax2, ax3):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("concurrent requests")
         a.grid(True, alpha=0.3)
     ax.legend()
     fig.suptitle("spec-router demo on simulated EAGLE-3 and baseline engines")
@@ -518,6 +611,7 @@ def run_demo(args: argparse.Namespace, levels: list[int], adapt: bool) -> bool:
         label = f"{status['policy']}, {crossover}"
         print(f"table loaded into the router (PUT /router/table): {label}\n", flush=True)
         # 2. The same load through the router and through round-robin.
+        print(format_header(label), flush=True)
         for n in levels:
             for target in ("router", "round_robin"):
                 points.append(asyncio.run(run_target(urls[target], target, n, args))[0])
@@ -527,8 +621,9 @@ def run_demo(args: argparse.Namespace, levels: list[int], adapt: bool) -> bool:
             if busy:
                 print(f"  warning: {describe_saturated(busy, args.time_scale)}: these rows "
                       "describe this machine as much as the engines", flush=True)  # fmt: skip
+        print(f"\n{verdict(points, label)}", flush=True)
         plot(points, args.plot, label)
-        print(f"\nplot written to {args.plot}", flush=True)
+        print(f"plot written to {args.plot}", flush=True)
         hold(router, args.hold, args, levels)
         if not args.hold:
             print(

@@ -25,6 +25,7 @@ which is also how a cancelled request stops the engine (it sees the TCP connecti
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections import deque
 from collections.abc import Callable
@@ -68,6 +69,11 @@ class UpstreamError(Exception):
         super().__init__(message)
         self.kind = kind
         self.response_started = response_started
+
+
+class UnresolvedHost(UpstreamError):
+    """A ``connect`` failure because the backend's host name does not resolve (for the health
+    poller's warning; everything else treats it as any ``connect`` failure)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -545,6 +551,10 @@ class OriginPool:
         except TimeoutError:
             raise UpstreamError(
                 "connect_timeout", f"connect to {self.origin.url} timed out after {timeout:g}s"
+            ) from None
+        except socket.gaierror as exc:
+            raise UnresolvedHost(
+                "connect", f"cannot resolve {self.origin.host!r}: {exc.strerror or exc}"
             ) from None
         except OSError as exc:
             raise UpstreamError(

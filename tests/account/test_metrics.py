@@ -59,6 +59,56 @@ def routed(
 # -- RouterMetrics -------------------------------------------------------------------------------
 
 
+def test_the_slo_series_exist_at_zero_and_count_what_the_objective_judges(
+    registry: CollectorRegistry,
+) -> None:
+    metrics = RouterMetrics(registry, slo=(1.0, 0.025))
+    for pool in (*POOLS, "none"):
+        assert value(registry, "spec_router_slo_judged_total", pool=pool) == 0
+        for tier in ("strict", "relaxed"):
+            assert value(registry, "spec_router_slo_met_total", pool=pool, tier=tier) == 0
+    # 0.5 s to the first byte, then 2 s for 10 tokens: TPOT 0.2 s, past both tiers
+    metrics.observe(routed(usage=Usage(5, 11)))
+    # 0.5 s, then 2 s for 100 tokens: 20 ms, strict
+    metrics.observe(routed(usage=Usage(5, 101), pool=BASELINE))
+    metrics.observe(routed(stream=False, usage=Usage(5, 101)))  # not judged
+    refused = Outcome(path="/v1/chat/completions", started=0.0)
+    refused.read(True)
+    refused.answered(503)
+    metrics.observe(refused)
+    judged = {p: value(registry, "spec_router_slo_judged_total", pool=p) for p in (*POOLS, "none")}
+    assert judged == {SPECULATIVE: 1, BASELINE: 1, "none": 1}
+    strict = {
+        p: value(registry, "spec_router_slo_met_total", pool=p, tier="strict")
+        for p in (*POOLS, "none")
+    }
+    assert strict == {SPECULATIVE: 0, BASELINE: 1, "none": 0}
+
+
+def test_the_slo_itself_is_a_gauge_for_the_dashboards_lines() -> None:
+    registry = CollectorRegistry()
+    health = HealthRegistry([S1, B1], HealthConfig(), 0.0)
+    tracker = InflightTracker([(SPECULATIVE, S1), (BASELINE, B1)], lambda: 0.0)
+    keeper = CrossoverKeeper(
+        Settings(speculative_urls=[S1], baseline_urls=[B1]), tracker, {}, None, lambda: 0.0
+    )
+    collector = StateCollector(
+        tracker, health, keeper, {}, "slo", "local", lambda: 0.0, slo=(0.5, 0.02)
+    )
+    registry.register(collector)
+    seen = {
+        (latency, tier): value(registry, "spec_router_slo_seconds", latency=latency, tier=tier)
+        for latency in ("ttft", "tpot")
+        for tier in ("strict", "relaxed")
+    }
+    assert seen == {
+        ("ttft", "strict"): 0.5,
+        ("ttft", "relaxed"): 1.5,
+        ("tpot", "strict"): 0.02,
+        ("tpot", "relaxed"): 0.04,
+    }
+
+
 def test_error_and_token_series_exist_at_zero_from_the_start(registry: CollectorRegistry) -> None:
     RouterMetrics(registry)
     for code in ROUTER_CODES:

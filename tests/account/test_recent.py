@@ -124,3 +124,37 @@ def test_quantile_of_one_bin() -> None:
     assert quantile({}, 0.5) is None
     value = quantile({10: 3}, 0.9)
     assert value is not None and RATIO**10 <= value < RATIO**11
+
+
+def test_the_share_within_the_slo_per_pool_and_over_all() -> None:
+    clock = Clock()
+    w = RecentWindow(clock, slo=(1.0, 0.025))
+    w.observe(finished(clock, "speculative", ttft=0.5, tpot=0.02))  # strict
+    w.observe(finished(clock, "speculative", ttft=2.0, tpot=0.02))  # relaxed only (3 s)
+    w.observe(finished(clock, "baseline", ttft=0.5, tpot=0.06))  # neither (TPOT > 50 ms)
+    w.observe(finished(clock, "baseline", ttft=0.1, tpot=0.04))  # relaxed only (2x)
+    w.observe(finished(clock, None, status=503))  # refused: judged, a miss
+    w.observe(finished(clock, "baseline", stream=False))  # no TTFT: not judged
+    w.observe(finished(clock, "baseline", status=400))  # the client's error: not judged
+    within = w.summary()["within_slo"]
+    assert within["speculative"] == {"judged": 2, "strict": 0.5, "relaxed": 1.0}
+    assert within["baseline"] == {"judged": 2, "strict": 0.0, "relaxed": 0.5}
+    assert within["all"] == {"judged": 5, "strict": 0.2, "relaxed": 0.6}
+    series = w.series()
+    assert series["within_slo"]["strict"][-1] == 0.2
+    assert series["within_slo"]["relaxed"][-1] == 0.6
+    assert series["within_slo"]["strict"][0] is None  # (a bucket with nothing judged)
+
+
+def test_the_series_carries_each_buckets_ttft_and_tpot_p90() -> None:
+    clock = Clock()
+    w = RecentWindow(clock, window=20, bucket=5)
+    for ttft in (0.1, 0.2, 0.3, 0.4, 2.0):
+        w.observe(finished(clock, "speculative", ttft=ttft, tpot=0.01))
+    clock.now += 5
+    s = w.series()
+    ttft = s["ttft_p90_ms"]["speculative"]
+    assert ttft[-1] is None  # this bucket has none yet
+    assert ttft[-2] == pytest.approx(400, rel=RATIO - 1)  # rank 0.9 * 4 = 3.6 -> the 4th
+    assert s["tpot_p90_ms"]["speculative"][-2] == pytest.approx(10, rel=RATIO - 1)
+    assert s["ttft_p90_ms"]["baseline"] == [None] * 4

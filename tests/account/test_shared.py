@@ -23,7 +23,7 @@ from router.decide import table as tables
 from router.learn.keeper import CrossoverKeeper
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
-from router.workers import uvicorn_workers
+from router.uvicorn_guard import uvicorn_workers
 from tests.support.tables import model_table
 
 S1, S2, B1 = "http://s1", "http://s2", "http://b1"

@@ -49,8 +49,8 @@ class Router:
     def status(self) -> dict[str, Any]:
         return self.document
 
-    def usable_pools(self) -> dict[Pool, bool]:
-        return dict(self.pools)
+    def readiness(self) -> dict[str, Any]:
+        return {"ready": any(self.pools.values()), "pools": dict(self.pools)}
 
     def metrics_text(self) -> bytes:
         return b"# TYPE spec_router_crossover gauge\nspec_router_crossover 4.0\n"
@@ -348,6 +348,7 @@ async def test_adding_and_removing_a_backend(client: httpx.AsyncClient, router: 
         ("post", {"content": b"{oops"}, 400, "invalid_request"),
         ("post", {"json": {"address": "http://10.0.0.7:30000"}}, 400, "invalid_request"),
         ("post", {"json": {"url": "ftp://10.0.0.7"}}, 400, "invalid_url"),
+        ("post", {"json": {"url": "http://10.0.0.7:30000/v1"}}, 400, "invalid_url"),
         ("post", {"json": {"url": "http://s1:30000"}}, 409, "backend_exists"),
         ("delete", {}, 400, "missing_url"),
         ("delete", {"params": {"url": "http://nowhere:1"}}, 404, "backend_not_found"),
@@ -366,6 +367,12 @@ async def test_bad_changes_of_a_pool_get_the_error_shape(
     type_ = "invalid_request_error" if status < 500 else "server_error"
     assert_error(r, status, type_, code)
     assert router.store.read() == before
+
+
+async def test_an_engine_url_with_v1_is_refused_with_the_fix(client: httpx.AsyncClient) -> None:
+    r = await client.post(BACKENDS, json={"url": "http://10.0.0.7:30000/v1"}, headers=ADMIN)
+    message = assert_error(r, 400, "invalid_request_error", "invalid_url")
+    assert "drop the /v1 from http://10.0.0.7:30000/v1 (use http://10.0.0.7:30000)" in message
 
 
 async def test_the_rules_of_membership_answer_409(client: httpx.AsyncClient) -> None:

@@ -39,7 +39,9 @@ async def test_a_put_crossover_is_not_learned_over(tmp_path: Path) -> None:
 
 async def test_a_new_table_unpins(tmp_path: Path) -> None:
     """An operator who PUTs a table hands the crossover back to the table and the learner."""
-    app = RouterApp(Settings(admin_token="s3cret", table_path=tmp_path / "t.json"))
+    app = RouterApp(
+        Settings(admin_token="s3cret", table_path=tmp_path / "t.json", table_fresh=True)
+    )
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
         await client.put("/router/crossover", json={"crossover": 30}, headers=AUTH)

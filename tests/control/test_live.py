@@ -68,6 +68,32 @@ def test_the_snapshot_follows_the_status_document() -> None:
         lease.release()
 
 
+def test_the_snapshot_carries_the_objective_the_pools_status_and_the_warnings() -> None:
+    app, clock = router(policy="slo", slo_ttft_ms=500.0, slo_tpot_ms=20.0)
+    app.health.probe(B1, True, clock())
+    app.notices.raise_("backend:x", S1, "backend x cannot be reached", clock(), log_it=False)
+    doc = app.ui_snapshot()
+    assert doc["slo"] == {
+        "ttft_ms": 500.0,
+        "tpot_ms": 20.0,
+        "relaxed_ttft_ms": 1500.0,
+        "relaxed_tpot_ms": 40.0,
+    }
+    assert (doc["policy"], doc["deciding_as"]) == ("slo", "spillover")
+    assert "no curves yet" in doc["deciding_as_why"]
+    assert doc["status"] == "degraded"
+    assert (doc["pools"][SPECULATIVE]["status"], doc["pools"][BASELINE]["status"]) == (
+        "down",
+        "ok",
+    )
+    assert doc["warnings"] == [
+        f"speculative pool: no usable backend (never healthy: {S1}, {S2})",
+        "backend x cannot be reached",
+    ]
+    assert doc["recent"]["within_slo"]["all"] == {"judged": 0, "strict": None, "relaxed": None}
+    assert set(doc["recent"]["series"]) >= {"within_slo", "ttft_p90_ms", "tpot_p90_ms"}
+
+
 def test_the_curves_keep_the_starting_table_and_mark_each_engine() -> None:
     table = model_table(32, 96, crossover=5, time_scale=0.1)
     app, clock = router(table)

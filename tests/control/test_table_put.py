@@ -17,7 +17,8 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_put_table_needs_the_admin_token_and_validates(tmp_path: Path) -> None:
-    settings = Settings(admin_token="s3cret", table_path=tmp_path / "t.json")
+    # (no table there yet: TABLE_FRESH, and the PUT table is written there)
+    settings = Settings(admin_token="s3cret", table_path=tmp_path / "t.json", table_fresh=True)
     app = RouterApp(settings)
     transport = httpx.ASGITransport(app=app)
     good = tables.to_json(model_table(32, 64, crossover=4))

@@ -82,7 +82,7 @@ def test_dashboard_structure() -> None:
                 ]
             if "sglang:" in t["expr"]:
                 assert 'job=~"$engine_job"' in t["expr"], t["expr"]
-            if "rate(" in t["expr"] and "Speculative share (5m)" != p["title"]:
+            if "rate(" in t["expr"] and not p["title"].endswith("(5m)"):
                 assert "[$__rate_interval]" in t["expr"], t["expr"]
 
 
@@ -99,6 +99,8 @@ def test_dashboard_has_the_panels_the_issue_asks_for() -> None:
         "backend health",
         "upstream errors and retries",
         "routing reasons",
+        "within the slo (5m)",  # the objective (issue 34)
+        "within the slo by pool",
     ):
         assert needed in titles, needed
 

@@ -75,6 +75,7 @@ INDUCED = {
 NOT_INDUCED = {
     "SpecRouterSpecAcceptLengthDropped": "compares with the previous hour: promtool unit tests",
     "SpecRouterFleetOffPlan": "30 minutes off the plan: promtool unit tests",
+    "SpecRouterSLOMissed": "needs 10 minutes of traffic below the SLO: promtool unit tests",
 }
 
 

@@ -365,3 +365,16 @@ def test_the_slo_policy_sees_each_request_in_flight_and_the_stream() -> None:
     assert 1.0 < total < 3.0
     s = next(s for s in streams if s is not None)
     assert (s.prompt, s.output, s.slo_ttft, s.slo_tpot) == (1000.0, 200.0, 1.0, 0.025)
+
+
+def test_deciding_as_says_which_policy_decides_without_curves() -> None:
+    # no models, no gain: slo decides as predictive, which decides as spillover
+    assert world(policy="slo").decider.deciding_as == "spillover"
+    with_gain = world(policy="slo")
+    with_gain.tuning.gain = lambda pool, load: 1.0
+    assert with_gain.decider.deciding_as == "predictive"
+    assert slo_world().decider.deciding_as == "slo"
+    assert world(policy="predictive").decider.deciding_as == "spillover"
+    others: list[PolicyName] = ["spillover", "crossover", "round_robin"]
+    for policy in others:
+        assert world(policy=policy).decider.deciding_as == policy

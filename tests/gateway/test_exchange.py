@@ -254,3 +254,19 @@ def test_settings_the_epp_cannot_honour_are_refused_at_start() -> None:
         epp(speculative_model_map={"m": "m-eagle"})
     with pytest.raises(SettingsError, match="IP address"):
         epp(speculative_urls=["http://engine:8000"])
+
+
+async def test_slo_without_curves_says_it_decides_as_spillover() -> None:
+    app, _ = epp(policy="slo")
+    exchange = Exchange(app.picker)
+    await exchange.on(headers())
+    await exchange.on(body(CHAT.encode()))
+    (answer,) = await exchange.on(ep.ProcessingRequest(response_headers=ep.HttpHeaders()))
+    added = {
+        h.header.key: h.header.raw_value
+        for h in answer.response_headers.response.header_mutation.set_headers
+    }
+    assert added["x-spec-router-deciding-as"] == b"spillover"
+    assert added["x-spec-router-reason"] in (b"below_crossover", b"above_crossover")
+    ready = app.readiness()
+    assert (ready["ready"], ready["status"]) == (True, "ok")

@@ -285,6 +285,53 @@ def test_persist_without_a_path_or_to_an_unwritable_one_does_not_fail(tmp_path: 
     assert blocker.read_text() == ""
 
 
+# -- TABLE_FRESH: a path it did not read a table from ----------------------------------------------
+
+
+def on(pool: str, keeper: CrossoverKeeper) -> Outcome:
+    """``streamed`` on a backend of ``pool``."""
+    out = streamed(keeper)
+    if pool == BASELINE:
+        tracker = cast(InflightTracker, keeper.tracker)
+        tracker.acquire(B1)
+        out.attempt(BASELINE, B1, "above_crossover")
+        out.first_bytes(1.0, tracker.area(B1, 1.0))
+        out.area_first = tracker.area(B1, 1.0)
+    return out
+
+
+def test_a_fresh_start_never_writes_the_default_table(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    keeper = make(table_path=path, table_fresh=True)
+    keeper.update()
+    keeper.persist()
+    assert not path.exists() and not keeper.has_own_table()
+    keeper.pin(9)  # an operator's crossover is not a table: still nothing to write
+    keeper.persist()
+    assert not path.exists()
+    keeper.observe(on(SPECULATIVE, keeper))  # one pool learned: not yet
+    keeper.persist()
+    assert not path.exists()
+
+
+def test_a_fresh_start_writes_once_both_pools_are_learned(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    keeper = make(table_path=path, table_fresh=True)
+    keeper.observe(on(SPECULATIVE, keeper))
+    keeper.observe(on(BASELINE, keeper))
+    assert keeper.has_own_table()
+    keeper.persist()
+    saved = tables.load(path)
+    assert saved.speculative.points and saved.baseline.points
+
+
+def test_a_fresh_start_writes_a_put_table_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    keeper = make(table_path=path, table_fresh=True)
+    keeper.replace(tables.to_json(model_table(1024, 256, crossover=12)))
+    assert tables.load(path).crossover == 12
+
+
 # -- no crossover measured ------------------------------------------------------------------------
 
 

@@ -190,16 +190,6 @@ async def test_metrics_count_every_workers_requests_once(start_router: RouterFac
     assert answer is not None and answer.status == 408
 
 
-def test_plain_uvicorn_with_workers_is_refused(sims: dict[str, Proc]) -> None:
-    env = router_env(sims["speculative"].url, sims["baseline"].url)
-    uvicorn = [sys.executable, "-m", "uvicorn", "router.app:app", "--port", "0"]
-    done = subprocess.run(
-        [*uvicorn, "--workers", "2"], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert "refusing to run under `uvicorn --workers 2`" in done.stderr
-    assert "spec-router serve --workers N" in done.stderr
-
-
 def each_worker(url: str, path: str, n: int = 2) -> dict[int, Any]:
     """``GET path`` on new connections until every one of ``n`` workers has answered once."""
     answers: dict[int, Any] = {}

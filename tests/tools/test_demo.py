@@ -17,10 +17,13 @@ from router.tools.demo import (
     LOADGEN_LIMIT,
     Point,
     attained,
+    format_header,
+    format_level,
     hold_levels,
     router_env,
     saturated,
     shortfalls,
+    verdict,
 )
 
 
@@ -115,3 +118,43 @@ def test_the_routers_slo_and_engine_lags_are_the_defaults_in_the_sims_time(
     assert (unscaled.engine_abort_lag, unscaled.engine_gauge_lag) == (2.0, 2.0)
     assert scaled.engine_abort_lag == pytest.approx(0.2)
     assert scaled.engine_gauge_lag == pytest.approx(0.2)
+
+
+def _row(target: str, n: int, strict: float, relaxed: float, total: float) -> Point:
+    return Point(target, n, per_request_tps=10.0, total_tps=total, ttft_p50=0.25,
+                 spec_share=0.5 if target in ("router", "round_robin") else None, errors=0,
+                 strict=strict, relaxed=relaxed)  # fmt: skip
+
+
+def test_the_table_has_a_header_and_one_row_per_target() -> None:
+    header = format_header("slo, crossover 7").splitlines()
+    assert header[0].startswith("strict SLO: TTFT <= 1 s and TPOT <= 25 ms; relaxed SLO: 3 s")
+    columns = header[-1].split("  ")
+    assert [c.strip() for c in columns if c.strip()] == [
+        "users", "target", "tok/s per req", "tok/s total", "TTFT p50", "strict SLO",
+        "relaxed SLO", "to spec.",
+    ]  # fmt: skip
+    level = [_row(t, 8, 0.68, 0.9, 100.0) for t in ("router", "round_robin", "speculative",
+                                                  "baseline")]  # fmt: skip
+    rows = format_level(level, "slo, crossover 7").splitlines()
+    assert len(rows) == 4 and rows[0].split()[0] == "8" and rows[1].startswith(" " * 5)
+    assert "68%" in rows[0] and "90%" in rows[0] and rows[0].endswith("50%")
+    # each value sits under its column's header
+    head = header[-1]
+    assert rows[0].index("68%") + 3 == head.index("strict SLO") + len("strict SLO")
+    assert rows[0].index("250 ms") + 6 == head.index("TTFT p50") + len("TTFT p50")
+
+
+def test_the_verdict_weighs_the_router_against_round_robin() -> None:
+    points = [
+        _row("router", 1, 1.0, 1.0, 80.0),
+        _row("round_robin", 1, 0.99, 1.0, 79.0),  # level on both
+        _row("router", 8, 0.68, 0.9, 300.0),
+        _row("round_robin", 8, 0.45, 0.8, 320.0),  # ahead on the SLO, behind on tok/s
+        _row("speculative", 8, 0.1, 0.1, 1.0),  # (not compared)
+    ]
+    line = verdict(points, "slo, crossover 7")
+    assert line.startswith("verdict (router (slo, crossover 7) against round-robin, 2 levels)")
+    assert "within the strict SLO 84% against 72% on average, ahead at 1, level at 1, behind " \
+           "at 0" in line  # fmt: skip
+    assert "total tok/s ahead at 0, level at 1, behind at 1" in line

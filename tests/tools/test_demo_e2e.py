@@ -75,3 +75,8 @@ def test_the_demo_names_its_live_page_and_holds(tmp_path: Path) -> None:
     assert page is not None, "".join(lines)
     assert up_while_holding, "".join(lines)
     assert (tmp_path / "demo.png").exists()
+    # the table under its header, and the verdict on what the default policy routes for
+    header = next(i for i, line in enumerate(lines) if line.startswith("users  target"))
+    assert "strict SLO" in lines[header] and "relaxed SLO" in lines[header]
+    assert lines[header + 1].split()[0] == "2"  # the level's first row, under the header
+    assert any(line.startswith("verdict (router (") for line in lines), "".join(lines)

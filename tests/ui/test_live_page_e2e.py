@@ -25,9 +25,10 @@ from playwright.sync_api import Browser, ConsoleMessage, Error, Page
 
 from router.calibrate.loadgen import run_closed_loop
 from router.decide.table import save, to_json
+from router.settings import sim_time_env
 from tests.conftest import TIME_SCALE, RouterFactory
 from tests.support.http import router_status, wait_for
-from tests.support.processes import Proc
+from tests.support.processes import Proc, free_port
 from tests.support.tables import model_table
 
 T = TypeVar("T")
@@ -50,10 +51,10 @@ READ_PAGE = """() => {
 
 # Pixels of a chart's canvas drawn in about the given colour above the bottom tenth of its plot
 # area (where a series at 0 lies: an empty chart draws its lines there, and only there).
-COUNT_PIXELS = """([name, rgb]) => {
+COUNT_PIXELS = """([name, rgb, floor]) => {
   const u = window.specRouterCharts[name];
   const canvas = u.ctx.canvas, top = Math.floor(u.bbox.top);
-  const bottom = Math.floor(u.bbox.top + u.bbox.height * 0.9);
+  const bottom = Math.floor(u.bbox.top + u.bbox.height * (floor === undefined ? 0.9 : floor));
   const data = u.ctx.getImageData(0, top, canvas.width, bottom - top).data;
   let colored = 0;
   for (let i = 0; i < data.length; i += 4) {
@@ -124,8 +125,9 @@ def assert_page_follows(page: Page, url: str) -> dict[str, Any]:
     return status
 
 
-def colored(page: Page, chart: str, rgb: tuple[int, int, int]) -> int:
-    count: int = page.evaluate(COUNT_PIXELS, [chart, list(rgb)])
+def colored(page: Page, chart: str, rgb: tuple[int, int, int], floor: float = 0.9) -> int:
+    """Pixels of ``rgb`` on the chart's plot area, above ``floor`` of its height."""
+    count: int = page.evaluate(COUNT_PIXELS, [chart, list(rgb), floor])
     return count
 
 
@@ -319,6 +321,27 @@ READ_PLAN = """() => {
 }"""
 
 
+# -- the objective and the router's own health (issue 34) -----------------------------------------
+
+SLO_RGB = (0x49, 0x50, 0x57)  # ui.js COLOR.slo: the SLO lines
+STRICT_RGB = (0x2B, 0x8A, 0x3E)  # ui.js COLOR.strict
+
+READ_OBJECTIVE = """() => {
+  const el = (id) => document.getElementById(id);
+  return {
+    seq: Number(document.body.dataset.seq),
+    strict: el("within-strict").textContent,
+    relaxed: el("within-relaxed").textContent,
+    judged: el("within-judged").textContent,
+    decidingAs: el("deciding-as").hidden ? null : el("deciding-as").textContent,
+    status: el("status").textContent,
+    specStatus: el("status-speculative").hidden ? null : el("status-speculative").textContent,
+    warnings: el("warnings").hidden
+      ? [] : Array.from(el("warnings").querySelectorAll("li")).map((li) => li.textContent),
+  };
+}"""
+
+
 def test_the_page_shows_the_fleet_plan(
     start_router: RouterFactory, browser: Browser, tmp_path: Path
 ) -> None:
@@ -357,6 +380,72 @@ def test_the_page_shows_the_fleet_plan(
         assert problems == []
     finally:
         page.close()
+
+
+def objective_shown(page: Page, url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The status now, and the page at the first update after it."""
+    status = router_status(url)
+    after = status["ui"]["snapshots"] + 1
+    shown = wait_for(lambda: (s := page.evaluate(READ_OBJECTIVE))["seq"] >= after and s, timeout=15)
+    return status, shown
+
+
+def test_the_page_shows_the_share_within_the_slo_and_the_slo_lines(
+    start_router: RouterFactory, browser: Browser
+) -> None:
+    # the SLO in the sims' time (10x faster than the engines they model), as the demo sets it
+    slo = {
+        k.removeprefix("SPEC_ROUTER_").lower(): v
+        for k, v in sim_time_env(float(TIME_SCALE)).items()
+    }
+    router = start_router(policy="slo", ui_interval="0.5", explore_share="0", **slo)
+    url = router.url
+    page = browser.new_page(viewport={"width": 1400, "height": 1400})
+    problems = watched(page)
+    page.goto(f"{url}/router/ui")
+    wait_for(lambda: page_state(page)["seq"] >= 1)
+    with ramp(url, (1, 4, 16), 1.0):
+        wait_for(lambda: router_status(url)["recent"]["within_slo"]["all"]["judged"], timeout=20)
+    status, shown = objective_shown(page, url)
+    within = status["recent"]["within_slo"]["all"]
+    assert within["judged"] > 0
+    assert shown["strict"] == f"{within['strict'] * 100:.1f}%"
+    assert shown["relaxed"] == f"{within['relaxed'] * 100:.1f}%"
+    assert shown["judged"] == str(within["judged"])
+    # no table, nothing learned yet: slo decides as spillover, and the page says so
+    assert status["deciding_as"] == "spillover"
+    assert shown["decidingAs"] == "deciding as spillover"
+    assert (shown["status"], shown["warnings"]) == ("ok", [])
+    assert problems == []
+    if os.environ.get("SPEC_ROUTER_UI_SCREENSHOT"):
+        page.screenshot(path=os.environ["SPEC_ROUTER_UI_SCREENSHOT"], full_page=True)
+    # the share within the SLO drawn, and the SLO lines across the TTFT and TPOT charts, beside
+    # both pools' p90 (the ramp's few seconds fill one or two 5-s buckets: points, or a line)
+    # (the whole plot area: a p90 well under the SLO lies near the bottom)
+    assert colored(page, "slo", STRICT_RGB, floor=1.0) > 8
+    for chart in ("ttft", "tpot"):
+        assert colored(page, chart, SLO_RGB, floor=1.0) > 300, chart  # (two lines across it)
+        for rgb in (SPEC_RGB, BASE_RGB):
+            assert colored(page, chart, rgb, floor=1.0) > 8, (chart, rgb)
+    page.close()
+
+
+def test_the_page_shows_a_pool_that_never_came_up_as_degraded(
+    sims: dict[str, Proc], start_router: RouterFactory, browser: Browser
+) -> None:
+    spec = f"http://127.0.0.1:{free_port()}"
+    router = start_router(spec, sims["baseline"].url, ui_interval="0.5", one_pool=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    problems = watched(page)
+    page.goto(f"{router.url}/router/ui")
+    # after a few failed probes the backend's own warning joins the pool's
+    wait_for(lambda: len(router_status(router.url)["warnings"]) == 1, timeout=20)
+    _, shown = objective_shown(page, router.url)
+    assert (shown["status"], shown["specStatus"]) == ("degraded", "down")
+    assert shown["warnings"][0] == f"speculative pool: no usable backend (never healthy: {spec})"
+    assert shown["warnings"][1].startswith(f"backend {spec} has failed every health probe")
+    assert problems == []
+    page.close()
 
 
 def test_no_crossover_shows_the_level_and_the_advice(

@@ -4,7 +4,7 @@
 
 (function () {
   const SPEC = "speculative", BASE = "baseline", POOLS = [SPEC, BASE];
-  const COLOR = { speculative: "#d9480f", baseline: "#1c7ed6", capacity: "#495057" };
+  const COLOR = { speculative: "#d9480f", baseline: "#1c7ed6", capacity: "#495057", strict: "#2b8a3e", relaxed: "#94d82d", slo: "#495057" };
   const HISTORY = 300; // points of the in-flight chart kept on the page (5 min at 1/s)
 
   // A key given as ?key= is now a cookie (see router/control/page.py): keep it out of sight.
@@ -66,6 +66,36 @@
       ],
     }, [[], [], [], []], shareEl);
 
+    // the objective: the share within the SLO per bucket, and TTFT/TPOT p90 against its lines
+    const bucketAxis = { label: "seconds ago", values: (u, vals) => vals.map((v) => String(-Math.round(v))) };
+    // one value per bucket: each drawn as a point too, so a lone bucket shows
+    const dotted = (stroke) => ({ stroke, width: 2, spanGaps: false, points: { show: true, size: 5, fill: stroke } });
+    const sloEl = $("chart-slo");
+    charts.slo = new uPlot({
+      width: width(sloEl), height: 200, legend: { live: false },
+      scales: { x: { time: false }, y: { range: [0, 100] } },
+      axes: [bucketAxis, { label: "% within the SLO" }],
+      series: [
+        {},
+        Object.assign({ label: "strict" }, dotted(COLOR.strict)),
+        Object.assign({ label: "relaxed (3× TTFT, 2× TPOT)" }, dotted(COLOR.relaxed)),
+      ],
+    }, [[], [], []], sloEl);
+    const latencyChart = (el, label) => new uPlot({
+      width: width(el), height: 220, legend: { live: false },
+      scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
+      axes: [bucketAxis, { label: label + " (ms)" }],
+      series: [
+        {},
+        Object.assign({ label: "speculative p90" }, dotted(COLOR.speculative)),
+        Object.assign({ label: "baseline p90" }, dotted(COLOR.baseline)),
+        { label: "SLO", stroke: COLOR.slo, dash: [6, 4], width: 1.5 },
+        { label: "relaxed SLO", stroke: COLOR.slo, dash: [2, 4], width: 1.5 },
+      ],
+    }, [[], [], [], [], []], el);
+    charts.ttft = latencyChart($("chart-ttft"), "TTFT");
+    charts.tpot = latencyChart($("chart-tpot"), "TPOT");
+
     const curvesEl = $("chart-curves");
     const dots = (stroke) => ({ stroke, fill: stroke, width: 0, paths: () => null, points: { show: true, size: 11, fill: stroke } });
     charts.curves = new uPlot({
@@ -85,6 +115,9 @@
     }, [[1], [null], [null], [null], [null], [null], [null]], curvesEl);
 
     window.addEventListener("resize", () => {
+      charts.slo.setSize({ width: width(sloEl), height: 200 });
+      charts.ttft.setSize({ width: width($("chart-ttft")), height: 220 });
+      charts.tpot.setSize({ width: width($("chart-tpot")), height: 220 });
       charts.inflight.setSize({ width: width(inflightEl), height: 240 });
       charts.share.setSize({ width: width(shareEl), height: 240 });
       charts.curves.setSize({ width: width(curvesEl), height: 300 });
@@ -138,9 +171,52 @@
     return values.length ? values.reduce((a, b) => a + b, 0) : null;
   }
 
+  function tag(id, value, classes) {
+    const el = $(id);
+    el.textContent = value;
+    el.className = "tag " + (classes[value] || "");
+    el.hidden = !value;
+  }
+
+  const STATUS_CLASS = { ok: "live", degraded: "warn", down: "down" };
+
+  function renderObjective(s) {
+    const w = s.recent.within_slo || {};
+    const all = w.all || {};
+    text("within-strict", pct(all.strict));
+    $("within-strict").dataset.value = all.strict === null || all.strict === undefined ? "" : all.strict;
+    text("within-relaxed", pct(all.relaxed));
+    text("within-judged", fmt(all.judged));
+    text("within-pools", POOLS.map((p) => p + " " + pct((w[p] || {}).strict)).join(" · "));
+    const series = s.recent.series;
+    const share = (v) => (v === null || v === undefined ? null : 100 * v);
+    const within = series.within_slo || { strict: [], relaxed: [] };
+    charts.slo.setData([series.t, within.strict.map(share), within.relaxed.map(share)]);
+    const slo = s.slo || {};
+    const line = (value) => series.t.map(() => (value === undefined ? null : value));
+    [["ttft", "ttft_p90_ms", slo.ttft_ms, slo.relaxed_ttft_ms], ["tpot", "tpot_p90_ms", slo.tpot_ms, slo.relaxed_tpot_ms]].forEach(([name, key, strict, relaxed]) => {
+      const p90 = series[key] || {};
+      charts[name].setData([series.t, p90[SPEC] || [], p90[BASE] || [], line(strict), line(relaxed)]);
+      text(name + "-slo", strict === undefined ? "" : "(" + ms(strict) + "; relaxed " + ms(relaxed) + ")");
+    });
+  }
+
+  function renderWarnings(s) {
+    const box = $("warnings");
+    const items = (s.warnings || []).map((w) => { const li = document.createElement("li"); li.textContent = w; return li; });
+    box.querySelector("ul").replaceChildren(...items);
+    box.hidden = items.length === 0;
+  }
+
   function render(s) {
     const spec = s.pools[SPEC], base = s.pools[BASE];
     text("policy", s.policy);
+    tag("deciding-as", s.deciding_as !== s.policy ? "deciding as " + s.deciding_as : "", {});
+    $("deciding-as").className = "tag warn";
+    $("deciding-as").title = s.deciding_as_why || "";
+    tag("status", s.status || "", STATUS_CLASS);
+    POOLS.forEach((p) => tag("status-" + p, s.pools[p].status === "ok" ? "" : s.pools[p].status || "", STATUS_CLASS));
+    renderWarnings(s);
     text("load-signal", s.load_signal);
     // null: none measured (the baseline never caught up within the levels measured)
     const none = s.no_crossover;
@@ -152,7 +228,7 @@
     $("advice").hidden = !none;
     const l = s.learning || {};
     text("learning", !l.enabled ? "off" : l.pinned ? "pinned" : "on");
-    text("slo", s.slo ? "SLO TTFT " + s.slo.ttft_ms + " ms · TPOT " + s.slo.tpot_ms + " ms" : "");
+    text("slo", s.slo ? "SLO TTFT " + ms(s.slo.ttft_ms) + " · TPOT " + ms(s.slo.tpot_ms) : "");
     text("inflight-speculative", spec.in_flight);
     $("inflight-speculative").dataset.value = spec.in_flight;
     text("inflight-baseline", base.in_flight);
@@ -224,6 +300,7 @@
       return n ? (100 * series[SPEC][i]) / n : null;
     });
     charts.share.setData([series.t, series[SPEC], series[BASE], shares]);
+    renderObjective(s);
     const c = s.curves;
     crossoverMark = { value: c.crossover, source: s.crossover_source, none: !!none };
     charts.curves.setData(curveData(c));
