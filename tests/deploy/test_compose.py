@@ -146,5 +146,5 @@ def test_dockerfile() -> None:
             assert (ROOT / path).exists(), f"COPY {path}: missing"
     # Every file the package needs is in the build context the .dockerignore leaves.
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text()
-    for needed in ("!router/**", "!pyproject.toml", "!README.md"):
+    for needed in ("!router/**", "!pyproject.toml", "!setup.py", "!README.md"):
         assert needed in ignore
