@@ -172,17 +172,18 @@ class Engine:
 TABLE = Path(__file__).resolve().parent / "results" / "calibration-traffic.json"
 
 
-def true_models() -> dict[Pool, PoolModel]:
+def true_models(spec: Preset = EAGLE3) -> dict[Pool, PoolModel]:
     from tests.support.models import preset_model
 
-    return {SPECULATIVE: preset_model(EAGLE3), BASELINE: preset_model(BASE_PRESET)}
+    return {SPECULATIVE: preset_model(spec), BASELINE: preset_model(BASE_PRESET)}
 
 
 class Router:
     """What the router knows and does around a policy (see the module's docstring).
 
     ``models``: "learn" (the calibrated table, learning on: as ``bench/traffic.py`` runs the
-    router), "table" (the table, no learning) or "truth" (the sims' own models, no learning).
+    router), "table" (the table, no learning) or "truth" (the sims' own models, no learning:
+    ``spec``'s and the baseline's).
     """
 
     def __init__(
@@ -192,6 +193,7 @@ class Router:
         table: Path = TABLE,
         slo: tuple[float, float] = (1.0, 0.025),
         explore_share: float = EXPLORE_SHARE,
+        spec: Preset = EAGLE3,
     ) -> None:
         self.policy = policy
         self.mode = models
@@ -202,7 +204,7 @@ class Router:
         self.crossover = t.crossover
         self.gain = marginal_gain(self.learner.curves())
         self.models: Mapping[Pool, PoolModel] | None = (
-            true_models() if models == "truth" else self.engines.models()
+            true_models(spec) if models == "truth" else self.engines.models()
         )
         self.slo = slo
         self.explore_share = explore_share

@@ -1,6 +1,7 @@
 """Policies against the best static split, over real HTTP, in one run.
 
-Two simulated engines (eagle3 and baseline presets, time-scaled) are calibrated with
+Two simulated engines (eagle3 and baseline presets, time-scaled; ``--regime`` picks another
+speculative preset, docs/regimes.md) are calibrated with
 ``spec-router calibrate``; one router per policy (spillover, crossover, round_robin, predictive)
 is started with that table (learning and exploration off, so every policy sees the same curves).
 At each N, N closed-loop users go through each router, and N users are also split statically
@@ -33,7 +34,15 @@ sys.path.insert(0, str(ROOT))
 
 from router.calibrate.loadgen import run_closed_loop, window_stats  # noqa: E402
 from router.settings import sim_time_env  # noqa: E402
-from router.sim.model import BASELINE, EAGLE3, closed_loop, decode_bound_tps  # noqa: E402
+from router.sim.model import (  # noqa: E402
+    BASELINE,
+    EAGLE3,
+    PRESETS,
+    REGIMES,
+    Preset,
+    closed_loop,
+    decode_bound_tps,
+)
 from router.tools.demo import wait_ready  # noqa: E402
 from router.tools.processes import pinned, running  # noqa: E402
 
@@ -44,13 +53,13 @@ RESULTS = ROOT / "bench" / "results"
 SERVE = ["-m", "router", "serve", "--port", "0"]
 
 
-def model_split(n: int, prompt: int, output: int) -> tuple[int, float]:
+def model_split(n: int, prompt: int, output: int, spec: Preset = EAGLE3) -> tuple[int, float]:
     """The best static split of ``n`` users by the analytic closed-loop model."""
     best = (0, 0.0)
     for k in range(n + 1):
         total = 0.0
         if k:
-            total += k * closed_loop(EAGLE3, k, prompt, output).per_request_tps
+            total += k * closed_loop(spec, k, prompt, output).per_request_tps
         if n - k:
             total += (n - k) * closed_loop(BASELINE, n - k, prompt, output).per_request_tps
         if total / n > best[1]:
@@ -58,11 +67,11 @@ def model_split(n: int, prompt: int, output: int) -> tuple[int, float]:
     return best
 
 
-def decode_only_split(n: int) -> float:
+def decode_only_split(n: int, spec: Preset = EAGLE3) -> float:
     """The issue's decode-only reference: best split by the pure step-time formula."""
     best = 0.0
     for k in range(n + 1):
-        total = (decode_bound_tps(EAGLE3, k)[1] if k else 0.0) + (
+        total = (decode_bound_tps(spec, k)[1] if k else 0.0) + (
             decode_bound_tps(BASELINE, n - k)[1] if n - k else 0.0
         )
         best = max(best, total / n)
@@ -130,6 +139,12 @@ def main() -> int:
     parser.add_argument("--output-tokens", type=int, default=256)
     parser.add_argument("--out", type=Path, default=RESULTS / "policies.md")
     parser.add_argument(
+        "--regime",
+        choices=REGIMES,
+        default="eagle3",
+        help="the speculative sim's preset, paired with the baseline",
+    )
+    parser.add_argument(
         "--learn", action="store_true", help="leave online learning and exploration on"
     )
     ns = parser.parse_args()
@@ -150,7 +165,7 @@ def main() -> int:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        spec = stack.enter_context(running(sim_cmd("eagle3", "1"), prefix=pinned(1))).url
+        spec = stack.enter_context(running(sim_cmd(ns.regime, "1"), prefix=pinned(1))).url
         base = stack.enter_context(running(sim_cmd("baseline", "2"), prefix=pinned(1))).url
         table = Path(tmp) / "table.json"
         calibrate = [
@@ -183,19 +198,20 @@ def main() -> int:
             row: dict[str, object] = {"n": n}
             for policy in POLICIES:
                 row[policy] = asyncio.run(users(routers[policy], n, a))[2]
-            k_model, model_best = model_split(n, a.prompt, a.output)
+            k_model, model_best = model_split(n, a.prompt, a.output, PRESETS[ns.regime])
             splits = {}
             for k in sorted({max(0, k_model - 1), k_model, min(n, k_model + 1)}):
                 splits[k] = asyncio.run(static_split(spec, base, k, n, a))
             k_best = max(splits, key=lambda k: splits[k])
             row.update(
-                k_model=k_model, model_best=model_best, decode_only=decode_only_split(n),
+                k_model=k_model, model_best=model_best,
+                decode_only=decode_only_split(n, PRESETS[ns.regime]),
                 splits=splits, k_best=k_best, best=splits[k_best],
             )  # fmt: skip
             rows.append(row)
             print(format_row(row), flush=True)
     elapsed = time.monotonic() - began
-    write(ns.out, rows, a, crossover, elapsed, " ".join(sys.argv), ns.learn)
+    write(ns.out, rows, a, crossover, elapsed, " ".join(sys.argv), ns.learn, ns.regime)
     return 0
 
 
@@ -219,6 +235,7 @@ def write(
     elapsed: float,
     command: str,
     learn: bool = False,
+    regime: str = "eagle3",
 ) -> None:
     machine = platform.processor() or platform.machine()
     lines = [
@@ -228,11 +245,12 @@ def write(
         f"took {elapsed:.0f} s).",
         f"Machine: {os.cpu_count()} cores, {machine}, Python {platform.python_version()}.",
         "",
-        f"Workload: closed loop, {a.prompt}-token prompts, {a.output}-token outputs; sims at "
-        f"time scale {a.time_scale} (numbers converted to model time). {a.duration:g} s per "
-        "measurement, the first 30% discarded. Routers pinned to core 0; sims, load generator "
-        "and calibrator on core 1. Every router uses the same calibrated table (crossover "
-        f"{crossover}); learning and exploration {'on' if learn else 'off'}.",
+        f"Regime: {regime} + baseline. Workload: closed loop, {a.prompt}-token prompts, "
+        f"{a.output}-token outputs; sims at time scale {a.time_scale} (numbers converted to "
+        f"model time). {a.duration:g} s per measurement, the first 30% discarded. Routers "
+        "pinned to core 0; sims, load generator and calibrator on core 1. Every router uses "
+        f"the same calibrated table (crossover {crossover}); learning and exploration "
+        f"{'on' if learn else 'off'}.",
         "",
         "Figure of merit: mean per-request decode speed, tok/s (decode tokens / decode time "
         "over all users in the window, i.e. total decode tok/s / N). *Best static* is the best "

@@ -14,6 +14,10 @@ conclusions over real sockets.
 ``--seeds N`` runs N engine seeds (the acceptance draws) on the HTTP bench's workload (seed 1);
 ``--workload-seeds`` also varies the workload (the thinning, the bursty generator) with them.
 
+``--regime eagle3-chain`` (or ``eagle3-tree``) runs that speculative preset against the baseline
+instead of eagle3 (docs/regimes.md); give it a ``--table`` calibrated on that pair, or use
+``--models truth`` (the default table was calibrated on eagle3 + baseline).
+
 ``--closed 32,64`` runs closed loops of that many users instead (each sends its next request
 when the last ends, all starting together: the demo's workload, ``--closed-sizes`` 32 prompt
 and 96 output tokens, greedy), ``CLOSED_DURATION`` model seconds each, scoring the requests
@@ -35,10 +39,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lab_sim import Req, Router, run, run_closed  # noqa: E402
+from lab_sim import TABLE, Req, Router, run, run_closed  # noqa: E402
 
 from router.pools import SPECULATIVE  # noqa: E402
-from router.sim.model import BASELINE, EAGLE3, Preset  # noqa: E402
+from router.sim.model import BASELINE, EAGLE3, PRESETS, REGIMES, Preset  # noqa: E402
 from router.tools import traffic  # noqa: E402
 from router.tools.traffic import Arrival  # noqa: E402
 
@@ -56,11 +60,11 @@ def engine_capacity(p: Preset, prompt: float, output: float, hot: float) -> floa
     return closed_loop(p, p.max_running, round(prompt), round(output), tau=tau).total_tps / output
 
 
-def capacity(arrivals: list[Arrival]) -> float:
-    """As ``bench/traffic.py``'s: the eagle3 + baseline pair's saturation rate, req/s."""
+def capacity(arrivals: list[Arrival], spec: Preset = EAGLE3) -> float:
+    """As ``bench/traffic.py``'s: the ``spec`` + baseline pair's saturation rate, req/s."""
     d = traffic.describe(arrivals)
     args = (d.prompt_mean, d.output_mean, d.hot_share)
-    return engine_capacity(EAGLE3, *args) + engine_capacity(BASELINE, *args)
+    return engine_capacity(spec, *args) + engine_capacity(BASELINE, *args)
 
 
 @functools.lru_cache(maxsize=4)
@@ -136,23 +140,27 @@ def mean_score(scores: list[Score]) -> Score:
 
 
 def evaluate(policy: str, name: str, rate: float, seeds: int, models: str = "learn",
-             workload_seeds: bool = False, hot: float = 0.0) -> Score:  # fmt: skip
+             workload_seeds: bool = False, hot: float = 0.0, spec: Preset = EAGLE3,
+             table: Path = TABLE) -> Score:  # fmt: skip
     """Mean over ``seeds`` engine seeds (the sims' acceptance draws)."""
     scores = []
     for seed in range(seeds):
         arrivals = workload(name, rate, seed + 1 if workload_seeds else 1, hot)
-        done = run(arrivals, Router(policy, models), seed=10 * seed + 1)
+        router = Router(policy, models, table, spec=spec)
+        done = run(arrivals, router, seed=10 * seed + 1, presets=(spec, BASELINE))
         scores.append(score(done, arrivals))
     return mean_score(scores)
 
 
 def evaluate_closed(policy: str, users: int, sizes: tuple[int, int], seeds: int,
-                    models: str) -> tuple[Score, float]:  # fmt: skip
+                    models: str, spec: Preset = EAGLE3,
+                    table: Path = TABLE) -> tuple[Score, float]:  # fmt: skip
     """Mean over ``seeds`` engine seeds, and the requests per second served."""
     scores, rates = [], []
     for seed in range(seeds):
-        done, arrivals = run_closed(users, *sizes, CLOSED_DURATION, Router(policy, models),
-                                    seed=10 * seed + 1)  # fmt: skip
+        done, arrivals = run_closed(users, *sizes, CLOSED_DURATION,
+                                    Router(policy, models, table, spec=spec),
+                                    seed=10 * seed + 1, presets=(spec, BASELINE))  # fmt: skip
         last = CLOSED_DURATION - CLOSED_SLACK
         scored = [a for a in arrivals if a.at <= last]
         finished = [r for r in done if r.arrival.at <= last]
@@ -174,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="slo,predictive,spillover,round_robin")
     ap.add_argument("--closed", help="closed loops of these many users instead of --workload")
     ap.add_argument("--closed-sizes", default="32,96", help="prompt,output tokens (closed)")
+    ap.add_argument("--regime", choices=REGIMES, default="eagle3",
+                    help="the speculative preset, paired with the baseline")  # fmt: skip
+    ap.add_argument("--table", type=Path, default=TABLE,
+                    help="the routers' calibrated table (default: eagle3 + baseline)")  # fmt: skip
     ap.add_argument(
         "--set",
         action="append",
@@ -182,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         help="override a constant of router.decide.{twin,policy,snapshot} (a sweep)",
     )
     args = ap.parse_args(argv)
+    spec = PRESETS[args.regime]
     for item in args.set:
         name, value = item.split("=", 1)
         module, attr = name.split(".", 1)
@@ -198,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         for users in (int(x) for x in args.closed.split(",")):
             for policy in args.policies.split(","):
                 s, served = evaluate_closed(policy, users, (sizes[0], sizes[1]), args.seeds,
-                                            args.models)  # fmt: skip
+                                            args.models, spec, args.table)  # fmt: skip
                 print(
                     f"users {users:3d} {policy:12s} strict {100 * s.strict:5.1f} relaxed "
                     f"{100 * s.relaxed:5.1f} req/s {served:5.2f} ttft p50 {s.ttft_p50:5.2f} "
@@ -207,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         return 0
     hot = args.temperature_share
-    cap = capacity(base_workload(args.workload, hot))
+    cap = capacity(base_workload(args.workload, hot), spec)
     if args.rates:
         rates = [float(x) for x in args.rates.split(",")]
     else:
@@ -218,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     for rate in rates:
         for policy in args.policies.split(","):
             s = evaluate(policy, args.workload, rate, args.seeds, args.models,
-                         args.workload_seeds, hot)  # fmt: skip
+                         args.workload_seeds, hot, spec, args.table)  # fmt: skip
             print(
                 f"load {rate / cap:4.0%} ({rate:5.3f}/s) {policy:12s} strict {100 * s.strict:5.1f} "
                 f"relaxed {100 * s.relaxed:5.1f} ttft p99 {s.ttft_p99:6.2f} "

@@ -1,4 +1,10 @@
-"""How faithfully the simulated engines follow their analytic model, over real HTTP.
+"""How faithfully the simulated engines follow their analytic model, over real HTTP, and how
+faithfully each preset's model follows the published measurements it was fitted to.
+
+The fits come first and need no server: ``router.sim.fit.refit`` fits each regime's
+speculative preset again (least squares on the speculative/baseline throughput ratio at the
+published batch sizes) and the report sets the presets' curves against those points
+(``--fit-only`` prints just that).
 
 For each time scale and preset this starts one ``router.sim`` process pinned to CPU 0
 (``taskset -c 0``), and from this process (pin it to CPU 1) runs the closed-loop load
@@ -10,6 +16,7 @@ compared with ``router.sim.model.closed_loop`` divided by the time scale. Writes
 report (``--out``) and prints it.
 
     taskset -c 1 python bench/sim_fidelity.py --out bench/results/sim-fidelity.md
+    python bench/sim_fidelity.py --fit-only
 """
 
 from __future__ import annotations
@@ -27,7 +34,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.calibrate.loadgen import run_closed_loop, window_stats
+from router.sim.fit import FITS, alternatives, ratio, refit, rmse
 from router.sim.model import (
+    BASELINE,
+    EAGLE3,
+    EAGLE3_CHAIN,
+    EAGLE3_TREE,
+    MS,
     PRESETS,
     closed_loop,
     crossover,
@@ -39,6 +52,114 @@ from router.tools.processes import Proc, pinned, spawn
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RETRIES = 3
+
+
+# --- the presets against the published points they were fitted to ----------------------------
+
+
+def seed_rows() -> list[tuple[str, float, float]]:
+    """(what, seed's value, model's value): the seed's reference measurements (README)."""
+    return [
+        ("eagle3 per-request tok/s at concurrency 1", 80.9, decode_bound_tps(EAGLE3, 1)[0]),
+        ("eagle3 total tok/s saturated (48 running)", 354.0, decode_bound_tps(EAGLE3, 48)[1]),
+        ("baseline total tok/s asymptote (1/b)", 773.0, 1 / BASELINE.b),
+    ]
+
+
+def fit_report() -> list[str]:
+    """Each preset's curve against the published points it was fitted to, with a fresh fit."""
+    lines = [
+        "",
+        "## The presets against the published points they were fitted to",
+        "",
+        "A regime is a speculative preset paired with `baseline` (unchanged: every regime "
+        "pairs with it). Ratios are the model's decode-bound total tok/s, speculative over "
+        "baseline, at the batch (`decode_bound_tps`: no prefill, no context cost, capped at "
+        "`max_running`), which is what was fitted; the last column is the closed loop's total "
+        "tok/s ratio at that concurrency with 128-token prompts and 256-token outputs "
+        "(`closed_loop`, prefill and re-joins included), for comparison. `refit` is the fit run "
+        "again now (`router.sim.fit.refit`, from the seed's costs); the preset holds its "
+        "values rounded to 4 digits.",
+        "",
+        "### eagle3 and baseline: the seed deployment",
+        "",
+        "8-GPU Kimi K2.5 INT4 on SGLang (README): four costs for three reference points, as "
+        "the seed gave them; not refitted here.",
+        "",
+        "| reference | seed | model | error |",
+        "|---|---|---|---|",
+    ]
+    for what, seed, model in seed_rows():
+        lines.append(f"| {what} | {seed:g} | {model:.1f} | {100 * (model / seed - 1):+.2f}% |")
+    for fit in FITS:
+        p, pub, again = fit.preset, fit.published, refit(fit)
+        values = ", ".join(
+            f"{f} {getattr(p, f) / MS:#.4g} ms (refit {getattr(again, f) / MS:.4f})"
+            for f in fit.free
+        )
+        lines += [
+            "",
+            f"### {p.name}",
+            "",
+            f"Source: {pub.source}.",
+            "",
+            f"Fit: {fit.how}",
+            "",
+            f"Fitted: {values}; RMSE {rmse(p, BASELINE, pub):.3f} in the ratio "
+            f"(refit {rmse(again, BASELINE, pub):.3f}).",
+            "",
+        ]
+        for label, alt in alternatives(fit):
+            cross = crossover(alt, BASELINE, None, None, hi=256)
+            lines.append(
+                f"Not chosen, {label}: RMSE {rmse(alt, BASELINE, pub):.3f}, crossing "
+                f"{'none' if cross is None else f'{cross:.1f}'}, ratio at "
+                + ", ".join(f"{b}: {ratio(alt, BASELINE, b):.2f}" for b, _ in pub.points)
+                + "."
+            )
+            lines.append("")
+        lines += [
+            "| batch | published | model | error | closed loop 128/256 |",
+            "|---|---|---|---|---|",
+        ]
+        for b, r in pub.points:
+            model = ratio(p, BASELINE, b)
+            loop = closed_loop(p, b, 128, 256).total_tps
+            loop /= closed_loop(BASELINE, b, 128, 256).total_tps
+            lines.append(f"| {b} | {r:.2f} | {model:.3f} | {model - r:+.3f} | {loop:.3f} |")
+    lines += ["", "### Where each regime crosses", "", CROSS_HEAD, "|---|---|---|---|---|---|---|"]
+    for p in (EAGLE3, EAGLE3_CHAIN, EAGLE3_TREE):
+        rho = (p.b + (p.a / p.knee if p.knee else 0.0)) / (p.tau * BASELINE.b)
+        at_load = [ratio(p, BASELINE, n) for n in (1, 16, 64)]
+
+        def fmt(x: float | None) -> str:
+            return "none" if x is None else f"{x:.1f}"
+
+        cells = [
+            fmt(crossover(p, BASELINE, None, None, hi=256)),
+            fmt(crossover(p, BASELINE, 128, 256, hi=256)),
+            fmt(crossover(p, BASELINE, 128, 256, metric="client", hi=256)),
+        ]
+        lines.append(
+            f"| {p.name} | {rho:.2f} | "
+            + " / ".join(f"{x:.2f}" for x in at_load)
+            + " | "
+            + " | ".join(cells)
+            + f" | {p.max_running} |"
+        )
+    lines += [
+        "",
+        "rho is the slope ratio b_spec / (tau b_baseline) at large batch (past the knee, "
+        "a / knee + b for eagle3-tree): above 1 the baseline catches up, below 1 it never "
+        "does. Crossovers are `model.crossover` up to 256 running requests.",
+    ]
+    return lines
+
+
+CROSS_HEAD = (
+    "| regime | rho | ratio at 1 / 16 / 64 | crossover, decode-bound | per-request, closed loop "
+    "128/256 | per client, closed loop 128/256 | max_running |"
+)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -187,13 +308,17 @@ def report(
 ) -> str:
     e1, e48 = decode_bound_tps(PRESETS["eagle3"], 1), decode_bound_tps(PRESETS["eagle3"], 48)
     lines = [
-        "# Simulator fidelity: measured over HTTP vs the analytic model",
+        "# Simulator fidelity: the presets against published measurements, the sims against "
+        "their model",
         "",
         f"Command (from the repository root, {os.cpu_count()} cores):",
         "",
         "```",
         command,
         "```",
+        *fit_report(),
+        "",
+        "## The sims over HTTP against their model",
         "",
         f"Workload: closed loop, prompt {args.prompt} tokens, output {args.output} tokens, "
         "temperature 0, streamed chat completions. Sim pinned to CPU 0, load generator to "
@@ -475,7 +600,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Point], list[Point], list[
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scales", type=float, nargs="*", default=[1.0, 0.1])
-    parser.add_argument("--presets", nargs="+", default=["eagle3", "baseline"])
+    parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=sorted(PRESETS))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--output", type=int, default=256)
@@ -489,7 +614,15 @@ def main() -> int:
     parser.add_argument("--saturation", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--saturation-scale", type=float, default=1.0)
     parser.add_argument("--out", help="write the Markdown report here")
+    parser.add_argument(
+        "--fit-only",
+        action="store_true",
+        help="print only the presets against their published points (no server, no --out)",
+    )
     args = parser.parse_args()
+    if args.fit_only:
+        print("\n".join(fit_report()[1:]))
+        return 0
     command = "taskset -c 1 python bench/sim_fidelity.py " + " ".join(sys.argv[1:])
     points, cross, saturation = asyncio.run(run(args))
     text = report(points, cross, saturation, args, command.strip())

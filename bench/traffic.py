@@ -6,6 +6,9 @@ router are started and ``spec-router replay`` sends the workload through the rou
 Deployments: one eagle3 + one baseline sim behind the router under each policy in
 ``--policies`` (plus ``spec-router serve``'s default policy, if it is not listed), and two
 references without spec-router's routing: two baseline sims, and two eagle3 sims, round-robin.
+``--regime eagle3-chain`` (or ``eagle3-tree``) puts that speculative preset where eagle3 is
+(docs/regimes.md); the routers then start with no table unless ``--table`` gives one
+calibrated on that pair (the default table is eagle3 + baseline's).
 
 Workloads: (a) the Azure conversation trace (``/work/shared/traces``), a window thinned to
 ``--loads`` times the capacity of the eagle3 + baseline pair; (b) bursty synthetic traffic
@@ -40,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from traffic_report import Run, plot, write  # noqa: E402
 
 from router.settings import Settings  # noqa: E402
-from router.sim.model import BASELINE, EAGLE3, Preset, closed_loop  # noqa: E402
+from router.sim.model import BASELINE, EAGLE3, PRESETS, REGIMES, Preset, closed_loop  # noqa: E402
 from router.tools import goodput, traffic  # noqa: E402
 from router.tools.demo import wait_ready  # noqa: E402
 from router.tools.processes import running  # noqa: E402
@@ -79,10 +82,10 @@ def engine_capacity(p: Preset, prompt: float, output: float, hot_share: float) -
     return point.total_tps / output
 
 
-def capacity(profile: traffic.Profile) -> float:
-    """The eagle3 + baseline pair's: the sum of both engines' saturation rates."""
+def capacity(profile: traffic.Profile, spec: Preset = EAGLE3) -> float:
+    """The ``spec`` + baseline pair's: the sum of both engines' saturation rates."""
     args = (profile.prompt_mean, profile.output_mean, profile.hot_share)
-    return engine_capacity(EAGLE3, *args) + engine_capacity(BASELINE, *args)
+    return engine_capacity(spec, *args) + engine_capacity(BASELINE, *args)
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,9 @@ class Deployment:
     note: str
 
 
-def deployments(policies: list[str], references: bool = True) -> list[Deployment]:
+def deployments(
+    policies: list[str], references: bool = True, regime: str = "eagle3"
+) -> list[Deployment]:
     names = list(dict.fromkeys(policies))
     if DEFAULT_POLICY not in names:
         names.append(DEFAULT_POLICY)
@@ -102,10 +107,10 @@ def deployments(policies: list[str], references: bool = True) -> list[Deployment
     for p in names:
         default = p == DEFAULT_POLICY
         label = f"{p} (serve default)" if default else p
-        note = f"eagle3 + baseline behind spec-router, SPEC_ROUTER_POLICY={p}" + (
+        note = f"{regime} + baseline behind spec-router, SPEC_ROUTER_POLICY={p}" + (
             " (left unset: the default)" if default else ""
         )
-        out.append(Deployment(label, ("eagle3", "baseline"), None if default else p, True, note))
+        out.append(Deployment(label, (regime, "baseline"), None if default else p, True, note))
     if not references:
         return out
     out.append(
@@ -119,11 +124,11 @@ def deployments(policies: list[str], references: bool = True) -> list[Deployment
     )
     out.append(
         Deployment(
-            "2x eagle3, round-robin",
-            ("eagle3", "eagle3"),
+            f"2x {regime}, round-robin",
+            (regime, regime),
             "round_robin",
             False,
-            "two eagle3 sims, round-robin (always speculation)",
+            f"two {regime} sims, round-robin (always speculation)",
         )
     )
     return out
@@ -159,8 +164,9 @@ def cases(ns: argparse.Namespace) -> list[Case]:
     if ns.trace_temperature_share:
         window = traffic.with_temperatures(window, ns.trace_temperature_share, ns.seed)
     conv = traffic.describe(window)
+    spec = PRESETS[ns.regime]
     for load in ns.loads:
-        rate = load * capacity(conv)
+        rate = load * capacity(conv, spec)
         if rate > conv.count / ns.duration:
             raise SystemExit(
                 f"bench: the trace window has {conv.count} requests in "
@@ -177,18 +183,18 @@ def cases(ns: argparse.Namespace) -> list[Case]:
             f"{rate:.4f}",
             *common,
         ]
-        out.append(Case("azure-conv", load, rate, capacity(conv), args, asdict(conv)))
+        out.append(Case("azure-conv", load, rate, capacity(conv, spec), args, asdict(conv)))
     # Capacity from a long sample of the same generator (its mean lengths), not the short run.
     sample = traffic.on_off(1.0, 20000.0, *BURSTY_LENGTHS, temperature_share=0.5, seed=0)
     mix = traffic.describe(sample)
     for load in ns.bursty_loads:
-        rate = load * capacity(mix)
+        rate = load * capacity(mix, spec)
         out.append(
             Case(
                 "bursty",
                 load,
                 rate,
-                capacity(mix),
+                capacity(mix, spec),
                 [*BURSTY, "--rate", f"{rate:.4f}", *common],
                 asdict(mix),
             )
@@ -311,13 +317,25 @@ def parse_args() -> argparse.Namespace:
         default=0.0,
         help="share of the trace's requests sent at temperature 1 (it records none)",
     )
-    p.add_argument("--table", type=Path, default=TABLE, help="crossover table for the policies")
-    p.add_argument("--no-table", dest="table", action="store_const", const=None)
+    p.add_argument(
+        "--regime",
+        choices=REGIMES,
+        default="eagle3",
+        help="the speculative sims' preset, paired with the baseline (docs/regimes.md)",
+    )
+    p.add_argument(
+        "--table",
+        type=Path,
+        default=None,
+        help="crossover table for the policies (default: the eagle3 + baseline calibration, "
+        "for --regime eagle3 only)",
+    )
+    p.add_argument("--no-table", action="store_true", help="the routers start with no table")
     p.add_argument(
         "--no-references",
         dest="references",
         action="store_false",
-        help="leave out the two-of-a-kind deployments (2x baseline, 2x eagle3)",
+        help="leave out the two-of-a-kind deployments (2x baseline, 2x the regime's)",
     )
     p.add_argument("--out", type=Path, default=RESULTS / "traffic.md")
     p.add_argument("--note", default="", help="a line for the report's header")
@@ -326,6 +344,10 @@ def parse_args() -> argparse.Namespace:
     )
     ns = p.parse_args()
     ns.policies = [x for x in ns.policies.split(",") if x]
+    if ns.no_table:
+        ns.table = None
+    elif ns.table is None and ns.regime == "eagle3":
+        ns.table = TABLE
     return ns
 
 
@@ -363,13 +385,13 @@ def main() -> int:
         print(f"written {ns.out} and {ns.out.with_suffix('.png')} from the JSON")
         return 0
     command = shlex.join(["python", "bench/traffic.py", *sys.argv[1:]])
-    plan, deps = cases(ns), deployments(ns.policies, ns.references)
+    plan, deps = cases(ns), deployments(ns.policies, ns.references, ns.regime)
     runs: list[Run] = []
     table = None if ns.table is None else os.path.relpath(ns.table, ROOT)
     meta: dict[str, Any] = {
         "command": command, "loadavg_before": os.getloadavg(), "time_scale": ns.time_scale,
         "duration": ns.duration, "warmup": ns.warmup, "drain": ns.drain, "repeat": ns.repeat,
-        "table": table, "note": ns.note,
+        "table": table, "note": ns.note, "regime": ns.regime,
     }  # fmt: skip
     began = time.monotonic()
     total = ns.repeat * len(plan) * len(deps)

@@ -71,7 +71,7 @@ def _cell(
     return text
 
 
-SHARE_NOTE = {"2x baseline, round-robin": "n/a (0%)", "2x eagle3, round-robin": "n/a (100%)"}
+SHARE_NOTE = {"2x baseline, round-robin": "n/a (0%)"}  # and 2x <regime>: "n/a (100%)"
 
 
 def table(case: Case, deps: Sequence[Deployment], runs: Sequence[Run]) -> list[str]:
@@ -89,7 +89,9 @@ def table(case: Case, deps: Sequence[Deployment], runs: Sequence[Run]) -> list[s
         def mean(name: str, got: list[Summary] = got) -> float:
             return _mean([getattr(s, name) for s in got])
 
-        share = SHARE_NOTE.get(d.name) or _cell(got, lambda s: s.speculative_share, pct)
+        both_spec = d.sims[0] == d.sims[1] != "baseline"
+        share = "n/a (100%)" if both_spec else SHARE_NOTE.get(d.name)
+        share = share or _cell(got, lambda s: s.speculative_share, pct)
         lines.append(
             f"| {d.name} | **{_cell(got, lambda s: s.strict, pct)}** "
             f"| **{_cell(got, lambda s: s.relaxed, pct)}** "
@@ -145,12 +147,12 @@ def write(
         "**Capacity** (what the loads are shares of) is analytic, from `router/sim/model.py`: "
         "for each engine, the request rate at which its decode throughput saturates "
         "(`closed_loop` with a full batch, `max_running`, at the workload's mean prompt and "
-        "output lengths and mean acceptance length), summed over the eagle3 and the baseline "
-        "engine. It is a throughput limit, well past where TPOT SLOs hold: the loads locate "
-        "each run relative to what the pair can process at all. The two-of-a-kind "
-        "references get the same request rates. The Azure trace records no temperature; "
-        "its requests go out at the share of temperature 1 shown below (0% by default, "
-        "`--trace-temperature-share`).",
+        "output lengths and mean acceptance length), summed over the "
+        f"{meta.get('regime', 'eagle3')} and the baseline engine. It is a throughput limit, "
+        "well past where TPOT SLOs hold: the loads locate each run relative to what the pair "
+        "can process at all. The two-of-a-kind references get the same request rates. The "
+        "Azure trace records no temperature; its requests go out at the share of "
+        "temperature 1 shown below (0% by default, `--trace-temperature-share`).",
         "",
     ]
     for name, c in caps.items():

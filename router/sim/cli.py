@@ -1,11 +1,14 @@
 """``spec-router sim`` / ``python -m router.sim``: run one simulated engine.
 
 ``--engine sglang|vllm`` (and ``--engine-version``) choose whose behaviour the server copies
-(``router.sim.behaviour``). Every model parameter of the preset can be overridden from the
-command line. Durations are model time: ``--time-scale X`` stretches all of them (iterations,
-prefill, start-up, warm-up, health polling, abort delays) by X, so tok/s measured against the
-server equal the model's tok/s divided by X. The idle keep-alive (``--keep-alive``, 5 s as
-both engines run uvicorn) is wall-clock.
+(``router.sim.behaviour``). ``--preset`` picks an engine regime's model (docs/regimes.md); every
+model parameter of the preset can be overridden from the command line, and the engine settings
+that change its speed or what it reports take SGLang's flag names (``--max-running-requests``,
+``--cuda-graph-max-bs``, ``--disable-overlap-schedule``, ``--speculative-*``), resolved as
+SGLang resolves them. Durations are model time: ``--time-scale X`` stretches all of them
+(iterations, prefill, start-up, warm-up, health polling, abort delays) by X, so tok/s measured
+against the server equal the model's tok/s divided by X. The idle keep-alive (``--keep-alive``,
+5 s as both engines run uvicorn) is wall-clock.
 """
 
 from __future__ import annotations
@@ -21,7 +24,11 @@ from router.sim.exposition import Topology
 from router.sim.model import MS, PRESETS, Preset
 from router.sim.server import SimServer, SimSettings
 
-DEFAULT_PORTS = {"eagle3": 30001, "baseline": 30002}
+DEFAULT_PORTS = {"eagle3": 30001, "eagle3-chain": 30001, "eagle3-tree": 30001, "baseline": 30002}
+# SGLang's --cuda-graph-max-bs when not given, as on an 80-160 GB GPU (H100, H200): 256 below
+# TP 4, else 512; 0.5.23 caps that default at --max-running-requests (sg23 memory_hook.py,
+# _handle_gpu_memory_settings; sg03 server_args.py:597-616 does not cap it).
+GRAPH_MAX_BS, GRAPH_MAX_BS_TP4 = 256, 512
 # On SIGTERM, open streams get this long before they are cancelled: a simulator holds no
 # state worth a graceful drain, and tests stop servers that have hanging requests.
 GRACEFUL_SHUTDOWN = 0.5
@@ -35,11 +42,39 @@ OVERRIDES: list[tuple[str, str, float, type, str]] = [
     ("--r-pre", "r_pre", 1.0, float, "prefill speed, prompt tokens/s"),
     ("--prefill-factor", "prefill_factor", 1.0, float, "prefill multiplier (1 + eps)"),
     ("--max-running", "max_running", 1, int, "running requests before new ones queue"),
-    ("--spec-k", "spec_k", 1, int, "drafted tokens per iteration (0 = no speculation)"),
+    ("--spec-k", "spec_k", 1, int, "draft depth: at most this many drafts accepted per iteration"),
     ("--tau", "tau", 1.0, float, "mean accepted length per iteration at temperature 0"),
     ("--tau-sampling", "tau_sampling", 1.0, float, "mean accepted length at temperature > 0"),
     ("--startup-s", "startup", 1.0, float, "start-up time used by a bare --startup-delay"),
+    (
+        "--cuda-graph-max-bs",
+        "cuda_graph_max_bs",
+        1,
+        int,
+        "batches above run without CUDA graphs: a times EAGER_FACTOR (default: SGLang's, 256 "
+        "below TP 4, else 512, capped at --max-running-requests on 0.5.23)",
+    ),
+    (
+        "--speculative-eagle-topk",
+        "eagle_topk",
+        1,
+        int,
+        "draft branching, reported on /server_info (the preset's costs stay as fitted)",
+    ),
+    (
+        "--speculative-num-draft-tokens",
+        "num_draft_tokens",
+        1,
+        int,
+        "tokens verified per request, reported on /server_info (costs stay as fitted)",
+    ),
 ]
+# SGLang's names for the same settings (0.5.23 calls the graph limit --cuda-graph-max-bs-decode)
+ALIASES = {
+    "--max-running": ("--max-running-requests",),
+    "--spec-k": ("--speculative-num-steps",),
+    "--cuda-graph-max-bs": ("--cuda-graph-max-bs-decode",),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,6 +150,26 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help='SGLang 0.5.23 priority scheduling: a priority="" total and per-priority series',
     )
+    parser.add_argument(
+        "--disable-overlap-schedule",
+        action="store_true",
+        help="SGLang's: iterations cost NO_OVERLAP_FACTOR more (the speculative presets were "
+        "measured without the overlap scheduler already)",
+    )
+    metrics = parser.add_mutually_exclusive_group()
+    metrics.add_argument(
+        "--enable-metrics",
+        dest="metrics",
+        action="store_true",
+        default=True,
+        help="serve /metrics (the default here; SGLang's own default is off)",
+    )
+    metrics.add_argument(
+        "--disable-metrics",
+        dest="metrics",
+        action="store_false",
+        help="no /metrics (404), as SGLang without --enable-metrics; not for vLLM",
+    )
     parser.add_argument("--seed", type=int, help="seed of the acceptance draws (reproducible)")
     parser.add_argument("--model", default="default", help="served model name")
     parser.add_argument(
@@ -129,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="warning")
     group = parser.add_argument_group("model parameters (override the preset)")
     for flag, _, _, type_, help_ in OVERRIDES:
-        group.add_argument(flag, type=type_, help=help_)
+        group.add_argument(flag, *ALIASES.get(flag, ()), type=type_, help=help_)
     return parser
 
 
@@ -139,7 +194,15 @@ def preset_from_args(args: argparse.Namespace) -> Preset:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             changes[field_name] = value * unit if isinstance(value, float) else value
-    return PRESETS[args.preset].replace(**changes)
+    if args.disable_overlap_schedule:
+        changes["disable_overlap_schedule"] = True
+    preset = PRESETS[args.preset].replace(**changes)
+    if preset.cuda_graph_max_bs is None and args.engine == "sglang":
+        graphs = GRAPH_MAX_BS_TP4 if args.tp_size >= 4 else GRAPH_MAX_BS
+        if args.engine_version in (None, "0.5.23"):
+            graphs = min(graphs, preset.max_running)
+        preset = preset.replace(cuda_graph_max_bs=graphs)
+    return preset
 
 
 def main(argv: list[str]) -> int:
@@ -159,6 +222,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"{how.label} has no queue limit")
     if min(args.dp_size, args.tp_size) < 1:
         parser.error("--dp-size and --tp-size must be >= 1")
+    if not args.metrics and how.engine == "vllm":
+        parser.error("vLLM always serves /metrics")
     delay = preset.startup if args.startup_delay < 0 else args.startup_delay
     warmup = how.warmup if args.warmup is None else args.warmup
     port = DEFAULT_PORTS[args.preset] if args.port is None else args.port
@@ -181,6 +246,8 @@ def main(argv: list[str]) -> int:
         ),
         max_queued=args.max_queued,
         keep_alive=args.keep_alive,
+        metrics=args.metrics,
+        cuda_graph_flag=args.cuda_graph_max_bs,
     )
     if args.startup_mode == "refuse" and delay > 0:
         wait = delay * args.time_scale

@@ -1,10 +1,13 @@
 """The performance model of a simulated engine: pure functions over frozen presets.
 
 An engine runs a continuous-batching loop. One iteration with ``B`` running requests that hold
-``K`` context tokens costs ``a + b*B + c_kv*K``; requests that join at the start of an iteration
-add their prefill ``(1 + eps) * (p0 + N_in / R_pre)`` each to that iteration and get their first
-token at its end. After that a baseline request gains one token per iteration; a speculative
-(EAGLE-3-like) request gains ``1 + j`` tokens, ``j`` being the number of leading accepted drafts
+``K`` context tokens costs ``a + b*B + c_kv*K`` (where a preset or a setting says so: a cost
+proportional to the batch past a compute-bound knee, the eager penalty above
+``--cuda-graph-max-bs`` and the cost of a disabled overlap scheduler; see ``step_time``);
+requests that join at the start of an iteration add their prefill
+``(1 + eps) * (p0 + N_in / R_pre)`` each to that iteration and get their first token at its
+end. After that a baseline request gains one token per iteration; a speculative (EAGLE-3-like)
+request gains ``1 + j`` tokens, ``j`` being the number of leading accepted drafts
 out of ``k``, each accepted independently with probability ``alpha``, which is solved so that
 the mean gain ``1 + alpha + ... + alpha**k`` equals ``tau``.
 
@@ -21,11 +24,27 @@ and the prefill (those are time to first token), so it only depends on the runni
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 MS = 1e-3
+
+# Engine settings the sims take under SGLang's flag names; each changes the iteration cost by a
+# factor that is an assumption, not a fit (docs/regimes.md says where each comes from).
+# A batch above --cuda-graph-max-bs runs eagerly: its fixed cost ``a`` (kernel launches, most of
+# a small batch's iteration) grows by this factor. xLLM PR #713 (Qwen3-0.6B): TPOT 4.20 ms eager
+# vs 2.72 ms with graphs at concurrency 1 (1.54x), 9.85 vs 9.11 ms at 30 -- a near-constant
+# extra per iteration rather than a per-request one.
+EAGER_FACTOR = 1.5
+# SGLang's overlap scheduler hides the CPU's scheduling work behind the GPU's: "1.1x increase in
+# throughput" (SGLang v0.4 release blog, 2024-12-04). An engine whose preset was measured with
+# it costs this factor more per iteration under --disable-overlap-schedule. The speculative
+# presets were measured without it (SGLang turned it off for EAGLE until 0.5.23 made spec v2's
+# overlap the default: sg03 server_args.py:1061, 0.5.9 unless SGLANG_ENABLE_SPEC_V2), so the
+# flag changes nothing there, and turning it on for them is not modelled.
+NO_OVERLAP_FACTOR = 1.1
 
 
 def check_tau(tau: float, k: int) -> None:
@@ -45,16 +64,36 @@ class Preset:
     r_pre: float  # prefill speed, prompt tokens per second
     prefill_factor: float  # 1 + eps: the draft model also runs the prefill
     max_running: int  # more requests than this wait in the queue
-    spec_k: int  # drafted tokens per iteration; 0 = no speculation
+    spec_k: int  # draft depth (--speculative-num-steps): at most this many accepted per iteration
     tau: float  # mean tokens per iteration per request at temperature 0
     tau_sampling: float  # the same when temperature > 0 (drafts are accepted less often)
     startup: float  # start-up time when a start-up delay is asked for
+    # Past ``knee`` running requests the iteration is compute-bound: its cost grows in proportion
+    # to the batch, ``(a / knee + b) * B`` (a roofline; the total rate stops growing). A verify
+    # batch of many draft tokens per request gets there early (eagle3-tree). 0: never.
+    knee: float = 0.0
+    # Settings under SGLang's names (``spec-router sim`` flags of the same names)
+    cuda_graph_max_bs: int | None = None  # batches above run eagerly; None: all captured
+    disable_overlap_schedule: bool = False
+    fitted_overlap: bool = True  # the overlap scheduler ran where the costs were measured
+    # --speculative-eagle-topk and --speculative-num-draft-tokens (None: a chain's spec_k + 1).
+    # Reported, not modelled: a preset's costs were fitted with its own draft shape.
+    # (--speculative-num-steps is ``spec_k``.)
+    eagle_topk: int = 1
+    num_draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.a, self.b, self.c_kv, self.p0) < 0 or self.r_pre <= 0:
             raise ValueError(f"{self.name}: costs must be >= 0 and r_pre > 0")
         if self.max_running < 1 or self.spec_k < 0 or self.prefill_factor <= 0:
             raise ValueError(f"{self.name}: max_running >= 1, spec_k >= 0, prefill_factor > 0")
+        if self.knee < 0 or (self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1):
+            raise ValueError(f"{self.name}: knee >= 0 and cuda_graph_max_bs >= 1")
+        if self.eagle_topk < 1 or self.draft_tokens < self.spec_k + (1 if self.spec_k else 0):
+            raise ValueError(
+                f"{self.name}: eagle_topk >= 1 and num_draft_tokens >= spec_k + 1"
+                f" (got {self.eagle_topk}, {self.draft_tokens} with spec_k={self.spec_k})"
+            )
         for tau in (self.tau, self.tau_sampling):
             check_tau(tau, self.spec_k)
 
@@ -65,7 +104,36 @@ class Preset:
     def tau_for(self, temperature: float) -> float:
         return self.tau if temperature <= 0 else self.tau_sampling
 
+    @property
+    def draft_tokens(self) -> int:
+        """Tokens verified per request per iteration (SGLang's speculative_num_draft_tokens,
+        the root included); 0 without speculation."""
+        if not self.spec_k:
+            return 0
+        return self.spec_k + 1 if self.num_draft_tokens is None else self.num_draft_tokens
 
+    @property
+    def overlap_schedule(self) -> bool:
+        """Whether the overlap scheduler runs: as where the costs were measured, unless
+        disabled."""
+        return self.fitted_overlap and not self.disable_overlap_schedule
+
+
+# The presets. Each is fitted to published points, cited by it; ``router.sim.fit.refit``
+# reproduces each fit, and bench/sim_fidelity.py's report (bench/results/sim-fidelity.md) sets
+# each curve against its points. docs/regimes.md describes the regimes. Costs not named as
+# fitted (c_kv, p0, r_pre, prefill_factor, startup) are the seed's, kept for every preset.
+#
+# tau_sampling: no published curve gives the acceptance at temperature > 0 for these setups
+# (../shared/published-spec-curves.md has none), so every speculative preset assumes the seed's
+# ratio, tau_sampling / tau = 2.4 / 2.8 (an assumption, not a measurement).
+SAMPLING_SHARE = 2.4 / 2.8
+
+# The seed: one 8-GPU Kimi K2.5 INT4 deployment on SGLang (README). The baseline's b is its
+# 773 tok/s asymptote; eagle3's a and b give its 80.9 tok/s per request at concurrency 1 and
+# 354 tok/s total at SGLang's default cap of 48 running requests, with tau 2.8 over k=3, and
+# without the overlap scheduler (SGLang's default for speculation then; the other speculative
+# presets' sources, SGLang 0.4.4 and 0.5.9, ran without it too).
 BASELINE = Preset(
     name="baseline",
     a=18.71 * MS,
@@ -92,20 +160,80 @@ EAGLE3 = Preset(
     max_running=48,
     spec_k=3,
     tau=2.8,
-    # Assumption, not a measurement: sampling at temperature > 0 accepts fewer drafts.
-    tau_sampling=2.4,
+    tau_sampling=2.4,  # the assumption above
     startup=550.0,
+    fitted_overlap=False,
 )
 
-PRESETS: dict[str, Preset] = {p.name: p for p in (EAGLE3, BASELINE)}
+# A healthy chain-draft EAGLE-3 (3 steps, top-1, 4 draft tokens): the EAGLE-3 paper's SGLang
+# table (arXiv 2503.01840, Table 3; SGLang 0.4.4, 1x H100, Llama-3.1-8B-Instruct, MT-Bench,
+# chain of 3): x1.81, 1.82, 1.62, 1.48, 1.39, 1.32, 1.38, 1.34, 1.38 over the same SGLang
+# without speculation at batch 2, 4, 8, 16, 24, 32, 48, 56, 64. Fitted: a and b, by least
+# squares on that ratio (decode-bound, against the baseline preset's a and b, which stay);
+# tau 2.79 fixed (EAGLE-3 K=3, Llama-3.1-8B, MT-Bench: accept length 2.79, vLLM issue #20780).
+# The shape is fitted, not the paper's absolute 8B rates: like the paper, no crossover up to
+# 64 (slope ratio b / (tau b_baseline) below 1). Running cap 256, as set explicitly.
+EAGLE3_CHAIN = EAGLE3.replace(
+    name="eagle3-chain",
+    a=26.34 * MS,
+    b=2.941 * MS,
+    max_running=256,
+    tau=2.79,
+    tau_sampling=round(2.79 * SAMPLING_SHARE, 2),
+)
+
+# A wide draft tree (EAGLE-3, depth 3, top-4, 21 drafts + the root verified per request):
+# SpecDecode-Bench (arXiv 2601.11580, Fig. 2, read off the chart; SGLang 0.5.9, 1x H100,
+# Qwen3-8B, ShareGPT, tree k=21): x1.58 at batch 1, 1.13 at 16, 0.52 at 64, 0.49 at 128 over
+# no speculation, crossing near 20. Fitted: a and b, by least squares on that ratio against
+# the baseline preset, held to cross at 20. Fixed: tau 2.92 (the paper's accept length for
+# k=21 on GSM8K; ShareGPT's is not given) and the compute-bound knee at 13 requests, where 22
+# verified tokens per request reach the 280 batched tokens at which SpecDecode-Bench's fitted
+# H100 step cost turns compute-bound. Past the crossover the model stays above the published
+# ratio (docs/regimes.md says why). Running cap 256 (the paper ran batch 128).
+EAGLE3_TREE = EAGLE3.replace(
+    name="eagle3-tree",
+    a=33.00 * MS,
+    b=3.974 * MS,
+    knee=13.0,
+    max_running=256,
+    tau=2.92,
+    tau_sampling=round(2.92 * SAMPLING_SHARE, 2),
+    eagle_topk=4,
+    num_draft_tokens=22,
+)
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (EAGLE3, EAGLE3_CHAIN, EAGLE3_TREE, BASELINE)}
+# An engine regime: a speculative preset, paired with the baseline preset (docs/regimes.md)
+REGIMES: tuple[str, ...] = tuple(name for name, p in PRESETS.items() if p.spec_k)
 
 
 # --- one iteration -----------------------------------------------------------------------------
 
 
 def step_time(p: Preset, batch: float, context_tokens: float) -> float:
-    """Decode cost of one iteration with ``batch`` running requests holding ``context_tokens``."""
-    return p.a + p.b * batch + p.c_kv * context_tokens
+    """Decode cost of one iteration with ``batch`` running requests holding ``context_tokens``:
+    ``a + b*B + c_kv*K``; past the knee ``a / knee`` more per request beyond it (so that
+    ``a + b*B`` becomes ``(a / knee + b) * B``); ``a`` times ``EAGER_FACTOR - 1`` more for a
+    batch above ``cuda_graph_max_bs``; all times ``NO_OVERLAP_FACTOR`` when the overlap
+    scheduler was turned off."""
+    t = p.a + p.b * batch + p.c_kv * context_tokens
+    if p.knee or p.cuda_graph_max_bs is not None:
+        # A fractional batch is a mean (the closed loop's): take the stepped costs as the mean
+        # over the two whole batches around it, as the engine alternates between them.
+        lo = math.floor(batch)
+        share = batch - lo
+        t += (1 - share) * _stepped(p, lo) + (share * _stepped(p, lo + 1) if share else 0.0)
+    if p.fitted_overlap and p.disable_overlap_schedule:
+        t *= NO_OVERLAP_FACTOR
+    return t
+
+
+def _stepped(p: Preset, batch: int) -> float:
+    extra = p.a / p.knee * max(0.0, batch - p.knee) if p.knee else 0.0
+    if p.cuda_graph_max_bs is not None and batch > p.cuda_graph_max_bs:
+        extra += (EAGER_FACTOR - 1) * p.a
+    return extra
 
 
 def prefill_time(p: Preset, prompt_tokens: float) -> float:

@@ -67,6 +67,10 @@ class SimSettings:
     topology: Topology = field(default_factory=Topology)
     max_queued: int | None = None
     keep_alive: float = 5.0  # seconds an idle client connection stays open (uvicorn's, both)
+    metrics: bool = True  # serve /metrics (SGLang only with --enable-metrics; vLLM always)
+    # --cuda-graph-max-bs as given (None: not given), which 0.5.23's /server_info shows raw
+    # beside the resolved limit; the preset holds the resolved one
+    cuda_graph_flag: int | None = None
 
 
 class SimServer:
@@ -131,10 +135,11 @@ class SimServer:
             ("POST", "/v1/completions"): self._completions,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
-            ("GET", "/metrics"): self._metrics,
             ("GET", "/sim/config"): self._get_config,
             ("POST", "/sim/config"): self._post_config,
         }
+        if s.metrics:
+            self._routes[("GET", "/metrics")] = self._metrics
         if how.engine == "sglang":
             self._routes[("GET", "/health_generate")] = self._health
             for path in how.server_info_paths:
@@ -277,18 +282,39 @@ class SimServer:
             if preset.spec_k and accept is not None:
                 state["avg_spec_accept_length"] = accept  # a lifetime mean
             states.append(state)
+        spec = bool(preset.spec_k)
         info: dict[str, Any] = {
             "model_path": self.settings.model,
             "served_model_name": self.settings.model,
             "max_running_requests": preset.max_running,
             "context_length": self.settings.context_length,
-            "speculative_algorithm": "EAGLE3" if preset.spec_k else None,
-            "speculative_num_draft_tokens": preset.spec_k + 1 if preset.spec_k else None,
+            "speculative_algorithm": "EAGLE3" if spec else None,
+            "speculative_num_steps": preset.spec_k if spec else None,
+            "speculative_eagle_topk": preset.eagle_topk if spec else None,
+            "speculative_num_draft_tokens": preset.draft_tokens if spec else None,
+            "disable_overlap_schedule": not preset.overlap_schedule,
+            "enable_metrics": self.settings.metrics,
+            **self._graph_info(),
             "version": f"{__version__}-sim",
             "internal_states": states,
             "sim": self._config(),
         }
         await respond(send, 200, json.dumps(info).encode())
+
+    def _graph_info(self) -> dict[str, Any]:
+        """The CUDA-graph limit as each version reports it: 0.5.3 resolved in place
+        (``cuda_graph_max_bs``); 0.5.23 the flag as given (``cuda_graph_max_bs_decode``) and
+        the resolved limit in ``cuda_graph_config`` (sg23 ``resolution_result``)."""
+        p = self.settings.preset
+        # (None: every batch captured, so the limit is the running cap)
+        max_bs = p.max_running if p.cuda_graph_max_bs is None else p.cuda_graph_max_bs
+        if self.settings.how.version != "0.5.23":
+            return {"cuda_graph_max_bs": max_bs}
+        decode = {"backend": "full", "max_bs": max_bs}
+        return {
+            "cuda_graph_max_bs_decode": self.settings.cuda_graph_flag,
+            "cuda_graph_config": {"decode": decode},
+        }
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = generate_latest(self.registry)
@@ -321,6 +347,9 @@ class SimServer:
                     k: sum(x.scheduling()[k] for x in stats)
                     for k in ("iterations", "spec_tokens", "spec_steps", "lag_resets")
                 },
+                "late_mean_ms": 1e3
+                * sum(x.late_sum for x in stats)
+                / max(1, sum(x.iterations for x in stats)),
                 "late_max_ms": max(x.scheduling()["late_max_ms"] for x in stats),
                 "aborted": sum(x.aborted for x in stats),
                 "refused": sum(x.refused for x in stats),

@@ -41,7 +41,7 @@ from router.calibrate.sweep import acceptance, discover_cap, scrape
 from router.decide.table import Table, TableError, Workload, to_json
 from router.health.engines import EngineSample
 from router.settings import sim_time_env
-from router.sim.model import PRESETS, closed_loop
+from router.sim.model import PRESETS, REGIMES, closed_loop
 from router.tools.goodput import RELAXED, STRICT, timed_result
 from router.tools.processes import running
 from router.tools.traffic import Arrival
@@ -65,7 +65,7 @@ DEFAULT_TIME_SCALE = 0.1
 FAITHFUL = 0.85
 LOADGEN_LIMIT = 0.85
 MAX_TIME_SCALE = 0.4
-PRESET_OF = {"speculative": "eagle3", "baseline": "baseline"}  # each pool's sim
+PRESET_OF = {"speculative": "eagle3", "baseline": "baseline"}  # each pool's sim (--regime)
 TARGETS = ("router", "round_robin", "speculative", "baseline")
 TARGET_TITLES = {
     "router": "router ({policy})",
@@ -272,7 +272,7 @@ def calibrate_router(
             points.append(point)
             runs[pool].append(run)
         print(f"calibrating: concurrency {n} measured on each pool alone", flush=True)
-    behind = shortfalls(points, args.prompt_tokens, args.output_tokens)
+    behind = shortfalls(points, args.prompt_tokens, args.output_tokens, args.regime)
     busy = saturated(points)
     if behind:
         print(describe_shortfalls(behind, args.time_scale), flush=True)
@@ -301,13 +301,13 @@ def calibrate_router(
 
 
 def shortfalls(
-    points: Sequence[Point], prompt_tokens: int, output_tokens: int
+    points: Sequence[Point], prompt_tokens: int, output_tokens: int, regime: str = "eagle3"
 ) -> list[tuple[str, int, float]]:
     """``(pool, concurrency, share)`` for each pool-alone point that delivered less than
     ``FAITHFUL`` of its sim's model throughput in the same closed loop."""
     behind = []
     for p in points:
-        preset = PRESET_OF.get(p.target)
+        preset = {**PRESET_OF, "speculative": regime}.get(p.target)
         if preset is None:
             continue
         model = closed_loop(PRESETS[preset], p.concurrency, prompt_tokens, output_tokens)
@@ -433,6 +433,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="spec-router demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels")
     parser.add_argument(
+        "--regime",
+        choices=REGIMES,
+        default=PRESET_OF["speculative"],
+        help="the speculative sim's preset, paired with the baseline (docs/regimes.md)",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=None,
@@ -481,7 +487,7 @@ def run_demo(args: argparse.Namespace, levels: list[int], adapt: bool) -> bool:
     sim = ["-m", "router.sim", "--port", "0", "--time-scale", str(scale)]
     token = secrets.token_hex(8)
     with ExitStack() as stack:
-        spec_sim = [*sim, "--preset", PRESET_OF["speculative"], "--seed", "1"]
+        spec_sim = [*sim, "--preset", args.regime, "--seed", "1"]
         spec = stack.enter_context(running(spec_sim)).url
         base_sim = [*sim, "--preset", PRESET_OF["baseline"], "--seed", "2"]
         base = stack.enter_context(running(base_sim)).url
@@ -496,7 +502,7 @@ def run_demo(args: argparse.Namespace, levels: list[int], adapt: bool) -> bool:
             wait_ready(url)
         urls = {"router": router, "round_robin": rr, "speculative": spec, "baseline": base}
         print(
-            f"spec-router demo: eagle3 sim {spec}, baseline sim {base}, router {router}, "
+            f"spec-router demo: {args.regime} sim {spec}, baseline sim {base}, router {router}, "
             f"round-robin router {rr}; time scale {scale} (numbers below are in model time)"
         )
         print(f"live page: {router}/router/ui (open it to watch the router decide)\n", flush=True)

@@ -7,9 +7,15 @@ from itertools import pairwise
 
 import pytest
 
+from router.sim.fit import FITS, PresetFit, ratio, refit
 from router.sim.model import (
     BASELINE,
+    EAGER_FACTOR,
     EAGLE3,
+    EAGLE3_CHAIN,
+    EAGLE3_TREE,
+    NO_OVERLAP_FACTOR,
+    PRESETS,
     closed_loop,
     crossover,
     decode_bound_tps,
@@ -133,10 +139,13 @@ def test_queueing_beyond_max_running() -> None:
 
 
 def test_curves_are_monotone() -> None:
-    for preset in (EAGLE3, BASELINE):
+    for preset in PRESETS.values():
         pts = [closed_loop(preset, n, 128, 256) for n in (1, 2, 4, 8, 16, 32)]
         assert all(a.per_request_tps > b.per_request_tps for a, b in pairwise(pts))
-        assert all(a.total_tps < b.total_tps for a, b in pairwise(pts))
+        # past a compute-bound knee the total stops growing (test_settings_change_...)
+        grows = [p for p in pts if not preset.knee or p.batch <= preset.knee]
+        assert all(a.total_tps < b.total_tps for a, b in pairwise(grows))
+        assert all(a.total_tps <= b.total_tps * (1 + 1e-9) for a, b in pairwise(pts))
 
 
 def test_crossovers() -> None:
@@ -157,6 +166,78 @@ def test_crossovers() -> None:
     )
     # A speculative engine that is never faster has no crossing.
     assert crossover(EAGLE3.replace(tau=1.0), BASELINE, 128, 256) is None
+
+
+def test_the_regimes_cross_where_their_published_curves_do() -> None:
+    # eagle3-chain: no crossover up to 64 (the EAGLE-3 paper's SGLang table), about x1.35 there;
+    # decode-bound, and in a closed loop of 128-token prompts and 256-token outputs, per request
+    # and per client
+    for metric in ("per_request", "client"):
+        assert crossover(EAGLE3_CHAIN, BASELINE, None, None, metric=metric, hi=64) is None
+        assert crossover(EAGLE3_CHAIN, BASELINE, 128, 256, metric=metric, hi=64) is None
+        # and none at all: the slope ratio is below 1
+        assert crossover(EAGLE3_CHAIN, BASELINE, None, None, metric=metric) is None
+    assert 1.3 <= ratio(EAGLE3_CHAIN, BASELINE, 64) <= 1.4
+    assert EAGLE3_CHAIN.b / (EAGLE3_CHAIN.tau * BASELINE.b) < 1
+    # eagle3-tree: crosses between 16 and 24 (SpecDecode-Bench's tree k=21)
+    for metric in ("per_request", "client"):
+        for lengths in ((None, None), (128, 256)):
+            at = crossover(EAGLE3_TREE, BASELINE, *lengths, metric=metric, hi=64)
+            assert at is not None and 16 < at < 24, (metric, lengths, at)
+    assert ratio(EAGLE3_TREE, BASELINE, 64) < 0.75
+    # the seed still crosses near 7
+    assert crossover(EAGLE3, BASELINE, None, None, hi=64) == pytest.approx(6.756, abs=1e-3)
+
+
+@pytest.mark.parametrize("fit", FITS, ids=lambda f: f.preset.name)
+def test_each_preset_holds_what_its_fit_gives(fit: PresetFit) -> None:
+    again = refit(fit)  # least squares from the seed's costs, not the preset's
+    for name in fit.free:
+        assert getattr(fit.preset, name) == pytest.approx(getattr(again, name), rel=5e-4)
+    for name in ("tau", "max_running", "knee", "c_kv", "p0", "r_pre", "prefill_factor"):
+        assert getattr(again, name) == getattr(fit.preset, name)  # held fixed
+
+
+def test_settings_change_the_iteration_cost() -> None:
+    # batches above --cuda-graph-max-bs run eagerly: the fixed cost grows by EAGER_FACTOR
+    graphs = EAGLE3.replace(cuda_graph_max_bs=8)
+    assert step_time(graphs, 8, 0) == step_time(EAGLE3, 8, 0)
+    assert step_time(graphs, 9, 0) == pytest.approx(step_time(EAGLE3, 9, 0) + 0.5 * EAGLE3.a)
+    assert EAGER_FACTOR == 1.5
+    # a mean batch between 8 and 9 pays it for its share of iterations above 8
+    assert step_time(graphs, 8.25, 0) == pytest.approx(
+        step_time(EAGLE3, 8.25, 0) + 0.125 * EAGLE3.a
+    )
+    assert closed_loop(graphs, 16, 128, 256).total_tps < closed_loop(EAGLE3, 16, 128, 256).total_tps
+    assert closed_loop(graphs, 4, 128, 256) == closed_loop(EAGLE3, 4, 128, 256)
+    # --disable-overlap-schedule: a baseline iteration costs 10% more; the speculative presets
+    # were measured without the overlap scheduler, so their costs do not change
+    no_overlap = BASELINE.replace(disable_overlap_schedule=True)
+    assert BASELINE.overlap_schedule and not no_overlap.overlap_schedule
+    assert step_time(no_overlap, 10, 1000) == pytest.approx(
+        NO_OVERLAP_FACTOR * step_time(BASELINE, 10, 1000)
+    )
+    spec = EAGLE3.replace(disable_overlap_schedule=True)
+    assert not EAGLE3.overlap_schedule
+    assert step_time(spec, 10, 1000) == step_time(EAGLE3, 10, 1000)
+    # the knee: past 13 running requests the cost is proportional to the batch (a roofline),
+    # so the tree's total rate stops growing there and never falls
+    t = EAGLE3_TREE
+    assert step_time(t, 13, 0) == pytest.approx(t.a + 13 * t.b)
+    assert step_time(t, 20, 0) == pytest.approx((t.a / 13 + t.b) * 20)
+    totals = [decode_bound_tps(t, n)[1] for n in range(1, 257)]
+    assert all(x <= y * (1 + 1e-12) for x, y in pairwise(totals))
+    assert totals[-1] == pytest.approx(totals[12])
+
+
+def test_draft_shape() -> None:
+    assert (EAGLE3.spec_k, EAGLE3.eagle_topk, EAGLE3.draft_tokens) == (3, 1, 4)  # a chain
+    assert (EAGLE3_TREE.spec_k, EAGLE3_TREE.eagle_topk, EAGLE3_TREE.draft_tokens) == (3, 4, 22)
+    assert BASELINE.draft_tokens == 0
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        EAGLE3.replace(num_draft_tokens=3)  # fewer than the chain's 3 drafts and the root
+    with pytest.raises(ValueError, match="cuda_graph_max_bs"):
+        EAGLE3.replace(cuda_graph_max_bs=0)
 
 
 def test_bad_arguments() -> None:

@@ -183,6 +183,10 @@ def test_server_info(eagle3: Proc, baseline: Proc) -> None:
     plain = httpx.get(baseline.url + "/get_server_info").json()
     assert plain["speculative_algorithm"] is None
     assert "avg_spec_accept_length" not in plain["internal_states"][0]
+    # what bench/sim_fidelity.py reads of the engine loop: iterations and how late they ended
+    engine = info["sim"]["engine"]
+    assert engine["iterations"] >= 1 + 199 // 4 and engine["spec_tokens"] >= 199  # <= 4 a step
+    assert 0 <= engine["late_mean_ms"] <= engine["late_max_ms"]
 
 
 def test_metrics_count_exactly(sim: Proc) -> None:

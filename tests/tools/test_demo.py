@@ -11,7 +11,7 @@ import pytest
 
 from router.calibrate.loadgen import RequestResult
 from router.settings import Settings
-from router.sim.model import BASELINE, EAGLE3, closed_loop
+from router.sim.model import BASELINE, EAGLE3, EAGLE3_CHAIN, closed_loop
 from router.tools.demo import (
     FAITHFUL,
     LOADGEN_LIMIT,
@@ -51,6 +51,17 @@ def test_a_pool_that_delivers_less_than_its_model_is_a_shortfall() -> None:
     assert behind[0][2] == pytest.approx(FAITHFUL - 0.08)
     # the same figures at the model's own throughput are faithful
     assert shortfalls([_point("baseline", 64, base64)], 32, 96) == []
+
+
+def test_the_speculative_pool_is_judged_by_its_regime() -> None:
+    # --regime eagle3-chain: eagle3's throughput at 32 users is half what that sim should give
+    eagle3 = closed_loop(EAGLE3, 32, 32, 96).total_tps
+    chain = closed_loop(EAGLE3_CHAIN, 32, 32, 96).total_tps
+    assert eagle3 < FAITHFUL * chain
+    behind = shortfalls([_point("speculative", 32, eagle3)], 32, 96, "eagle3-chain")
+    assert [(pool, n) for pool, n, _ in behind] == [("speculative", 32)]
+    assert shortfalls([_point("speculative", 32, chain)], 32, 96, "eagle3-chain") == []
+    assert shortfalls([_point("speculative", 32, eagle3)], 32, 96) == []  # eagle3 by default
 
 
 def test_a_run_through_which_the_load_generator_was_busy_is_saturated() -> None:
