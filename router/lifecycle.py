@@ -122,7 +122,7 @@ async def running(app: Runnable) -> AsyncIterator[None]:
     )
     keeper = app.keeper
     app.poller.start()
-    keeper_task = loop.create_task(keep_learning(keeper))
+    keeper_task = loop.create_task(keep_learning(keeper, app.decider.refresh))
     share_task = None
     if busy is not None and s.busy_poll_yield:
         share = app.share = ShareWatch()
@@ -153,14 +153,17 @@ async def running(app: Runnable) -> AsyncIterator[None]:
         app.proxy = None
 
 
-async def keep_learning(keeper: CrossoverKeeper) -> None:
-    """The keeper's timer: one learning step every ``LEARN_INTERVAL`` seconds, and the table
-    written when ``PERSIST_INTERVAL`` has passed since it last was."""
+async def keep_learning(keeper: CrossoverKeeper, refresh: Callable[[], None] | None = None) -> None:
+    """The keeper's timer: one learning step every ``LEARN_INTERVAL`` seconds, then
+    ``refresh`` (the decider's surface, off the hot path), and the table written when
+    ``PERSIST_INTERVAL`` has passed since it last was."""
     interval = keeper.settings.learn_interval
     while True:
         await asyncio.sleep(interval)
         try:
             keeper.update()
+            if refresh is not None:
+                refresh()
             if keeper.persist_due():
                 keeper.persist()
         except Exception:

@@ -106,6 +106,8 @@ class InflightTracker:
         # aborts them 2-4 s later): when each stops counting against its backend's load.
         # (This process's own, under --workers too.)
         self._lingering: dict[str, deque[float]] = {url: deque() for url in self.pool_of}
+        # how many entries those hold, over every backend (0: no backend's load needs a look)
+        self.lingered = 0
         # What this process knows of each of its requests in flight, by backend (for the slo
         # policy: router.account.outcome.Outcome; opaque here). Only leases given one appear.
         self.flights: dict[str, dict[Lease, object]] = {url: {} for url in self.pool_of}
@@ -129,6 +131,7 @@ class InflightTracker:
     def linger(self, backend: str, until: float) -> None:
         """A released request still occupies its engine until ``until``."""
         queue = self._lingering[backend]
+        self.lingered += 1
         if queue and queue[-1] > until:  # (kept in order: one lag, so nearly always appended)
             queue.append(until)
             self._lingering[backend] = deque(sorted(queue))
@@ -140,6 +143,7 @@ class InflightTracker:
         queue = self._lingering[backend]
         while queue and queue[0] <= now:
             queue.popleft()
+            self.lingered -= 1
         return len(queue)
 
     def lingering_left(self, backend: str, now: float) -> tuple[float, ...]:

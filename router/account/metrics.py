@@ -71,8 +71,10 @@ MAIN_REASONS = (
     "below_crossover",
     "above_crossover",
     "predicted_gain",
-    "predicted_slo",
+    "within_slo",
+    "within_relaxed",
     "overflow",
+    "beyond_slo",
     "failover",
 )
 

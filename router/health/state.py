@@ -14,10 +14,13 @@ Every function takes ``now`` explicitly; the poller and proxy supply the clock.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
 MIN_WEIGHT = 0.1
+# How often a reader that caches weights takes a ramp's progress in (seconds of its clock).
+RAMP_STEP = 0.1
 
 
 class State(StrEnum):
@@ -108,17 +111,36 @@ class HealthRegistry:
     def __init__(self, urls: list[str], cfg: HealthConfig, now: float) -> None:
         self.cfg = cfg
         self.states: dict[str, BackendHealth] = {url: BackendHealth(since=now) for url in urls}
+        # moves whenever a state is replaced: a reader that caches what it derived from the
+        # states (the decider's usable backends) knows when to look again
+        self.version = 0
 
     def probe(self, url: str, ok: bool, now: float, error: str | None = None) -> None:
         self.states[url] = probe(self.states[url], ok, now, self.cfg, error)
+        self.version += 1
 
     def eject(self, url: str, now: float, error: str) -> None:
         self.states[url] = eject(self.states[url], now, self.cfg, error)
+        self.version += 1
 
     def served(self, url: str, now: float) -> None:
         h = self.states[url]
         if h.ejections:
             self.states[url] = served(h, now)
+            self.version += 1
+
+    def changes_at(self, url: str, now: float) -> float:
+        """When ``usable`` or ``weight`` of ``url`` will next change by the clock alone (an
+        ejection's end, a ramp's progress: ``RAMP_STEP`` at a time), if nothing else happens;
+        inf: not by the clock."""
+        h = self.states[url]
+        if now < h.ejected_until:
+            return h.ejected_until
+        if h.ramp_from is not None and self.cfg.ramp_seconds > 0:
+            end = h.ramp_from + self.cfg.ramp_seconds
+            if now < end:
+                return min(end, max(now, h.ramp_from) + RAMP_STEP)
+        return math.inf
 
     def usable(self, url: str, now: float) -> bool:
         return usable(self.states[url], now)
