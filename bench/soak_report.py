@@ -93,7 +93,7 @@ def report(result: dict[str, Any], args: argparse.Namespace, command: str) -> tu
         f"Engines' running + queued at the end: {result['idle']}.",
         "",
         "RSS grows with the request count until the collector's older generations run: cyclic "
-        "garbage, not a leak (`bench/results/soak-rss.md`, `bench/soak_rss.py`).",
+        "garbage, not a leak (`bench/lab/results/soak-rss.md`, `bench/lab/soak_rss.py`).",
         "",
         "## Checks",
         "",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,10 +24,10 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from router import lifecycle
 from router.account.inflight import InflightTracker
-from router.account.metrics import RouterMetrics, StateCollector
+from router.account.metrics import MembersOnly, RouterMetrics, StateCollector
 from router.account.outcome import Outcome
 from router.account.recent import RecentWindow
-from router.account.shared import CrossoverBoard, SharedTracker
+from router.account.shared import CrossoverBoard, SharedStore, SharedTracker
 from router.asgi import Receive, Scope, Send
 from router.control.app import build_control_app
 from router.control.feed import Feed
@@ -42,8 +42,16 @@ from router.forward.proxy import Proxy
 from router.health.poller import HealthPoller
 from router.health.state import HealthConfig, HealthRegistry
 from router.learn.keeper import CrossoverKeeper
+from router.members.discovery import Discovery
+from router.members.dns import resolver_for
+from router.members.grace import result_of
+from router.members.member import Member
+from router.members.roster import Roster
+from router.members.store import LocalStore, Store
+from router.members.targets import configured
+from router.membership import Membership
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
-from router.settings import Settings, SettingsError, load_settings
+from router.settings import Settings, SettingsError, load_settings, parse_dns_server
 from router.upstream.client import OriginPool
 from router.workers import TableExchange, WorkerContext, refuse_uvicorn_workers
 
@@ -68,19 +76,30 @@ class RouterApp:
         self.clock = clock
         self.worker = worker
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.pools: dict[Pool, list[str]] = {
-            SPECULATIVE: settings.speculative_urls,
-            BASELINE: settings.baseline_urls,
-        }
-        backends = [(pool, url) for pool in POOLS for url in self.pools[pool]]
-        urls = [url for _, url in backends]
+        # The members (router.members): the configured URLs, then what discovery and the admin
+        # API change. Every component starts empty and takes each backend as it joins
+        # (router.membership), the configured ones included, when the roster syncs below.
+        seeds, watches = configured(
+            {SPECULATIVE: settings.speculative_urls, BASELINE: settings.baseline_urls},
+            settings.discovery,
+        )
+        self.store: Store
+        if worker is None:
+            self.store = LocalStore(settings.max_backends)
+            for pool, url in seeds:
+                self.store.join(pool, url, "static", None, clock())
+        else:  # (the supervisor put the configured ones in the shared table)
+            self.store = SharedStore(worker.table, worker.slot)
+        self.roster = Roster(self.store)
+        # the routable URLs of each pool: the roster's lists, updated in place
+        self.pools: dict[Pool, list[str]] = self.roster.pools
         self.tracker = (
-            InflightTracker(backends, clock)
+            InflightTracker([], clock)
             if worker is None
-            else SharedTracker(backends, worker.table, worker.slot, clock)
+            else SharedTracker([], worker.table, worker.slot, clock)
         )
         self.health = HealthRegistry(
-            urls,
+            [],
             HealthConfig(
                 startup_grace=settings.startup_grace,
                 fall=settings.fall,
@@ -92,7 +111,7 @@ class RouterApp:
             clock(),
         )
         self.poller = HealthPoller(
-            urls,
+            [],
             self.health,
             self.tracker.started,
             settings.health_interval,
@@ -101,7 +120,6 @@ class RouterApp:
             clock,
             generate_timeout=settings.health_generate_timeout,
             gauge_lag=settings.engine_gauge_lag,
-            authorization={url: settings.pool_authorization(pool) for pool, url in backends},
         )
         self.keeper = CrossoverKeeper(
             settings,
@@ -128,7 +146,7 @@ class RouterApp:
             slo_ttft=settings.slo_ttft_ms / 1000,
             slo_tpot=settings.slo_tpot_ms / 1000,
         )
-        self.metrics = RouterMetrics(self.registry, backends)
+        self.metrics = RouterMetrics(self.registry)
         meter = self.metrics.queue_meter() if worker is not None else None
         self.admission = Admission(settings.queue_size, meter)
         self.state = StateCollector(
@@ -140,6 +158,8 @@ class RouterApp:
             settings.load_signal,
             clock,
             self.admission if worker is None else None,  # (else: in the merged files)
+            members=self.roster,
+            modes=self.poller.modes,
         )
         self.recent = RecentWindow(clock)
         self.registry.register(self.state)
@@ -150,6 +170,42 @@ class RouterApp:
         ]
         self.feed = Feed(self.ui_snapshot, settings.ui_interval)
         self.clients: dict[str, OriginPool] = {}
+        owner = worker is None or worker.leader  # discovers, and removes drained members
+        discovery = None
+        if watches and owner:
+            metrics = self.metrics
+            discovery = Discovery(
+                watches,
+                self.store,
+                self.roster.sync,
+                resolver_for(
+                    [parse_dns_server(s) for s in settings.dns_servers],
+                    settings.discovery_interval,
+                ),
+                settings.discovery_interval,
+                settings.discovery_grace,
+                settings.drain_timeout,
+                clock,
+                observe=lambda w, state, answer: metrics.discovered(
+                    w.pool, w.name, result_of(answer), len(state.addresses), state.failing
+                ),
+            )
+        self.membership = Membership(
+            settings,
+            self.store,
+            self.roster,
+            self.tracker,
+            self.health,
+            self.poller,
+            self.metrics,
+            self.decider,
+            self.clients,
+            clock,
+            owner=owner,
+            discovery=discovery,
+            shared_status=None if worker is None else worker.discovery_status,
+        )
+        self.roster.sync()  # the configured members join
         self.proxy: Proxy | None = None
         self.busy: BusyPoll | None = None
         self.share: ShareWatch | None = None  # whether the core looks shared (busy polling holds)
@@ -201,7 +257,9 @@ class RouterApp:
         # Counters and histograms: every worker's files, merged by prometheus-client (a dead
         # worker's stay, so nothing it counted is lost); live gauges: the shared table.
         merged = CollectorRegistry()
-        MultiProcessCollector(merged, path=str(worker.metrics_dir))
+        files = MultiProcessCollector(None, path=str(worker.metrics_dir))
+        self.roster.sync()
+        merged.register(MembersOnly(files, lambda: self.roster.members))
         merged.register(self.state)
         return generate_latest(merged)
 
@@ -216,6 +274,19 @@ class RouterApp:
 
     def pin_crossover(self, value: int) -> None:
         self.keeper.pin(value)
+
+    def add_backend(self, pool: Pool, url: str) -> Member:
+        return self.membership.join(pool, url)
+
+    def remove_backend(self, pool: Pool, url: str) -> Member:
+        return self.membership.leave(pool, url)
+
+    def members(self, pool: Pool) -> list[Member]:
+        self.roster.sync()
+        return self.roster.of_pool(pool)
+
+    def in_flight(self) -> Mapping[str, int]:
+        return self.tracker.by_backend
 
     async def list_models(self) -> dict[str, Any]:
         now = self.clock()

@@ -29,11 +29,13 @@ from router.forward.proxy import Proxy
 from router.health.poller import HealthPoller
 from router.health.state import HealthRegistry
 from router.learn.keeper import CrossoverKeeper
+from router.membership import TICK as MEMBERS_TICK
+from router.membership import Membership
 from router.origin import Origin
-from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
+from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
 from router.upstream.client import OriginPool
-from router.workers import TableExchange
+from router.workers import TableExchange, WorkerContext
 
 log = logging.getLogger("spec_router")
 tuning_log = logging.getLogger("spec_router.tuning")
@@ -79,6 +81,10 @@ class Runnable(Protocol):
     def observers(self) -> list[Callable[[Outcome], None]]: ...
     @property
     def clients(self) -> dict[str, OriginPool]: ...
+    @property
+    def membership(self) -> Membership: ...
+    @property
+    def worker(self) -> WorkerContext | None: ...
 
     proxy: Proxy | None
     busy: BusyPoll | None
@@ -98,15 +104,21 @@ async def running(app: Runnable) -> AsyncIterator[None]:
     busy = app.busy = BusyPoll(loop, s.busy_poll_us / 1e6) if s.busy_poll_us else None
     poke = busy.poke if busy is not None else None
     clients = app.clients
-    for pool in POOLS:
-        for url in app.pools[pool]:
-            clients[url] = OriginPool(
-                Origin.parse(url),
-                max_connections=s.max_connections_per_backend,
-                max_idle=s.max_idle_per_backend,
-                keepalive_expiry=s.keepalive_expiry,
-                poke=poke,
-            )
+    membership = app.membership
+
+    def open_client(url: str) -> OriginPool:
+        return OriginPool(
+            Origin.parse(url),
+            max_connections=s.max_connections_per_backend,
+            max_idle=s.max_idle_per_backend,
+            keepalive_expiry=s.keepalive_expiry,
+            poke=poke,
+        )
+
+    membership.roster.sync()
+    for url in membership.roster.members:  # (draining ones too: they may still be asked)
+        clients[url] = open_client(url)
+    membership.open_client = open_client  # backends that join from now on
     app.proxy = Proxy(
         s,
         app.decider,
@@ -119,9 +131,17 @@ async def running(app: Runnable) -> AsyncIterator[None]:
         admission=app.admission,
         abort_lag=app.abort_lag,
         default_model=app.default_model,
+        sync=None if app.worker is None else membership.roster.sync,
     )
     keeper = app.keeper
     app.poller.start()
+    # the first resolution before serving: the pools start with what the names answer (or a
+    # clear warning for each that does not), not empty
+    await membership.discover()
+    members_task = loop.create_task(keep_members(membership))
+    discovery_task = (
+        None if membership.discovery is None else loop.create_task(keep_discovering(membership))
+    )
     keeper_task = loop.create_task(keep_learning(keeper, app.decider.refresh))
     share_task = None
     if busy is not None and s.busy_poll_yield:
@@ -140,7 +160,11 @@ async def running(app: Runnable) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        tasks = [t for t in (keeper_task, follow_task, share_task) if t is not None]
+        tasks = [
+            t
+            for t in (keeper_task, follow_task, share_task, members_task, discovery_task)
+            if t is not None
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -150,7 +174,31 @@ async def running(app: Runnable) -> AsyncIterator[None]:
             client.close()
         if busy is not None:
             busy.stop()
+        membership.open_client = None
         app.proxy = None
+
+
+async def keep_members(membership: Membership) -> None:
+    """The members' timer (``Membership.tick``): follow the set, cut the streams of a drain
+    that timed out, remove what drained."""
+    while True:
+        await asyncio.sleep(MEMBERS_TICK)
+        try:
+            membership.tick()
+        except Exception:
+            log.exception("membership tick failed")
+
+
+async def keep_discovering(membership: Membership) -> None:
+    """A discovery round every ``SPEC_ROUTER_DISCOVERY_INTERVAL`` (the first ran at start)."""
+    assert membership.discovery is not None
+    interval = membership.discovery.interval
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await membership.discover()
+        except Exception:
+            log.exception("discovery round failed")
 
 
 async def keep_learning(keeper: CrossoverKeeper, refresh: Callable[[], None] | None = None) -> None:

@@ -33,6 +33,7 @@ CONFIG_ENV = "SPEC_ROUTER_CONFIG"
 
 PolicyName = Literal["slo", "spillover", "crossover", "round_robin", "predictive"]
 LoadSignal = Literal["local", "engine", "max"]
+DiscoveryMode = Literal["static", "dns"]
 CsvList = Annotated[list[str], NoDecode]
 NameMap = Annotated[dict[str, str], NoDecode]
 
@@ -85,6 +86,26 @@ class Settings(BaseSettings):
     # Public model name -> the name this pool serves it under (e.g. {"kimi": "kimi-eagle3"}).
     speculative_model_map: NameMap = Field(default_factory=dict)
     baseline_model_map: NameMap = Field(default_factory=dict)
+
+    # -- membership (router/members) ----------------------------------------------------------
+    # static: the URLs above are the backends. dns: each URL's host name is a set: every A/AAAA
+    # record is one backend at that URL's scheme, port and path (a headless Service), resolved
+    # again every DISCOVERY_INTERVAL seconds. The admin API adds and removes backends in both.
+    discovery: DiscoveryMode = "static"
+    discovery_interval: float = Field(default=5.0, gt=0)
+    # host:port,... of the DNS servers to ask, by address (as nginx's `resolver`; port 53 by
+    # default); unset: the system resolver (getaddrinfo: /etc/hosts, resolv.conf's search
+    # domains, as every program in the pod resolves)
+    dns_servers: CsvList = Field(default_factory=list)
+    # How long empty answers (NXDOMAIN/NODATA) for a name that had addresses must last before
+    # its backends leave. A failed resolution (timeout, SERVFAIL) never empties a pool.
+    discovery_grace: float = Field(default=30.0, ge=0)
+    # How long a backend that left (its address gone from DNS, or removed through the admin
+    # API) may finish the requests it has in flight; then they are cut, as on an upstream
+    # failure (streams end with an error event).
+    drain_timeout: float = Field(default=300.0, gt=0)
+    # The most backends at once, draining ones included (the size of serve --workers' table).
+    max_backends: int = Field(default=64, ge=2, le=4096)
 
     # -- routing ------------------------------------------------------------------------------
     # slo: each request where it adds the most goodput under the SLO below, predicted from the
@@ -194,7 +215,12 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, _TomlSource(settings_cls))
 
     @field_validator(
-        "speculative_urls", "baseline_urls", "api_keys", "trusted_proxies", mode="before"
+        "speculative_urls",
+        "baseline_urls",
+        "api_keys",
+        "trusted_proxies",
+        "dns_servers",
+        mode="before",
     )
     @classmethod
     def _split_csv(cls, value: Any) -> Any:
@@ -235,6 +261,25 @@ class Settings(BaseSettings):
             ipaddress.ip_network(value, strict=False)  # raises ValueError naming it
         return values
 
+    @field_validator("dns_servers")
+    @classmethod
+    def _check_dns_servers(cls, values: list[str]) -> list[str]:
+        for value in values:
+            parse_dns_server(value)  # raises ValueError naming it
+        return values
+
+    @model_validator(mode="after")
+    def _check_membership(self) -> Settings:
+        urls = [*self.speculative_urls, *self.baseline_urls]
+        if len(urls) > self.max_backends:
+            raise ValueError(
+                f"{len(urls)} backend URLs, more than max_backends={self.max_backends}"
+            )
+        long = next((url for url in urls if len(url.encode()) > MAX_URL_BYTES), None)
+        if long is not None:
+            raise ValueError(f"a backend URL is longer than {MAX_URL_BYTES} bytes: {long[:60]}...")
+        return self
+
     @model_validator(mode="after")
     def _check_pools_disjoint(self) -> Settings:
         shared = set(self.speculative_urls) & set(self.baseline_urls)
@@ -258,6 +303,32 @@ class Settings(BaseSettings):
     def retry_after(self) -> int:
         """Seconds a refused client should wait: about one health round."""
         return max(1, round(self.health_interval))
+
+
+# The longest backend URL (the --workers shared table keeps each in a fixed-size record).
+MAX_URL_BYTES = 240
+
+
+def parse_dns_server(text: str) -> tuple[str, int]:
+    """A DNS server's ``address:port`` (``[v6]:port``; the port defaults to 53), as
+    SPEC_ROUTER_DNS_SERVERS gives it; raises ValueError naming it."""
+    text = text.strip()
+    host, port_text = text, "53"
+    if text.startswith("["):
+        host, close, rest = text[1:].partition("]")
+        if not close or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad DNS server {text!r}: expected [address]:port")
+        port_text = rest[1:] or "53"
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    try:
+        ipaddress.ip_address(host)
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"bad DNS server {text!r}: expected address:port") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"bad DNS server {text!r}: port out of range")
+    return host, port
 
 
 # The settings that are durations of the engines' own behaviour (and the SLO on it): a router

@@ -50,6 +50,11 @@ class WorkerContext:
         return self.rundir / "metrics"
 
     @property
+    def discovery_status(self) -> Path:
+        """Where the leader, which discovers, leaves the names' state for the others."""
+        return self.rundir / "discovery.json"
+
+    @property
     def table_exchange(self) -> Path:
         """Where a worker leaves an operator's table for the others (``PUT /router/table``)."""
         return self.rundir / "table.json"

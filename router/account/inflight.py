@@ -87,14 +87,6 @@ class InflightTracker:
         # whose first token came from each backend, against when: a request's stalls are the
         # prefills that ran while it decoded
         self._begun: dict[str, PrefillLog] = {}
-        now = clock()
-        for pool, url in backends:
-            self.pool_of[url] = pool
-            self._in[url] = 0
-            self._started[url] = 0
-            self._area[url] = 0.0
-            self._since[url] = now
-            self._begun[url] = PrefillLog()
         self._pool: dict[str, int] = dict.fromkeys(POOLS, 0)
         self._slow: dict[str, int] = dict.fromkeys(POOLS, 0)
         self._total = 0
@@ -105,12 +97,39 @@ class InflightTracker:
         # requests whose client left but which the engine still runs for a moment (SGLang
         # aborts them 2-4 s later): when each stops counting against its backend's load.
         # (This process's own, under --workers too.)
-        self._lingering: dict[str, deque[float]] = {url: deque() for url in self.pool_of}
+        self._lingering: dict[str, deque[float]] = {}
         # how many entries those hold, over every backend (0: no backend's load needs a look)
         self.lingered = 0
         # What this process knows of each of its requests in flight, by backend (for the slo
         # policy: router.account.outcome.Outcome; opaque here). Only leases given one appear.
-        self.flights: dict[str, dict[Lease, object]] = {url: {} for url in self.pool_of}
+        self.flights: dict[str, dict[Lease, object]] = {}
+        for pool, url in backends:
+            self.add(pool, url)
+
+    def add(self, pool: Pool, url: str) -> None:
+        """A backend that joined: its counts start at 0 (a comeback starts fresh too)."""
+        self.pool_of[url] = pool
+        self._in[url] = 0
+        self._started[url] = 0
+        self._area[url] = 0.0
+        self._since[url] = self.clock()
+        self._begun[url] = PrefillLog()
+        self._lingering[url] = deque()
+        self.flights[url] = {}
+
+    def remove(self, url: str) -> None:
+        """A backend that left, once nothing is in flight there: its counts are dropped."""
+        held = self.by_backend.get(url, 0)
+        if held:
+            raise ValueError(f"{url} still has {held} request(s) in flight")
+        self._in.pop(url, None)
+        self._started.pop(url, None)
+        self._area.pop(url, None)
+        self._since.pop(url, None)
+        self._begun.pop(url, None)
+        self.lingered -= len(self._lingering.pop(url, ()))
+        self.flights.pop(url, None)
+        self.pool_of.pop(url, None)
 
     @property
     def total(self) -> int:

@@ -10,7 +10,7 @@ on counters, labels limited to pool, backend, reason, code, kind, state.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -22,7 +22,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from router.health.mode import ModeReading, mode_mismatch
 from router.health.state import State
+from router.members.member import Member
 from router.pools import POOLS, SPECULATIVE
 from router.upstream.verdicts import failure_kinds, retry_kinds
 
@@ -150,8 +152,61 @@ class RouterMetrics:
             for kind in retry_kinds():
                 self.retries.labels(pool, kind)
         for backend_pool, url in backends:
-            for kind in failure_kinds():
-                self.upstream_errors.labels(backend_pool, url, kind)
+            self.add_backend(backend_pool, url)
+        # DNS discovery (SPEC_ROUTER_DISCOVERY=dns), per watched name; under --workers only the
+        # leader discovers, so its value is the one kept (livemax)
+        self.resolutions = Counter(
+            p + "discovery_resolutions",
+            "DNS resolutions of a pool's name, by result: resolved, empty (NXDOMAIN/NODATA), "
+            "failed (the last good set is kept).",
+            ["pool", "dns_name", "result"], registry=registry,
+        )  # fmt: skip
+        self.name_failing = Gauge(
+            p + "discovery_failing",
+            "1 while a pool's name fails to resolve and its last good set is kept.",
+            ["pool", "dns_name"], registry=registry, multiprocess_mode="livemax",
+        )  # fmt: skip
+        self.cuts = Counter(
+            p + "drain_cuts",
+            "Requests still running on a backend that left its pool when its drain timed "
+            "out (SPEC_ROUTER_DRAIN_TIMEOUT): cut, as on an upstream failure.",
+            ["pool"], registry=registry,
+        )  # fmt: skip
+        for pool in POOLS:
+            self.cuts.labels(pool)
+        self.name_addresses = Gauge(
+            p + "discovery_addresses",
+            "Addresses in force for a pool's name (its last good answer, held over a grace "
+            "period for empty answers).",
+            ["pool", "dns_name"], registry=registry, multiprocess_mode="livemax",
+        )  # fmt: skip
+
+    def drain_cut(self, pool: str, requests: int) -> None:
+        """Requests still running on a leaving backend when its drain timed out."""
+        self.cuts.labels(pool).inc(requests)
+
+    def add_backend(self, pool: str, url: str) -> None:
+        """A backend's error series, from 0 (at start-up, and when it joins)."""
+        for kind in failure_kinds():
+            self.upstream_errors.labels(pool, url, kind)
+
+    def remove_backend(self, pool: str, url: str) -> None:
+        """A backend that left: its series go, and start again from 0 if it comes back. (Set
+        to 0 first: under --workers a series' value lives on in this worker's file, where a
+        new series of the same labels would pick it up.)"""
+        known = getattr(self.upstream_errors, "_metrics", {})
+        for child_labels in [tuple(k) for k in known if k[1] == url]:
+            child = self.upstream_errors.labels(*child_labels)
+            value = getattr(child, "_value", None)
+            if value is not None and hasattr(value, "set"):
+                value.set(0)
+            self.upstream_errors.remove(*child_labels)
+
+    def discovered(self, pool: str, name: str, result: str, addresses: int, failing: bool) -> None:
+        """One resolution of a pool's name (``router.members.discovery``)."""
+        self.resolutions.labels(pool, name, result).inc()
+        self.name_failing.labels(pool, name).set(1.0 if failing else 0.0)
+        self.name_addresses.labels(pool, name).set(addresses)
 
     def queue_meter(self) -> Callable[[str, int], None]:
         """The queue's metrics as prometheus-client objects, for ``serve --workers`` (where
@@ -261,6 +316,17 @@ def observer(child: Any) -> Callable[[float], None]:
     return observe
 
 
+class Members(Protocol):
+    """The members as the gauges read them (``router.members.roster.Roster``)."""
+
+    @property
+    def generation(self) -> int: ...
+    @property
+    def members(self) -> Mapping[str, Member]: ...
+
+    def sync(self) -> object: ...
+
+
 class StateCollector(Collector):
     """Gauges read from the router's live state when Prometheus scrapes."""
 
@@ -274,6 +340,8 @@ class StateCollector(Collector):
         load_signal: str,
         clock: Callable[[], float],
         admission: Queue | None = None,
+        members: Members | None = None,
+        modes: Mapping[str, ModeReading] | None = None,
     ) -> None:
         self.tracker = tracker
         self.health = health
@@ -283,6 +351,8 @@ class StateCollector(Collector):
         self.load_signal = load_signal
         self.clock = clock
         self.admission = admission
+        self.members = members
+        self.modes = modes
 
     def collect(self) -> Iterator[Metric]:
         tracker = self.tracker
@@ -337,6 +407,40 @@ class StateCollector(Collector):
         yield usable
         yield from self._engine()
         yield from self._queue()
+        yield from self._members()
+
+    def _members(self) -> Iterator[Metric]:
+        roster = self.members
+        if roster is None:
+            return
+        p = "spec_router_"
+        count = GaugeMetricFamily(
+            p + "backends", "Backends in each pool, by membership state (active, draining).",
+            labels=["pool", "state"],
+        )  # fmt: skip
+        counts = {(pool, state): 0 for pool in POOLS for state in ("active", "draining")}
+        for m in roster.members.values():
+            counts[(m.pool, m.state)] += 1
+        for (pool, state), n in counts.items():
+            count.add_metric([pool, state], n)
+        yield count
+        yield GaugeMetricFamily(
+            p + "membership_generation",
+            "Changes of the set of backends so far (joins, drains, removals).",
+            value=roster.generation,
+        )
+        wrong = GaugeMetricFamily(
+            p + "backend_mode_mismatch",
+            "1 when a backend's engine runs in the other pool's mode (a speculative engine in "
+            "the baseline pool, or the reverse), as the engine reports it.",
+            labels=["pool", "backend"],
+        )
+        modes = self.modes or {}
+        for url, m in roster.members.items():
+            reading = modes.get(url)
+            if reading is not None:
+                wrong.add_metric([m.pool, url], 1.0 if mode_mismatch(m.pool, reading) else 0.0)
+        yield wrong
 
     def _queue(self) -> Iterator[Metric]:
         a = self.admission
@@ -378,3 +482,23 @@ class StateCollector(Collector):
         yield running
         yield queued
         yield accept
+
+
+class MembersOnly(Collector):
+    """Another collector's series, less those of backends that are no longer members: under
+    ``--workers`` each worker's file (and a dead worker's) keeps every series it ever wrote,
+    so a departed backend's would stay in the merged output for good."""
+
+    def __init__(self, inner: Collector, current: Callable[[], Container[str]]) -> None:
+        self.inner = inner
+        self.current = current
+
+    def collect(self) -> Iterator[Metric]:
+        keep = self.current()
+        for metric in self.inner.collect():
+            metric.samples = [
+                s
+                for s in metric.samples
+                if s.labels.get("backend", "") in keep or "backend" not in s.labels
+            ]
+            yield metric

@@ -163,6 +163,7 @@ UPSTREAM_ERROR_NAMES: dict[str, str] = {
     "total_timeout": "ReadTimeout",
     "protocol": "RemoteProtocolError",
     "relay": "ReadError",
+    "drained": "ReadError",
 }
 
 

@@ -20,8 +20,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from router.control.controlled import Controlled
 from router.control.page import add_page
 from router.decide import table as tables
-from router.errors import BadRequest, RouterError, Unauthorized, error_body
+from router.errors import BadRequest, NotFound, RouterError, Unauthorized, error_body
 from router.forward.request import has_api_key
+from router.members.store import MembershipError
+from router.membership import member_document
+from router.pools import POOLS, Pool
 
 _STATUS_TYPES = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error"}
 
@@ -44,6 +47,26 @@ def require_admin(app: Controlled, request: Request) -> Response | None:
     if not hmac.compare_digest(given.encode(), f"Bearer {secret}".encode()):
         return _error(401, "invalid or missing admin token", "invalid_admin_token")
     return None
+
+
+_POOLS: dict[str, Pool] = {pool: pool for pool in POOLS}
+
+
+def _pool(name: str) -> Pool:
+    pool = _POOLS.get(name)
+    if pool is None:
+        raise NotFound(f"no pool {name!r}: the pools are {', '.join(POOLS)}")
+    return pool
+
+
+def _url(body: bytes) -> str:
+    try:
+        url = json.loads(body).get("url")
+    except (ValueError, AttributeError):
+        url = None
+    if not isinstance(url, str) or not url:
+        raise BadRequest('expected {"url": "<the backend\'s URL>"}', "invalid_request")
+    return url
 
 
 def build_control_app(app: Controlled) -> FastAPI:
@@ -133,6 +156,46 @@ def build_control_app(app: Controlled) -> FastAPI:
         except tables.TableError as exc:
             raise BadRequest(f"table refused: {exc}", "invalid_table") from None
         return JSONResponse({"crossover": table.crossover, "crossover_source": table.source})
+
+    @api.get("/router/pools/{pool}/backends")
+    async def list_backends(pool: str) -> Response:
+        name = _pool(pool)
+        now = app.clock()
+        flight = app.in_flight()
+        return JSONResponse(
+            {"pool": name, "backends": [member_document(m, now, flight) for m in app.members(name)]}
+        )
+
+    @api.post("/router/pools/{pool}/backends")
+    async def add_backend(pool: str, request: Request) -> Response:
+        denied = require_admin(app, request)
+        if denied is not None:
+            return denied
+        name = _pool(pool)
+        url = _url(await request.body())
+        try:
+            member = app.add_backend(name, url)
+        except ValueError as exc:
+            raise BadRequest(f"bad backend URL: {exc}", "invalid_url") from None
+        except MembershipError as exc:
+            return _error(exc.status, exc.message, exc.code)
+        return JSONResponse(member_document(member, app.clock(), app.in_flight()), 201)
+
+    @api.delete("/router/pools/{pool}/backends")
+    async def remove_backend(pool: str, request: Request) -> Response:
+        denied = require_admin(app, request)
+        if denied is not None:
+            return denied
+        name = _pool(pool)
+        url = request.query_params.get("url")
+        if not url:
+            raise BadRequest("expected ?url=<the backend's URL>", "missing_url")
+        try:
+            member = app.remove_backend(name, url)
+        except MembershipError as exc:
+            return _error(exc.status, exc.message, exc.code)
+        # 202: it drains; it is gone once its requests in flight have ended
+        return JSONResponse(member_document(member, app.clock(), app.in_flight()), 202)
 
     add_page(api, app)
 

@@ -6,10 +6,12 @@ it), so the endpoints and the live page import nothing of the app.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from router.control.feed import Feed
 from router.decide import table as tables
+from router.members.member import Member
 from router.pools import Pool
 from router.settings import Settings
 
@@ -33,3 +35,16 @@ class Controlled(Protocol):
     def pin_crossover(self, value: int) -> None: ...
 
     async def list_models(self) -> dict[str, Any]: ...
+
+    def add_backend(self, pool: Pool, url: str) -> Member:
+        """Raises ``MembershipError`` (a 409 or 404) or ``ValueError`` (a bad URL)."""
+        ...
+
+    def remove_backend(self, pool: Pool, url: str) -> Member: ...
+
+    def members(self, pool: Pool) -> list[Member]: ...
+
+    def in_flight(self) -> Mapping[str, int]: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...

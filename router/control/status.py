@@ -25,7 +25,8 @@ from router.forward.proxy import Proxy
 from router.health.poller import EngineLoad, HealthPoller
 from router.health.state import HealthRegistry, usable
 from router.learn.keeper import CrossoverKeeper
-from router.pools import POOLS
+from router.membership import Membership
+from router.pools import POOLS, Pool
 from router.settings import Settings
 from router.workers import WorkerContext
 
@@ -61,6 +62,8 @@ class Observed(Protocol):
     def feed(self) -> Feed: ...
     @property
     def worker(self) -> WorkerContext | None: ...
+    @property
+    def membership(self) -> Membership: ...
 
     def connections(self, url: str) -> dict[str, int]: ...
 
@@ -69,6 +72,8 @@ def router_status(app: Observed) -> dict[str, Any]:
     """The whole ``/router/status`` document."""
     busy, share, feed, proxy = app.busy, app.share, app.feed, app.proxy
     decider = app.decider
+    membership = app.membership
+    membership.roster.sync()
     return status_document(
         now=app.clock(),
         tracker=app.tracker,
@@ -78,7 +83,10 @@ def router_status(app: Observed) -> dict[str, Any]:
         decider=decider,
         connections=app.connections,
         served_models=app.poller.served_models,
+        backends_of=lambda pool: [m.url for m in membership.roster.of_pool(pool)],
+        member=membership.backend,
         extra={
+            "membership": membership.status(),
             "slo": decider.status() if decider.policy == "slo" else None,
             "queue": app.admission.status(),
             "fast_path": proxy.responders.status() if proxy is not None else fast_path_status(),
@@ -126,7 +134,11 @@ def status_document(
     connections: Callable[[str], dict[str, int]],
     extra: Mapping[str, Any],
     served_models: Mapping[str, str] | None = None,
+    backends_of: Callable[[Pool], list[str]] | None = None,
+    member: Callable[[str, float], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """The document; each pool lists ``backends_of(pool)`` (default: the routable ones), each
+    backend with what ``member`` says of its membership (where it came from, draining)."""
     wall = time.time()
 
     def ago(t: float | None) -> float | None:
@@ -135,13 +147,16 @@ def status_document(
     pools: dict[str, Any] = {}
     for pool in POOLS:
         backends = []
-        for url in decider.pools[pool]:
+        urls = decider.pools[pool] if backends_of is None else backends_of(pool)
+        routable = set(decider.pools[pool])
+        for url in urls:
             h = health.states[url]
             backends.append(
                 {
                     "url": url,
                     "state": h.state.value,
-                    "usable": usable(h, now),
+                    # (a draining backend takes no new request, whatever its health)
+                    "usable": usable(h, now) and url in routable,
                     "in_flight": tracker.by_backend[url],
                     "lingering": tracker.lingering(url, now),
                     "load": decider.backend_load(url),
@@ -157,6 +172,7 @@ def status_document(
                     "connections": connections(url),
                     "engine": _engine(loads.get(url), now),
                     "served_model": (served_models or {}).get(url),
+                    **({} if member is None else member(url, now)),
                 }
             )
         pools[pool] = {

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Any
 
 from router.account.inflight import InflightTracker
@@ -119,6 +119,16 @@ class Decider:
         self._shape: tuple[Mix, Slo] | None = None
         self._backends: dict[Pool, _Backends] = {}
         self.extrapolated = 0  # decisions that predicted beyond the measured batch sizes
+
+    def members_changed(self, joined: Iterable[str], removed: Iterable[str]) -> None:
+        """The set of backends changed (``router.members.roster``; ``self.pools`` holds the
+        routable ones, updated in place): what it keeps per backend ends with them, and the
+        pools' views are built afresh (a joined backend's rate starts with its first
+        request)."""
+        for url in removed:
+            self._recent.pop(url, None)
+        del joined  # (nothing kept for a backend before its first request)
+        self._backends.clear()
 
     # -- loads ----------------------------------------------------------------------------------
     def backend_load(self, url: str) -> int:

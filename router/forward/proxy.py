@@ -88,6 +88,7 @@ class Proxy:
         admission: Admission | None = None,
         abort_lag: Callable[[str], float] | None = None,
         default_model: Callable[[Pool, str], str | None] | None = None,
+        sync: Callable[[], object] | None = None,
     ) -> None:
         self.settings = settings
         self.decider = decider
@@ -106,6 +107,9 @@ class Proxy:
         # router closed the upstream connection): 0 for vLLM, 2-4 s for SGLang
         self.abort_lag = abort_lag
         self.default_model = default_model  # (pool, backend) -> the model a nameless request gets
+        # under --workers: take up a change of the members another worker made before routing
+        # (router.members.roster), so no request goes to a backend after it left
+        self.sync = sync
         self.timeouts = Timeouts(
             settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout
         )
@@ -153,7 +157,9 @@ class Proxy:
         out.read(info.stream, info.sampling, info.prompt_chars)
 
         decider = self.decider
-        request = decider.request(info, *_slo_headers(headers)) if decider.policy == "slo" else None
+        if self.sync is not None:
+            self.sync()
+        request = decider.request(info, *slo_headers(headers)) if decider.policy == "slo" else None
         out.request = request
         decision = decider.decide(request)
         if decision is None:
@@ -216,35 +222,16 @@ class Proxy:
 
     async def _queue(self, request: Request | None, out: Outcome) -> Decision:
         """Hold an overflowing request until a backend can serve it within its SLO."""
-        admission, retry_after = self.admission, self.settings.retry_after()
-        admission.enter(retry_after)
-        admitted = False
-        out.queued()
-        try:
-            deadline = self.loop.time() + self.settings.queue_timeout
-            again = False
-            while True:
-                left = deadline - self.loop.time()
-                if left <= 0:
-                    admission.time_out()
-                    raise NoBackend(
-                        "no backend could serve the request within its SLO before the "
-                        "router's queue deadline",
-                        retry_after,
-                    )
-                # woken when a request in flight ends; and it looks again now and then, as
-                # what it waits for (the recent load the predictions see) also fades with time
-                await admission.wait(min(left, QUEUE_RECHECK), again)
-                again = True
-                peek = self.decider.peek(request)
-                if peek is None or peek.reason != "overflow":
-                    decision = self.decider.decide(request)
-                    if decision is None:
-                        raise NoBackend("no backend can take requests right now", retry_after)
-                    admitted = True
-                    return decision
-        finally:
-            admission.leave(admitted)
+        return await wait_in_queue(
+            self.decider,
+            self.admission,
+            request,
+            out,
+            self.settings.retry_after(),
+            self.settings.queue_timeout,
+            self.loop,
+            self.sync,
+        )
 
     # -- request side -----------------------------------------------------------------------
     def _authorize(self, headers: list[tuple[bytes, bytes]]) -> None:
@@ -366,6 +353,8 @@ class Proxy:
             self._judge(verdict, decision, out, detail)
             alt = None
             if verdict.retry and out.attempts < max_attempts:
+                if self.sync is not None:
+                    self.sync()
                 alt = self.decider.retry(decision, tried)
             if alt is None:
                 if conn is not None and refused is None:
@@ -581,15 +570,53 @@ class Proxy:
         await _send_all(responder, [start, end])
 
 
-def _predicted(decision: Decision) -> list[tuple[bytes, bytes]]:
-    """The slo policy's prediction for this request, in milliseconds (for clients and tests)."""
-    return [
-        (b"x-spec-router-predicted-ttft-ms", b"%.1f" % (decision.ttft * 1000)),
-        (b"x-spec-router-predicted-tpot-ms", b"%.2f" % (decision.tpot * 1000)),
-    ]
+async def wait_in_queue(
+    decider: Decider,
+    admission: Admission,
+    request: Request | None,
+    out: Outcome,
+    retry_after: int,
+    timeout: float,
+    loop: asyncio.AbstractEventLoop,
+    sync: Callable[[], object] | None = None,
+) -> Decision:
+    """Hold an overflowing request in the router's queue (``Admission``) until a backend can
+    serve it within its SLO; raise ``QueueFull`` (429) or ``NoBackend`` (503) where the router
+    refuses it. The proxy and the gateway's endpoint picker (``router.gateway``) both wait
+    here."""
+    admission.enter(retry_after)
+    admitted = False
+    out.queued()
+    try:
+        deadline = loop.time() + timeout
+        again = False
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                admission.time_out()
+                raise NoBackend(
+                    "no backend could serve the request within its SLO before the "
+                    "router's queue deadline",
+                    retry_after,
+                )
+            # woken when a request in flight ends; and it looks again now and then, as
+            # what it waits for (the recent load the predictions see) also fades with time
+            await admission.wait(min(left, QUEUE_RECHECK), again)
+            again = True
+            if sync is not None:  # (the pools may have changed while it waited)
+                sync()
+            peek = decider.peek(request)
+            if peek is None or peek.reason != "overflow":
+                decision = decider.decide(request)
+                if decision is None:
+                    raise NoBackend("no backend can take requests right now", retry_after)
+                admitted = True
+                return decision
+    finally:
+        admission.leave(admitted)
 
 
-def _slo_headers(headers: list[tuple[bytes, bytes]]) -> tuple[float | None, float | None]:
+def slo_headers(headers: list[tuple[bytes, bytes]]) -> tuple[float | None, float | None]:
     """A request's own SLO (``x-slo-ttft-ms`` / ``x-slo-tpot-ms``), in seconds; None: unset or
     not a positive number."""
     ttft = tpot = None
@@ -599,6 +626,14 @@ def _slo_headers(headers: list[tuple[bytes, bytes]]) -> tuple[float | None, floa
         elif name == b"x-slo-tpot-ms":
             tpot = _ms(value)
     return ttft, tpot
+
+
+def _predicted(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """The slo policy's prediction for this request, in milliseconds (for clients and tests)."""
+    return [
+        (b"x-spec-router-predicted-ttft-ms", b"%.1f" % (decision.ttft * 1000)),
+        (b"x-spec-router-predicted-tpot-ms", b"%.2f" % (decision.tpot * 1000)),
+    ]
 
 
 def _ms(value: bytes) -> float | None:

@@ -26,17 +26,23 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from router.health import engines as engine_metrics
 from router.health.engines import EngineSample
+from router.health.mode import EngineFacts, ModeReading, engine_mode, mode_mismatch
 from router.health.state import HealthRegistry
 from router.origin import Origin
+from router.pools import Pool
 from router.upstream.client import OriginPool, Timeouts, UpstreamError
 
 log = logging.getLogger("spec_router.health")
 
 READY, HEALTH = b"/ready", b"/health"
+# SGLang's server info: /server_info from 0.5.6 (/get_server_info logs a deprecation warning on
+# 0.5.23 at every call), /get_server_info only on 0.5.3
+SERVER_INFO = (b"/server_info", b"/get_server_info")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,24 +101,28 @@ class HealthPoller:
         generate_timeout: float = 25.0,
         gauge_lag: float = 2.0,
         authorization: Mapping[str, bytes | None] | None = None,
+        pools: Mapping[str, Pool] | None = None,
     ) -> None:
-        self.urls = urls
+        self.urls = list(urls)
+        self._pool = dict(pools or {})  # each backend's pool, for the mode check
         self.health = health
         self._started = started  # requests this router ever sent to each backend
         self.interval = interval
         self.timeout = timeout
         self.generate_timeout = generate_timeout
         self.gauge_lag = gauge_lag
-        self._authorization = authorization or {}  # each backend's pool key (for /v1/models)
+        self._authorization = dict(authorization or {})  # each backend's pool key (/v1/models)
         self._served: dict[str, str] = {}  # the first model each backend lists
         self._history: dict[str, deque[tuple[float, int]]] = {}  # (scraped at, started then)
         self._probes: dict[str, bytes] = {}  # backends found without /ready: HEALTH
         self.scrape_metrics = scrape_metrics
         self.clock = clock
         self._loads: dict[str, EngineLoad] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._clients: dict[str, OriginPool] = {}
         self._samples: dict[str, EngineSample] = {}
+        self._modes: dict[str, ModeReading] = {}  # read once per engine start (``_read_mode``)
+        self._started_polling = False
 
     @property
     def served_models(self) -> Mapping[str, str]:
@@ -124,17 +134,61 @@ class HealthPoller:
         """The latest engine-reported load per backend (only those that reported one)."""
         return self._loads
 
+    @property
+    def modes(self) -> Mapping[str, ModeReading]:
+        """Each backend's mode as its engine reported it (``router.health.mode``), once read."""
+        return self._modes
+
     def start(self) -> None:
+        self._started_polling = True
         for url in self.urls:
-            self._clients[url] = OriginPool(
-                Origin.parse(url), max_connections=2, max_idle=1, keepalive_expiry=self.interval * 2
-            )
-            self._tasks.append(asyncio.get_running_loop().create_task(self._loop(url)))
+            self._poll(url)
+
+    def _poll(self, url: str) -> None:
+        self._clients[url] = OriginPool(
+            Origin.parse(url), max_connections=2, max_idle=1, keepalive_expiry=self.interval * 2
+        )
+        self._tasks[url] = asyncio.get_running_loop().create_task(self._loop(url))
+
+    def add(self, url: str, pool: Pool, authorization: bytes | None = None) -> None:
+        """A backend that joined: polled from now on (at once, when polling has started)."""
+        if url in self.urls:
+            return
+        self.urls.append(url)
+        self._pool[url] = pool
+        self._authorization[url] = authorization
+        if self._started_polling:
+            self._poll(url)
+
+    def remove(self, url: str) -> None:
+        """A backend that left: its loop stops and everything read of it is dropped."""
+        if url not in self.urls:
+            return
+        self.urls.remove(url)
+        self._pool.pop(url, None)
+        self._authorization.pop(url, None)
+        self._served.pop(url, None)
+        self._history.pop(url, None)
+        self._probes.pop(url, None)
+        self._loads.pop(url, None)
+        self._samples.pop(url, None)
+        self._modes.pop(url, None)
+        task = self._tasks.pop(url, None)
+        client = self._clients.pop(url, None)
+        if task is not None:
+            task.cancel()
+        if client is not None:
+            if task is None:
+                client.close()
+            else:  # (once the round in progress has let go of its connection)
+                task.add_done_callback(lambda _: client.close())
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        self._started_polling = False
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         for client in self._clients.values():
             client.close()
@@ -171,7 +225,10 @@ class HealthPoller:
                 return await self._probe(url)
         except UpstreamError as exc:
             if exc.kind in ("connect", "connect_timeout"):
-                self._probes.pop(url, None)  # down or restarting: look for /ready again
+                # down or restarting (maybe as another version, or in the other mode): look
+                # for /ready and read its mode again
+                self._probes.pop(url, None)
+                self._modes.pop(url, None)
             return False, str(exc)
         except TimeoutError:
             return False, f"{path.decode()} probe timed out after {timeout:g}s"
@@ -198,6 +255,46 @@ class HealthPoller:
             await self._read_models(url)
         if ok and self.scrape_metrics:
             await self._scrape(url)
+        if ok and url not in self._modes and url in self._clients:
+            await self._read_mode(url)
+
+    async def _read_mode(self, url: str) -> None:
+        """Once per engine start: which mode it runs in, and a warning if its pool is the
+        other one (``router.health.mode``)."""
+        sample = self._samples.get(url)
+        flavor = None if sample is None else sample.flavor
+        facts = EngineFacts(
+            flavor=flavor,
+            spec_counters=None if sample is None else sample.drafts_total is not None,
+        )
+        try:
+            if flavor in (None, "sglang"):
+                facts = replace(facts, server_info=await self._json(url, SERVER_INFO))
+            if facts.server_info is None and flavor in (None, "llamacpp"):
+                slots = await self._json(url, (b"/slots",))
+                if isinstance(slots, list):
+                    facts = replace(facts, slots=[s for s in slots if isinstance(s, dict)])
+        except (UpstreamError, TimeoutError):
+            return  # the next healthy round tries again
+        reading = engine_mode(facts)
+        self._modes[url] = reading
+        pool = self._pool.get(url)
+        wrong = None if pool is None else mode_mismatch(pool, reading)
+        if wrong is not None:
+            log.warning("backend %s is %s: it is flagged in /router/status", url, wrong)
+
+    async def _json(self, url: str, paths: tuple[bytes, ...]) -> Any:
+        """The JSON at the first of ``paths`` that answers 200 (with the pool's key), or None."""
+        auth = self._authorization.get(url)
+        headers = [(b"authorization", auth)] if auth else None
+        for path in paths:
+            status, body = await self._get(url, path, headers=headers)
+            if status == 200:
+                try:
+                    return json.loads(body)
+                except ValueError:
+                    return None
+        return None
 
     async def _read_models(self, url: str) -> None:
         """Once per backend: the model it serves, for requests that name none."""

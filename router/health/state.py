@@ -115,17 +115,29 @@ class HealthRegistry:
         # states (the decider's usable backends) knows when to look again
         self.version = 0
 
+    def add(self, url: str, now: float) -> None:
+        """A backend that joined: ``starting``, as at start-up (no traffic until healthy)."""
+        self.states[url] = BackendHealth(since=now)
+        self.version += 1
+
+    def remove(self, url: str) -> None:
+        self.states.pop(url, None)
+        self.version += 1
+
     def probe(self, url: str, ok: bool, now: float, error: str | None = None) -> None:
+        if url not in self.states:
+            return  # it left while the probe was out
         self.states[url] = probe(self.states[url], ok, now, self.cfg, error)
         self.version += 1
 
     def eject(self, url: str, now: float, error: str) -> None:
-        self.states[url] = eject(self.states[url], now, self.cfg, error)
-        self.version += 1
+        if url in self.states:
+            self.states[url] = eject(self.states[url], now, self.cfg, error)
+            self.version += 1
 
     def served(self, url: str, now: float) -> None:
-        h = self.states[url]
-        if h.ejections:
+        h = self.states.get(url)
+        if h is not None and h.ejections:
             self.states[url] = served(h, now)
             self.version += 1
 

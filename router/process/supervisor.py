@@ -34,7 +34,8 @@ from pathlib import Path
 
 from router.account.shared import SharedTable
 from router.decide import table as tables
-from router.pools import POOLS
+from router.members.targets import configured
+from router.pools import BASELINE, SPECULATIVE
 from router.serving import LISTENING_PREFIX, bind_socket, socket_url
 from router.settings import Settings
 from router.workers import WorkerContext
@@ -265,12 +266,13 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
     (rundir / "metrics").mkdir()
     # Read by prometheus-client when a worker creates its metrics, and by the collector.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(rundir / "metrics")
-    backends = [
-        (pool, url)
-        for pool in POOLS
-        for url in (settings.speculative_urls if pool == "speculative" else settings.baseline_urls)
-    ]
-    table = SharedTable.create(workers, backends)
+    # the configured members, in the shared table before any worker starts (the leader then
+    # discovers the rest, under SPEC_ROUTER_DISCOVERY=dns)
+    seeds, _ = configured(
+        {SPECULATIVE: settings.speculative_urls, BASELINE: settings.baseline_urls},
+        settings.discovery,
+    )
+    table = SharedTable.create(workers, seeds, capacity=settings.max_backends)
     contexts = [WorkerContext(slot, workers, table, rundir) for slot in range(workers)]
     supervisor = Supervisor(settings, sock, contexts, log_level, http)
     try:

@@ -3,10 +3,11 @@
 One asyncio task runs iterations back to back while there is work. At each boundary it admits
 queued requests up to ``max_running``, computes the iteration's duration from the model,
 sleeps until the iteration's deadline and then hands every running request the tokens it
-gained. Deadlines are accumulated (``deadline += duration``) on ``time.monotonic`` rather than
+gained. Deadlines are accumulated (``deadline += duration``) on the engine's clock rather than
 measured from "now", so timer jitter and the time spent in this loop do not add up: an
 iteration may end up to about a millisecond off (uvloop timers have millisecond resolution),
-but the next one ends on schedule again.
+but the next one ends on schedule again (tests/sim/test_engine.py holds it to that on a
+virtual clock).
 
 Requests receive tokens through a per-request future, set by the loop and awaited by the HTTP
 handler; nothing polls. ``abort()`` takes a request out of the batch or the queue at once.

@@ -1,11 +1,10 @@
 """The HTTP face of a simulated engine: a plain ASGI app (no framework on the token path).
 
 Per streamed token batch the work is one string join and one ``send``; a raw ASGI app keeps
-that cheap enough for hundreds of concurrent streams on one core (measured: 17,000 SSE events/s
-over 256 streams at 40% of a core). Completions are served by ``router.sim.completions``; this
-module routes, runs the engines (one per data-parallel rank) in the lifespan, and serves
-health, readiness, models, server info, metrics and the runtime knobs (``/sim/config``), each
-as the chosen engine does (``router.sim.behaviour``):
+that cheap enough for hundreds of concurrent streams on one core. Completions are served by
+``router.sim.completions``; this module routes, runs the engines (one per data-parallel rank)
+in the lifespan, and serves health, readiness, models, server info, metrics and the runtime
+knobs (``/sim/config``), each as the chosen engine does (``router.sim.behaviour``):
 
 - SGLang's ``/health`` (and always ``/health_generate``) runs a one-token generation (skipped
   while busy) and answers 200 only once some output reached the server after the probe began,

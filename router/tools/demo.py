@@ -59,7 +59,7 @@ LEVELS = (1, 2, 4, 8, 16, 32, 64)
 # run it is what that run measures (each event waits for it), even where the sims keep up
 # (2026-12-05, a slow 2-core host at 0.1 with httpx as the client: the demo reported its process
 # at 86% of a core in the baseline's 64-user run, and a run given --time-scale 0.1 had the router
-# 30% behind round-robin at 64 users in total tok/s; bench/results/loadgen-client.md). It counts
+# 30% behind round-robin at 64 users in total tok/s; bench/lab/results/loadgen-client.md). It counts
 # as falling behind too.
 DEFAULT_TIME_SCALE = 0.1
 FAITHFUL = 0.85

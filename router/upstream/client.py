@@ -48,6 +48,7 @@ ErrorKind = Literal[
     "total_timeout",
     "protocol",
     "relay",
+    "drained",
 ]
 
 
@@ -57,8 +58,10 @@ class UpstreamError(Exception):
     ``kind`` is one of ``connect`` (refused or unreachable), ``connect_timeout``, ``reset``
     (connection closed or reset before the response was complete), ``first_byte_timeout``,
     ``idle_timeout``, ``protocol`` (unparseable response), ``relay`` (the sink given to
-    ``Connection.divert`` failed). ``response_started`` tells whether
-    response headers had arrived, which decides whether a retry can still be safe.
+    ``Connection.divert`` failed), ``drained`` (the backend left its pool and its drain
+    deadline passed: the router cut the exchange, ``OriginPool.cut``). ``response_started``
+    tells whether response headers had arrived, which decides whether a retry can still be
+    safe.
     """
 
     def __init__(self, kind: ErrorKind, message: str, *, response_started: bool = False) -> None:
@@ -544,7 +547,7 @@ class OriginPool:
     async def _wait_for_slot(self, timeout: float) -> None:
         """Block while the pool is at ``max_connections`` and nothing is idle."""
         deadline = self.loop.time() + timeout
-        while len(self._open) >= self._max_connections and not self._idle:
+        while len(self._open) >= self._max_connections and not self._idle and not self._closed:
             waiter = self.loop.create_future()
             self._slot_waiters.append(waiter)
             try:
@@ -635,6 +638,8 @@ class OriginPool:
             if len(self._open) >= self._max_connections:
                 await self._wait_for_slot(timeouts.connect)
                 conn = self._take_idle()
+            if self._closed:  # (cut or closed while it waited: nothing was sent)
+                raise UpstreamError("connect", f"client for {self.origin.url} is closed")
             if conn is None:
                 conn = await self._connect(timeouts.connect)
         try:
@@ -660,3 +665,28 @@ class OriginPool:
         for conn in list(self._open):
             conn.close()
         self._idle.clear()
+        self._wake_all_slot_waiters()
+
+    def close_idle(self) -> None:
+        """Close the kept-alive connections (the backend is draining: none will be reused)."""
+        for conn in list(self._idle):
+            conn.close()
+            self.forget(conn)
+
+    def cut(self, message: str) -> int:
+        """End every exchange in progress as failed (kind ``drained``, so each request ends
+        as on an upstream failure: a stream with an error event, else a 502) and refuse new
+        ones; returns how many were cut."""
+        self._closed = True
+        busy = [conn for conn in self._open if conn not in self._idle]
+        for conn in busy:
+            conn._fail("drained", f"{self.origin.url}: {message}")
+            conn.close()
+        self.close()
+        return len(busy)
+
+    def _wake_all_slot_waiters(self) -> None:
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)

@@ -73,12 +73,15 @@ def stream_refused(status: int | None) -> Verdict:
 SLOW_KINDS: frozenset[ErrorKind] = frozenset(
     {"first_byte_timeout", "idle_timeout", "total_timeout"}
 )
+# Failures that say nothing of the engine's health: a timeout (a slow engine, not a dead one),
+# or the router's own cut of a backend that left its pool (``drained``).
+NOT_EJECTING: frozenset[ErrorKind] = SLOW_KINDS | {"drained"}
 
 
 def mid_response(kind: ErrorKind) -> Verdict:
-    """The body failed after the response started: never retried; a timeout (a slow engine,
-    not a dead one) does not eject."""
-    return Verdict(kind, failed=True, eject=kind not in SLOW_KINDS, retry=False, served=False)
+    """The body failed after the response started: never retried; a timeout or a drain's cut
+    does not eject."""
+    return Verdict(kind, failed=True, eject=kind not in NOT_EJECTING, retry=False, served=False)
 
 
 def retry_kinds() -> tuple[str, ...]:

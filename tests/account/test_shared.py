@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from router.account.shared import (
+    M_WORDS,
     S_BACKENDS,
     S_SEQ,
     CrossoverBoard,
@@ -47,7 +48,10 @@ def test_slots_are_whole_cache_lines() -> None:
     assert slot_words(3) * 8 % 64 == 0
     assert slot_words(3) >= S_BACKENDS + 4 * 3
     table = SharedTable.create(4, BACKENDS)
-    assert len(table.buffer) == (8 + 4 * slot_words(3)) * 8
+    # the header, four slots, and one member record (whole cache lines too) per backend place
+    assert M_WORDS * 8 % 64 == 0
+    assert len(table.buffer) == (8 + 4 * slot_words(3) + 3 * M_WORDS) * 8
+    assert SharedTable.create(2, BACKENDS, capacity=64).stride == slot_words(64)
 
 
 def test_every_reader_sees_the_sum_and_each_worker_its_own() -> None:

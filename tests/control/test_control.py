@@ -4,7 +4,7 @@ OpenAI-shaped errors."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
@@ -16,6 +16,9 @@ from router.control.controlled import Controlled
 from router.control.feed import Feed
 from router.decide import table as tables
 from router.errors import NoBackend
+from router.members.member import Member
+from router.members.store import LocalStore, NotMember
+from router.membership import NotOwned, checked_url
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
 from tests.support.tables import model_table
@@ -38,6 +41,10 @@ class Router:
         self.pinned: list[int] = []
         self.models_fail = False
         self.feed = Feed(lambda: {"policy": "spillover"}, 0.05)
+        self.store = LocalStore(4)
+        self.store.join(SPECULATIVE, "http://s1:30000", "static", None, 0.0)
+        self.store.join(BASELINE, "http://10.0.0.9:30000", "dns", "engines.local", 0.0)
+        self.flight: dict[str, int] = {"http://s1:30000": 2}
 
     def status(self) -> dict[str, Any]:
         return self.document
@@ -62,6 +69,27 @@ class Router:
         if self.models_fail:
             raise NoBackend("no backend can list models right now", 3)
         return MODELS
+
+    # the members: a real store, with the rules the router's own membership adds to it
+    def clock(self) -> float:
+        return 100.0
+
+    def add_backend(self, pool: Pool, url: str) -> Member:
+        return self.store.join(pool, checked_url(url), "admin", None, self.clock())
+
+    def remove_backend(self, pool: Pool, url: str) -> Member:
+        current = next((m for m in self.store.read()[1] if m.url == url), None)
+        if current is None or current.pool != pool:
+            raise NotMember(f"{url} is not a backend of the {pool} pool")
+        if current.source == "dns":
+            raise NotOwned(f"{url} comes from DNS")
+        return self.store.drain(url, self.clock(), self.clock() + 30.0)
+
+    def members(self, pool: Pool) -> list[Member]:
+        return [m for m in self.store.read()[1] if m.pool == pool]
+
+    def in_flight(self) -> Mapping[str, int]:
+        return self.flight
 
 
 def serve(router: Controlled) -> httpx.AsyncClient:
@@ -268,3 +296,100 @@ async def test_put_table_refuses_a_bad_one_and_keeps_the_old(
     message = assert_error(r, 400, "invalid_request_error", "invalid_json")
     assert message.startswith("table is not valid JSON")
     assert router.current is before
+
+
+# -- admin: a pool's backends ----------------------------------------------------------------------
+
+BACKENDS = "/router/pools/speculative/backends"
+
+
+async def test_pool_backends_are_listed_without_a_token(client: httpx.AsyncClient) -> None:
+    r = await client.get(BACKENDS)
+    assert r.status_code == 200
+    assert r.json() == {
+        "pool": "speculative",
+        "backends": [
+            {
+                "pool": "speculative",
+                "url": "http://s1:30000",
+                "source": "static",
+                "name": None,
+                "membership": "active",
+                "in_flight": 2,
+                "drain_deadline_in_s": None,
+            }
+        ],
+    }
+    r = await client.get("/router/pools/turbo/backends")
+    assert "turbo" in assert_error(r, 404, "invalid_request_error", "not_found")
+
+
+async def test_adding_and_removing_a_backend(client: httpx.AsyncClient, router: Router) -> None:
+    r = await client.post(BACKENDS, json={"url": "http://10.0.0.7:30000/"}, headers=ADMIN)
+    assert r.status_code == 201
+    assert (r.json()["url"], r.json()["source"]) == ("http://10.0.0.7:30000", "admin")
+    r = await client.delete(BACKENDS, params={"url": "http://s1:30000"}, headers=ADMIN)
+    assert r.status_code == 202
+    assert (r.json()["membership"], r.json()["in_flight"]) == ("draining", 2)
+    assert r.json()["drain_deadline_in_s"] == 30.0
+    assert [m.url for m in router.members("speculative")] == [
+        "http://s1:30000",
+        "http://10.0.0.7:30000",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("method", "kwargs", "status", "code"),
+    [
+        ("post", {"content": b"{oops"}, 400, "invalid_request"),
+        ("post", {"json": {"address": "http://10.0.0.7:30000"}}, 400, "invalid_request"),
+        ("post", {"json": {"url": "ftp://10.0.0.7"}}, 400, "invalid_url"),
+        ("post", {"json": {"url": "http://s1:30000"}}, 409, "backend_exists"),
+        ("delete", {}, 400, "missing_url"),
+        ("delete", {"params": {"url": "http://nowhere:1"}}, 404, "backend_not_found"),
+    ],
+)
+async def test_bad_changes_of_a_pool_get_the_error_shape(
+    client: httpx.AsyncClient,
+    router: Router,
+    method: str,
+    kwargs: dict[str, Any],
+    status: int,
+    code: str,
+) -> None:
+    before = router.store.read()
+    r = await client.request(method.upper(), BACKENDS, headers=ADMIN, **kwargs)
+    type_ = "invalid_request_error" if status < 500 else "server_error"
+    assert_error(r, status, type_, code)
+    assert router.store.read() == before
+
+
+async def test_the_rules_of_membership_answer_409(client: httpx.AsyncClient) -> None:
+    # in the other pool
+    r = await client.post(
+        "/router/pools/baseline/backends", json={"url": "http://s1:30000"}, headers=ADMIN
+    )
+    assert "is in the speculative pool" in assert_error(
+        r, 409, "invalid_request_error", "backend_in_other_pool"
+    )
+    # discovered through DNS: it leaves when its name stops answering with it
+    r = await client.delete(
+        "/router/pools/baseline/backends", params={"url": "http://10.0.0.9:30000"}, headers=ADMIN
+    )
+    assert "comes from DNS" in assert_error(r, 409, "invalid_request_error", "backend_discovered")
+    # the capacity (4 here), draining backends included
+    for n in (1, 2):
+        r = await client.post(BACKENDS, json={"url": f"http://10.0.1.{n}:1"}, headers=ADMIN)
+        assert r.status_code == 201
+    r = await client.post(BACKENDS, json={"url": "http://10.0.1.3:1"}, headers=ADMIN)
+    assert_error(r, 409, "invalid_request_error", "too_many_backends")
+
+
+@pytest.mark.parametrize("method", ["POST", "DELETE"])
+async def test_changing_a_pool_needs_the_admin_token(method: str) -> None:
+    async with serve(Router(Settings())) as off:
+        r = await off.request(method, BACKENDS, json={"url": "http://10.0.0.7:1"})
+        assert_error(r, 403, "permission_error", "admin_disabled")
+    async with serve(Router(Settings(admin_token=TOKEN))) as on:
+        r = await on.request(method, BACKENDS, json={"url": "http://10.0.0.7:1"})
+        assert_error(r, 401, "authentication_error", "invalid_admin_token")

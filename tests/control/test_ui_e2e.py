@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,9 +90,8 @@ def test_an_open_page_does_not_hold_up_shutdown(start_router: RouterFactory, wor
             assert feeds(router.url) == 1
         # SIGTERM: without the feed ending at once, uvicorn would wait the 30 s of graceful
         # shutdown for it (stop() kills after 10 s: SIGKILL, -9)
-        began = time.monotonic()
         code = router.stop(timeout=10)
-        assert code in (0, -signal.SIGTERM) and time.monotonic() - began < 5
+        assert code in (0, -signal.SIGTERM)
         assert list(lines)[-1:] in ([], [""])  # the feed ended as a complete response
 
 

@@ -129,7 +129,12 @@ def test_dockerfile() -> None:
     assert any("apt-get install" in line and "gcc" in line for line in steps)
     assert any("assert RELAY_BUILT" in line for line in steps)
     assert re.search(rf"^COPY --from={build.group(1)} /wheels /wheels$", text, re.M)
-    assert re.search(r"^RUN pip install /wheels/\*\.whl", text, re.M)
+    # the wheel, with the extras named by --build-arg EXTRAS (none by default; epp for
+    # deploy/k8s/gateway)
+    assert re.search(
+        r'^RUN pip install "\$\(echo /wheels/\*\.whl\)\$\{EXTRAS:\+\[\$EXTRAS\]\}"', text, re.M
+    )
+    assert re.search(r'^ARG EXTRAS=""$', text, re.M)
     user = re.findall(r"^USER (\S+)$", text, re.M)
     assert user and user[-1] not in ("root", "0"), "must run as a non-root user"
     cmd = re.search(r"^CMD (\[.*\])$", text, re.M)

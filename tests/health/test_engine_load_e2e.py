@@ -140,7 +140,10 @@ async def test_engine_load_signal_counts_what_a_lagging_gauge_does_not_show_yet(
             )
         )
         async with app.running():
-            await await_for(lambda: _true(all(app.usable_pools().values())))
+            # (usable once a probe answered; the engine's load once a scrape did too)
+            await await_for(
+                lambda: _true(all(app.usable_pools().values()) and spec.url in app.poller.loads)
+            )
             pools = []
             for _ in range(3):
                 before = app.poller.loads[spec.url].scraped_at

@@ -187,10 +187,9 @@ def test_both_pools_down_answers_503_at_once(
     router = start_router(spec.url, base.url, connect_timeout="2", health_interval="5")
     spec.kill()
     base.kill()
-    # the health poller has not noticed yet: the request finds out by trying both pools
-    began = time.monotonic()
+    # the health poller has not noticed yet: the request finds out by trying both pools, each
+    # refusing the connection at once (no connect timeout, no wait for the poller)
     r = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 3})
-    assert time.monotonic() - began < 2
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
     assert r.json()["error"] == {
         "message": r.json()["error"]["message"],
@@ -198,10 +197,16 @@ def test_both_pools_down_answers_503_at_once(
         "param": None,
         "code": "no_backend_available",
     }
+
+    def errors(kind: str) -> float:
+        return metric_value(metrics(router.url), "spec_router_upstream_errors_total", kind=kind)
+
+    # refused, not timed out (a probe may have found one of them refused first)
+    tried = errors("connect")
+    assert tried >= 1 and errors("connect_timeout") == 0
     # both are ejected now: the next one is refused without any attempt
-    began = time.monotonic()
     again = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 3})
-    assert again.status_code == 503 and time.monotonic() - began < 0.5
+    assert again.status_code == 503 and errors("connect") == tried
     assert router_status(router.url)["in_flight"]["total"] == 0
 
 
@@ -331,7 +336,11 @@ def test_hang_before_headers_hits_first_byte_timeout(
     )
     elapsed = time.monotonic() - began
     assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
-    assert 0.5 <= elapsed < 3
+    assert elapsed >= 0.5  # (not before the timeout; the 504 itself says it came)
+    timeouts = metric_value(
+        metrics(router.url), "spec_router_upstream_errors_total", kind="first_byte_timeout"
+    )
+    assert timeouts == 1
     assert_clean(router.url, sims["speculative"].url, sims["baseline"].url)
 
 
@@ -349,7 +358,7 @@ def test_hang_mid_stream_hits_idle_timeout(
         timeout=10,
     )
     elapsed = time.monotonic() - began
-    assert r.status_code == 200 and 0.5 <= elapsed < 3
+    assert r.status_code == 200 and elapsed >= 0.5  # (not before the idle timeout)
     events = [e for e in r.content.split(b"\n\n") if e.strip()]
     assert b"[DONE]" not in r.content and b"next chunk" in events[-1]
     assert_clean(router.url, sims["speculative"].url, sims["baseline"].url)
@@ -501,7 +510,7 @@ def test_a_non_stream_has_a_total_timeout_of_its_own(
     began = time.monotonic()
     r = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 5000})
     assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
-    assert 0.5 <= time.monotonic() - began < 5
+    assert time.monotonic() - began >= 0.5  # (not before the timeout)
     text = metrics(router.url)
     assert metric_value(text, "spec_router_upstream_errors_total", kind="total_timeout") == 1
     assert metric_value(text, "spec_router_retries_total") == 0

@@ -1,9 +1,9 @@
-"""The batching loop in-process, on the real clock at a small time scale."""
+"""The batching loop in process: its timing on a virtual clock (tests/support/clock.py), the
+rest on the real clock at a small time scale."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -11,6 +11,7 @@ import pytest
 
 from router.sim.engine import Engine, SimRequest
 from router.sim.model import BASELINE, EAGLE3, Preset, prefill_time, step_time
+from tests.support.clock import VirtualTimeLoop, run_virtual
 
 T = TypeVar("T")
 
@@ -49,20 +50,76 @@ def test_tokens_arrive_per_iteration() -> None:
     assert asyncio.run(with_engine(BASELINE, 0.05, plain)) == [1] * 20
 
 
-def test_iterations_keep_to_the_model_clock() -> None:
-    # One baseline request: a join iteration with its prefill, then 199 one-token iterations.
-    scale, prompt, n = 0.05, 100, 200
-    expected = prefill_time(BASELINE, prompt) + sum(
-        step_time(BASELINE, 1, prompt + i) for i in range(n)
-    )
+def model_seconds(preset: Preset, prompt: int, n: int) -> float:
+    """One request alone: a join iteration with its prefill, then ``n - 1`` more."""
+    return prefill_time(preset, prompt) + sum(step_time(preset, 1, prompt + i) for i in range(n))
 
-    async def body(engine: Engine) -> float:
-        start = time.monotonic()
+
+@pytest.mark.parametrize("scale", [0.05, 1.0])
+def test_iterations_keep_to_the_model_clock(scale: float) -> None:
+    prompt, n = 100, 200
+
+    async def main(loop: VirtualTimeLoop) -> float:
+        engine = Engine(BASELINE, time_scale=scale, seed=3, clock=loop.time)
+        task = asyncio.create_task(engine.run())
+        start = loop.time()
         await drain(engine.submit(prompt, n))
-        return time.monotonic() - start
+        task.cancel()
+        return loop.time() - start
 
-    elapsed = asyncio.run(with_engine(BASELINE, scale, body))
-    assert elapsed == pytest.approx(expected * scale, rel=0.03)
+    assert run_virtual(main) == pytest.approx(model_seconds(BASELINE, prompt, n) * scale)
+
+
+def test_late_wake_ups_do_not_add_up() -> None:
+    """Deadlines accumulate (``deadline += duration``): an engine woken 1 ms late at every
+    iteration of 200 still ends about 1 ms late, not 200 ms."""
+    prompt, n, late = 100, 200, 0.001
+
+    async def main(loop: VirtualTimeLoop) -> float:
+        engine = Engine(BASELINE, time_scale=1.0, seed=3, clock=loop.time)
+        task = asyncio.create_task(engine.run())
+        start = loop.time()
+        await drain(engine.submit(prompt, n))
+        task.cancel()
+        return loop.time() - start
+
+    expected = model_seconds(BASELINE, prompt, n)
+    assert min(step_time(BASELINE, 1, prompt + i) for i in range(n)) > 2 * late  # (can catch up)
+    assert expected <= run_virtual(main, late=late) <= expected + 2 * late
+
+
+@pytest.mark.parametrize("when_stale", [True, False])
+def test_an_idle_sglang_reports_at_once_when_stale_else_after_its_idle_refresh(
+    when_stale: bool,
+) -> None:
+    """SGLang's load gauges move on a prefill batch and every ``log_interval`` decode steps;
+    idle, 0.5.23 reports at once when its last report showed requests running
+    (``when_stale``), 0.5.3 only ``idle_refresh`` after its last report."""
+
+    async def main(loop: VirtualTimeLoop) -> None:
+        engine = Engine(
+            BASELINE, seed=3, clock=loop.time, every_step=False, log_interval=40,
+            idle_refresh=30.0, refresh_when_stale=when_stale,
+        )  # fmt: skip
+        task = asyncio.create_task(engine.run())
+        await drain(engine.submit(10, 60))  # reported at its 40th step, then ended
+        ended = loop.time()
+        for _ in range(3):
+            await asyncio.sleep(0)  # (the engine's loop turns to idle)
+        assert engine.published is not None
+        if when_stale:
+            assert engine.published.running == 0 and engine.published_at == ended
+        else:
+            last = engine.published_at
+            assert engine.published.running == 1 and last < ended  # (stale, and kept)
+            await asyncio.sleep(last + 30.0 - loop.time() - 0.001)
+            assert engine.published.running == 1  # (1 ms before its idle report)
+            await asyncio.sleep(0.002)
+            assert engine.published.running == 0
+            assert engine.published_at == pytest.approx(last + 30.0)
+        task.cancel()
+
+    run_virtual(main)
 
 
 def test_queue_and_abort() -> None:

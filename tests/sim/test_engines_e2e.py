@@ -153,6 +153,8 @@ def test_sglang_idle_refresh(version: str) -> None:
     # 60 tokens: the 40th iteration reports running 1, then the request ends and the engine
     # idles. 0.5.23 sees its gauge is stale and reports at once; 0.5.3 waits for its 30-s
     # idle report (1.5 s here, counted from its last report, 20 iterations = 0.2 s earlier).
+    # The timing itself is tested in process, on a virtual clock (tests/sim/test_engine.py);
+    # here, each version's flags over HTTP: 0.5.3's report is not early.
     args = ["--time-scale", "0.05", "--a-ms", "200", "--engine-version", version, "--warmup", "0"]
     with running(sim_args("baseline", *args)) as sim:
         with send_and_hold(sim.url, chat_body(60)):  # 10 ms iterations
@@ -166,8 +168,6 @@ def test_sglang_idle_refresh(version: str) -> None:
             assert not samples(sim.url, "sglang:spec_verify_calls_total")  # not in 0.5.3
             (labels, _), *_ = samples(sim.url, "sglang:num_running_reqs")
             assert "moe_ep_rank" not in labels and "priority" not in labels
-        else:
-            assert took < 1.0, took
 
 
 def test_ranks_and_priorities() -> None:
@@ -391,7 +391,7 @@ def test_idle_keep_alive() -> None:
             assert data.startswith(b"HTTP/1.1 200")
             began = time.monotonic()
             assert sock.recv(65536) == b""  # the server closed the idle connection
-            assert 0.25 <= time.monotonic() - began < 2
+            assert time.monotonic() - began >= 0.25  # (not before its keep-alive)
 
 
 def test_idle_keep_alive_is_5_s_by_default(sglang: Proc, vllm: Proc) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import socket
 import threading
@@ -94,14 +93,16 @@ def test_abandoned_non_streamed_request_is_aborted(baseline: Proc) -> None:
 
 
 def test_same_seed_same_acceptance(eagle3: Proc) -> None:
-    def chunk_sizes(seed: int) -> list[int]:
-        text = httpx.post(eagle3.url + CHAT, json=chat_body(60, stream=True, seed=seed)).text
-        events = [json.loads(e[6:]) for e in text.split("\n\n") if e.startswith("data: {")]
-        contents = [e["choices"][0]["delta"]["content"] for e in events if e["choices"]]
-        return [len(c.split()) for c in contents if c]
+    # Counted by the engine (its verify steps), not read from the stream's chunks: a handler
+    # that falls behind on a busy machine merges two iterations' tokens into one chunk.
+    def steps(seed: int) -> tuple[int, int]:
+        before = httpx.get(eagle3.url + "/sim/config").json()["engine"]
+        httpx.post(eagle3.url + CHAT, json=chat_body(60, stream=True, seed=seed))
+        after = httpx.get(eagle3.url + "/sim/config").json()["engine"]
+        return tuple(after[k] - before[k] for k in ("spec_steps", "spec_tokens"))
 
-    assert chunk_sizes(11) == chunk_sizes(11)
-    assert chunk_sizes(11) != chunk_sizes(12)
+    assert steps(11) == steps(11)
+    assert steps(11) != steps(12)
 
 
 class Starting(Background):
@@ -190,9 +191,9 @@ def test_sigterm_with_a_hanging_request_is_quick() -> None:
             headers={"x-sim-fault": "hang_after=2"},
         ) as resp:
             next(resp.iter_raw())
-            start = time.monotonic()
+            # (stop() waits 5 s for the exit: a sim that waited for the hanging request, as a
+            # graceful shutdown would, is still running then and this fails)
             assert sim.stop(timeout=5) is not None
-            assert time.monotonic() - start < 3
     except httpx.TransportError:
         pass
     finally:

@@ -1,5 +1,5 @@
-"""Engine settings under SGLang's flag names: how ``spec-router sim`` resolves them, what
-``/server_info`` reports, and that the sims run at the speed the model gives them."""
+"""Engine settings under SGLang's flag names, over a socket: what ``/server_info`` reports,
+and that the sims run at the speed the model gives them."""
 
 from __future__ import annotations
 

@@ -14,14 +14,31 @@ EMPTY_JSON = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-leng
 
 
 async def read_request(reader: asyncio.StreamReader) -> bytes:
-    """Read one request (head and ``Content-Length`` body) off ``reader``; returns the head."""
+    """Read one request (head, and a ``Content-Length`` or chunked body) off ``reader``;
+    returns the head. (Envoy sends request bodies chunked when ext_proc streams them.)"""
     head = await reader.readuntil(b"\r\n\r\n")
     length = 0
+    chunked = False
     for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
+        lower = line.lower()
+        if lower.startswith(b"content-length:"):
             length = int(line.split(b":", 1)[1])
-    await reader.readexactly(length)
-    return head
+        elif lower.startswith(b"transfer-encoding:") and b"chunked" in lower:
+            chunked = True
+    if not chunked:
+        await reader.readexactly(length)
+        return head
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
+        if size == 0:
+            await _trailers(reader)
+            return head
+        await reader.readexactly(size + 2)
+
+
+async def _trailers(reader: asyncio.StreamReader) -> None:
+    while (await reader.readuntil(b"\r\n")) != b"\r\n":
+        pass
 
 
 class ThreadedUpstream:

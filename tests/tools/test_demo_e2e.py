@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -54,7 +53,6 @@ def test_the_demo_names_its_live_page_and_holds(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "router", "demo", "--levels", "2", "--duration", "0.4"]
     cmd += ["--output-tokens", "32"]
     cmd += ["--hold", "1.5", "--hold-step", "0.5", "--plot", str(tmp_path / "demo.png")]
-    began = time.monotonic()
     lines: list[str] = []
     page = None
     up_while_holding = False
@@ -77,4 +75,3 @@ def test_the_demo_names_its_live_page_and_holds(tmp_path: Path) -> None:
     assert page is not None, "".join(lines)
     assert up_while_holding, "".join(lines)
     assert (tmp_path / "demo.png").exists()
-    assert time.monotonic() - began < 120

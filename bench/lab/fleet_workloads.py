@@ -1,0 +1,127 @@
+"""The fleet lab's workloads: a trace's lengths under a rate envelope, Poisson arrivals.
+
+Lengths are (prompt, output) pairs drawn at random from an Azure LLM 2023 trace (conversation
+or code), so their joint distribution is the trace's. Arrivals are an inhomogeneous Poisson
+process (thinning) under an envelope given as shares of a fleet's SLO capacity:
+
+- ``diurnal``: ``lo + (hi - lo) * (1 - cos(2 pi t / day)) / 2``: a compressed day that starts
+  at its trough, peaks half way and comes back (default 8 h, 10% to 110%);
+- ``surge``: the envelope times ``factor`` for ``length`` seconds from ``at``;
+- ``flat``: a constant share.
+
+Capacity is what the issue asks for: the all-baseline fleet's SLO capacity from the engines'
+performance model (``router.sim.model``): per engine, the most requests per second whose
+steady state keeps the mean time per output token within the relaxed target (Little's law:
+``b`` running at the rate that keeps them there, the decode stretched by that rate's prefills),
+the router's own notion of what an engine "serves within the SLO" (``twin.slo_capacity``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from fleet_engine import Req
+
+from router.sim.model import Preset, prefill_time, step_time
+from router.tools.traffic import load_trace
+
+TRACES = Path("/work/shared/traces")
+HOUR = 3600.0
+
+
+@lru_cache(maxsize=4)
+def trace_lengths(kind: str) -> tuple[tuple[int, int], ...]:
+    """Every (prompt, output) pair of the Azure 2023 ``kind`` trace (conv or code)."""
+    return tuple((a.prompt_tokens, a.output_tokens)
+                 for a in load_trace(TRACES / f"azure-llm-2023-{kind}.csv"))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """Shares of capacity over time (see the module's docstring)."""
+
+    kind: str = "diurnal"  # diurnal | flat
+    hours: float = 8.0
+    lo: float = 0.10
+    hi: float = 1.10
+    surge_at: float | None = None  # seconds
+    surge_length: float = 600.0
+    surge_factor: float = 3.0
+
+    @property
+    def duration(self) -> float:
+        return self.hours * HOUR
+
+    def share(self, t: float) -> float:
+        if self.kind == "flat":
+            s = self.hi
+        elif self.kind == "diurnal":
+            s = self.lo + (self.hi - self.lo) * (1 - math.cos(2 * math.pi * t / self.duration)) / 2
+        else:
+            raise ValueError(f"unknown envelope {self.kind!r}")
+        if self.surge_at is not None and self.surge_at <= t < self.surge_at + self.surge_length:
+            s *= self.surge_factor
+        return s
+
+    def peak(self) -> float:
+        return max(self.lo, self.hi) * (self.surge_factor if self.surge_at is not None else 1.0)
+
+    def label(self) -> str:
+        if self.kind == "flat":
+            text = f"flat {100 * self.hi:.0f}% for {self.hours:g} h"
+        else:
+            text = f"diurnal {100 * self.lo:.0f}-{100 * self.hi:.0f}% over {self.hours:g} h"
+        if self.surge_at is not None:
+            text += (f", x{self.surge_factor:g} surge for {self.surge_length / 60:.0f} min at "
+                     f"{self.surge_at / HOUR:.2f} h")  # fmt: skip
+        return text
+
+
+def arrivals(env: Envelope, capacity: float, kind: str, hot: float, seed: int) -> list[Req]:
+    """Poisson arrivals at ``env.share(t) * capacity`` requests per second, lengths drawn from
+    the ``kind`` trace, each at temperature 1 with probability ``hot``."""
+    rng = random.Random(f"fleet:{seed}:times")
+    draw = random.Random(f"fleet:{seed}:lengths")
+    temp = random.Random(f"fleet:{seed}:temperature")
+    lengths = trace_lengths(kind)
+    peak = env.peak() * capacity
+    rate: Callable[[float], float] = lambda t: env.share(t) * capacity  # noqa: E731
+    out: list[Req] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(peak)
+        if t >= env.duration:
+            return out
+        if rng.random() * peak < rate(t):
+            prompt, output = lengths[draw.randrange(len(lengths))]
+            out.append(Req(t, prompt, output, temp.random() < hot, len(out)))
+
+
+def mean_lengths(kind: str) -> tuple[float, float]:
+    pairs = trace_lengths(kind)
+    return (sum(p for p, _ in pairs) / len(pairs), sum(o for _, o in pairs) / len(pairs))
+
+
+def engine_slo_capacity(p: Preset, kind: str, hot: float, tpot: float = 0.05) -> float:
+    """Requests per second one engine serves with its mean time per output token within
+    ``tpot`` (the relaxed target), in its steady state (see the module's docstring)."""
+    prompt, output = mean_lengths(kind)
+    tau = 1.0 / (hot / p.tau_sampling + (1 - hot) / p.tau)
+    stall = prefill_time(p, prompt)
+    context = prompt + output / 2
+    best = 0.0
+    for b in range(1, p.max_running + 1):
+        per_token = step_time(p, b, b * context) / tau
+        rate = b / (stall + output * per_token)
+        for _ in range(8):  # the stalls stretch the life, which lowers the rate: a fixed point
+            stretched = per_token / (1 - min(0.95, rate * stall))
+            rate = b / (stall + output * stretched)
+        if per_token / (1 - min(0.95, rate * stall)) > tpot:
+            break
+        best = max(best, rate)
+    return best

@@ -1,0 +1,146 @@
+"""The arrival rate ahead: Holt's linear trend (damped) with an upper band from its residuals.
+
+Each planning call feeds one observation, the rate over the interval just past (arrivals /
+seconds). The state is a plain value (level, trend, residual variance), so every router replica
+that sees the same counts computes the same forecast.
+
+The band is about the *rate*, not about the next count: a count over ``t`` seconds of a Poisson
+stream at rate ``r`` has variance ``r / t`` of pure noise, which says nothing of where the rate
+is going. So the band's variance is the residuals' variance less that noise (never below
+``cv_floor`` of the level, squared), grown with the steps ahead as a smoothed level's errors
+grow (``1 + (h - 1) * alpha**2``). Holt's own formula adds the trend's uncertainty, which
+compounds: three hours out it made the band ten times the level, a band no plan can use; the
+trend's damping bounds how far it drifts instead. A surge makes the residuals, and the band,
+jump at once; a steady load keeps them near the floor.
+
+The level and trend learn from each error clipped to ``clip`` typical errors (a robust Holt;
+the typical error is itself learnt slowly from clipped errors): a ten-minute surge widens the
+band at once (the variance sees the whole error) but moves the level only step by step, so it
+does not set the trend for the hour after. A lasting shift is followed within tens of minutes.
+
+Why Holt: one level and one trend follow a diurnal ramp with no season to fit, and the damped
+trend keeps a ramp's end from being extrapolated far. But a ramp does not say where it ends,
+and the planner must choose the split for the day's peak while the floor still lets it switch,
+hours before: so once a whole season (``season``, a day) has been seen, the shape comes from
+it: today's level times yesterday's ratio between then and now (smoothed), which scales to a
+busier or quieter day and knows where the peak is. ``bench/results/fleet-lab.md``
+scores it on the lab's envelopes and the Azure traces.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+
+class ForecastParams(NamedTuple):
+    alpha: float = 0.3  # level smoothing
+    beta: float = 0.1  # trend smoothing
+    damping: float = 0.99  # trend damping per step
+    gamma: float = 0.2  # residual variance smoothing
+    z: float = 2.0  # band width in standard deviations
+    cv_floor: float = 0.03  # the band's standard deviation is at least this share of the level
+    clip: float = 3.0  # level and trend learn from errors clipped to this many deviations
+    scale_gamma: float = 0.05  # how fast the clipping scale learns (about 20 observations)
+    # Observations per season (a day of one-minute intervals); 0: none. With a whole season
+    # seen, the point forecast is today's level times the ratio of yesterday's smoothed rate
+    # then to yesterday's now.
+    season: int = 1440
+    season_smooth: int = 5  # yesterday's rates are averaged over this many steps either side
+
+
+DEFAULT = ForecastParams()
+
+
+class Holt(NamedTuple):
+    level: float  # requests per second
+    trend: float  # change per step
+    var: float  # smoothed squared one-step residual
+    noise: float  # smoothed Poisson variance of one observation (rate / seconds)
+    seen: int  # observations so far
+    scale: float = 0.0  # smoothed absolute residual, itself clipped (what errors are clipped to)
+    history: tuple[float, ...] = ()  # the last season + 1 observations, oldest first
+
+
+class Forecast(NamedTuple):
+    step: float  # seconds between points
+    point: tuple[float, ...]  # expected rate 1, 2, ... steps ahead
+    upper: tuple[float, ...]  # the band's top
+
+    def peak(self, seconds: float, upper: bool = True) -> float:
+        """The highest rate expected within ``seconds`` from now (at least the first step)."""
+        series = self.upper if upper else self.point
+        n = max(1, min(len(series), math.ceil(seconds / self.step)))
+        return max(series[:n])
+
+    def at(self, seconds: float, upper: bool = False) -> float:
+        series = self.upper if upper else self.point
+        i = min(len(series) - 1, max(0, math.ceil(seconds / self.step) - 1))
+        return series[i]
+
+
+def observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams = DEFAULT) -> Holt:
+    """The state after one more observation: ``rate`` over the last ``seconds``."""
+    if rate < 0 or seconds <= 0:
+        raise ValueError("need rate >= 0 and seconds > 0")
+    noise = rate / seconds
+    keep = p.season + 1 if p.season else 0
+    if state is None:
+        return Holt(rate, 0.0, noise, noise, 1, math.sqrt(noise), (rate,)[:keep])
+    expected = state.level + p.damping * state.trend
+    err = rate - expected
+    # the level and trend learn from the error clipped to ``clip`` standard deviations (a
+    # surge of minutes does not set the trend for the next hour); the variance from all of it
+    # (the scale learns slowly and from clipped errors too, so a surge cannot widen it at once)
+    limit = p.clip * max(1.25 * state.scale, math.sqrt(state.noise), 1e-6)
+    step = max(-limit, min(limit, err))
+    level = expected + p.alpha * step
+    trend = p.beta * (level - state.level) + (1.0 - p.beta) * p.damping * state.trend
+    if state.seen == 1:
+        trend = level - state.level
+    var = (1.0 - p.gamma) * state.var + p.gamma * err * err
+    noise = (1.0 - p.gamma) * state.noise + p.gamma * noise
+    scale = (1.0 - p.scale_gamma) * state.scale + p.scale_gamma * abs(step)
+    history = (state.history + (rate,))[-keep:] if keep else ()
+    return Holt(level, trend, var, noise, state.seen + 1, scale, history)
+
+
+def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) -> Forecast:
+    """``steps`` points ``step`` seconds apart."""
+    point, upper = [], []
+    drift = 0.0
+    grow = 1.0
+    damp = 1.0
+    # the one-step residuals hold the count's noise and the smoothed level's (alpha / (2 -
+    # alpha) of it): what is left is the rate's own movement
+    noise = state.noise * (1.0 + p.alpha / (2.0 - p.alpha))
+    process = max(state.var - noise, (p.cv_floor * state.level) ** 2)
+    shape = _season(state, p)
+    for i in range(1, steps + 1):
+        damp *= p.damping
+        drift += damp * state.trend
+        if shape:
+            mean = state.level * shape[min(i, len(shape) - 1)] / max(shape[0], 1e-9)
+        else:
+            mean = max(0.0, state.level + drift)
+        sd = math.sqrt(process * grow)
+        grow += p.alpha**2
+        point.append(mean)
+        upper.append(max(mean, mean + p.z * sd))
+    return Forecast(step, tuple(point), tuple(upper))
+
+
+def _season(state: Holt, p: ForecastParams) -> list[float]:
+    """Yesterday's rates from this time on, smoothed (empty until a whole season is seen).
+    ``history[i]`` was observed ``season - i`` steps ago, so ``shape[h]`` is yesterday at
+    ``h`` steps from now."""
+    h = state.history
+    if not p.season or len(h) < p.season + 1:
+        return []
+    w = p.season_smooth
+    n = len(h)
+    out = []
+    for i in range(n):
+        lo, hi = max(0, i - w), min(n, i + w + 1)
+        out.append(sum(h[lo:hi]) / (hi - lo))
+    return out

@@ -1,0 +1,541 @@
+"""Expected goodput of a split: the share of requests meeting the strict and relaxed SLO when
+``k`` engines run speculative and ``m`` baseline, at a total arrival rate and mix.
+
+The router in front (as ``spillover`` runs it): a speculative engine takes a request while the
+least loaded one has fewer than ``spill_threshold`` in flight (the crossover from the curves at
+the mix's acceptance, or sooner where speculation stops meeting the strict TPOT), the least
+loaded engine of a pool gets it, and the rest spills to the baseline pool (in bursts: when all
+the speculative engines are full; see ``overflow_peakedness``). With one pool empty the other
+takes everything.
+
+A pool of ``k`` alike engines is a birth-death process on the requests in flight ``n``
+(Poisson arrivals; join-the-least-loaded keeps its engines within one request of each other).
+An engine with ``b`` running serves them like a processor shared in iterations, with each
+request's prefill as work no one else progresses during: it finishes
+``1 / (spi(b) * work / b + prefill)`` requests per second (``work``: iterations per request,
+its join included); past the running cap the rest queue.
+
+A request arriving at ``n`` (Poisson arrivals see the process's own distribution) joins an
+engine with ``c = n // k`` in flight:
+
+- TTFT: its wait in the queue past the cap, the rest of the iteration under way (a decode
+  iteration, or a prefill stall, length-biased), its join iteration: ``spi``, its own prefill
+  and the prefills of those that join with it.
+- TPOT: its ``(L - 1) / tau`` decode iterations at the batch it decodes in, plus the prefills
+  of the requests that join its engine meanwhile, over its ``L - 1`` tokens. The batch starts
+  where it joined and relaxes towards the mean at the pool's own rate (the slope of its
+  departure rate), so a short request decodes at about the batch it found and a long one at
+  about the mean, give or take the batch's own spread over its life.
+
+Pure arithmetic over plain values (wall seconds); pool results are cached on a geometric grid
+of rates and interpolated, so a planner can ask for many rates cheaply.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import NamedTuple
+
+from router.plan.values import Curve, Mix, Slo
+
+SQRT2 = math.sqrt(2.0)
+SQRT3 = math.sqrt(3.0)
+
+
+class ModelParams(NamedTuple):
+    """The goodput model's own constants (provenance: ``bench/results/fleet-lab.md``'s model
+    error table, the model against the lab's engines)."""
+
+    # The rate grid's ratio: results are computed at rates r0 * step**i and interpolated.
+    # 1.04: 4% steps keep the interpolation error under a tenth of a point where goodput falls
+    # fastest (a pool at its knee), at ~60 grid points per decade.
+    grid_step: float = 1.04
+    # A request that would wait in the queue longer than this many relaxed TTFTs fails anyway:
+    # the queue is cut there (what arrives then counts as failing).
+    queue_ttfts: float = 2.0
+    # The prefills' share of time is capped here (the engine is then past what it can serve).
+    max_stall: float = 0.95
+
+
+DEFAULT = ModelParams()
+
+
+class Goodput(NamedTuple):
+    """Shares of the offered requests meeting each tier."""
+
+    strict: float
+    relaxed: float
+
+    def value(self, strict_weight: float) -> float:
+        """``strict_weight * strict + (1 - strict_weight) * relaxed``."""
+        return strict_weight * self.strict + (1.0 - strict_weight) * self.relaxed
+
+
+class PoolResult(NamedTuple):
+    strict: float  # share of the offered requests admitted here and meeting the strict SLO
+    relaxed: float
+    blocked: float  # share not admitted (spilled over, or lost to a hopeless queue)
+    batch: float  # mean requests in flight per engine
+
+
+def phi(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / SQRT2))
+
+
+# --- what one request's work looks like on a curve -----------------------------------------
+
+
+class Law(NamedTuple):
+    prefills: tuple[float, ...]  # seconds, one per prompt bin
+    stall_mean: float
+    stall_var: float
+    decodes: tuple[tuple[float, float, float], ...]  # (tokens after the first, iterations, weight)
+    work: float  # mean iterations per request, its join included
+    departures: tuple[float, ...]  # requests finished per second by one engine with b in flight
+
+
+@lru_cache(maxsize=256)
+def law(curve: Curve, mix: Mix) -> Law:
+    prefills = tuple(curve.prefill(p) for p in mix.prompts)
+    m = sum(prefills) / len(prefills)
+    var = sum((s - m) ** 2 for s in prefills) / len(prefills)
+    decodes = []
+    for out in mix.outputs:
+        tokens = max(0.0, out - 1.0)
+        for sampling, share in ((False, 1.0 - mix.sampling), (True, mix.sampling)):
+            if share > 0:
+                decodes.append((tokens, tokens / curve.tau(sampling), share / len(mix.outputs)))
+    work = 1.0 + sum(iters * w for _, iters, w in decodes)
+    departures = (0.0,) + tuple(
+        1.0 / (curve.iteration(b) * work / b + m) for b in range(1, curve.limit + 1)
+    )
+    return Law(prefills, m, var, tuple(decodes), work, departures)
+
+
+def mix_tau(curve: Curve, mix: Mix) -> float:
+    """Tokens per iteration over the mix (harmonic: per token, iterations add up)."""
+    h = mix.sampling
+    return 1.0 / (h / curve.tau(True) + (1.0 - h) / curve.tau(False))
+
+
+def slow_batch(curve: Curve, mix: Mix, target: float, mp: ModelParams = DEFAULT) -> int:
+    """The first batch at which one engine's steady state misses ``target`` seconds per
+    output token on average (the rate that keeps that many running, by Little's law, with the
+    decode stretched by that rate's prefills); one past the cap if none does."""
+    lw = law(curve, mix)
+    tau = mix_tau(curve, mix)
+    for b in range(1, curve.limit + 1):
+        stalls = min(mp.max_stall, lw.departures[b] * lw.stall_mean)
+        if curve.iteration(b) / tau / (1.0 - stalls) > target:
+            return b
+    return curve.limit + 1
+
+
+@lru_cache(maxsize=256)
+def spill_threshold(spec: Curve, base: Curve, mix: Mix, slo: Slo) -> int:
+    """In flight on the least loaded speculative engine below which it takes a request (when
+    a baseline engine is up to take the rest): the first batch at which speculation stops
+    paying, because the baseline is as fast per token at the mix's acceptance (the crossover)
+    or because a speculative engine there misses the strict TPOT target on average."""
+    ts, tb = mix_tau(spec, mix), mix_tau(base, mix)
+    slow = slow_batch(spec, mix, slo.tpot)
+    for b in range(1, slow):
+        if spec.iteration(b) / ts >= base.iteration(b) / tb:
+            return b
+    return max(1, min(slow, spec.limit))
+
+
+# --- one request's chances at a state --------------------------------------------------------
+
+
+def _poisson_terms(mean: float, top: int) -> list[float]:
+    """P(X = i) for i in 0..top, X ~ Poisson(mean)."""
+    term = math.exp(-mean)
+    out = [term]
+    for i in range(1, top + 1):
+        term *= mean / i
+        out.append(term)
+    return out
+
+
+def _poisson_below(mean: float, k: int) -> float:
+    """P(X < k), X ~ Poisson(mean)."""
+    return sum(_poisson_terms(mean, k - 1))
+
+
+def stall_cdf(h: float, count: float, mean: float, var: float, engines: int = 1) -> float:
+    """P(S <= h): S the prefills of the requests that join a request's engine while it
+    decodes, ``count`` of them on average, each of this mean and variance.
+
+    Their number: with one engine, Poisson. Behind a join-the-least-loaded router over
+    ``engines``, the request's engine has just taken an arrival (the request) and takes about
+    every ``engines``-th one after (an Erlang renewal): none with the chance that the pool has
+    had fewer than ``engines`` arrivals, and a variance ``count / engines``. Given at least one,
+    the sum is taken as normal."""
+    if h < 0:
+        return 0.0
+    if count < 1e-9 or mean <= 0:
+        return 1.0
+    k = engines
+    none = _poisson_below(k * count, k) if k * count < 700 else 0.0
+    some = 1.0 - none
+    if some < 1e-12:
+        return 1.0
+    n1 = count / some
+    second = (count / k + count * count) / some
+    var_n = max(0.0, second - n1 * n1)
+    sd = math.sqrt(n1 * var + var_n * mean * mean)
+    if sd <= 0:
+        return none + (some if h >= n1 * mean else 0.0)
+    return none + some * phi((h - n1 * mean) / sd)
+
+
+def joined_within(window: float, rate: float, engines: int) -> float:
+    """Expected arrivals an engine of ``engines`` takes within ``window`` after taking one
+    (see ``stall_cdf``): the sum over j of P(the pool has >= j * engines arrivals)."""
+    pool = rate * engines * window
+    if pool <= 0:
+        return 0.0
+    top = int(pool + 6.0 * math.sqrt(pool) + engines + 2)
+    terms = _poisson_terms(pool, top)
+    tail = 1.0 - sum(terms[:engines])
+    total = 0.0
+    j = 1
+    while tail > 1e-9 and j * engines <= top:
+        total += tail
+        tail -= sum(terms[j * engines : (j + 1) * engines])
+        j += 1
+    return total
+
+
+def _uniform_cdf(x: float, width: float) -> float:
+    if x <= 0:
+        return 0.0
+    if width <= 0 or x >= width:
+        return 1.0
+    return x / width
+
+
+class _Pool(NamedTuple):
+    """What the chances at each state share: the pool's rate and spread."""
+
+    curve: Curve
+    lw: Law
+    slo: Slo
+    engines: int
+    limit: int  # the most running on one engine: its cap, or the spill threshold if lower
+    rate: float  # admitted per engine
+    stall_share: float  # of time, per engine
+    discount: float  # the least loaded engine's chance of being mid-stall, against one engine's
+    mean: float  # running per engine (the tagged request's company: itself excluded)
+    var: float
+    relax: float  # seconds for the batch to relax towards its mean
+
+
+def _tpot_ok(pool: _Pool, others: int) -> tuple[float, float]:
+    curve, lw, slo = pool.curve, pool.lw, pool.slo
+    cap = pool.limit
+    start = float(min(others, cap - 1) + 1)
+    # Its company: the others in flight (the mean, as Poisson arrivals see it), fewer as the
+    # engine fills towards its limit, where all but this one's slot are someone else's; and the
+    # requests joining while it decodes arrive as fast as that company turns over.
+    company = 1.0 - pool.mean / (cap * cap)
+    centre = min(float(cap), 1.0 + pool.mean * company)
+    spi_centre = curve.iteration(centre)
+    stretch = 1.0 / (1.0 - pool.stall_share)
+    strict = relaxed = 0.0
+    t_strict, t_relaxed = slo.tpot, slo.tpot * slo.relaxed_tpot
+    for tokens, iters, weight in lw.decodes:
+        if tokens <= 0:
+            strict += weight
+            relaxed += weight
+            continue
+        life = iters * spi_centre * stretch
+        x = life / pool.relax
+        if x < 1e-6:
+            w, v = 1.0, 1.0
+        else:
+            e = math.exp(-x)
+            w = (1.0 - e) / x
+            v = (2.0 / x) * (1.0 - (1.0 - e) / x)
+        mid = centre + (start - centre) * w
+        sd = math.sqrt(pool.var * max(0.0, v - w * w))
+        points: tuple[tuple[float, float], ...] = ((mid, 1.0),)
+        if sd >= 1e-3:  # three-point Gauss-Hermite over the batch's spread
+            points = ((mid, 2 / 3), (mid - SQRT3 * sd, 1 / 6), (mid + SQRT3 * sd, 1 / 6))
+        for b, q in points:
+            b = min(float(cap), max(1.0, b))
+            t0 = iters * curve.iteration(b)
+            count = pool.rate * t0 * stretch * company
+            strict += weight * q * stall_cdf(t_strict * tokens - t0, count, lw.stall_mean,
+                                             lw.stall_var, pool.engines)  # fmt: skip
+            relaxed += weight * q * stall_cdf(t_relaxed * tokens - t0, count, lw.stall_mean,
+                                              lw.stall_var, pool.engines)  # fmt: skip
+    return strict, relaxed
+
+
+def _ttft_ok(pool: _Pool, others: int, wait: float) -> tuple[float, float]:
+    curve, lw, slo = pool.curve, pool.lw, pool.slo
+    cap = curve.limit
+    running = min(others, cap)
+    spi_join = curve.iteration(min(others + 1, cap))
+    if running == 0 and wait == 0:
+        widths: tuple[tuple[float, float], ...] = ((1.0, 0.0),)
+        residual = 0.0
+    else:
+        spi_now = curve.iteration(running)
+        stalled = min(0.95, lw.departures[running] * lw.stall_mean * pool.discount)
+        stall = (lw.stall_var + lw.stall_mean**2) / (2.0 * lw.stall_mean) + spi_now / 2.0
+        widths = ((1.0 - stalled, spi_now), (stalled, 2.0 * stall))
+        residual = (1.0 - stalled) * spi_now / 2.0 + stalled * stall
+    joiners = joined_within(residual, pool.rate, pool.engines) * lw.stall_mean
+    strict = relaxed = 0.0
+    t_strict, t_relaxed = slo.ttft, slo.ttft * slo.relaxed_ttft
+    for s in lw.prefills:
+        fixed = wait + spi_join + s + joiners
+        for p, width in widths:
+            strict += p * _uniform_cdf(t_strict - fixed, width)
+            relaxed += p * _uniform_cdf(t_relaxed - fixed, width)
+    n = len(lw.prefills)
+    return strict / n, relaxed / n
+
+
+def _stalled(lw: Law, rate: float, engines: int) -> float:
+    """The chance that the least loaded of ``engines`` is mid-prefill when a request comes:
+    that it took an arrival within the last prefill's duration, which under join-the-least-
+    loaded means the pool has had ``engines`` arrivals in that time."""
+    pool = rate * engines
+    total = 0.0
+    for s in lw.prefills:
+        total += 1.0 - _poisson_below(pool * s, engines)
+    return total / len(lw.prefills)
+
+
+# --- a pool ---------------------------------------------------------------------------------
+
+
+def pool_result(
+    curve: Curve,
+    mix: Mix,
+    slo: Slo,
+    engines: int,
+    rate: float,
+    limit: int | None = None,
+    mp: ModelParams = DEFAULT,
+    peakedness: float = 1.0,
+) -> PoolResult:
+    """``engines`` alike engines offered ``rate`` requests per second (see the module's
+    docstring); ``limit``: in flight on the least loaded one past which arrivals spill over;
+    ``peakedness``: of the arrivals (1: Poisson; more: overflow, see ``overflow_peakedness``)."""
+    if engines < 1:
+        raise ValueError("a pool needs at least one engine")
+    rate = max(rate, 1e-6)
+    lw = law(curve, mix)
+    cap = curve.limit
+    k = engines
+    mu = lw.departures
+    if limit is not None:
+        top = k * min(limit, cap)
+    else:
+        queue = math.ceil(mp.queue_ttfts * slo.ttft * slo.relaxed_ttft * mu[cap])
+        top = k * (cap + max(1, queue))
+    pi = _birth_death(rate, mu, k, top, peakedness)
+    blocked = pi[top] if len(pi) > top else 0.0
+    per_engine = rate * (1.0 - blocked) / k
+    mean = sum(p * min(n / k, cap) for n, p in enumerate(pi))
+    var = sum(p * (min(n / k, cap) - mean) ** 2 for n, p in enumerate(pi))
+    b = min(cap - 1, max(1, round(mean)))
+    slope = max(mu[b + 1] - mu[b], 1e-6) if cap > 1 else mu[1]
+    one = _stalled(lw, per_engine, 1)
+    pool = _Pool(
+        curve,
+        lw,
+        slo,
+        k,
+        min(cap, limit) if limit is not None else cap,
+        per_engine,
+        min(mp.max_stall, per_engine * lw.stall_mean),
+        _stalled(lw, per_engine, k) / one if one > 0 else 1.0,
+        mean,
+        var,
+        1.0 / slope,
+    )
+    strict = relaxed = 0.0
+    cache: dict[int, tuple[float, float]] = {}
+    for n, p in enumerate(pi):
+        if n >= top or p < 1e-7:
+            continue
+        c = n // k
+        got = cache.get(c)
+        if got is None:
+            t_strict, t_relaxed = _tpot_ok(pool, c)
+            wait = (c - cap + 1) / mu[cap] if c >= cap else 0.0
+            f_strict, f_relaxed = _ttft_ok(pool, c, wait)
+            got = (t_strict * f_strict, t_relaxed * f_relaxed)
+            cache[c] = got
+        strict += p * got[0]
+        relaxed += p * got[1]
+    return PoolResult(strict, relaxed, blocked, mean)
+
+
+def _birth_death(rate: float, mu: tuple[float, ...], k: int, top: int,
+                 peakedness: float = 1.0) -> list[float]:  # fmt: skip
+    """The stationary distribution of the in-flight count on [0, top] (cut where negligible).
+
+    Arrivals of peakedness ``z`` (Hayward's approximation: the pool behaves as ``k / z``
+    engines offered ``rate / z``, its count scaled by ``z``) leave each step's log-ratio
+    divided by ``z``: the same mean load, a wider spread."""
+    cap = len(mu) - 1
+    log_rate = math.log(rate)
+    logs = [0.0]
+    best = 0.0
+    for n in range(1, top + 1):
+        q, r = divmod(n, k)
+        a, b = min(q, cap), min(q + 1, cap)
+        departures = (k - r) * mu[a] + r * mu[b]
+        x = logs[-1] + (log_rate - math.log(departures)) / peakedness
+        logs.append(x)
+        best = max(best, x)
+        if x < best - 30.0 and x < logs[-2]:
+            break  # past the mode and negligible: the rest is smaller still
+    weights = [math.exp(x - best) for x in logs]
+    total = sum(weights)
+    return [x / total for x in weights]
+
+
+# --- a split, on a grid of rates ------------------------------------------------------------
+
+GRID_LOW = 1e-3  # requests per second at grid index 0
+
+
+def grid_index(rate: float, step: float) -> float:
+    """Where ``rate`` falls on the grid (a real number: between two points)."""
+    return math.log(max(rate, GRID_LOW) / GRID_LOW) / math.log(step)
+
+
+def grid_rate(index: int, step: float) -> float:
+    return GRID_LOW * step**index
+
+
+@lru_cache(maxsize=65536)
+def _pool_at(
+    curve: Curve, mix: Mix, slo: Slo, engines: int, index: int, limit: int | None,
+    mp: ModelParams, peakedness: float = 1.0,
+) -> PoolResult:  # fmt: skip
+    return pool_result(curve, mix, slo, engines, GRID_LOW * mp.grid_step**index, limit, mp,
+                       peakedness)  # fmt: skip
+
+
+def pool_on_grid(
+    curve: Curve,
+    mix: Mix,
+    slo: Slo,
+    engines: int,
+    rate: float,
+    limit: int | None,
+    mp: ModelParams,
+    peakedness: float = 1.0,
+) -> PoolResult:
+    """``pool_result`` interpolated between the grid's rates around ``rate``."""
+    x = grid_index(rate, mp.grid_step)
+    i = int(math.floor(x))
+    f = x - i
+    lo = _pool_at(curve, mix, slo, engines, i, limit, mp, peakedness)
+    if f < 1e-9:
+        return lo
+    hi = _pool_at(curve, mix, slo, engines, i + 1, limit, mp, peakedness)
+    return PoolResult(*(a + f * (b - a) for a, b in zip(lo, hi, strict=True)))
+
+
+def split_goodput(
+    spec: Curve,
+    base: Curve,
+    mix: Mix,
+    slo: Slo,
+    k: int,
+    m: int,
+    rate: float,
+    mp: ModelParams = DEFAULT,
+) -> Goodput:
+    """Expected shares meeting each tier with ``k`` speculative and ``m`` baseline engines up
+    at ``rate`` requests per second (nothing up: none); interpolated between the rate grid's
+    points around ``rate``."""
+    if k < 0 or m < 0:
+        raise ValueError("engine counts must be >= 0")
+    if k + m == 0:
+        return Goodput(0.0, 0.0)
+    x = grid_index(rate, mp.grid_step)
+    i = int(math.floor(x))
+    f = x - i
+    lo = _split_at(spec, base, mix, slo, k, m, i, mp)
+    if f < 1e-9:
+        return lo
+    hi = _split_at(spec, base, mix, slo, k, m, i + 1, mp)
+    return Goodput(lo[0] + f * (hi[0] - lo[0]), lo[1] + f * (hi[1] - lo[1]))
+
+
+@lru_cache(maxsize=65536)
+def _split_at(spec: Curve, base: Curve, mix: Mix, slo: Slo, k: int, m: int, index: int,
+              mp: ModelParams) -> Goodput:  # fmt: skip
+    rate = GRID_LOW * mp.grid_step**index
+    if m == 0:
+        s = _pool_at(spec, mix, slo, k, index, None, mp)
+        return Goodput(s.strict, s.relaxed)
+    if k == 0:
+        b = _pool_at(base, mix, slo, m, index, None, mp)
+        return Goodput(b.strict, b.relaxed)
+    theta = spill_threshold(spec, base, mix, slo)
+    s = _pool_at(spec, mix, slo, k, index, theta, mp)
+    over = rate * s.blocked
+    if over <= GRID_LOW:
+        return Goodput(s.strict, s.relaxed)
+    z = overflow_peakedness(law(spec, mix).departures[theta] / theta, k * theta, rate, s.blocked)
+    b = pool_result(base, mix, slo, m, over, None, mp, z)  # (this split point is cached)
+    return Goodput(s.strict + s.blocked * b.strict, s.relaxed + s.blocked * b.relaxed)
+
+
+def overflow_peakedness(slot_rate: float, slots: int, rate: float, blocked: float) -> float:
+    """The peakedness of what overflows a pool of ``slots`` (each freed at ``slot_rate`` when
+    busy) offered Poisson ``rate``, of which ``blocked`` overflows (Riordan's formula for an
+    Erlang loss system: ``Z = 1 - M + A / (N + 1 + M - A)``): overflow comes in bursts, when
+    the speculative engines are all full, and a baseline engine fed it queues more than the
+    same mean rate of Poisson arrivals would make it (held within 1..8)."""
+    offered = rate / max(slot_rate, 1e-9)
+    overflow = offered * blocked
+    room = slots + 1 + overflow - offered
+    if room <= 0:
+        return 8.0
+    return min(8.0, max(1.0, 1.0 - overflow + offered / room))
+
+
+@lru_cache(maxsize=4096)
+def slo_capacity(
+    spec: Curve,
+    base: Curve,
+    mix: Mix,
+    slo: Slo,
+    k: int,
+    m: int,
+    share: float,
+    mp: ModelParams = DEFAULT,
+) -> float:
+    """The highest rate (requests per second, to the grid's step) at which the split's expected
+    relaxed goodput is still at least ``share`` (goodput falls with the rate); 0 if never."""
+    if k + m == 0:
+        return 0.0
+
+    def ok(i: int) -> bool:
+        rate = GRID_LOW * mp.grid_step**i
+        return split_goodput(spec, base, mix, slo, k, m, rate, mp).relaxed >= share
+
+    if not ok(0):
+        return 0.0
+    lo, hi = 0, int(grid_index(1e4, mp.grid_step))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return GRID_LOW * mp.grid_step**lo

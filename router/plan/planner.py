@@ -1,0 +1,502 @@
+"""How many engines should run speculative, and the next switch towards that: ``plan``.
+
+One call per planning interval, with what every router replica can see alike (the arrivals
+counted over the interval, the mix of lengths and temperatures, the fleet's engines and their
+states) and the plan's own state from the last call; it returns the plan and the next state.
+Nothing here acts: the plan is advice, and actuation is another layer's.
+
+The rule (issue 37's, with the lessons of others' failures):
+
+- **Best splits over the horizon.** Expected goodput of each split (``router.plan.goodput``)
+  at the forecast rate, minute by minute, over the horizon. A small dynamic program over that
+  forecast finds the best schedule of switches from the fleet as it is: one switch at a time,
+  each engine out of service for its mode's restart, none whose remaining engines fall below
+  the floor. Where that schedule ends is the desired split.
+- **A switch must pay.** The next switch is advised when starting it now beats the best
+  schedule that does not start it now (waiting included) by a margin: its gain over the
+  horizon exceeds what is lost while the engine is down. So a flat load never switches, a
+  falling one does not flap (dynamo #9294), and a path of several switches starts early enough
+  to end before the load it is for.
+- **The floor.** While an engine restarts, those that stay up must serve the upper band's peak
+  over the restart within the SLO (their SLO capacity: ``floor_share`` relaxed goodput). Even
+  when the split up is short of it already (a surge, or a load past what it serves): there the
+  goodput model is least right (it has no transient queues), and a restart only deepens the
+  shortfall. So a split that will need several switches must start them while the floor still
+  lets it, which the schedule sees: it charges every request the upper band puts past a split's
+  capacity, all over the horizon.
+- **One switch in flight at a time**, and engines loading count as capacity on its way in the
+  mode they load into (inference-sim #1109: loading instances counted as absent, so the scaler
+  kept adding more). While any engine is draining or loading, nothing more is advised.
+- **Towards baseline faster**: a smaller margin; towards speculation the upper band must
+  agree, and a reversal towards speculation waits longer than one towards baseline.
+- **The GPU budget** (dynamo #12428: two pools over one budget left pods Pending): a switch
+  moves an engine between modes on its own GPU; an engine that is down is started only while
+  up + draining + loading stays within the budget.
+- **Estimates from what is steady** (dynamo #12430: new workers' slow first passes wrecked the
+  capacity estimate): the curves come from calibration or learning, not from one engine's first
+  minutes; the rate from arrivals, which engines starting up do not change; nothing is advised
+  before ``warmup`` intervals are seen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+from router.plan.forecast import Forecast, Holt, forecast, observe
+from router.plan.goodput import grid_index, grid_rate, slo_capacity, split_goodput
+from router.plan.params import Params
+from router.plan.values import Curve, Mix, Slo
+from router.pools import BASELINE, SPECULATIVE, Pool
+
+Status = Literal["up", "loading", "draining", "down"]
+Split = tuple[int, int]  # (speculative, baseline) engines up
+MODES: tuple[Pool, Pool] = (BASELINE, SPECULATIVE)
+
+
+class EngineState(NamedTuple):
+    """One engine of the fleet as discovery and the poller see it."""
+
+    name: str
+    mode: Pool  # the mode it serves (up), is switching into (draining, loading), or last had
+    status: Status = "up"
+    eta: float = 0.0  # draining or loading: seconds until it serves in ``mode`` (an estimate)
+    inflight: int = 0  # requests in flight on it (the least loaded drains first)
+
+
+class Setting(NamedTuple):
+    """What the planner knows of the deployment."""
+
+    speculative: Curve
+    baseline: Curve
+    restart_speculative: float = 550.0  # seconds out of service to come up speculative
+    restart_baseline: float = 510.0
+    slo: Slo = Slo()
+    budget: int | None = None  # most engines holding a GPU at once (up, draining or loading)
+
+    def restart(self, mode: Pool) -> float:
+        return self.restart_speculative if mode == SPECULATIVE else self.restart_baseline
+
+
+class Observation(NamedTuple):
+    """What the router saw since the last call."""
+
+    now: float  # seconds (any origin, increasing)
+    arrivals: int  # requests that arrived in the last ``seconds``
+    seconds: float
+    mix: Mix  # the recent lengths and temperature share
+
+
+class Action(NamedTuple):
+    engine: str
+    mode: Pool  # the mode to switch it into (or, if it is down, to start it in)
+
+
+class Option(NamedTuple):
+    """One switch that could start now, with its numbers."""
+
+    action: Action
+    during: Split  # up while it restarts
+    gain: float  # the best schedule starting with it against staying put, points (point)
+    gain_upper: float  # the same under the upper band
+    cost: float  # what its restart loses against staying (points of the horizon's requests)
+    need: float  # the upper band's peak over its restart, requests per second
+    have: float  # what the engines staying up serve within the SLO (floor_share)
+    short: bool  # the split up now serves less than ``need`` already
+    blocked: str  # why it may not go ahead now ("" if it may)
+
+
+class Decision(NamedTuple):
+    at: float
+    desired: int
+    action: Action | None
+    reason: str
+
+
+class PlanState(NamedTuple):
+    """What the planner carries from one call to the next (a plain value)."""
+
+    holt: Holt | None = None
+    mix: Mix | None = None  # the mix the model uses (see Params.mix_tolerance)
+    switched: float = -math.inf  # when a switch was last in flight (or advised)
+    direction: Pool | None = None  # the mode the last switch went into
+    history: tuple[Decision, ...] = ()
+
+
+class Plan(NamedTuple):
+    desired: int  # engines that should run speculative, of ``engines``
+    current: int  # speculative engines up or loading into speculative
+    engines: int  # engines up, draining or loading
+    action: Action | None  # the next switch, or none
+    reason: str
+    forecast: Forecast
+    values: tuple[float, ...]  # expected objective per minute of each split k = 0..engines
+    options: tuple[Option, ...]
+    schedule: tuple[tuple[float, Pool], ...]  # the best schedule's switches: (seconds, mode)
+    state: PlanState
+
+
+FRESH = PlanState()
+DEFAULT = Params()
+
+
+class _Fleet(NamedTuple):
+    up: Split
+    coming: Split  # up or on their way into each mode
+    switching: tuple[EngineState, ...]  # draining or loading
+    down: tuple[EngineState, ...]
+    holding: int  # engines holding a GPU
+
+
+def _census(fleet: Sequence[EngineState]) -> _Fleet:
+    up_s = sum(e.status == "up" and e.mode == SPECULATIVE for e in fleet)
+    up_b = sum(e.status == "up" and e.mode == BASELINE for e in fleet)
+    moving = tuple(e for e in fleet if e.status in ("draining", "loading"))
+    co_s = up_s + sum(e.mode == SPECULATIVE for e in moving)
+    co_b = up_b + sum(e.mode == BASELINE for e in moving)
+    down = tuple(e for e in fleet if e.status == "down")
+    return _Fleet((up_s, up_b), (co_s, co_b), moving, down, up_s + up_b + len(moving))
+
+
+def plan(
+    obs: Observation,
+    setting: Setting,
+    fleet: Sequence[EngineState],
+    state: PlanState = FRESH,
+    params: Params = DEFAULT,
+) -> Plan:
+    """The plan after ``obs`` (see the module's docstring)."""
+    names = [e.name for e in fleet]
+    if len(set(names)) != len(names):
+        raise ValueError("engine names must be unique")
+    if obs.seconds <= 0 or obs.arrivals < 0:
+        raise ValueError("need seconds > 0 and arrivals >= 0")
+    holt = observe(state.holt, obs.arrivals / obs.seconds, obs.seconds, params.forecast)
+    mix = state.mix
+    if mix is None or not obs.mix.close_to(mix, params.mix_tolerance):
+        mix = obs.mix
+    census = _census(fleet)
+    steps = math.ceil(params.horizon / params.interval)
+    fc = forecast(holt, steps, params.interval, params.forecast)
+    model = _Model(setting, mix, params, fc)
+    switched = obs.now if census.switching else state.switched
+
+    k_now, m_now = census.coming
+    n = k_now + m_now
+    values = tuple(model.steady((k, n - k)) for k in range(n + 1))
+    dp = _Schedule(model, census.coming, fc.point)
+    path = dp.follow(census.coming)
+    desired = path[-1][2][0] if path else k_now
+    schedule = tuple((t * params.interval, mode) for t, mode, _ in path)
+
+    options: list[Option] = []
+    action: Action | None = None
+    if holt.seen < params.warmup:
+        reason = f"warming up: {holt.seen} of {params.warmup} intervals observed"
+    elif census.switching:
+        e = census.switching[0]
+        reason = (f"switch in flight: {e.name} {e.status} into {e.mode}, up in ~{e.eta:.0f} s; "
+                  "one at a time")  # fmt: skip
+    else:
+        upper = _Schedule(model, census.up, fc.upper)
+        options = _options(obs, setting, fleet, census, model, dp, upper, state, params)
+        allowed = [o for o in options if not o.blocked]
+        if allowed:
+            best = max(allowed, key=lambda o: o.gain)
+            action = best.action
+            reason = _explain(best, fc, desired)
+            switched = obs.now
+        else:
+            reason = _idle_reason(options, desired, k_now, schedule)
+    direction = action.mode if action is not None else state.direction
+    decision = Decision(obs.now, desired, action, reason)
+    history = (state.history + (decision,))[-params.history :]
+    new_state = PlanState(holt, mix, switched, direction, history)
+    return Plan(desired, k_now, n, action, reason, fc, values, tuple(options), schedule,
+                new_state)  # fmt: skip
+
+
+def steady_split(setting: Setting, mix: Mix, rate: float, engines: int,
+                 params: Params = DEFAULT) -> int:  # fmt: skip
+    """The speculative engines of ``engines`` that the objective prefers at a steady ``rate``
+    (where to start a fleet the planner has not seen yet)."""
+    fc = Forecast(params.interval, (rate,), (rate,))
+    model = _Model(setting, mix, params, fc)
+    return max(range(engines + 1), key=lambda k: model.rate_value((k, engines - k), rate))
+
+
+class _Model:
+    """The goodput model over one call's forecast: value per step, SLO capacities."""
+
+    def __init__(self, setting: Setting, mix: Mix, params: Params, fc: Forecast) -> None:
+        self.s = setting
+        self.mix = mix
+        self.p = params
+        self.fc = fc
+        self._caps: dict[Split, float] = {}
+        self._memo: dict[tuple[Split, int], float] = {}
+
+    def rate_value(self, split: Split, rate: float) -> float:
+        """Expected requests per second meeting the objective (the model's grid points
+        remembered for the call: most calls ask for the same few)."""
+        if rate <= 0 or split[0] + split[1] == 0:
+            return 0.0
+        x = grid_index(rate, self.p.model.grid_step)
+        i = int(x)
+        lo, hi = self._at(split, i), self._at(split, i + 1)
+        return (lo + (x - i) * (hi - lo)) * rate
+
+    def _at(self, split: Split, index: int) -> float:
+        key = (split, index)
+        got = self._memo.get(key)
+        if got is None:
+            rate = grid_rate(index, self.p.model.grid_step)
+            g = split_goodput(self.s.speculative, self.s.baseline, self.mix, self.s.slo,
+                              split[0], split[1], rate, self.p.model)  # fmt: skip
+            got = self._memo[key] = g.value(self.p.strict_weight)
+        return got
+
+    def steady(self, split: Split) -> float:
+        """Expected objective per second of ``split`` over the horizon (point forecast, every
+        fifth step)."""
+        points = self.fc.point[::5]
+        return sum(self.rate_value(split, r) for r in points) / len(points)
+
+    def capacity(self, split: Split) -> float:
+        if split not in self._caps:
+            self._caps[split] = slo_capacity(self.s.speculative, self.s.baseline, self.mix,
+                                             self.s.slo, split[0], split[1],
+                                             self.p.floor_share, self.p.model)  # fmt: skip
+        return self._caps[split]
+
+    def restart_steps(self, mode: Pool) -> int:
+        return max(1, math.ceil(self.s.restart(mode) / self.p.interval))
+
+
+class _Schedule:
+    """The best schedule of switches over a rate series (a dynamic program, one step per
+    planning interval): from each split at each step, stay a step, or start a switch that
+    keeps the engines up during its restart at or above the floor (the upper band's peak over
+    it) and lands in the neighbouring split when done. A step is worth the requests expected
+    to meet the objective there, less the share of the upper band's load past the split's SLO
+    capacity (so the schedule keeps capacity ahead of the band, and starts the switches that
+    need a while early enough). Past the horizon each split keeps its last step's value for
+    ``Params.tail`` seconds."""
+
+    def __init__(self, model: _Model, start: Split, series: Sequence[float]) -> None:
+        self.model = model
+        n = start[0] + start[1]
+        self.n = n
+        p = model.p
+        horizon = len(series)
+        tail = math.ceil(p.tail / p.interval)
+        rates = list(series) + [series[-1]] * tail
+        self.steps = len(rates)
+        self.horizon = horizon
+        dt = p.interval
+        splits = [(k, n - k) for k in range(n + 1)] + [(k, n - 1 - k) for k in range(n)]
+        upper = list(model.fc.upper) + [model.fc.upper[-1]] * tail
+        # each step's value: the requests expected to meet the objective, less those the upper
+        # band puts beyond what the split serves within the SLO (its capacity)
+        self.v: dict[Split, list[float]] = {}
+        for s in splits:
+            cap = model.capacity(s)
+            self.v[s] = [
+                (model.rate_value(s, r) - r * max(0.0, u - cap) / max(u, 1e-9)) * dt
+                for r, u in zip(rates, upper, strict=True)
+            ]
+        self.prefix = {s: _prefix(v) for s, v in self.v.items()}
+        self.volume = max(sum(rates) * dt, 1e-9)  # requests expected over the horizon
+        self.restart = {m: model.restart_steps(m) for m in MODES}
+        # ok[mode][k][t]: a switch of one engine into ``mode`` from k speculative may start at t
+        self.ok: dict[Pool, list[list[bool]]] = {}
+        for mode in MODES:
+            r = self.restart[mode]
+            rows = []
+            for k in range(n + 1):
+                during = (k - 1, n - k) if mode == BASELINE else (k, n - k - 1)
+                if min(during) < 0:
+                    rows.append([False] * horizon)
+                    continue
+                cap = model.capacity(during)
+                rows.append([cap >= max(upper[t : t + r]) for t in range(horizon)])
+            self.ok[mode] = rows
+        # value[t][k]: best objective from step t in split k (stable) to the end
+        self.value = [[0.0] * (n + 1) for _ in range(self.steps + 1)]
+        self.choice: list[list[Pool | None]] = [[None] * (n + 1) for _ in range(self.steps + 1)]
+        for t in range(self.steps - 1, -1, -1):
+            for k in range(n + 1):
+                best = self.v[(k, n - k)][t] + self.value[t + 1][k]
+                pick: Pool | None = None
+                if t < horizon:
+                    for mode in MODES:
+                        got = self.switch_value(t, k, mode)
+                        if got is not None and got > best:
+                            best, pick = got, mode
+                self.value[t][k] = best
+                self.choice[t][k] = pick
+
+    def switch_value(self, t: int, k: int, mode: Pool, check: bool = True) -> float | None:
+        """Objective from step t if a switch into ``mode`` starts then from split k (None if
+        it cannot: no engine to move, or the floor)."""
+        n = self.n
+        if (mode == BASELINE and k == 0) or (mode == SPECULATIVE and k == n):
+            return None
+        if check and not self.ok[mode][k][t]:
+            return None
+        r = self.restart[mode]
+        during = (k - 1, n - k) if mode == BASELINE else (k, n - k - 1)
+        after = k - 1 if mode == BASELINE else k + 1
+        end = min(self.steps, t + r)
+        pre = self.prefix[during]
+        return pre[end] - pre[t] + self.value[end][after]
+
+    def follow(self, start: Split) -> list[tuple[int, Pool, Split]]:
+        """The best schedule's switches from ``start``: (step, mode, split after)."""
+        k, t = start[0], 0
+        out = []
+        while t < self.horizon:
+            mode = self.choice[t][k]
+            if mode is None:
+                t += 1
+                continue
+            k = k - 1 if mode == BASELINE else k + 1
+            t += self.restart[mode]
+            out.append((t - self.restart[mode], mode, (k, self.n - k)))
+        return out
+
+
+def _prefix(xs: Sequence[float]) -> list[float]:
+    out = [0.0]
+    for x in xs:
+        out.append(out[-1] + x)
+    return out
+
+
+def _options(
+    obs: Observation,
+    setting: Setting,
+    fleet: Sequence[EngineState],
+    census: _Fleet,
+    model: _Model,
+    dp: _Schedule,
+    upper: _Schedule,
+    state: PlanState,
+    params: Params,
+) -> list[Option]:
+    """Each switch that could start now, scored: the best schedule that starts with it against
+    staying put over the horizon. It may go ahead only if the best schedule starts with it now
+    (so its timing is the schedule's: a path of switches that pays later starts when it must)
+    and its gain clears the margin."""
+    up_s, up_b = census.up
+    since = obs.now - state.switched
+    out = []
+    for mode in MODES:
+        source: Pool = SPECULATIVE if mode == BASELINE else BASELINE
+        if (up_s if source == SPECULATIVE else up_b) == 0:
+            continue
+        gains = []
+        for sched in (dp, upper):
+            now = sched.switch_value(0, up_s, mode, check=False)
+            assert now is not None
+            stay = sum(sched.v[(up_s, up_b)])
+            gains.append((now - stay) / sched.volume)
+        during = (up_s - 1, up_b) if mode == BASELINE else (up_s, up_b - 1)
+        r = dp.restart[mode]
+        cost = (sum(dp.v[(up_s, up_b)][:r]) - sum(dp.v[during][:r])) / dp.volume
+        need = model.fc.peak(setting.restart(mode), upper=True)
+        have = model.capacity(during)
+        short = model.capacity((up_s, up_b)) < need
+        blocked = _blocked(mode, gains[0], gains[1], need, have, short, since, state, params)
+        if not blocked and dp.choice[0][up_s] != mode:
+            when = [t for t, m, _ in dp.follow((up_s, up_b)) if m == mode]
+            blocked = (f"not yet: the best schedule starts it in {when[0]} min" if when
+                       else "the best schedule does not start it")  # fmt: skip
+        out.append(Option(Action(_pick(fleet, source), mode), during, gains[0], gains[1], cost,
+                          need, have, short, blocked))  # fmt: skip
+    out.extend(_starts(census, setting, model, params))
+    return out
+
+
+def _starts(census: _Fleet, setting: Setting, model: _Model, params: Params) -> list[Option]:
+    """Starting an engine that is down (one stands for all), within the GPU budget: it adds
+    an engine after its restart and takes none away."""
+    if not census.down:
+        return []
+    up_s, up_b = census.up
+    fc = model.fc
+    dt = params.interval
+    volume = max(sum(fc.point) * dt, 1e-9)
+    out = []
+    starts: tuple[tuple[Pool, Split], ...] = (
+        (SPECULATIVE, (up_s + 1, up_b)),
+        (BASELINE, (up_s, up_b + 1)),
+    )
+    for mode, after in starts:
+        r = model.restart_steps(mode)
+        gain = sum(model.rate_value(after, x) - model.rate_value((up_s, up_b), x)
+                   for x in fc.point[r:]) * dt / volume  # fmt: skip
+        blocked = ""
+        if setting.budget is not None and census.holding + 1 > setting.budget:
+            blocked = f"GPU budget: {census.holding} of {setting.budget} held"
+        elif gain <= params.margin_baseline:
+            blocked = f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_baseline:.2f}"
+        out.append(Option(Action(census.down[0].name, mode), (up_s, up_b), gain, gain, 0.0,
+                          0.0, math.inf, False, blocked))  # fmt: skip
+    return out
+
+
+def _pick(fleet: Sequence[EngineState], mode: Pool) -> str:
+    """The up engine of ``mode`` with the fewest requests in flight (it drains first)."""
+    return min((e for e in fleet if e.status == "up" and e.mode == mode),
+               key=lambda e: (e.inflight, e.name)).name  # fmt: skip
+
+
+def _blocked(
+    mode: Pool,
+    gain: float,
+    gain_upper: float,
+    need: float,
+    have: float,
+    short: bool,
+    since: float,
+    state: PlanState,
+    params: Params,
+) -> str:
+    """Why this switch may not go ahead now ("" if it may): the rule's checks in order."""
+    if mode == BASELINE:
+        if gain <= params.margin_baseline:
+            return f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_baseline:.2f}"
+        wait = params.dwell_to_baseline
+    else:
+        if gain <= params.margin_speculative:
+            return f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_speculative:.2f}"
+        if gain_upper <= 0:
+            return f"gain {100 * gain_upper:+.2f} pt at the upper band"
+        wait = params.dwell_to_speculative
+    if state.direction not in (None, mode) and since < wait:
+        return f"reversal: {since:.0f} of {wait:.0f} s since the last switch"
+    if have < need:
+        return f"floor: those up would serve {have:.2f}/s < upper forecast {need:.2f}/s"
+    return ""
+
+
+def _explain(o: Option, fc: Forecast, desired: int) -> str:
+    return (
+        f"switch {o.action.engine} to {o.action.mode} (towards {desired} speculative): "
+        f"{100 * o.gain:+.2f} pt expected over the horizon against staying put "
+        f"({100 * o.gain_upper:+.2f} at the upper band), its restart costing "
+        f"{100 * o.cost:.2f} pt; {o.during[0]}+{o.during[1]} up "
+        f"meanwhile serve {o.have:.2f}/s >= upper forecast {o.need:.2f}/s; rate now "
+        f"{fc.point[0]:.2f}/s"
+    )
+
+
+def _idle_reason(options: Sequence[Option], desired: int, current: int,
+                 schedule: Sequence[tuple[float, Pool]]) -> str:  # fmt: skip
+    if desired == current:
+        return f"hold: {current} speculative stays the best over the horizon"
+    why = "; ".join(f"to {o.action.mode}: {o.blocked}" for o in options if o.blocked)
+    nxt = f"next switch planned in {schedule[0][0] / 60:.0f} min; " if schedule else ""
+    return f"hold: heading for {desired} speculative; {nxt}{why}"

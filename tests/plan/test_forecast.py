@@ -1,0 +1,85 @@
+"""The forecast: a steady load stays put, a ramp is followed, a surge widens the band at once
+but does not set the trend, and a day seen gives the next day's shape."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from router.plan import ForecastParams, Holt, forecast, observe
+
+P = ForecastParams(season=0)
+
+
+def feed(rates: list[float], p: ForecastParams = P, seconds: float = 60.0) -> Holt:
+    state = None
+    for r in rates:
+        state = observe(state, r, seconds, p)
+    assert state is not None
+    return state
+
+
+def poisson_minutes(rate: float, n: int, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        count, t = 0, rng.expovariate(rate)
+        while t < 60.0:
+            count += 1
+            t += rng.expovariate(rate)
+        out.append(count / 60.0)
+    return out
+
+
+def test_a_steady_load_forecasts_itself_with_a_narrow_band() -> None:
+    fc = forecast(feed(poisson_minutes(2.0, 120)), 30, 60.0, P)
+    assert all(abs(x - 2.0) < 0.25 for x in fc.point)
+    # the count noise (2 req/s over a minute is +-9%) is not the rate's movement
+    assert fc.upper[0] < 2.0 * 1.25
+    assert all(u >= p for u, p in zip(fc.upper, fc.point, strict=True))
+
+
+def test_a_ramp_is_followed_and_extrapolated() -> None:
+    ramp = [0.5 + 0.02 * i for i in range(60)]
+    fc = forecast(feed(ramp), 30, 60.0, P)
+    assert fc.point[0] == pytest.approx(ramp[-1] + 0.02, abs=0.05)
+    assert fc.point[29] > fc.point[0] + 0.3
+
+
+def test_a_surge_widens_the_band_at_once_and_moves_the_level_step_by_step() -> None:
+    calm = feed([1.0] * 60)
+    one = observe(calm, 3.0, 60.0, P)
+    # the level learns from the error clipped to a few typical errors
+    assert one.level < 1.2
+    assert forecast(one, 10, 60.0, P).upper[0] > forecast(calm, 10, 60.0, P).upper[0] * 1.5
+    after = feed([1.0] * 60 + [3.0] * 10 + [1.0] * 30)
+    assert abs(forecast(after, 60, 60.0, P).point[59] - 1.0) < 0.3
+
+
+def test_a_day_seen_gives_the_shape_of_the_next() -> None:
+    day = 240
+    shape = [1.5 + math.sin(2 * math.pi * i / day) for i in range(day)]
+    p = ForecastParams(season=day)
+    # yesterday, then today half as busy again, a quarter of the way in
+    state = feed(shape + [1.5 * x for x in shape[: day // 4]], p)
+    fc = forecast(state, 120, 60.0, p)
+    now = day // 4 - 1
+    for h in (30, 60, 119):
+        expect = 1.5 * shape[(now + h) % day]
+        assert fc.point[h - 1] == pytest.approx(expect, rel=0.08)
+
+
+def test_observations_are_checked() -> None:
+    with pytest.raises(ValueError):
+        observe(None, -1.0, 60.0, P)
+    with pytest.raises(ValueError):
+        observe(None, 1.0, 0.0, P)
+
+
+def test_peak_and_at_read_the_right_steps() -> None:
+    fc = forecast(feed([0.5 + 0.05 * i for i in range(30)]), 20, 60.0, P)
+    assert fc.peak(600.0, upper=False) == max(fc.point[:10])
+    assert fc.peak(1.0) == fc.upper[0]
+    assert fc.at(600.0) == fc.point[9]

@@ -1,0 +1,110 @@
+"""The goodput model of a split: shares in range, load hurts, engines help, the spill rule."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.plan import Goodput, Slo, slo_capacity, spill_threshold, split_goodput
+from router.plan.goodput import joined_within, pool_result, slow_batch, stall_cdf
+from tests.plan.fixtures import BASE, CHAIN, EAGLE3, MIX
+
+PROPERTY = settings(max_examples=40, deadline=None, derandomize=True, database=None)
+SLO = Slo()
+RATES = st.floats(min_value=0.02, max_value=6.0)
+
+
+@PROPERTY
+@given(k=st.integers(0, 4), m=st.integers(0, 4), rate=RATES)
+def test_shares_are_shares_and_strict_never_beats_relaxed(k: int, m: int, rate: float) -> None:
+    g = split_goodput(EAGLE3, BASE, MIX, SLO, k, m, rate)
+    assert 0.0 <= g.strict <= g.relaxed + 1e-9 <= 1.0 + 1e-9
+    if k + m == 0:
+        assert g == Goodput(0.0, 0.0)
+
+
+@PROPERTY
+@given(engines=st.integers(1, 4), low=RATES, more=st.floats(1.05, 4.0))
+def test_a_pool_does_not_get_better_with_more_load(engines: int, low: float, more: float) -> None:
+    for curve in (EAGLE3, BASE):
+        a = split_goodput(curve, BASE, MIX, SLO, engines, 0, low)
+        b = split_goodput(curve, BASE, MIX, SLO, engines, 0, low * more)
+        assert b.relaxed <= a.relaxed + 0.01
+        assert b.strict <= a.strict + 0.01
+
+
+@PROPERTY
+@given(engines=st.integers(1, 3), rate=RATES)
+def test_one_more_engine_does_not_hurt(engines: int, rate: float) -> None:
+    for curve in (EAGLE3, BASE):
+        a = split_goodput(curve, BASE, MIX, SLO, engines, 0, rate)
+        b = split_goodput(curve, BASE, MIX, SLO, engines + 1, 0, rate)
+        assert b.relaxed >= a.relaxed - 0.01
+
+
+def test_a_quiet_engine_meets_the_slo_and_an_overloaded_one_does_not() -> None:
+    quiet = pool_result(BASE, MIX, SLO, 1, 0.05)
+    assert quiet.relaxed > 0.95 and quiet.blocked < 1e-6
+    busy = pool_result(BASE, MIX, SLO, 1, 5.0)
+    assert busy.relaxed < 0.05 and busy.blocked > 0.5
+
+
+def test_speculation_wins_when_quiet_and_loses_when_busy_in_the_seed_regime() -> None:
+    quiet = [split_goodput(EAGLE3, BASE, MIX, SLO, k, 4 - k, 0.6) for k in (0, 4)]
+    assert quiet[1].strict > quiet[0].strict
+    busy = [split_goodput(EAGLE3, BASE, MIX, SLO, k, 4 - k, 3.0) for k in (0, 4)]
+    assert busy[0].relaxed > busy[1].relaxed + 0.2
+
+
+def test_a_chain_draft_beats_baseline_at_every_load() -> None:
+    for rate in (0.3, 1.0, 2.0, 3.0):
+        spec = split_goodput(CHAIN, BASE, MIX, SLO, 4, 0, rate)
+        base = split_goodput(CHAIN, BASE, MIX, SLO, 0, 4, rate)
+        assert spec.relaxed >= base.relaxed - 0.005
+
+
+def test_the_spill_threshold_stops_where_speculation_stops_paying() -> None:
+    seed = spill_threshold(EAGLE3, BASE, MIX, SLO)
+    chain = spill_threshold(CHAIN, BASE, MIX, SLO)
+    assert 1 <= seed <= 7  # the seed's crossover is ~4.6 at this mix's acceptance
+    # no crossover for a chain draft: what bounds it is where it misses the strict TPOT
+    assert chain == min(slow_batch(CHAIN, MIX, SLO.tpot), CHAIN.limit)
+    assert seed < chain
+
+
+def test_slo_capacity_grows_with_engines_and_shrinks_with_the_share() -> None:
+    caps = [slo_capacity(EAGLE3, BASE, MIX, SLO, 0, m, 0.5) for m in (1, 2, 4)]
+    assert caps[0] < caps[1] < caps[2]
+    assert slo_capacity(EAGLE3, BASE, MIX, SLO, 0, 2, 0.9) < caps[1]
+    assert slo_capacity(EAGLE3, BASE, MIX, SLO, 0, 0, 0.5) == 0.0
+    # the capacity is where the model says so
+    rate = caps[1]
+    assert split_goodput(EAGLE3, BASE, MIX, SLO, 0, 2, rate).relaxed >= 0.5
+    assert split_goodput(EAGLE3, BASE, MIX, SLO, 0, 2, rate * 1.1).relaxed < 0.5
+
+
+@PROPERTY
+@given(count=st.floats(0.0, 40.0), engines=st.integers(1, 8), h=st.floats(0.0, 30.0),
+       more=st.floats(0.0, 10.0))  # fmt: skip
+def test_stall_chances_are_probabilities_that_grow_with_headroom(
+    count: float, engines: int, h: float, more: float
+) -> None:
+    a = stall_cdf(h, count, 0.5, 0.2, engines)
+    b = stall_cdf(h + more, count, 0.5, 0.2, engines)
+    assert 0.0 <= a <= b + 1e-12 <= 1.0 + 1e-12
+    assert stall_cdf(-0.1, count, 0.5, 0.2, engines) == 0.0
+
+
+def test_a_balanced_pool_sends_fewer_joiners_soon_after_a_request() -> None:
+    # the engine that just took one is the last the next arrivals go to
+    assert joined_within(0.5, 1.0, 4) < joined_within(0.5, 1.0, 1)
+    assert joined_within(0.5, 1.0, 1) == pytest.approx(0.5, rel=1e-3)
+    assert joined_within(0.0, 1.0, 2) == 0.0
+
+
+def test_counts_must_be_whole_and_nonnegative() -> None:
+    with pytest.raises(ValueError):
+        split_goodput(EAGLE3, BASE, MIX, SLO, -1, 2, 1.0)
+    with pytest.raises(ValueError):
+        pool_result(BASE, MIX, SLO, 0, 1.0)

@@ -1,0 +1,217 @@
+"""The planner's rule on plain values: one switch at a time, dwell, floor, GPU budget, loading
+engines counted, no switch on a flat load, and the seed regime's sense (more load, no more
+speculation)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.plan import (
+    EngineState,
+    Observation,
+    Params,
+    Plan,
+    PlanState,
+    Setting,
+    plan,
+    slo_capacity,
+    steady_split,
+)
+from router.plan.planner import Status
+from router.pools import BASELINE, SPECULATIVE, Pool
+from tests.plan.fixtures import CHAINED, MIX, SEED, fleet
+
+PROPERTY = settings(max_examples=25, deadline=None, derandomize=True, database=None)
+# a shorter horizon keeps each call cheap; the rule is the same
+PARAMS = Params(horizon=3600.0, forecast=Params().forecast._replace(season=0))
+
+
+def warm(rate: float, minutes: int = 10, p: Params = PARAMS, rise: float = 0.0) -> PlanState:
+    """A state that has seen ``minutes`` of a steady ``rate`` (rising by ``rise`` a minute to
+    it), and no switch before."""
+    state = PlanState()
+    for i in range(minutes):
+        r = rate - rise * (minutes - 1 - i)
+        obs = Observation(60.0 * i, round(r * 60), 60.0, MIX)
+        state = plan(obs, SEED, fleet(4, 0), state, p).state._replace(switched=-math.inf,
+                                                                        direction=None)  # fmt: skip
+    return state
+
+
+def call(rate: float, engines: tuple[EngineState, ...], state: PlanState, now: float = 600.0,
+         setting: Setting = SEED, p: Params = PARAMS) -> Plan:  # fmt: skip
+    return plan(Observation(now, round(rate * 60), 60.0, MIX), setting, engines, state, p)
+
+
+def test_nothing_is_advised_while_warming_up() -> None:
+    p = call(3.0, fleet(4, 0), PlanState())
+    assert p.action is None and "warming up" in p.reason
+
+
+def test_a_rising_load_on_all_speculative_is_told_to_move_towards_baseline() -> None:
+    state = warm(1.4, rise=0.02)
+    p = call(1.42, fleet(4, 0), state)
+    assert p.desired < 4
+    assert p.action is not None and p.action.mode == BASELINE
+    assert p.action.engine in {"e0", "e1", "e2", "e3"}
+    assert "expected" in p.reason and "upper forecast" in p.reason
+
+
+def test_a_quiet_all_baseline_fleet_is_told_to_move_towards_speculation() -> None:
+    state = warm(1.0)
+    p = call(1.0, fleet(0, 4), state)
+    assert p.desired > 0
+    assert p.action is not None and p.action.mode == SPECULATIVE
+
+
+def test_the_least_loaded_engine_is_the_one_switched() -> None:
+    engines = tuple(e._replace(inflight=n) for e, n in zip(fleet(4, 0), (5, 2, 7, 3), strict=True))
+    p = call(1.42, engines, warm(1.4, rise=0.02))
+    assert p.action is not None and p.action.engine == "e1"
+
+
+def test_loading_engines_count_as_capacity_on_its_way_and_hold_the_next_switch() -> None:
+    engines = fleet(2, 1, e9=(BASELINE, "loading"))
+    p = call(1.6, engines, warm(1.6))
+    assert p.action is None and "in flight" in p.reason
+    assert (p.current, p.engines) == (2, 4)  # the loading one counts, as baseline
+    draining = fleet(3, 0, e9=(BASELINE, "draining"))
+    assert call(1.6, draining, warm(1.6)).action is None
+
+
+def test_a_down_engine_is_started_only_within_the_gpu_budget() -> None:
+    engines = fleet(1, 1, e8=(BASELINE, "down"), e9=(BASELINE, "down"))
+    state = warm(1.2)
+    within = call(1.2, engines, state, setting=SEED._replace(budget=3))
+    starts = [o for o in within.options if o.action.engine == "e8"]
+    assert starts and any(not o.blocked for o in starts)
+    full = call(1.2, engines, state, setting=SEED._replace(budget=2))
+    assert all("GPU budget" in o.blocked for o in full.options if o.action.engine == "e8")
+    assert full.action is None or full.action.engine not in {"e8", "e9"}
+
+
+def test_the_same_inputs_give_the_same_plan() -> None:
+    state = warm(1.6)
+    a, b = call(1.6, fleet(4, 0), state), call(1.6, fleet(4, 0), state)
+    assert a == b
+
+
+def test_bad_input_is_refused() -> None:
+    with pytest.raises(ValueError):
+        plan(Observation(0.0, 1, 60.0, MIX), SEED, fleet(1, 0) + fleet(1, 0), PlanState(), PARAMS)
+    with pytest.raises(ValueError):
+        plan(Observation(0.0, 1, 0.0, MIX), SEED, fleet(1, 1), PlanState(), PARAMS)
+
+
+# --- properties over random fleets, states and loads ----------------------------------------
+
+STATUS: st.SearchStrategy[Status] = st.sampled_from(
+    ["up", "up", "up", "loading", "draining", "down"]
+)
+MODE: st.SearchStrategy[Pool] = st.sampled_from([SPECULATIVE, BASELINE])
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> tuple[EngineState, ...]:
+    n = draw(st.integers(1, 5))
+    return tuple(EngineState(f"e{i}", draw(MODE), draw(STATUS), draw(st.floats(0, 600)),
+                             draw(st.integers(0, 30))) for i in range(n))  # fmt: skip
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> tuple[PlanState, float]:
+    """A state that has seen a load (steady, rising, or with a surge), and the rate now."""
+    base = draw(st.floats(0.1, 3.5))
+    shape = draw(st.sampled_from(["flat", "rise", "surge"]))
+    rates = [base * (1 + (0.02 * i if shape == "rise" else 0.0)) for i in range(8)]
+    if shape == "surge":
+        rates[-2:] = [3 * base, 3 * base]
+    state = PlanState()
+    for i, r in enumerate(rates):
+        state = plan(Observation(60.0 * i, round(r * 60), 60.0, MIX), SEED, fleet(2, 2), state,
+                     PARAMS).state  # fmt: skip
+    switched = draw(st.sampled_from([-math.inf, 0.0, 200.0, 400.0]))
+    direction = draw(st.none() | MODE)
+    return state._replace(switched=switched, direction=direction), rates[-1]
+
+
+@PROPERTY
+@given(engines=fleets(), history=histories(), budget=st.none() | st.integers(1, 5))
+def test_the_rule_holds_for_any_fleet(engines: tuple[EngineState, ...],
+                                      history: tuple[PlanState, float],
+                                      budget: int | None) -> None:  # fmt: skip
+    state, rate = history
+    now = 600.0
+    setting = SEED._replace(budget=budget)
+    p = call(rate, engines, state, now, setting)
+    by_name = {e.name: e for e in engines}
+    holding = sum(e.status != "down" for e in engines)
+    if p.action is None:
+        return
+    target = by_name[p.action.engine]
+    # one switch at a time
+    assert not any(e.status in ("loading", "draining") for e in engines)
+    # the engine exists, and is up in the other mode or down
+    assert target.status == "down" or (target.status == "up" and target.mode != p.action.mode)
+    if target.status == "down":
+        # the GPU budget is never exceeded
+        assert budget is None or holding + 1 <= budget
+        return
+    chosen = next(o for o in p.options if o.action == p.action)
+    # the floor: those that stay up serve the upper forecast over the restart
+    assert chosen.have >= chosen.need
+    # dwell: a reversal waits its direction's dwell since the last switch
+    since = now - state.switched
+    if state.direction is not None and state.direction != p.action.mode:
+        wait = (PARAMS.dwell_to_speculative if p.action.mode == SPECULATIVE
+                else PARAMS.dwell_to_baseline)  # fmt: skip
+        assert since >= wait
+    # and it must pay: past the margin of its direction
+    margin = PARAMS.margin_speculative if p.action.mode == SPECULATIVE else PARAMS.margin_baseline
+    assert chosen.gain > margin
+    assert p.state.switched == now and p.state.direction == p.action.mode
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, database=None)
+@given(rate=st.floats(0.2, 3.2), seed_regime=st.booleans())
+def test_a_flat_load_never_switches(rate: float, seed_regime: bool) -> None:
+    setting = SEED if seed_regime else CHAINED
+    k = steady_split(setting, MIX, rate, 4, PARAMS)
+    engines = fleet(k, 4 - k)
+    state = PlanState()
+    for i in range(25):
+        p = plan(Observation(60.0 * i, round(rate * 60), 60.0, MIX), setting, engines, state,
+                 PARAMS)  # fmt: skip
+        state = p.state
+        assert p.action is None, (i, p.reason)
+
+
+# what the all-baseline fleet serves within the SLO (the model's capacity at half relaxed)
+CAPACITY = slo_capacity(SEED.speculative, SEED.baseline, MIX, SEED.slo, 0, 4, 0.5)
+
+
+@PROPERTY
+@given(low=st.floats(0.1, 0.85), more=st.floats(1.05, 3.0))
+def test_more_load_never_asks_for_more_speculation_in_the_seed_regime(
+    low: float, more: float
+) -> None:
+    """Short of what the fleet serves within the SLO. At it and past it (next test) the
+    spillover router keeps its speculative engines at their threshold, serving those within
+    the SLO, and the objective (half strict) prefers that to an all-baseline fleet that serves
+    hardly any within the strict SLO."""
+    a, b = low * CAPACITY, min(low * more, 0.9) * CAPACITY
+    assert steady_split(SEED, MIX, b, 4, PARAMS) <= steady_split(SEED, MIX, a, 4, PARAMS)
+
+
+def test_past_capacity_speculative_engines_are_kept_to_serve_within_the_slo() -> None:
+    assert steady_split(SEED, MIX, 0.9 * CAPACITY, 4, PARAMS) == 0
+    assert steady_split(SEED, MIX, 2 * CAPACITY, 4, PARAMS) > 0
+
+
+def test_a_chain_draft_stays_all_speculative_at_any_load() -> None:
+    for rate in (0.3, 1.0, 2.0, 3.0):
+        assert steady_split(CHAINED, MIX, rate, 4, PARAMS) >= 3
