@@ -142,7 +142,7 @@ async def running(app: Runnable) -> AsyncIterator[None]:
     discovery_task = (
         None if membership.discovery is None else loop.create_task(keep_discovering(membership))
     )
-    keeper_task = loop.create_task(keep_learning(keeper, app.decider.refresh))
+    keeper_task = loop.create_task(keep_learning(keeper, app.decider))
     share_task = None
     if busy is not None and s.busy_poll_yield:
         share = app.share = ShareWatch()
@@ -201,17 +201,19 @@ async def keep_discovering(membership: Membership) -> None:
             log.exception("discovery round failed")
 
 
-async def keep_learning(keeper: CrossoverKeeper, refresh: Callable[[], None] | None = None) -> None:
-    """The keeper's timer: one learning step every ``LEARN_INTERVAL`` seconds, then
-    ``refresh`` (the decider's surface, off the hot path), and the table written when
+async def keep_learning(keeper: CrossoverKeeper, decider: Decider | None = None) -> None:
+    """The keeper's timer: one learning step every ``LEARN_INTERVAL`` seconds, then the
+    ``decider``'s surfaces for the slo policy, computed in a thread (pure arithmetic over plain
+    values that takes milliseconds: off the event loop), and the table written when
     ``PERSIST_INTERVAL`` has passed since it last was."""
     interval = keeper.settings.learn_interval
     while True:
         await asyncio.sleep(interval)
         try:
             keeper.update()
-            if refresh is not None:
-                refresh()
+            job = None if decider is None else decider.pending()
+            if decider is not None and job is not None:
+                decider.install(job, await asyncio.to_thread(job.compute))
             if keeper.persist_due():
                 keeper.persist()
         except Exception:

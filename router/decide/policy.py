@@ -51,13 +51,22 @@ Reason = Literal[
 class PoolView(NamedTuple):
     name: Pool
     backends: tuple[BackendView, ...]
+    # True: every backend is usable at full weight (the builder knows it; False: look)
+    even: bool = False
 
     @property
     def load(self) -> int:
         return sum(b.load for b in self.backends)
 
     def usable(self, exclude: Container[str] = ()) -> list[BackendView]:
+        if self.even and not exclude:
+            return list(self.backends)
         return [b for b in self.backends if b.usable and b.url not in exclude]
+
+    def usable_count(self) -> int:
+        if self.even:
+            return len(self.backends)
+        return sum(1 for b in self.backends if b.usable)
 
 
 class RoutingState(NamedTuple):
@@ -113,6 +122,16 @@ def pick_backend(pool: PoolView, rr: int = 0, exclude: Container[str] = ()) -> B
 
     Ties rotate with ``rr`` so equal replicas share the work.
     """
+    if pool.even and not exclude and pool.backends:
+        # (every replica at full weight: the same choice by the builtins, one pass each)
+        backends = pool.backends
+        loads = [b.load for b in backends]
+        least = min(loads)
+        start = rr % len(loads)
+        try:
+            return backends[loads.index(least, start)]
+        except ValueError:
+            return backends[loads.index(least)]
     candidates = pool.usable(exclude)
     if not candidates:
         return None
@@ -244,7 +263,7 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         b = pick_backend(view, rr)
         if b is not None:
             picks.append((view, b, _effective(b)))
-            usable[view.name] = sum(1 for x in view.backends if x.usable)
+            usable[view.name] = view.usable_count()
     if not picks:
         return None, state
     if params.rule == "marginal":

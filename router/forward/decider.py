@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from router.account.inflight import InflightTracker
 from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT, Mix, Slo, Surface, surface
@@ -59,21 +59,53 @@ RATE_STEP = 1.25
 MIN_RATE = 0.01
 
 
+def _distance(a: int | None, b: int | None) -> float:
+    """How far apart two rate buckets are (None: the steady state's, as far as any)."""
+    if a is None or b is None:
+        return 0.0 if a is b else math.inf
+    return abs(a - b)
+
+
+# Surfaces computed at one tick of the keeper's timer, at most (each takes milliseconds).
+PER_REFRESH = 3
+
+
+class SurfaceJob(NamedTuple):
+    """Surfaces to compute, and everything they are computed from (plain values: computing
+    them touches nothing of the decider, so it may run in another thread)."""
+
+    models: Mapping[Pool, PoolModel]
+    mix: Mix
+    slo: Slo
+    params: Params
+    buckets: tuple[int | None, ...]
+
+    def compute(self) -> dict[int | None, Surface]:
+        return {
+            b: surface(self.models, self.mix, self.slo, self.params,
+                       None if b is None else RATE_STEP**b)
+            for b in self.buckets
+        }  # fmt: skip
+
+
 class _Backends:
     """One pool's backends as the last snapshot saw them: their views (reused while a
     backend's load, health and weight stay as they were), valid until health moves, the pool
     changes, or the clock reaches ``until``."""
 
-    __slots__ = ("urls", "count", "version", "until", "views")
+    __slots__ = ("urls", "count", "version", "until", "views", "loads", "pool")
 
     def __init__(
-        self, urls: Sequence[str], version: int, until: float, views: list[BackendView]
-    ) -> None:
+        self, urls: Sequence[str], version: int, until: float, views: list[BackendView],
+        loads: list[int], pool: PoolView,
+    ) -> None:  # fmt: skip
         self.urls = urls
         self.count = len(urls)
         self.version = version
         self.until = until
         self.views = views
+        self.loads = loads  # as of ``pool``
+        self.pool = pool
 
 
 class Decider:
@@ -117,6 +149,10 @@ class Decider:
         self._surfaces: dict[int | None, Surface] = {}
         self._surface_from: Mapping[Pool, PoolModel] | None = None
         self._shape: tuple[Mix, Slo] | None = None
+        # surfaces of an earlier mix not yet recomputed, and the buckets decisions asked for
+        # since the last refresh that had none
+        self._stale: dict[int | None, Surface] = {}
+        self._wanted: set[int | None] = set()
         self._backends: dict[Pool, _Backends] = {}
         self.extrapolated = 0  # decisions that predicted beyond the measured batch sizes
 
@@ -167,26 +203,66 @@ class Decider:
                 BackendView(url, load, health.usable(url, now), health.weight(url, now))
                 for url, load in zip(urls, loads, strict=True)
             ]
+            even = all(v.usable and v.weight >= 1.0 for v in views)
+            pool = PoolView(name, tuple(views), even)
             # (a cache of what the states and the clock say: rebuilding it moves nothing)
-            self._backends[name] = _Backends(urls, health.version, until, views)
-            return PoolView(name, tuple(views))
+            self._backends[name] = _Backends(urls, health.version, until, views, loads, pool)
+            return pool
+        if loads == kept.loads:
+            return kept.pool
         views = kept.views
-        for i, load in enumerate(loads):
-            if views[i].load != load:
+        for i, (load, was) in enumerate(zip(loads, kept.loads, strict=True)):
+            if load != was:
                 views[i] = views[i]._replace(load=load)
-        return PoolView(name, tuple(views))
+        kept.loads = loads
+        kept.pool = kept.pool._replace(backends=tuple(views))
+        return kept.pool
 
     # -- the decision surface -------------------------------------------------------------------
     def refresh(self) -> None:
         """Take the keeper's models and the mix of the requests routed so far, and compute the
-        slo policy's surface for the arrival rate lately (the keeper's timer calls this after
-        each update, so that decisions find it computed)."""
-        self._surfaces.clear()
-        self._surface_from = models = self.tuning.models
-        self._shape = None if models is None else self._mix_now(models)
-        if models is not None:
-            now = self.clock()
-            self._surface_at(self._bucket(now, self._usable_engines(now)))
+        slo policy's surfaces that decisions will want (``pending``) here and now (the lab's
+        timer; the router's computes them in a thread: ``router.lifecycle.keep_learning``)."""
+        job = self.pending()
+        if job is not None:
+            self.install(job, job.compute())
+
+    def pending(self) -> SurfaceJob | None:
+        """The surfaces to compute at this tick of the keeper's timer: the one for the arrival
+        rate lately, then those decisions asked for since the last tick, nearest first, at
+        most ``PER_REFRESH`` (the rest wait for the next tick). None: no curves."""
+        models = self.tuning.models
+        if models is None:
+            self._surfaces.clear()
+            self._stale.clear()
+            self._wanted.clear()
+            self._surface_from, self._shape = None, None
+            return None
+        now = self.clock()
+        current = self._bucket(now, self._usable_engines(now))
+        shape = self._mix_now(models)
+        fresh = models is self._surface_from and shape == self._shape
+        asked = sorted(
+            (b for b in self._wanted if not (fresh and b in self._surfaces)),
+            key=lambda b: _distance(b, current),
+        )
+        buckets = [current, *(b for b in asked if b != current)][:PER_REFRESH]
+        return SurfaceJob(models, shape[0], shape[1], self.params, tuple(buckets))
+
+    def install(self, job: SurfaceJob, computed: Mapping[int | None, Surface]) -> None:
+        """What ``job.compute()`` gave, unless the models changed meanwhile. Surfaces kept of
+        an earlier mix stay as the nearest guess for their buckets until asked for again."""
+        if job.models is not self.tuning.models:
+            return
+        shape = (job.mix, job.slo)
+        if job.models is not self._surface_from or shape != self._shape:
+            self._stale = {**self._stale, **self._surfaces}
+            self._surfaces = {}
+            self._surface_from, self._shape = job.models, shape
+        for bucket, found in computed.items():
+            self._surfaces[bucket] = found
+            self._stale.pop(bucket, None)
+            self._wanted.discard(bucket)
 
     def _mix_now(self, models: Mapping[Pool, PoolModel]) -> tuple[Mix, Slo]:
         scale = models[SPECULATIVE].scale
@@ -205,23 +281,33 @@ class Decider:
         per_engine = max(MIN_RATE, offered / max(1, engines))
         return round(math.log(per_engine) / math.log(RATE_STEP))
 
+    def _compute(self, bucket: int | None) -> Surface:
+        models, shape = self._surface_from, self._shape
+        assert models is not None and shape is not None
+        job = SurfaceJob(models, shape[0], shape[1], self.params, (bucket,))
+        found = self._surfaces[bucket] = job.compute()[bucket]
+        return found
+
     def _surface_at(self, bucket: int | None) -> Surface | None:
-        """The surface for ``bucket``, computed once per refresh (a memo of the models, the mix
-        as of the refresh and the bucket: whoever asks first, the answer is the same)."""
+        """The surface for ``bucket``: as computed at the last refresh; else the nearest one
+        known (the bucket is computed at the next refresh); computed here only when none is
+        known for these models (the first decision after they came, before any refresh)."""
         models = self.tuning.models
+        if models is None:
+            return None
         if models is not self._surface_from:  # new models since the last refresh
             self._surfaces.clear()
+            self._stale = {}
             self._surface_from = models
-            self._shape = None if models is None else self._mix_now(models)
-        shape = self._shape
-        if models is None or shape is None:
-            return None
+            self._shape = self._mix_now(models)
         found = self._surfaces.get(bucket)
-        if found is None:
-            arriving = None if bucket is None else RATE_STEP**bucket
-            found = surface(models, shape[0], shape[1], self.params, arriving)
-            self._surfaces[bucket] = found
-        return found
+        if found is not None:
+            return found
+        known = self._surfaces or self._stale
+        if not known:
+            return self._compute(bucket)
+        self._wanted.add(bucket)
+        return known[min(known, key=lambda b: _distance(b, bucket))]
 
     def surface(self) -> Surface | None:
         """The surface the next decision would use."""
@@ -239,7 +325,7 @@ class Decider:
         spec, base = self._view(SPECULATIVE, now), self._view(BASELINE, now)
         surf = None
         if request is not None:
-            engines = sum(1 for view in (spec, base) for b in view.backends if b.usable)
+            engines = spec.usable_count() + base.usable_count()
             surf = self._surface_at(self._bucket(now, engines))
         return Snapshot(
             spec,
