@@ -176,7 +176,9 @@ class Variant:
 def layout(w: Workload) -> tuple[list[Preset], list[Pool]]:
     spec = PRESETS[w.regime]
     presets = [spec] * w.per_pool + [BASE_PRESET] * w.per_pool
-    pools: list[Pool] = [SPECULATIVE] * w.per_pool + [BASELINE] * w.per_pool
+    spec_pool: Pool = SPECULATIVE
+    base_pool: Pool = BASELINE
+    pools = [spec_pool] * w.per_pool + [base_pool] * w.per_pool
     return presets, pools
 
 

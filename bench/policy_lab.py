@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="MODULE.NAME=VALUE",
-        help="override a constant of router.decide.{twin,policy,snapshot} (a sweep)",
+        help="override a constant of router.decide.{capacity,policy,snapshot} (a sweep)",
     )
     args = ap.parse_args(argv)
     spec = PRESETS[args.regime]

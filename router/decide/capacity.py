@@ -13,10 +13,9 @@ two numbers the policy routes by:
 - ``strict``: the most requests one engine runs with them meeting the strict TPOT target;
 - ``relaxed``: the same for the relaxed target (``RELAXED_TPOT`` times it),
 
-with the requests per second one engine serves at each (``strict_rate``, ``relaxed_rate``). The
-pool whose engines serve the fewest within the strict target gives it up first when every engine
-is full (``spill``); the pool whose engines serve the fewest within the relaxed one takes the
-excess under overload (``sacrifice``).
+with the requests per second one engine serves at each (``strict_rate``, ``relaxed_rate``), and
+the pool whose engines give the most tokens per second (``most``: where the excess goes under
+sustained overload).
 
 Computed off the hot path, when the models or the mix change (the keeper's timer); a decision
 reads it with a few comparisons. Pure arithmetic over plain values, in the engines' model seconds.
@@ -38,9 +37,6 @@ RELAXED_TTFT, RELAXED_TPOT = 3.0, 2.0
 # Past this share of the time spent prefilling, an engine serves nothing within any TPOT target
 # (the fixed point would divide by nearly zero).
 MAX_STALL_SHARE = 0.95
-# Past the load where fewer than this share of requests meet even the relaxed target, the
-# shares are taken as none (and no longer computed).
-SHARE_FLOOR = 0.005
 # Where the output lengths are taken (standard normal quantiles: the deciles 10, 30, 50, 70 and
 # 90 of a lognormal), each standing for a fifth of the requests.
 QUANTILES = (-1.2816, -0.5244, 0.0, 0.5244, 1.2816)
@@ -78,15 +74,9 @@ class Capacity(NamedTuple):
     prefill_per_token: float
     cap: int | None  # the engine's running cap: past it requests wait in its queue
     measured: int  # the largest batch the curve was measured at
-    # [sampling][n]: the share of requests of that class meeting the strict / relaxed TPOT
-    # target with n running (past the tables: none)
-    strict_share: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
-    relaxed_share: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
-    # [b]: what one more request costs the b running (in the mix): the change in how many of
-    # them meet the targets, strict weighted by ``params.strict_weight``, plus relaxed
-    harm: tuple[float, ...] = ()
     tau: tuple[float, float] = (1.0, 1.0)  # [sampling]: tokens per iteration
     prefill: float = 0.0  # seconds of one of the mix's prefills
+    lowest: int = 1  # the smallest batch the curve was measured at (below: held flat)
 
     def ttft(self, prompt: float, n: int, busy: float = 0.0) -> float:
         """A request's time to first token joining with ``n`` running (itself included): half an
@@ -110,16 +100,15 @@ class Capacity(NamedTuple):
 
 
 class Surface(NamedTuple):
-    """Both pools' capacities, and which pool gives up what first."""
+    """Both pools' capacities, for one mix and arrival rate."""
 
     pools: Mapping[Pool, Capacity]
-    spill: Pool  # gives up the strict target first when every engine is at it
-    sacrifice: Pool  # takes the excess when every engine is at its relaxed capacity
     mix: Mix
     slo: Slo
     scale: float = 1.0  # wall seconds per model second (the table's time scale)
     most: Pool = BASELINE  # the pool whose engines give the most tokens per second
     params: Params = Params()
+    arriving: float | None = None  # requests/s reaching one engine it was computed for
 
 
 def stall_share(n: float, prefill: float, decode: float) -> float:
@@ -220,24 +209,6 @@ def capacity(
         return k
 
     relax = target * RELAXED_TPOT
-    # the shares meeting each target by class (and the mix's), until hardly any does
-    own_s: tuple[list[float], list[float]] = ([0.0], [0.0])
-    own_r: tuple[list[float], list[float]] = ([0.0], [0.0])
-    mix_s, mix_r = [0.0], [0.0]
-    for n in range(1, top + 1):
-        for i, tau in enumerate((greedy, sampling)):
-            own_s[i].append(meets(tau, n, target, True))
-            own_r[i].append(meets(tau, n, relax, True))
-        mix_s.append(meets(tau_mix, n, target, True))
-        mix_r.append(meets(tau_mix, n, relax, True))
-        if mix_r[-1] < SHARE_FLOOR and own_r[0][-1] < SHARE_FLOOR:
-            break
-    w = params.strict_weight
-    harm = tuple(
-        b * (w * (mix_s[b + 1] - mix_s[b]) + mix_r[b + 1] - mix_r[b]) if b + 1 < len(mix_s)
-        else -b * (w * mix_s[b] + mix_r[b]) if b < len(mix_s) else 0.0
-        for b in range(len(mix_s))
-    )  # fmt: skip
     strict_mix, relaxed_mix = most(tau_mix, target), most(tau_mix, relax)
     strict = tuple(min(strict_mix, most(tau, target)) for tau in (greedy, sampling))
     relaxed = tuple(min(relaxed_mix, most(tau, relax)) for tau in (greedy, sampling))
@@ -252,11 +223,9 @@ def capacity(
         model.prefill_per_token,
         cap,
         model.measured,
-        (tuple(own_s[0]), tuple(own_s[1])),
-        (tuple(own_r[0]), tuple(own_r[1])),
-        harm,
-        (greedy, sampling),
-        prefill,
+        tau=(greedy, sampling),
+        prefill=prefill,
+        lowest=model.lowest,
     )
 
 
@@ -268,15 +237,11 @@ def surface(
     arriving: float | None = None,
 ) -> Surface:
     """Both pools' capacities for ``mix`` with ``arriving`` requests per second reaching each
-    engine lately (None: as many as keep it at each load), and the order in which they give up
-    the SLO."""
+    engine lately (None: as many as keep it at each load)."""
     spec = capacity(models[SPECULATIVE], mix, slo, params, arriving)
     base = capacity(models[BASELINE], mix, slo, params, arriving)
     pools: dict[Pool, Capacity] = {SPECULATIVE: spec, BASELINE: base}
-    # ties: the baseline gives up first (speculation is what serves quiet traffic best)
-    spill: Pool = SPECULATIVE if spec.strict_rate < base.strict_rate else BASELINE
-    sacrifice: Pool = SPECULATIVE if spec.relaxed_rate < base.relaxed_rate else BASELINE
     most: Pool = (
         SPECULATIVE if models[SPECULATIVE].capacity() > models[BASELINE].capacity() else BASELINE
     )
-    return Surface(pools, spill, sacrifice, mix, slo, models[SPECULATIVE].scale, most, params)
+    return Surface(pools, mix, slo, models[SPECULATIVE].scale, most, params, arriving)

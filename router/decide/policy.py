@@ -110,7 +110,7 @@ class Decision(NamedTuple):
     load: int = 0
     prefill_share: float = 0.0  # (no longer estimated: 0)
     # slo policy: the request's predicted TTFT and TPOT there, wall seconds (steady state at
-    # that load), and whether that prediction went beyond the measured batch sizes
+    # that load), and whether that prediction went beyond or below the measured batch sizes
     ttft: float = 0.0
     tpot: float = 0.0
     extrapolated: bool = False
@@ -266,8 +266,6 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
             usable[view.name] = view.usable_count()
     if not picks:
         return None, state
-    if params.rule == "marginal":
-        return _marginal(snap, surf, picks, c, prompt, ttft, tpot)
     # each candidate: its time per token and to first token, as busy as it has been lately
     recent = snap.recent
     seen: list[tuple[float, float]] = []
@@ -290,30 +288,30 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     reason: Reason = "within_slo"
     served = sum(pools[p].relaxed_rate * k for p, k in usable.items())
     overloaded = snap.offered is not None and snap.offered > served * params.overload
-    keep = params.phase2 == "keep" or (params.phase2 == "auto" and overloaded)
     if best is None:
         # 2. room within the relaxed SLO
         reason = "within_relaxed"
         fits = [
             p
             for p, (own, first) in zip(picks, seen, strict=True)
-            if (not keep or p[0].name == surf.spill)
-            and p[2] <= pools[p[0].name].relaxed[c]
+            if p[2] <= pools[p[0].name].relaxed[c]
             and own <= tpot * RELAXED_TPOT
             and first <= ttft * RELAXED_TTFT
         ]
         if fits:
-            if params.phase2 == "spill":
-                best = min(fits, key=lambda p: p[0].name != surf.spill)
+            if all(p[2] < pools[p[0].name].lowest for p in fits):
+                # quieter than anything measured on either pool (the curves are held flat
+                # below their lowest point, which says nothing of how they compare there): by
+                # its own time per token, as with room under the strict capacity
+                best = min(fits, key=lambda p: seen[picks.index(p)][0])
             else:
                 best = min(fits, key=lambda p: p[2] / max(1, pools[p[0].name].relaxed[c]))
     if best is None:
         # 3. every engine at its relaxed capacity
         alone = any(pools[v.name].ttft(prompt, 1) <= ttft * RELAXED_TTFT for v, _, _ in picks)
-        if overloaded or params.phase3 == "always":
+        if overloaded:
             reason = "overflow" if alone else "beyond_slo"
-            dump = surf.sacrifice if params.dump == "sacrifice" else surf.most
-            best = next((p for p in picks if p[0].name == dump), picks[0])
+            best = next((p for p in picks if p[0].name == surf.most), picks[0])
         else:
             reason = "spread"
             best = min(picks, key=lambda p: p[2] / max(1, pools[p[0].name].relaxed[c]))
@@ -325,63 +323,9 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         reason,
         ttft=cap.ttft(prompt, n) * surf.scale,
         tpot=_tpot_at(cap, c, n) * surf.scale,
-        extrapolated=n > max(1, cap.measured),
+        extrapolated=n > max(1, cap.measured) or n < cap.lowest,
     )
     return decision, state._replace(rr=rr + 1)
-
-
-def _value(cap: Capacity, c: int, b: int, prompt: float, ttft: float, w: float) -> float:
-    """What one more request of class ``c`` adds where ``b`` run: itself meeting the targets
-    (if its first token comes in time), less what it costs the others."""
-    n = b + 1
-    strict, relaxed = cap.strict_share[c], cap.relaxed_share[c]
-    own = 0.0
-    if n < len(relaxed):
-        t = cap.ttft(prompt, n)
-        if t <= ttft * RELAXED_TTFT:
-            own = relaxed[n] + (w * strict[n] if t <= ttft else 0.0)
-    harm = cap.harm
-    return own + (harm[b] if b < len(harm) else -b * 0.0)
-
-
-def _marginal(
-    snap: Snapshot,
-    surf: Surface,
-    picks: list[tuple[PoolView, BackendView, int]],
-    c: int,
-    prompt: float,
-    ttft: float,
-    tpot: float,
-) -> tuple[Decision | None, RoutingState]:
-    params = surf.params
-    w = params.strict_weight
-    pools = surf.pools
-    best = None
-    best_value = -math.inf
-    for p in picks:
-        cap = pools[p[0].name]
-        v = _value(cap, c, p[2] - 1, prompt, ttft, w)
-        if v > best_value + 1e-9:
-            best, best_value = p, v
-    assert best is not None
-    reason: Reason = "within_slo"
-    if best_value <= 0:
-        alone = any(pools[v.name].ttft(prompt, 1) <= ttft * RELAXED_TTFT for v, _, _ in picks)
-        reason = "overflow" if alone else "beyond_slo"
-        if params.dump != "least":
-            dump = surf.sacrifice if params.dump == "sacrifice" else surf.most
-            best = next((p for p in picks if p[0].name == dump), best)
-    view, b, n = best
-    cap = pools[view.name]
-    decision = Decision(
-        view.name,
-        b.url,
-        reason,
-        ttft=cap.ttft(prompt, n) * surf.scale,
-        tpot=_tpot_at(cap, c, n) * surf.scale,
-        extrapolated=n > max(1, cap.measured),
-    )
-    return decision, snap.state._replace(rr=snap.state.rr + 1)
 
 
 POLICIES: dict[str, Callable[[Snapshot], tuple[Decision | None, RoutingState]]] = {

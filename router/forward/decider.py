@@ -465,8 +465,17 @@ class Decider:
                 "cap": cap.cap,
             }
         out["pools"] = pools
-        out["spill"] = surf.spill
-        out["sacrifice"] = surf.sacrifice
+        # the overload rule's inputs and its verdict now (``router.decide.policy.slo``, step 3)
+        now = self.clock()
+        served = sum(surf.pools[p].relaxed_rate * pools[p]["usable_engines"] for p in POOLS)
+        offered = self._offered(now)
+        out["overload"] = {
+            "offered_per_s": None if offered is None else round(offered / scale, 3),
+            "served_within_relaxed_per_s": round(served / scale, 3),
+            "threshold": self.params.overload,
+            "sustained": offered is not None and offered > served * self.params.overload,
+            "excess_to": surf.most,
+        }
         out["mix"] = {
             "prompt_tokens": round(surf.mix.prompt, 1),
             "output_tokens": round(surf.mix.output, 1),
@@ -481,10 +490,13 @@ class Decider:
 
 # What /router/status says the slo policy does (``router.decide.policy.slo``).
 RULE = (
-    "each request to the engine with room under its strict capacity where its time per token "
-    "is lowest; when every engine is at its strict capacity, to the 'spill' pool's engines up "
-    "to their relaxed capacity first, then the other pool's; when every engine is at its "
-    "relaxed capacity, to the 'sacrifice' pool (the router's queue holds it when on), so that "
-    "the other pool keeps serving within the relaxed SLO"
+    "1. each request to the engine with room under its strict capacity (pools.*."
+    "strict_capacity) where its time per token is lowest; 2. when every engine is at its strict "
+    "capacity, to the engine filled least against its relaxed capacity; 3. when every engine is "
+    "at its relaxed capacity: under sustained overload (overload.sustained: requests arriving "
+    "faster than overload.threshold times what the engines serve within the relaxed SLO) to "
+    "the pool with the most throughput (overload.excess_to; the router's queue holds it first "
+    "when on), so that the other keeps serving within the relaxed SLO; short of that (a burst) "
+    "to the engine filled least against its relaxed capacity"
 )
 NO_CURVES = "no curves yet: deciding as spillover on the crossover"

@@ -164,7 +164,10 @@ class EppApp:
                 )
         grpc = GrpcServer(self.picker, config.grpc_host, config.grpc_port)
         router.poller.start()
-        tasks = [loop.create_task(keep_learning(router.keeper, router.decider)), loop.create_task(self._sweep())]
+        tasks = [
+            loop.create_task(keep_learning(router.keeper, router.decider)),
+            loop.create_task(self._sweep()),
+        ]
         try:
             await grpc.start()
             self.grpc = grpc

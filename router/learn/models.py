@@ -129,6 +129,7 @@ def build_model(
     measured: int,
     scale: float,
     cap: int | None = None,
+    lowest: int = 1,
 ) -> PoolModel:
     model = PoolModel(
         spi,
@@ -138,6 +139,7 @@ def build_model(
         prefill_per_token=prefill.per_token,
         cap=cap,
         measured=measured,
+        lowest=max(1, lowest),
         scale=scale,
     )
     return model._replace(peak=peak_throughput(model))
@@ -316,5 +318,6 @@ class EngineModels:
                 max(learner.bins),
                 self.time_scale,
                 self.caps[pool],
+                min(learner.bins),
             )
         return out
