@@ -44,7 +44,6 @@ Reason = Literal[
     "within_relaxed",
     "overflow",
     "beyond_slo",
-    "spread",
 ]
 
 
@@ -239,12 +238,12 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
        time to first token and per token meet the strict targets): the one where its time per
        token is lowest (``within_slo``); quiet, that is speculation;
     2. else an engine with room under its relaxed capacity (``within_relaxed``);
-    3. else every engine is at its relaxed capacity (``overflow``: the router's queue, when on,
-       holds it instead). While requests arrive faster than the engines serve within the
-       relaxed SLO (``snap.offered``), the excess goes to one pool so that the other keeps
-       serving within it; short of that (a burst) it is spread over every engine in proportion
-       to its relaxed capacity. A request that meets the relaxed targets nowhere even alone is
-       placed the same way, unqueued (``beyond_slo``).
+    3. else it overflows (``overflow``: the router's queue, when on, holds it until an engine
+       has room). While requests arrive faster than ``params.overload`` times what the engines
+       serve within the relaxed SLO (``snap.offered``: sustained overload), it goes to the pool
+       with the most throughput, so that the other keeps serving within it; short of that (a
+       burst) to the engine filled least against its relaxed capacity. A request that would
+       miss the relaxed targets even alone is placed the same way, unqueued (``beyond_slo``).
 
     Without curves (no surface yet): as ``spillover``."""
     req, surf = snap.request, snap.surface
@@ -307,13 +306,17 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
             else:
                 best = min(fits, key=lambda p: p[2] / max(1, pools[p[0].name].relaxed[c]))
     if best is None:
-        # 3. every engine at its relaxed capacity
-        alone = any(pools[v.name].ttft(prompt, 1) <= ttft * RELAXED_TTFT for v, _, _ in picks)
+        # 3. no engine has room for it within the relaxed SLO: it overflows (the router's
+        # queue, when on, holds it until one has), unless it would miss that SLO even alone
+        alone = any(
+            pools[v.name].ttft(prompt, 1) <= ttft * RELAXED_TTFT
+            and pools[v.name].own_tpot(c, 1, 0.0) <= tpot * RELAXED_TPOT
+            for v, _, _ in picks
+        )
+        reason = "overflow" if alone else "beyond_slo"
         if overloaded:
-            reason = "overflow" if alone else "beyond_slo"
             best = next((p for p in picks if p[0].name == surf.most), picks[0])
         else:
-            reason = "spread"
             best = min(picks, key=lambda p: p[2] / max(1, pools[p[0].name].relaxed[c]))
     view, b, n = best
     cap = pools[view.name]

@@ -495,8 +495,8 @@ RULE = (
     "capacity, to the engine filled least against its relaxed capacity; 3. when every engine is "
     "at its relaxed capacity: under sustained overload (overload.sustained: requests arriving "
     "faster than overload.threshold times what the engines serve within the relaxed SLO) to "
-    "the pool with the most throughput (overload.excess_to; the router's queue holds it first "
-    "when on), so that the other keeps serving within the relaxed SLO; short of that (a burst) "
-    "to the engine filled least against its relaxed capacity"
+    "the pool with the most throughput (overload.excess_to), so that the other keeps serving "
+    "within the relaxed SLO; short of that (a burst) to the engine filled least against its "
+    "relaxed capacity; in both cases the router's queue, when on, holds it first"
 )
 NO_CURVES = "no curves yet: deciding as spillover on the crossover"

@@ -110,7 +110,12 @@ def test_a_request_whose_first_token_cannot_come_in_time_is_not_within_slo() -> 
 def test_past_the_relaxed_capacities_a_burst_is_spread() -> None:
     spec_at, base_at = relaxed(SPECULATIVE), relaxed(BASELINE)
     d = choose("slo", snap(spec_at, base_at, offered=0.0))[0]
-    assert d is not None and d.reason == "spread"
+    assert d is not None and d.reason == "overflow"
+    fill = {SPECULATIVE: (spec_at + 1) / spec_at, BASELINE: (base_at + 1) / base_at}
+    assert d.pool == min(fill, key=lambda name: fill[name])
+    # a longer way past the speculative pool's: the baseline
+    d = choose("slo", snap(spec_at + 10, base_at, offered=0.0))[0]
+    assert d is not None and (d.pool, d.reason) == (BASELINE, "overflow")
 
 
 def test_under_sustained_overload_the_excess_goes_to_the_pool_with_the_most_throughput() -> None:
@@ -121,9 +126,12 @@ def test_under_sustained_overload_the_excess_goes_to_the_pool_with_the_most_thro
         over = snap(*loads, offered=served * DEFAULT.overload * 1.5)
         d = choose("slo", over)[0]
         assert d is not None and (d.pool, d.reason) == (SURFACE.most, "overflow")
-    # just below that rate it is a burst, spread
-    d = choose("slo", snap(spec_at, base_at, offered=served * DEFAULT.overload * 0.9))[0]
-    assert d is not None and d.reason == "spread"
+    assert SURFACE.most == BASELINE  # (so the case above is not the burst's choice)
+    # just below that rate it is a burst, spread: the speculative pool far past its capacity
+    # no longer takes it
+    burst = snap(spec_at + 20, base_at, offered=served * DEFAULT.overload * 0.9)
+    d = choose("slo", burst)[0]
+    assert d is not None and (d.pool, d.reason) == (BASELINE, "overflow")
 
 
 def test_a_request_that_meets_nothing_even_alone_is_beyond_slo_under_overload() -> None:
