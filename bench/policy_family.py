@@ -14,9 +14,10 @@ the calibrated table of its regime's pair (``lab_sim.TABLES``). Against each wor
 default policy (``slo``) is set against the best of ``spillover``, ``round_robin`` and
 ``predictive`` on it, strict and relaxed goodput apart.
 
-    python bench/policy_family.py --workloads 240 --out bench/results/policy-family.json
-    python bench/policy_family.py --report bench/results/policy-family.json
-    python bench/policy_family.py --workloads 240 --variant queue --set queue=64,3
+    python bench/policy_family.py --workloads 240 --cache bench/results/policy-family.jsonl
+    python bench/policy_family.py --workloads 80 --variant overload=0.75 --set overload=0.75
+    python bench/policy_family.py --workloads 240 --variant queue --set queue=64,1
+    python bench/policy_family.py --workloads 240 --summary-only   # from the cache, no runs
 
 Results are cached by workload and variant in ``--cache`` (a JSON lines file), so that a
 change to the default policy re-runs only its own cells (``--fresh`` runs everything again).
@@ -383,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="only these workloads' seeds, N,N,...")
     ap.add_argument("--regimes", help="only workloads of these regimes, R,R,...")
     ap.add_argument("--worst", type=int, default=10)
+    ap.add_argument("--summary-only", action="store_true", help="summarize the cache, run nothing")
     args = ap.parse_args(argv)
     params, queue, lifo = parse_set(args.set)
     variant = Variant(args.variant, params, queue, lifo)
@@ -392,7 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [draw(s) for s in seeds]
     if args.regimes:
         workloads = [w for w in workloads if w.regime in args.regimes.split(",")]
-    rows = measure(workloads, [variant], args.cache, args.jobs, args.fresh)
+    if args.summary_only:
+        rows = load_cache(args.cache)
+    else:
+        rows = measure(workloads, [variant], args.cache, args.jobs, args.fresh)
     print_summary(cells(workloads, rows, variant.name), variant.name, args.worst)
     return 0
 

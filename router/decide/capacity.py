@@ -40,6 +40,9 @@ MAX_STALL_SHARE = 0.95
 # Where the output lengths are taken (standard normal quantiles: the deciles 10, 30, 50, 70 and
 # 90 of a lognormal), each standing for a fifth of the requests.
 QUANTILES = (-1.2816, -0.5244, 0.0, 0.5244, 1.2816)
+# A capacity holds the median request within the target: the share of requests that must meet
+# it (swept +-25% over the policy family: under a point of mean goodput either way).
+MEET_SHARE = 0.5
 # The largest load a surface tabulates; past it a request sees the last entry's time per token.
 TOP = 256
 
@@ -152,7 +155,7 @@ def capacity(
     lower (a burst that ran the engine up to ``n`` is not a rate that keeps it there). It meets
     a target ``T`` per token if at most ``(T (L - 1) - D) / P`` of them land in its decode, a
     Poisson count, over the quantiles of the output lengths: the share of requests that meet
-    it. An engine's capacity is the most it runs with at least ``params.meet_share`` of them
+    it. An engine's capacity is the most it runs with at least ``MEET_SHARE`` of them
     meeting it; its rate, the requests per second it serves there in the steady state."""
     h = min(1.0, max(0.0, mix.sampling))
     greedy, sampling = model.tau(False), model.tau(True)
@@ -203,7 +206,7 @@ def capacity(
     def most(tau: float, bound: float, lately: bool = True) -> int:
         k = 0
         for n in range(1, top + 1):
-            if meets(tau, n, bound, lately) < params.meet_share:
+            if meets(tau, n, bound, lately) < MEET_SHARE:
                 break
             k = n
         return k

@@ -3,7 +3,10 @@
 A tunable stays only while moving it by 25% either way over the policy lab's family of
 workloads (``bench/policy_family.py``, ``bench/results/policy-family.md``) moves goodput beyond
 the noise; what did not earn its place is gone, and what is derived (from the curves, the mix,
-the SLO) is not a tunable. ``/router/status`` shows the values in force (``slo.params``).
+the SLO) is not a tunable. Swept and dropped (moving them 25% either way moved mean goodput
+by less than a point): the share of requests a capacity holds within the target (the median,
+``capacity.MEET_SHARE``) and the window of a backend's recent arrivals (``decide.snapshot.
+LATELY``). ``/router/status`` shows the values in force (``slo.params``).
 """
 
 from __future__ import annotations
@@ -18,25 +21,15 @@ def _tunable(default: float, provenance: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Params:
-    # A capacity is the most requests an engine runs with their time per token within this
-    # share of the target.
+    # A capacity is the most requests an engine runs with the median one's time per token
+    # within this share of the target.
     tpot_margin: float = _tunable(
         1.0, "the SLO's own target (no margin); swept +-25% in policy-family.md"
-    )
-    # ... with at least this share of them within it (their prefill stalls being random: a
-    # Poisson number of joins in their decode).
-    meet_share: float = _tunable(
-        0.5, "the median request meets the target; swept +-25% in policy-family.md"
     )
     # Sustained overload: requests arriving (over ``OFFERED_WINDOW``) faster than this share
     # of what the usable engines serve within the relaxed SLO.
     overload: float = _tunable(
         1.0, "arrivals past what the engines serve, as such; swept +-25% in policy-family.md"
-    )
-    # Seconds (model time) over which the requests sent to a backend lately count as the
-    # prefills stalling its decode (0: the steady state's rate at its load instead).
-    lately: float = _tunable(
-        5.0, "about one request's life; 0 against 5 in policy-family.md, swept +-25%"
     )
 
     def provenance(self) -> dict[str, tuple[float, str]]:

@@ -271,7 +271,7 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     for view, b, n in picks:
         cap = pools[view.name]
         busy = 0.0
-        if params.lately and recent is not None:
+        if recent is not None:
             sent = recent.get(b.url)
             busy = 0.0 if sent is None else cap.busy(sent.rate(snap.now) * surf.scale)
             seen.append((cap.own_tpot(c, n, busy), cap.ttft(prompt, n, busy)))

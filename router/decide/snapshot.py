@@ -16,6 +16,10 @@ from router.pools import Pool
 # The window (model seconds) of the arrival rate the slo policy holds against the engines'
 # capacities: several request lifetimes, so that one burst does not count as overload.
 OFFERED_WINDOW = 30.0
+# The window (model seconds) of the requests sent to a backend lately, whose prefills stall
+# its decode (the slo policy's time per token there): about a request's life (swept +-25% over
+# the policy family: under a point of mean goodput either way).
+LATELY = 5.0
 # Weight of each request in the mix's decayed means (about the last 50 requests), once 50
 # have been seen (before, each weighs as much as those before it).
 MIX_KEEP = 0.02

@@ -46,7 +46,7 @@ from router.decide.policy import (
     reroute,
 )
 from router.decide.predict import PoolModel, Request
-from router.decide.snapshot import OFFERED_WINDOW, RecentMix, RecentRate, Tuning
+from router.decide.snapshot import LATELY, OFFERED_WINDOW, RecentMix, RecentRate, Tuning
 from router.forward.request import RequestInfo
 from router.health.poller import EngineLoad
 from router.health.state import HealthRegistry
@@ -394,7 +394,7 @@ class Decider:
         sent = self._recent.get(decision.backend)
         if sent is None:
             scale = 1.0 if models is None else models[SPECULATIVE].scale
-            window = max(1e-3, self.params.lately) * scale
+            window = LATELY * scale
             sent = self._recent[decision.backend] = RecentRate(window, now)
         sent.add(now)
         view = next(b for b in snap.pool(decision.pool).backends if b.url == decision.backend)
