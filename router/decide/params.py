@@ -24,12 +24,16 @@ class Params:
     # A capacity is the most requests an engine runs with the median one's time per token
     # within this share of the target.
     tpot_margin: float = _tunable(
-        1.0, "the SLO's own target (no margin); swept +-25% in policy-family.md"
+        1.0, "the SLO's own target (no margin); 0.75 and 1.25 both worse in policy-family.md"
     )
     # Sustained overload: requests arriving (over ``OFFERED_WINDOW``) faster than this share
     # of what the usable engines serve within the relaxed SLO.
+    # (Below 1: the capacities' rates are optimistic; on the lab's family of workloads the
+    # engines miss the relaxed SLO well before arrivals reach them.)
     overload: float = _tunable(
-        1.0, "arrivals past what the engines serve, as such; swept +-25% in policy-family.md"
+        0.5,
+        "lab: 1.25, 1.0, 0.75, 0.6, 0.5 over 80 drawn workloads, goodput rising to 0.5; "
+        "policy-family.md",
     )
 
     def provenance(self) -> dict[str, tuple[float, str]]:
