@@ -11,7 +11,7 @@ engines' reported running requests; see ``router.load``): the policies do not ca
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Literal, NamedTuple
 
 from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT, Capacity, Surface
@@ -52,6 +52,8 @@ class PoolView(NamedTuple):
     backends: tuple[BackendView, ...]
     # True: every backend is usable at full weight (the builder knows it; False: look)
     even: bool = False
+    # the backends' loads in order, when the builder has them at hand (else read from them)
+    loads: Sequence[int] | None = None
 
     @property
     def load(self) -> int:
@@ -124,7 +126,7 @@ def pick_backend(pool: PoolView, rr: int = 0, exclude: Container[str] = ()) -> B
     if pool.even and not exclude and pool.backends:
         # (every replica at full weight: the same choice by the builtins, one pass each)
         backends = pool.backends
-        loads = [b.load for b in backends]
+        loads = pool.loads if pool.loads is not None else [b.load for b in backends]
         least = min(loads)
         start = rr % len(loads)
         try:

@@ -204,7 +204,7 @@ class Decider:
                 for url, load in zip(urls, loads, strict=True)
             ]
             even = all(v.usable and v.weight >= 1.0 for v in views)
-            pool = PoolView(name, tuple(views), even)
+            pool = PoolView(name, tuple(views), even, loads)
             # (a cache of what the states and the clock say: rebuilding it moves nothing)
             self._backends[name] = _Backends(urls, health.version, until, views, loads, pool)
             return pool
@@ -215,7 +215,7 @@ class Decider:
             if load != was:
                 views[i] = views[i]._replace(load=load)
         kept.loads = loads
-        kept.pool = kept.pool._replace(backends=tuple(views))
+        kept.pool = kept.pool._replace(backends=tuple(views), loads=loads)
         return kept.pool
 
     # -- the decision surface -------------------------------------------------------------------
@@ -397,7 +397,15 @@ class Decider:
             window = LATELY * scale
             sent = self._recent[decision.backend] = RecentRate(window, now)
         sent.add(now)
-        view = next(b for b in snap.pool(decision.pool).backends if b.url == decision.backend)
+        pool = snap.pool(decision.pool)
+        urls = self.pools[decision.pool]
+        # (the pools' views follow ``self.pools`` in order: look the backend up by its place)
+        at = urls.index(decision.backend) if len(urls) == len(pool.backends) else -1
+        view = (
+            pool.backends[at]
+            if at >= 0 and pool.backends[at].url == decision.backend
+            else next(b for b in pool.backends if b.url == decision.backend)
+        )
         if decision.extrapolated:
             self.extrapolated += 1
         prefill = 0.0 if models is None else models[decision.pool].prefill(req.prompt_tokens)
