@@ -378,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", default="default", help="a name for the default policy as run")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a Params field, or queue=SIZE,TIMEOUT_S")  # fmt: skip
-    ap.add_argument("--cache", type=Path, default=ROOT / "bench" / "results" / "family-runs.jsonl")
+    ap.add_argument(
+        "--cache", type=Path, default=ROOT / "bench" / "results" / "policy-family-runs.jsonl"
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--fresh", action="store_true")
     ap.add_argument("--only", help="only these workloads' seeds, N,N,...")
