@@ -32,8 +32,8 @@ class Params:
     # engines miss the relaxed SLO well before arrivals reach them.)
     overload: float = _tunable(
         0.5,
-        "lab: 1.25, 1.0, 0.75, 0.6, 0.5 over 80 drawn workloads, goodput rising to 0.5; "
-        "policy-family.md",
+        "lab: 1.25, 1.0, 0.75, 0.6, 0.5 over 80 drawn workloads, goodput rising to 0.5, "
+        "a plateau 0.375-0.6; policy-family.md",
     )
 
     def provenance(self) -> dict[str, tuple[float, str]]:
