@@ -19,6 +19,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "calibrate": ("router.calibrate", "measure both pools and write a crossover table"),
     "replay": ("router.tools.replay", "replay a trace or synthetic traffic open-loop; goodput"),
+    "doctor": (
+        "router.tools.doctor",
+        "check the engines' settings against what makes speculation lose or the router misjudge",
+    ),
     "epp": (
         "router.gateway.cli",
         "the decision as an Endpoint Picker (ext_proc) behind an Envoy-based gateway",

@@ -51,7 +51,7 @@ def _round_points(points: Sequence[Sequence[float]]) -> list[list[float]]:
 
 
 def curves_document(
-    curves: Mapping[str, Any], pools: Mapping[str, Any], crossover: int
+    curves: Mapping[str, Any], pools: Mapping[str, Any], crossover: int | None
 ) -> dict[str, Any]:
     """Start and learned curves per pool, and each backend's operating point on them: its load
     now, at the decode speed its pool's learned curve (else the start one) gives there."""
@@ -97,10 +97,12 @@ def live_document(
     return {
         "policy": status["policy"],
         "load_signal": status["load_signal"],
-        "crossover": status["crossover"],
+        "crossover": status["crossover"],  # None: none measured (see no_crossover)
         "crossover_source": status["crossover_source"],
-        # the speculative pool's room before the crossover: crossover x usable engines
-        "speculative_capacity": status["crossover"] * usable_spec,
+        "no_crossover": status.get("no_crossover"),
+        # the speculative pool's room before the crossover (or, with none measured, the
+        # highest level measured): that x usable engines
+        "speculative_capacity": status["speculative_limit"] * usable_spec,
         "learning": {
             "enabled": learning.get("enabled"),
             "pinned": learning.get("pinned"),
@@ -113,6 +115,6 @@ def live_document(
         else {"ttft_ms": slo.get("slo_ttft_ms"), "tpot_ms": slo.get("slo_tpot_ms")},
         "pools": pools,
         "recent": {**status["recent"], "series": dict(series)},
-        "curves": curves_document(curves, status["pools"], status["crossover"]),
+        "curves": curves_document(curves, status["pools"], status["speculative_limit"]),
         "ui": status.get("ui"),
     }

@@ -339,6 +339,7 @@ class Decider:
             self._offered(now),
             self._recent,
             now,
+            tuning.no_crossover,
         )
 
     def _offered(self, now: float) -> float | None:

@@ -301,3 +301,28 @@ def test_with_api_keys_the_page_takes_the_key_once(
     finally:
         context.close()
     wait_for(lambda: router_status(proc.url)["ui"]["feed_connections"] == 0)
+
+
+def test_no_crossover_shows_the_level_and_the_advice(
+    start_router: RouterFactory, browser: Browser
+) -> None:
+    from router.sim.model import PRESETS
+
+    proc = start_router(admin_token=TOKEN, ui_interval="0.5")
+    chain = model_table(16, 24, time_scale=float(TIME_SCALE), spec_preset=PRESETS["eagle3-chain"])
+    assert chain.crossover is None and chain.measured_up_to == 32
+    put = httpx.put(f"{proc.url}/router/table", json=to_json(chain),
+                    headers={"authorization": f"Bearer {TOKEN}"}, timeout=10)  # fmt: skip
+    put.raise_for_status()
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    problems = watched(page)
+    page.goto(f"{proc.url}/router/ui")
+    wait_for(lambda: page_state(page)["crossover"] == "none up to 32")
+    advice = page.locator("#advice")
+    assert advice.is_visible()
+    text = advice.text_content() or ""
+    assert "No crossover measured up to 32" in text and "More engines should speculate" in text
+    assert "2 speculative engines rather than 1 + 1" in text
+    wait_for(lambda: page_state(page)["capacity"] == "32")  # 32 x one usable engine
+    assert problems == []
+    page.close()

@@ -108,7 +108,8 @@
     ctx.stroke();
     ctx.fillStyle = COLOR.capacity;
     ctx.font = 12 * devicePixelRatio + "px sans-serif";
-    ctx.fillText(" crossover " + crossoverMark.value + " (" + crossoverMark.source + ")", x, u.bbox.top + 14 * devicePixelRatio);
+    const what = crossoverMark.none ? " no crossover up to " : " crossover ";
+    ctx.fillText(what + crossoverMark.value + " (" + crossoverMark.source + ")", x, u.bbox.top + 14 * devicePixelRatio);
     ctx.restore();
   }
 
@@ -141,9 +142,14 @@
     const spec = s.pools[SPEC], base = s.pools[BASE];
     text("policy", s.policy);
     text("load-signal", s.load_signal);
-    text("crossover", s.crossover);
-    $("crossover").dataset.value = s.crossover;
+    // null: none measured (the baseline never caught up within the levels measured)
+    const none = s.no_crossover;
+    text("crossover", none ? "none up to " + none.measured_up_to : s.crossover);
+    $("crossover").dataset.value = none ? "" : s.crossover;
+    $("crossover").title = none ? none.reason : "";
     text("crossover-source", s.crossover_source);
+    text("advice", none ? none.advice : "");
+    $("advice").hidden = !none;
     const l = s.learning || {};
     text("learning", !l.enabled ? "off" : l.pinned ? "pinned" : "on");
     text("slo", s.slo ? "SLO TTFT " + s.slo.ttft_ms + " ms · TPOT " + s.slo.tpot_ms + " ms" : "");
@@ -219,7 +225,7 @@
     });
     charts.share.setData([series.t, series[SPEC], series[BASE], shares]);
     const c = s.curves;
-    crossoverMark = { value: c.crossover, source: s.crossover_source };
+    crossoverMark = { value: c.crossover, source: s.crossover_source, none: !!none };
     charts.curves.setData(curveData(c));
     text("start-label", c.start ? "starting (" + c.start_source + ")" : "starting (none loaded)");
     text("curve-units", c.time_scale !== 1 ? "· tok/s in model time (engines run at time scale " + c.time_scale + ")" : "");
