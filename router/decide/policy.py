@@ -292,25 +292,38 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
             usable[view.name] = view.usable_count()
     if not picks:
         return None, state
-    # each candidate: its time per token and to first token, as busy as it has been lately
+    # each candidate: its time per token and to first token, as busy as it has been lately,
+    # and what its prefill adds to the time per token of each request running there (spread
+    # over a request of the mix's length)
     recent = snap.recent
+    mix_tokens = max(1.0, surf.mix.output - 1.0)
     seen: list[tuple[float, float]] = []
+    harms: list[float] = []
     for view, b, n in picks:
         cap = pools[view.name]
-        busy = 0.0
+        harms.append(
+            (cap.prefill_base + prompt * cap.prefill_per_token) / mix_tokens if n > 1 else 0.0
+        )
         if recent is not None:
             sent = recent.get(b.url)
-            busy = 0.0 if sent is None else cap.busy(sent.rate(snap.now) * surf.scale)
-            seen.append((cap.own_tpot(c, n, busy), cap.ttft(prompt, n, busy)))
+            if sent is None:
+                seen.append((cap.own_tpot(c, n, 0.0), cap.ttft(prompt, n)))
+                continue
+            busy = cap.busy(sent.rate(snap.now) * surf.scale)
+            # (its prefill waits for those sent there lately that have not ended yet)
+            ahead = sent.ahead(snap.now) / surf.scale
+            seen.append((cap.own_tpot(c, n, busy), cap.ttft(prompt, n) + ahead))
         else:
             seen.append((_tpot_at(cap, c, n), cap.ttft(prompt, n)))
-    # 1. room within the strict SLO: where its time per token is lowest
+    # 1. room within the strict SLO, its prefill keeping those there within it too: where the
+    # time per token it sees and adds to the others is lowest
     best: tuple[PoolView, BackendView, int] | None = None
-    best_tpot = math.inf
-    for (view, b, n), (own, first) in zip(picks, seen, strict=True):
+    best_cost = math.inf
+    for (view, b, n), (own, first), harm in zip(picks, seen, harms, strict=True):
         cap = pools[view.name]
-        if n <= cap.strict[c] and own <= tpot and own < best_tpot and first <= ttft:
-            best, best_tpot = (view, b, n), own
+        cost = own + (n - 1) * harm
+        if n <= cap.strict[c] and own + harm <= tpot and cost < best_cost and first <= ttft:
+            best, best_cost = (view, b, n), cost
     reason: Reason = "within_slo"
     served = sum(pools[p].relaxed_rate * k for p, k in usable.items())
     overloaded = snap.offered is not None and snap.offered > served * params.overload
@@ -319,9 +332,9 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         reason = "within_relaxed"
         fits = [
             p
-            for p, (own, first) in zip(picks, seen, strict=True)
+            for p, (own, first), harm in zip(picks, seen, harms, strict=True)
             if p[2] <= pools[p[0].name].relaxed[c]
-            and own <= tpot * RELAXED_TPOT
+            and own + harm <= tpot * RELAXED_TPOT
             and first <= ttft * RELAXED_TTFT
         ]
         if fits:

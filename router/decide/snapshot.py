@@ -57,22 +57,31 @@ class Traffic(NamedTuple):
 
 class RecentRate:
     """Requests per second lately: a count decayed over ``window`` seconds (an exponential
-    moving average of the arrival rate). Reading it changes nothing."""
+    moving average of the arrival rate), and when the prefills sent lately end (``until``: they
+    run one after another, so a request sent now starts its own after them). Reading it changes
+    nothing."""
 
-    __slots__ = ("count", "at", "window")
+    __slots__ = ("count", "at", "window", "until")
 
     def __init__(self, window: float, now: float) -> None:
         self.count = 0.0
         self.at = now
         self.window = window
+        self.until = now
 
-    def add(self, now: float) -> None:
+    def add(self, now: float, prefill: float = 0.0) -> None:
+        """One more sent at ``now``, its prefill ``prefill`` seconds (the shell's clock)."""
+        self.until = max(self.until, now) + prefill
         self.count = (
             self.count * math.exp(-(now - self.at) / self.window) + 1.0
             if now > self.at
             else self.count + 1.0
         )
         self.at = max(self.at, now)
+
+    def ahead(self, now: float) -> float:
+        """Seconds of the prefills sent lately still to run at ``now``."""
+        return self.until - now if self.until > now else 0.0
 
     def rate(self, now: float) -> float:
         keep = math.exp(-(now - self.at) / self.window) if now > self.at else 1.0

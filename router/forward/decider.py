@@ -397,7 +397,8 @@ class Decider:
             scale = 1.0 if models is None else models[SPECULATIVE].scale
             window = LATELY * scale
             sent = self._recent[decision.backend] = RecentRate(window, now)
-        sent.add(now)
+        prefill = 0.0 if models is None else models[decision.pool].prefill(req.prompt_tokens)
+        sent.add(now, prefill * (1.0 if models is None else models[decision.pool].scale))
         pool = snap.pool(decision.pool)
         urls = self.pools[decision.pool]
         # (the pools' views follow ``self.pools`` in order: look the backend up by its place)
@@ -409,7 +410,6 @@ class Decider:
         )
         if decision.extrapolated:
             self.extrapolated += 1
-        prefill = 0.0 if models is None else models[decision.pool].prefill(req.prompt_tokens)
         return decision._replace(load=view.load, prefill=prefill)
 
     def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:
