@@ -80,13 +80,22 @@ def test_a_lone_request_goes_to_the_speculative_engine() -> None:
 
 
 def test_room_within_the_strict_target_goes_where_the_request_decodes_fastest() -> None:
+    # (a request with next to no prompt: its prefill stalls those running next to nothing)
+    r = req(prompt=1)
     # the speculative engine is at its strict capacity: the next one goes to the baseline
     full = strict(SPECULATIVE)
-    d = choose("slo", snap(full, 0))[0]
+    d = choose("slo", snap(full, 0, r))[0]
     assert d is not None and (d.pool, d.reason) == (BASELINE, "within_slo")
     # one short of it: speculation still
-    d = choose("slo", snap(full - 1, 0))[0]
+    d = choose("slo", snap(full - 1, 0, r))[0]
     assert d is not None and d.pool == SPECULATIVE
+
+
+def test_a_long_prompt_goes_where_its_prefill_stalls_fewer_requests() -> None:
+    # one short of the speculative strict capacity, the baseline idle: a long prompt's prefill
+    # would stall those running on the speculative engine, so it goes to the idle baseline
+    d = choose("slo", snap(strict(SPECULATIVE) - 1, 0, req(prompt=4000, ttft=3.0)))[0]
+    assert d is not None and (d.pool, d.reason) == (BASELINE, "within_slo")
 
 
 def test_past_both_strict_capacities_the_relaxed_room_is_shared_by_share_of_it() -> None:
@@ -191,10 +200,11 @@ def test_no_usable_backend_no_decision() -> None:
 
 def test_a_ramping_backend_counts_as_more_loaded() -> None:
     # one request short of the strict capacity, at half weight it counts as past it
-    at = strict(SPECULATIVE) - 1
-    d = choose("slo", snap(pool(SPECULATIVE, at, weight=0.5), 0))[0]
+    # (a request with next to no prompt: its prefill stalls those running next to nothing)
+    at, r = strict(SPECULATIVE) - 1, req(prompt=1)
+    d = choose("slo", snap(pool(SPECULATIVE, at, weight=0.5), 0, r))[0]
     assert d is not None and d.pool == BASELINE
-    d = choose("slo", snap(pool(SPECULATIVE, at), 0))[0]
+    d = choose("slo", snap(pool(SPECULATIVE, at), 0, r))[0]
     assert d is not None and d.pool == SPECULATIVE
 
 
