@@ -1,89 +1,85 @@
-"""The policy lab's engines and router, in-process (``bench/policy_lab.py`` drives them).
+"""The policy lab's engines and router, in-process (``bench/policy_lab.py`` and
+``bench/policy_family.py`` drive them).
 
 Engines: a discrete-event copy of the sims' continuous-batching loop (``router.sim.engine``
-over ``router.sim.model``): iteration cost, prefill stalls, speculative gains, ``max_running``.
+over ``router.sim.model``): iteration cost, prefill stalls, speculative gains drawn per request
+and iteration, ``max_running``. ``tests/bench/test_lab_sim.py`` holds it to the model's closed
+loop.
 
-Router: the decision shell of ``router.forward.decider.Decider`` as HTTP runs it, imitated on
-the lab's clock: loads are the requests in flight per engine (the router's ``local`` signal),
-the prefill share and the Little's-law expected load over ``RECENT_WINDOW``, the crossover and
-the curves from the calibrated table, kept current by learning from finished requests as
-``router.learn.keeper`` does (samples into ``Learner`` and ``EngineModels``, republished
-every ``LEARN_INTERVAL``), and the same exploration near the crossover. ``Router(models=...)``
-can instead hand the policies the sims' true models (``tests.support.models``), to tell what
-the policy gets wrong from what the router's knowledge does.
+Router: the router's own decision shell and learning, not a copy of them: a
+``router.forward.decider.Decider`` over a real ``InflightTracker`` and ``HealthRegistry``, and
+a ``router.learn.keeper.CrossoverKeeper`` started from the calibrated table with the settings
+``spec-router serve`` has by default, all on the lab's clock (model seconds: the table's time
+scale is set to 1). A request is leased, sent, given its first byte and released as the proxy
+does it (``router.forward.proxy``), and the keeper learns from its ``Outcome``; the keeper's
+timer (``LEARN_INTERVAL``) also reads the engines' acceptance lengths, as the poller would.
+The router-side queue (``QUEUE_SIZE``, ``QUEUE_TIMEOUT``) is imitated: an ``overflow`` decision
+waits, and is looked at again each time a request ends, oldest first, one per release.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from router.account.inflight import PrefillLog
+from router.account.inflight import InflightTracker, Lease
+from router.account.outcome import Outcome
 from router.decide import table as tables
-from router.decide.policy import (
-    BackendView,
-    Decision,
-    PoolView,
-    RoutingState,
-    Snapshot,
-    choose,
-    explore,
-)
-from router.decide.predict import PoolModel, Request
-from router.decide.snapshot import RECENT_WINDOW, Mix, flight
-from router.decide.snapshot import Recent as _DeciderRecent
-from router.decide.twin import Flight, Stream
-from router.learn.learner import Held, LearnConfig, Learner, marginal_gain
-from router.learn.models import EngineModels, Sample
+from router.decide.params import DEFAULT, Params
+from router.decide.policy import Decision
+from router.forward.decider import Decider
+from router.forward.request import RequestInfo
+from router.health.state import HealthConfig, HealthRegistry
+from router.learn.keeper import CrossoverKeeper
 from router.pools import BASELINE, SPECULATIVE, Pool
+from router.settings import PolicyName, Settings
 from router.sim.model import BASELINE as BASE_PRESET
-from router.sim.model import EAGLE3, Preset, prefill_time, sample_gain, solve_alpha, step_time
+from router.sim.model import EAGLE3, Preset, prefill_time, solve_alpha, step_time
 from router.tools.traffic import Arrival
+from router.upstream.stream import Usage
 
-# As the router's settings default: seconds of model time between learning updates (the
-# router's 5 s wall at the sims' time scale 0.25), exploration share and band.
+RESULTS = Path(__file__).resolve().parent / "results"
+TABLE = RESULTS / "calibration-traffic.json"
+# The calibrated table each regime's router starts from (bench/calibrate_regime.py).
+TABLES = {
+    "eagle3": TABLE,
+    "eagle3-chain": RESULTS / "calibration-eagle3-chain.json",
+    "eagle3-tree": RESULTS / "calibration-eagle3-tree.json",
+}
+# Seconds of model time between learning updates: the router's 5 s wall (LEARN_INTERVAL) at the
+# sims' time scale 0.25, as bench/traffic.py runs them.
 LEARN_INTERVAL = 20.0
-EXPLORE_SHARE, EXPLORE_BAND = 0.02, 2
+# The SLO the router routes for and the runs are scored by (model seconds).
+SLO = (1.0, 0.025)
 
 
-@dataclass
+@dataclass(slots=True)
 class Req:
     arrival: Arrival
     pool: Pool = SPECULATIVE
     generated: int = 0
     first: float | None = None
     last: float | None = None
-    rng: random.Random = field(default_factory=random.Random)
-    # what the router saw when it routed it, and the backend's in-flight area at its first token
-    request: Request | None = None
-    load_at_start: int = 0
-    prefill_share: float = 0.0
-    area_first: float = 0.0
-    prefill: float = 0.0  # its prefill as the router estimated it (Decision.prefill)
+    rng: random.Random | None = None
+    refused: bool = False  # the router's queue gave up on it
+    # the router's side of it
+    out: Outcome | None = None
+    lease: Lease | None = None
 
     @property
     def done(self) -> bool:
         return self.generated >= self.arrival.output_tokens
 
-    # what the router's Decider reads of a request in flight (router.account.outcome.Outcome)
-    stream = True
-
-    @property
-    def started(self) -> float:
-        return self.arrival.at
-
-    @property
-    def first_byte(self) -> float | None:
-        return self.first
-
 
 class Engine:
+    """One sim engine (``router.sim.engine.Engine``'s loop, on the lab's clock)."""
+
     def __init__(self, preset: Preset, url: str, seed: int) -> None:
         self.p = preset
         self.url = url
@@ -91,31 +87,23 @@ class Engine:
         self.waiting: deque[Req] = deque()
         self.context = 0
         self.busy_until: float | None = None  # end of the iteration under way
-        self.joiners: list[Req] = []
         self.completed = 0
         self.started = 0
-        self.alpha = {
-            False: solve_alpha(preset.tau, preset.spec_k),
-            True: solve_alpha(preset.tau_sampling, preset.spec_k),
+        k = preset.spec_k
+        # each class's chance that a draw yields more than j tokens: a gain is 1 + the number
+        # of these thresholds a uniform draw falls below (``router.sim.model.sample_gain``)
+        self.thresholds = {
+            s: tuple(solve_alpha(t, k) ** j for j in range(1, k + 1)) if k else ()
+            for s, t in ((False, preset.tau), (True, preset.tau_sampling))
         }
         self.seed = seed
-        self._area, self._area_at = 0.0, 0.0  # integral of the load over time
         self.spec_tokens = self.spec_steps = 0  # acceptance, as the engine reports it
-        # the router's estimate of each prefill here, by its first token (InflightTracker's)
-        self.prefilled = PrefillLog()
 
     @property
     def load(self) -> int:
         return len(self.running) + len(self.waiting)
 
-    def area(self, now: float) -> float:
-        return self._area + self.load * (now - self._area_at)
-
-    def _moved(self, now: float) -> None:
-        self._area, self._area_at = self.area(now), now
-
     def submit(self, req: Req, now: float) -> None:
-        self._moved(now)
         req.rng = random.Random(f"{self.seed}:{self.started}")
         self.started += 1
         self.waiting.append(req)
@@ -123,44 +111,49 @@ class Engine:
             self._start(now)
 
     def _start(self, now: float) -> None:
-        self.joiners = []
-        while self.waiting and len(self.running) < self.p.max_running:
+        joiners = []
+        p = self.p
+        while self.waiting and len(self.running) < p.max_running:
             r = self.waiting.popleft()
             self.running.append(r)
             self.context += r.arrival.prompt_tokens
-            self.joiners.append(r)
+            joiners.append(r)
         if not self.running:
             self.busy_until = None
             return
-        d = step_time(self.p, len(self.running), self.context)
-        d += sum(prefill_time(self.p, r.arrival.prompt_tokens) for r in self.joiners)
+        d = step_time(p, len(self.running), self.context)
+        d += sum(prefill_time(p, r.arrival.prompt_tokens) for r in joiners)
         self.busy_until = now + d
 
-    def finish_iteration(self, now: float, done: list[Req]) -> None:
-        k = self.p.spec_k
+    def finish_iteration(self, now: float, firsts: list[Req], done: list[Req]) -> None:
         gained = 0
+        finished = []
+        thresholds = self.thresholds
+        speculative = bool(self.p.spec_k)
         for r in self.running:
             if r.generated == 0:
                 g = 1
                 r.first = now
-                r.area_first = self.area(now)
-                if r.prefill:
-                    self.prefilled.add(now, r.prefill)
+                firsts.append(r)
+            elif speculative:
+                assert r.rng is not None
+                u = r.rng.random()
+                g = 1
+                for t in thresholds[r.arrival.temperature > 0]:
+                    if u >= t:
+                        break
+                    g += 1
+                self.spec_tokens += g
+                self.spec_steps += 1
+                g = min(g, r.arrival.output_tokens - r.generated)
             else:
                 g = 1
-                if k:
-                    g = sample_gain(self.alpha[r.arrival.temperature > 0], k, r.rng.random())
-                    self.spec_tokens += g
-                    self.spec_steps += 1
-                g = min(g, r.arrival.output_tokens - r.generated)
             r.generated += g
             gained += g
-            if r.done:
+            if r.generated >= r.arrival.output_tokens:
                 r.last = now
+                finished.append(r)
         self.context += gained
-        finished = [r for r in self.running if r.done]
-        if finished:
-            self._moved(now)
         for r in finished:
             self.completed += 1
             self.running.remove(r)
@@ -169,195 +162,276 @@ class Engine:
         self._start(now)
 
 
-TABLE = Path(__file__).resolve().parent / "results" / "calibration-traffic.json"
+@dataclass
+class Seen:
+    """What the poller would have read of an engine (``router.learn.keeper.Seen``)."""
+
+    accept_length: float | None = None
+    cap: int | None = None
 
 
-def true_models(spec: Preset = EAGLE3) -> dict[Pool, PoolModel]:
-    from tests.support.models import preset_model
+class Truth:
+    """The sims' own models instead of what the keeper learned (``tests.support.models``):
+    ``spec`` as the speculative pool's engine, the baseline preset as the other's."""
 
-    return {SPECULATIVE: preset_model(spec), BASELINE: preset_model(BASE_PRESET)}
+    def __init__(self, spec: Preset) -> None:
+        from tests.support.models import preset_model
+
+        self.models = {SPECULATIVE: preset_model(spec), BASELINE: preset_model(BASE_PRESET)}
 
 
+class _Told:
+    """The keeper's values for the decider, with the models replaced (``Truth``)."""
+
+    def __init__(self, keeper: CrossoverKeeper, truth: Truth) -> None:
+        self.keeper = keeper
+        self.models = truth.models
+
+    @property
+    def crossover(self) -> int:
+        return self.keeper.crossover
+
+    @property
+    def gain(self) -> Any:
+        return self.keeper.gain
+
+    @property
+    def traffic(self) -> Any:
+        return self.keeper.traffic
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
 class Router:
-    """What the router knows and does around a policy (see the module's docstring).
+    """The router around a policy: its Decider, tracker, health and keeper, on the lab's clock.
 
-    ``models``: "learn" (the calibrated table, learning on: as ``bench/traffic.py`` runs the
-    router), "table" (the table, no learning) or "truth" (the sims' own models, no learning:
-    ``spec``'s and the baseline's).
-    """
+    ``table``: the calibrated table it starts from; ``learn``: learning on (as ``spec-router
+    serve`` runs by default) or off; ``queue``: (size, timeout in model seconds) of the
+    router-side queue, or None (off, the default)."""
 
-    def __init__(
-        self,
-        policy: str,
-        models: str = "learn",
-        table: Path = TABLE,
-        slo: tuple[float, float] = (1.0, 0.025),
-        explore_share: float = EXPLORE_SHARE,
-        spec: Preset = EAGLE3,
-    ) -> None:
-        self.policy = policy
-        self.mode = models
-        # the lab runs in model time (the table's time scale is that of the sims it measured)
-        t = dataclasses.replace(tables.load(table), time_scale=1.0)
-        self.learner = Learner(LearnConfig(), t)
-        self.engines = EngineModels(t)
-        self.held = Held(t.limit, t.crossover is None)
-        self.gain = marginal_gain(self.learner.curves())
-        self.models: Mapping[Pool, PoolModel] | None = (
-            true_models(spec) if models == "truth" else self.engines.models()
+    policy: PolicyName
+    urls: dict[Pool, list[str]]
+    table: Path = TABLE
+    learn: bool = True
+    queue: tuple[int, float] | None = None
+    lifo: bool = False  # the queue admits its newest waiter first
+    params: Params = DEFAULT
+    explore_share: float | None = None  # None: the settings' default (when learning)
+    truth: Truth | None = None  # the sims' models instead of the keeper's
+    clock: Clock = field(default_factory=Clock)
+
+    def __post_init__(self) -> None:
+        clock = self.clock
+        backends = [(pool, url) for pool, urls in self.urls.items() for url in urls]
+        settings = Settings(
+            speculative_urls=self.urls[SPECULATIVE],
+            baseline_urls=self.urls[BASELINE],
+            policy=self.policy,
+            learn=self.learn,
+            table_path=None,
+            slo_ttft_ms=SLO[0] * 1000,
+            slo_tpot_ms=SLO[1] * 1000,
         )
-        self.slo = slo
-        self.explore_share = explore_share
-        self.credit = 0.0
-        self.state = RoutingState()
-        self.recent: dict[str, _DeciderRecent] = {}
-        self.mix = Mix()
-        self.caps: dict[str, int] = {}  # as the poller learns them: once a queue is seen
-        self.last_request: Request | None = None
+        table = dataclasses.replace(tables.load(self.table), time_scale=1.0)
+        self.tracker = InflightTracker(backends, clock)
+        self.health = HealthRegistry([u for _, u in backends], HealthConfig(), clock())
+        for _, url in backends:
+            self.health.probe(url, True, clock())
+        # the engines' running caps as their /server_info reports them (the poller's)
+        self.seen: dict[str, Seen] = {url: Seen() for _, url in backends}
+        self.keeper = CrossoverKeeper(settings, self.tracker, self.seen, table, clock)
+        share = settings.explore_share if self.learn else 0.0
+        tuning: Any = self.keeper if self.truth is None else _Told(self.keeper, self.truth)
+        self.decider = Decider(
+            self.urls,
+            self.tracker,
+            self.health,
+            tuning,
+            {},
+            policy=self.policy,
+            hysteresis=settings.hysteresis,
+            load_signal=settings.load_signal,
+            clock=clock,
+            explore_share=share if self.explore_share is None else self.explore_share,
+            explore_band=settings.explore_band,
+            slo_ttft=SLO[0],
+            slo_tpot=SLO[1],
+            params=self.params,
+        )
         self.next_update = LEARN_INTERVAL
+        self.waiting: deque[tuple[Req, Any]] = deque()
+        self.refused = 0
 
-    # -- deciding -------------------------------------------------------------------------------
-    def _view(self, pool: Pool, e: Engine, now: float) -> BackendView:
-        r = self.recent.setdefault(e.url, _DeciderRecent(0.0))
-        r.update(now, RECENT_WINDOW, e.area(now), e.completed)
-        flights: tuple[Flight, ...] = ()
-        stream = None
-        if self.policy == "slo" and self.models is not None:
-            model = self.models[pool]
-            flights = tuple(flight(q, now, model) for q in (*e.running, *e.waiting))
-            rate = r.rate(now, RECENT_WINDOW)
-            output = self.mix.output or self.engines.mean_output.value
-            stream = Stream(rate, self.mix.prompt, output, self.mix.sampling, *self.slo)
-        return BackendView(e.url, e.load, prefill_share=r.prefill / RECENT_WINDOW,
-                           load_avg=r.expected(RECENT_WINDOW), cap=self.caps.get(e.url),
-                           flights=flights, stream=stream)  # fmt: skip
-
-    def decide(self, a: Arrival, engines: Sequence[Engine], pools: Sequence[Pool], now: float
-               ) -> Decision:  # fmt: skip
-        req = None
-        if self.policy == "slo":
-            out = a.output_tokens
-            req = Request(a.prompt_tokens, out, a.temperature > 0, *self.slo)
-        pairs = list(zip(pools, engines, strict=True))
-        spec = [self._view(p, e, now) for p, e in pairs if p == SPECULATIVE]
-        base = [self._view(p, e, now) for p, e in pairs if p == BASELINE]
-        snap = Snapshot(
-            PoolView(SPECULATIVE, tuple(spec)),
-            PoolView(BASELINE, tuple(base)),
-            self.held.value,
-            1,
-            self.state,
-            self.gain,
-            req,
-            self.models if req is not None else None,
-            self.engines.mean_output.value,
-            self.mix.sampling,
-            self.held.no_crossover,
+    def request(self, a: Arrival) -> Any:
+        info = RequestInfo(
+            stream=True,
+            max_tokens=a.output_tokens,
+            temperature=a.temperature,
+            prompt_tokens=a.prompt_tokens,
         )
-        decision, self.state = choose(self.policy, snap)
+        return self.decider.request(info)
+
+    def route(self, r: Req, engines: dict[str, Engine]) -> None:
+        """``r`` arrived now: decided and sent, or queued."""
+        now = self.clock.now
+        out = Outcome("/v1/chat/completions", now, stream=True)
+        out.read(True, r.arrival.temperature > 0, 0)
+        r.out = out
+        request = self.request(r.arrival)
+        out.request = request
+        decision = self.decider.decide(request)
         assert decision is not None
-        self.last_request = req
-        if self.explore_share > 0 and self.policy != "round_robin":
-            if abs(snap.speculative.load - snap.crossover) <= EXPLORE_BAND:
-                self.credit += self.explore_share
-                if self.credit >= 1.0:
-                    alt = explore(snap, decision)
-                    if alt is not None:
-                        self.credit -= 1.0
-                        decision = alt
-        if req is not None and self.models is not None:
-            self.mix.add(req)
-            prefill = self.models[decision.pool].prefill(a.prompt_tokens)
-            self.recent[decision.backend].sent(prefill)
-            view = next(b for b in (*spec, *base) if b.url == decision.backend)
-            decision = decision._replace(load=view.load, prefill_share=view.prefill_share,
-                                         prefill=prefill)  # fmt: skip
-        return decision
-
-    # -- learning -------------------------------------------------------------------------------
-    def finished(self, r: Req, engine: Engine) -> None:
-        """A finished request becomes a learning sample, as ``Keeper.observe`` makes it."""
-        if self.mode != "learn" or r.first is None or r.last is None:
+        if decision.reason == "overflow" and self.queue is not None:
+            if len(self.waiting) >= self.queue[0]:
+                r.refused = True
+                self.refused += 1
+                return
+            out.queued()
+            self.waiting.append((r, request))
             return
-        n = r.arrival.output_tokens
-        decode = r.last - r.first
-        concurrency = spt = 0.0
-        if n >= 2 and decode > 0:
-            concurrency = (engine.area(r.last) - r.area_first) / decode
-            spt = decode / (n - 1)
-            self.learner.record(r.pool, concurrency, spt, r.first - r.arrival.at,
-                                r.last - r.arrival.at)  # fmt: skip
-        cap = self.caps.get(engine.url)
-        if cap is not None:
-            concurrency = min(concurrency, float(cap))
-        stall = engine.prefilled.stalls(r.first, spt, r.last)
-        sample = Sample(r.pool, concurrency, spt, r.first - r.arrival.at,
-                        r.arrival.temperature > 0, r.arrival.prompt_tokens, 0, n,
-                        r.load_at_start, r.prefill_share, stall)  # fmt: skip
-        self.engines.record(sample)
+        self._send(r, decision, engines)
 
-    def tick(self, now: float, engines: Sequence[Engine]) -> None:
-        """The keeper's timer: the acceptance length, the crossover step, the models."""
-        if self.mode != "learn" or now < self.next_update:
+    def _send(self, r: Req, decision: Decision, engines: dict[str, Engine]) -> None:
+        tracker = self.tracker
+        out = r.out
+        assert out is not None
+        r.lease = tracker.acquire(decision.backend, out if out.request is not None else None)
+        r.pool = decision.pool
+        out.attempt(decision.pool, decision.backend, decision.reason, decision.load,
+                    decision.prefill_share, tracker.started[decision.backend],
+                    decision.prefill)  # fmt: skip
+        engines[decision.backend].submit(r, self.clock.now)
+
+    def first(self, r: Req) -> None:
+        """Its first token reached the router (``Proxy._first_bytes``)."""
+        out, now = r.out, self.clock.now
+        assert out is not None and out.backend is not None
+        tracker = self.tracker
+        out.first_bytes(now, tracker.area(out.backend, now), tracker.started[out.backend])
+        if out.prefill:
+            tracker.prefilled(out.backend, now, out.prefill)
+
+    def finished(self, r: Req, engines: dict[str, Engine]) -> None:
+        """Its last token: the lease released, the outcome observed, a queued request looked at."""
+        out, lease = r.out, r.lease
+        assert out is not None and lease is not None
+        out.answered(200)
+        out.counted(Usage(r.arrival.prompt_tokens, r.arrival.output_tokens))
+        out.finish(self.clock.now)
+        lease.release()
+        self.keeper.observe(out)
+        self._admit(engines)
+
+    def _admit(self, engines: dict[str, Engine]) -> None:
+        """One queued request looked at (the oldest within its deadline), as a release wakes
+        one waiter of ``router.forward.admission``."""
+        if self.queue is None:
+            return
+        timeout = self.queue[1]
+        now = self.clock.now
+        while self.waiting and now - self.waiting[0][0].arrival.at > timeout:
+            r, _ = self.waiting.popleft()
+            r.refused = True
+            self.refused += 1
+        if not self.waiting:
+            return
+        r, request = self.waiting[-1] if self.lifo else self.waiting[0]
+        peek = self.decider.peek(request)
+        if peek is None or peek.reason == "overflow":
+            return
+        if self.lifo:
+            self.waiting.pop()
+        else:
+            self.waiting.popleft()
+        decision = self.decider.decide(request)
+        assert decision is not None
+        self._send(r, decision, engines)
+
+    def tick(self, engines: Sequence[Engine]) -> None:
+        """The keeper's timer: the engines' acceptance lengths as scraped, one learning step,
+        the decider's surface (``router.lifecycle.keep_learning``)."""
+        now = self.clock.now
+        if now < self.next_update:
             return
         self.next_update = now + LEARN_INTERVAL
-        spec = [e for e in engines if e.p.spec_k and e.spec_steps]
-        tau = sum(e.spec_tokens / e.spec_steps for e in spec) / len(spec) if spec else None
-        for e in spec:
-            e.spec_tokens = e.spec_steps = 0
-        self.learner.observe_accept(tau)
-        self.engines.observe_accept(tau)
-        self.gain = marginal_gain(self.learner.curves())
-        self.models = self.engines.models()
-        new = self.learner.step(self.held, False)
-        if new is not None:
-            self.held = new
+        for e in engines:
+            seen = self.seen[e.url]
+            seen.cap = e.p.max_running
+            if e.p.spec_k and e.spec_steps:
+                seen.accept_length = e.spec_tokens / e.spec_steps
+                e.spec_tokens = e.spec_steps = 0
+        self.keeper.update()
+        self.decider.refresh()
 
 
-def _route(router: Router, a: Arrival, engines: Sequence[Engine], pools: tuple[Pool, Pool],
-           pool_of: Mapping[str, Pool]) -> Decision:  # fmt: skip
-    """``a`` routed by ``router`` and submitted to the engine it chose."""
-    router.tick(a.at, engines)
-    decision = router.decide(a, engines, pools, a.at)
-    req = Req(a, pool_of[decision.backend], request=getattr(router, "last_request", None),
-              load_at_start=decision.load, prefill_share=decision.prefill_share,
-              prefill=decision.prefill)  # fmt: skip
-    next(e for e in engines if e.url == decision.backend).submit(req, a.at)
-    return decision
+def engines_for(
+    presets: Sequence[Preset], pools: Sequence[Pool], seed: int
+) -> tuple[list[Engine], dict[Pool, list[str]]]:
+    engines = [Engine(p, f"http://e{i}", seed + i) for i, p in enumerate(presets)]
+    urls: dict[Pool, list[str]] = {SPECULATIVE: [], BASELINE: []}
+    for e, pool in zip(engines, pools, strict=True):
+        urls[pool].append(e.url)
+    return engines, urls
 
 
 def run(
     arrivals: Sequence[Arrival],
-    router: Router,
+    make_router: Callable[[dict[Pool, list[str]]], Router],
     seed: int = 0,
-    presets: tuple[Preset, Preset] = (EAGLE3, BASE_PRESET),
-    pools: tuple[Pool, Pool] = (SPECULATIVE, BASELINE),
-    on_decision: Callable[[Decision, Arrival], None] | None = None,
+    presets: Sequence[Preset] = (EAGLE3, BASE_PRESET),
+    pools: Sequence[Pool] = (SPECULATIVE, BASELINE),
+    on_decision: Callable[[Req], None] | None = None,
+    drain: float = math.inf,
 ) -> list[Req]:
-    """Every arrival routed by ``router`` onto fresh engines, until the last one finishes."""
-    engines = [Engine(p, f"e{i}", seed + i) for i, p in enumerate(presets)]
-    pool_of = {e.url: pools[i] for i, e in enumerate(engines)}
+    """Every arrival routed by the router ``make_router`` builds over fresh engines, until the
+    last one finishes (or is refused), or ``drain`` after the last arrival; every request,
+    finished or not."""
+    engines, urls = engines_for(presets, pools, seed)
+    router = make_router(urls)
+    by_url = {e.url: e for e in engines}
+    clock = router.clock
+    reqs: list[Req] = []
+    firsts: list[Req] = []
     done: list[Req] = []
 
     def advance(until: float) -> None:
         while True:
-            busy = [e for e in engines if e.busy_until is not None and e.busy_until <= until]
-            if not busy:
+            nxt: Engine | None = None
+            at = until
+            for e in engines:
+                b = e.busy_until
+                if b is not None and b <= at:
+                    nxt, at = e, b
+            if nxt is None:
                 return
-            nxt = min(busy, key=lambda e: e.busy_until or 0.0)
-            assert nxt.busy_until is not None
-            before = len(done)
-            nxt.finish_iteration(nxt.busy_until, done)
-            for r in done[before:]:
-                router.finished(r, nxt)
+            clock.now = at
+            router.tick(engines)
+            nxt.finish_iteration(at, firsts, done)
+            for r in firsts:
+                router.first(r)
+            firsts.clear()
+            for r in done:
+                router.finished(r, by_url)
+            done.clear()
 
     for a in arrivals:
         advance(a.at)
-        decision = _route(router, a, engines, pools, pool_of)
+        clock.now = a.at
+        router.tick(engines)
+        r = Req(a)
+        reqs.append(r)
+        router.route(r, by_url)
         if on_decision is not None:
-            on_decision(decision, a)
-    advance(math.inf)
-    return done
+            on_decision(r)
+    advance((arrivals[-1].at if arrivals else 0.0) + drain)
+    return reqs
 
 
 def run_closed(
@@ -365,37 +439,47 @@ def run_closed(
     prompt_tokens: int,
     output_tokens: int,
     duration: float,
-    router: Router,
+    make_router: Callable[[dict[Pool, list[str]]], Router],
     seed: int = 0,
     temperature: float = 0.0,
-    presets: tuple[Preset, Preset] = (EAGLE3, BASE_PRESET),
-    pools: tuple[Pool, Pool] = (SPECULATIVE, BASELINE),
-) -> tuple[list[Req], list[Arrival]]:
+    presets: Sequence[Preset] = (EAGLE3, BASE_PRESET),
+    pools: Sequence[Pool] = (SPECULATIVE, BASELINE),
+) -> list[Req]:
     """A closed loop: ``users`` clients that each send the next request the moment the last one
-    ends (all starting together, as the demo's), for ``duration`` model seconds; the requests
-    that finished by then, and every arrival."""
-    engines = [Engine(p, f"e{i}", seed + i) for i, p in enumerate(presets)]
-    pool_of = {e.url: pools[i] for i, e in enumerate(engines)}
+    ends (all starting together, as the demo's), for ``duration`` model seconds; every request
+    sent by then."""
+    engines, urls = engines_for(presets, pools, seed)
+    router = make_router(urls)
+    by_url = {e.url: e for e in engines}
+    clock = router.clock
+    reqs: list[Req] = []
+    firsts: list[Req] = []
     done: list[Req] = []
-    arrivals: list[Arrival] = []
     due = [0.0] * users  # each user's next arrival, in order of time
+
     while True:
-        busy = [e for e in engines if e.busy_until is not None]
-        nxt = min(busy, key=lambda e: e.busy_until or 0.0) if busy else None
+        nxt: Engine | None = None
         at = due[0] if due else math.inf
-        if nxt is not None and (nxt.busy_until or 0.0) <= at:
-            now = nxt.busy_until or 0.0
-            if now > duration:
-                return done, arrivals
-            before = len(done)
-            nxt.finish_iteration(now, done)
-            for r in done[before:]:
-                router.finished(r, nxt)
-                bisect.insort(due, now)
-            continue
+        for e in engines:
+            b = e.busy_until
+            if b is not None and b <= at:
+                nxt, at = e, b
         if at > duration:
-            return done, arrivals
+            return reqs
+        clock.now = at
+        router.tick(engines)
+        if nxt is not None:
+            nxt.finish_iteration(at, firsts, done)
+            for r in firsts:
+                router.first(r)
+            firsts.clear()
+            for r in done:
+                router.finished(r, by_url)
+                due.append(at)
+            done.clear()
+            due.sort()
+            continue
         due.pop(0)
-        a = Arrival(at, prompt_tokens, output_tokens, temperature)
-        arrivals.append(a)
-        _route(router, a, engines, pools, pool_of)
+        r = Req(Arrival(at, prompt_tokens, output_tokens, temperature))
+        reqs.append(r)
+        router.route(r, by_url)

@@ -35,13 +35,14 @@ import math
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lab_sim import TABLE, Req, Router, run, run_closed  # noqa: E402
+from lab_sim import TABLE, Req, Router, Truth, run, run_closed  # noqa: E402
 
-from router.pools import SPECULATIVE  # noqa: E402
+from router.pools import SPECULATIVE, Pool  # noqa: E402
 from router.sim.model import BASELINE, EAGLE3, PRESETS, REGIMES, Preset  # noqa: E402
 from router.tools import traffic  # noqa: E402
 from router.tools.traffic import Arrival  # noqa: E402
@@ -115,7 +116,8 @@ def pct(xs: list[float], q: float) -> float:
 def score(done: list[Req], arrivals: list[Arrival], warm: float = WARMUP,
           drain: float = DRAIN) -> Score:  # fmt: skip
     """As ``router.tools.goodput``: over the arrivals at or after ``warm``; a request not
-    finished ``drain`` after the last arrival is a failure (and has no TTFT/TPOT)."""
+    finished ``drain`` after the last arrival (or refused by the router's queue) is a failure
+    (and has no TTFT/TPOT)."""
     end = (arrivals[-1].at if arrivals else 0.0) + drain
     scored = [a for a in arrivals if a.at >= warm]
     rs = [r for r in done if r.arrival.at >= warm and r.last is not None and r.last <= end]
@@ -139,6 +141,18 @@ def mean_score(scores: list[Score]) -> Score:
     return Score(*[sum(getattr(s, f.name) for s in scores) / len(scores) for f in fields(Score)])
 
 
+def router_for(policy: str, models: str, table: Path, spec: Preset) -> Any:
+    """What builds the lab's router over a run's engines: ``models`` "learn" (the table,
+    learning on: as ``spec-router serve`` runs), "table" (no learning) or "truth" (the sims'
+    own models, no learning)."""
+
+    def make(urls: dict[Pool, list[str]]) -> Router:
+        truth = Truth(spec) if models == "truth" else None
+        return Router(policy, urls, table, learn=models == "learn", truth=truth)  # type: ignore[arg-type]
+
+    return make
+
+
 def evaluate(policy: str, name: str, rate: float, seeds: int, models: str = "learn",
              workload_seeds: bool = False, hot: float = 0.0, spec: Preset = EAGLE3,
              table: Path = TABLE) -> Score:  # fmt: skip
@@ -146,8 +160,8 @@ def evaluate(policy: str, name: str, rate: float, seeds: int, models: str = "lea
     scores = []
     for seed in range(seeds):
         arrivals = workload(name, rate, seed + 1 if workload_seeds else 1, hot)
-        router = Router(policy, models, table, spec=spec)
-        done = run(arrivals, router, seed=10 * seed + 1, presets=(spec, BASELINE))
+        done = run(arrivals, router_for(policy, models, table, spec), seed=10 * seed + 1,
+                   presets=(spec, BASELINE))  # fmt: skip
         scores.append(score(done, arrivals))
     return mean_score(scores)
 
@@ -158,12 +172,11 @@ def evaluate_closed(policy: str, users: int, sizes: tuple[int, int], seeds: int,
     """Mean over ``seeds`` engine seeds, and the requests per second served."""
     scores, rates = [], []
     for seed in range(seeds):
-        done, arrivals = run_closed(users, *sizes, CLOSED_DURATION,
-                                    Router(policy, models, table, spec=spec),
-                                    seed=10 * seed + 1, presets=(spec, BASELINE))  # fmt: skip
+        reqs = run_closed(users, *sizes, CLOSED_DURATION, router_for(policy, models, table, spec),
+                          seed=10 * seed + 1, presets=(spec, BASELINE))  # fmt: skip
         last = CLOSED_DURATION - CLOSED_SLACK
-        scored = [a for a in arrivals if a.at <= last]
-        finished = [r for r in done if r.arrival.at <= last]
+        finished = [r for r in reqs if r.arrival.at <= last]
+        scored = [r.arrival for r in finished]
         scores.append(score(finished, scored, CLOSED_WARMUP, CLOSED_SLACK))
         rates.append(scores[-1].n / (CLOSED_DURATION - CLOSED_SLACK - CLOSED_WARMUP))
     return mean_score(scores), sum(rates) / len(rates)
@@ -191,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="MODULE.NAME=VALUE",
-        help="override a constant of router.decide.{twin,policy,snapshot} (a sweep)",
+        help="override a constant of router.decide.{capacity,policy,snapshot} (a sweep)",
     )
     args = ap.parse_args(argv)
     spec = PRESETS[args.regime]

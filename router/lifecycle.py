@@ -77,6 +77,8 @@ class Deciding(Protocol):
     def clients(self) -> dict[str, OriginPool]: ...
     @property
     def membership(self) -> Membership: ...
+    @property
+    def decider(self) -> Decider: ...
 
 
 class Runnable(Deciding, Protocol):
@@ -134,7 +136,7 @@ async def deciding(app: Deciding, open_client: Callable[[str], OriginPool]) -> A
         tasks.append(loop.create_task(keep_members(membership)))
         if membership.discovery is not None:
             tasks.append(loop.create_task(keep_discovering(membership)))
-        tasks.append(loop.create_task(keep_learning(keeper)))
+        tasks.append(loop.create_task(keep_learning(keeper, app.decider)))
         if exchange is not None:
             tasks.append(loop.create_task(exchange.follow(keeper)))
         yield
@@ -293,14 +295,19 @@ async def keep_discovering(membership: Membership) -> None:
             log.exception("discovery round failed")
 
 
-async def keep_learning(keeper: CrossoverKeeper) -> None:
-    """The keeper's timer: one learning step every ``LEARN_INTERVAL`` seconds, and the table
-    written when ``PERSIST_INTERVAL`` has passed since it last was."""
+async def keep_learning(keeper: CrossoverKeeper, decider: Decider | None = None) -> None:
+    """The keeper's timer: one learning step every ``LEARN_INTERVAL`` seconds, then the
+    ``decider``'s surfaces for the slo policy, computed in a thread (pure arithmetic over plain
+    values that takes milliseconds: off the event loop), and the table written when
+    ``PERSIST_INTERVAL`` has passed since it last was."""
     interval = keeper.settings.learn_interval
     while True:
         await asyncio.sleep(interval)
         try:
             keeper.update()
+            job = None if decider is None else decider.pending()
+            if decider is not None and job is not None:
+                decider.install(job, await asyncio.to_thread(job.compute))
             if keeper.persist_due():
                 keeper.persist()
         except Exception:

@@ -292,15 +292,15 @@ class Settings(BaseSettings):
     # plan's next step for the autoscalers (or an actuator) to follow. The router itself never
     # restarts an engine.
     planner: Literal["off", "advisory", "autoscale"] = "off"
-    plan_interval: float = Field(default=60.0, gt=0)  # planner seconds between two plans
+    plan_interval: Seconds = Field(default=60.0, gt=0)  # planner seconds between two plans
     # The forecast's season, planner seconds: a day (its shape comes from yesterday's).
-    plan_season: float = Field(default=86400.0, gt=0)
+    plan_season: Seconds = Field(default=86400.0, gt=0)
     # Wall seconds per planner second: 1, except in front of sims run at --time-scale on a day
     # compressed for a bench (``spec-router fleet``).
     plan_time_scale: float = Field(default=1.0, gt=0)
     # Seconds (planner) an engine is out of service when it switches mode, until the router has
     # seen one do it (a member that left and came back healthy in the other pool).
-    restart_s: float = Field(default=600.0, gt=0)
+    restart_s: Seconds = Field(default=600.0, gt=0)
     # The most engines holding a GPU at once (up, draining or loading); unset: the engines seen.
     gpu_budget: int | None = Field(default=None, ge=1)
     # Where the forecast's state (a day of arrival rates) is kept across restarts; unset: none.

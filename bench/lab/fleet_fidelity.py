@@ -63,10 +63,10 @@ def compare(p: Preset, rate: float) -> tuple[tuple[float, ...], tuple[float, ...
     done: list[lab_sim.Req] = []
     for a in arrivals:
         while slow.busy_until is not None and slow.busy_until <= a.at:
-            slow.finish_iteration(slow.busy_until, done)
+            slow.finish_iteration(slow.busy_until, [], done)
         slow.submit(lab_sim.Req(a), a.at)
     while slow.busy_until is not None:
-        slow.finish_iteration(slow.busy_until, done)
+        slow.finish_iteration(slow.busy_until, [], done)
     t1 = time.perf_counter()
     fast = Engine(p, 1)
     done2: list[Req] = []

@@ -13,7 +13,7 @@ Capacity is what the issue asks for: the all-baseline fleet's SLO capacity from 
 performance model (``router.sim.model``): per engine, the most requests per second whose
 steady state keeps the mean time per output token within the relaxed target (Little's law:
 ``b`` running at the rate that keeps them there, the decode stretched by that rate's prefills),
-the router's own notion of what an engine "serves within the SLO" (``twin.slo_capacity``).
+the router's own notion of what an engine "serves within the SLO" (``router.decide.capacity``).
 """
 
 from __future__ import annotations

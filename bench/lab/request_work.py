@@ -79,7 +79,7 @@ def stream_chunks(chunks: int) -> list[bytes]:
 
 
 def steps(policy: str, chunks: int) -> dict[str, Callable[[], object]]:
-    app = healthy_app(policy)
+    app = healthy_app(policy, 1)
     settings = app.settings
     decider, tracker, clock, observers = app.decider, app.tracker, app.clock, app.observers
     info = inspect(PATH, BODY, b"application/json")
@@ -136,7 +136,7 @@ def finished(clock: Callable[[], float], decision: Decision, usage: Usage | None
 def observer_steps(policy: str) -> dict[str, Callable[[], object]]:
     """Each observer alone, on a finished stream's ``Outcome`` with its usage counted (what
     ``outcome+observers`` leaves out: the token counters and the TPOT histogram)."""
-    app = healthy_app(policy)
+    app = healthy_app(policy, 1)
     clock = app.clock
     decision = app.decider.decide(None)
     assert decision is not None

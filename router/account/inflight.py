@@ -98,6 +98,8 @@ class InflightTracker:
         # aborts them 2-4 s later): when each stops counting against its backend's load.
         # (This process's own, under --workers too.)
         self._lingering: dict[str, deque[float]] = {}
+        # how many entries those hold, over every backend (0: no backend's load needs a look)
+        self.lingered = 0
         # What this process knows of each of its requests in flight, by backend (for the slo
         # policy: router.account.outcome.Outcome; opaque here). Only leases given one appear.
         self.flights: dict[str, dict[Lease, object]] = {}
@@ -125,7 +127,7 @@ class InflightTracker:
         self._area.pop(url, None)
         self._since.pop(url, None)
         self._begun.pop(url, None)
-        self._lingering.pop(url, None)
+        self.lingered -= len(self._lingering.pop(url, ()))
         self.flights.pop(url, None)
         self.pool_of.pop(url, None)
 
@@ -148,6 +150,7 @@ class InflightTracker:
     def linger(self, backend: str, until: float) -> None:
         """A released request still occupies its engine until ``until``."""
         queue = self._lingering[backend]
+        self.lingered += 1
         if queue and queue[-1] > until:  # (kept in order: one lag, so nearly always appended)
             queue.append(until)
             self._lingering[backend] = deque(sorted(queue))
@@ -159,6 +162,7 @@ class InflightTracker:
         queue = self._lingering[backend]
         while queue and queue[0] <= now:
             queue.popleft()
+            self.lingered -= 1
         return len(queue)
 
     def lingering_left(self, backend: str, now: float) -> tuple[float, ...]:

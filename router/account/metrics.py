@@ -23,7 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from router.account.objective import TIERS, within_slo
-from router.decide.twin import RELAXED_TPOT, RELAXED_TTFT
+from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT
 from router.health.mode import ModeReading, mode_mismatch
 from router.health.state import State
 from router.members.member import Member
@@ -75,8 +75,10 @@ MAIN_REASONS = (
     "below_crossover",
     "above_crossover",
     "predicted_gain",
-    "predicted_slo",
+    "within_slo",
+    "within_relaxed",
     "overflow",
+    "beyond_slo",
     "failover",
     "beyond_measured",
 )

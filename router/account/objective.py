@@ -2,7 +2,7 @@
 
 The ``slo`` policy routes for the share of requests within their SLO (``SLO_TTFT_MS``,
 ``SLO_TPOT_MS``, or the request's own ``x-slo-*`` headers), at a strict tier and a relaxed one
-(3x TTFT, 2x TPOT: ``router.decide.twin``). The metrics and the live page count the same share
+(3x TTFT, 2x TPOT: ``router.decide.capacity``). The metrics and the live page count the same share
 over what the router served, judged as ``spec-router replay`` judges its requests
 (``router.tools.goodput``), from the instants the proxy records:
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from router.decide.twin import RELAXED_TPOT, RELAXED_TTFT
+from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT
 
 if TYPE_CHECKING:
     from router.account.outcome import Outcome

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from router.account.inflight import InflightTracker
 from router.account.recent import RecentWindow
 from router.control.feed import Feed
-from router.decide.twin import RELAXED_TPOT, RELAXED_TTFT
+from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT
 from router.fastpath import fast_path_status
 from router.fastpath.busypoll import BusyPoll, ShareWatch
 from router.forward.admission import Admission
@@ -93,7 +93,7 @@ def readiness(app: Observed) -> dict[str, Any]:
 
 
 def pool_states(
-    pools: Mapping[Pool, list[str]], health: HealthRegistry, now: float
+    pools: Mapping[Pool, Sequence[str]], health: HealthRegistry, now: float
 ) -> dict[Pool, dict[str, Any]]:
     """Each pool's ``status`` (ok, degraded, down) and what keeps it from being whole."""
     out: dict[Pool, dict[str, Any]] = {}

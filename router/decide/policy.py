@@ -11,11 +11,12 @@ engines' reported running requests; see ``router.load``): the policies do not ca
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Literal, NamedTuple
 
-from router.decide.predict import Gain, PoolModel, Request
-from router.decide.twin import Flight, Held, Placement, Stream, place, slo_capacity
+from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT, Capacity, Surface
+from router.decide.predict import Gain, Request
+from router.decide.snapshot import RecentRate
 from router.pools import BASELINE, SPECULATIVE, Pool, other
 
 # Named tuples rather than frozen dataclasses: as immutable, and several times cheaper to build,
@@ -28,21 +29,6 @@ class BackendView(NamedTuple):
     usable: bool = True
     # 0 < weight <= 1 while a recovered backend is ramped back in; it counts as more loaded.
     weight: float = 1.0
-    # share of the recent time this backend spent prefilling the requests sent to it
-    prefill_share: float = 0.0
-    # its recent mean load (None: not tracked)
-    load_avg: float | None = None
-    # the most requests the engine runs at once, when it has shown it (else the pool model's)
-    cap: int | None = None
-    # for the slo policy (model seconds): the requests in flight there as far as they are known
-    # (``load`` may count more: other routers' and workers', whose sizes are the stream's), and
-    # the traffic expected to keep arriving (router.decide.twin)
-    flights: tuple[Flight, ...] = ()
-    stream: Stream | None = None
-    # of ``load``, requests whose client left that the engine has yet to abort (counted for
-    # ENGINE_ABORT_LAG): how much longer each holds a place in its batch (wall seconds); they
-    # have no SLO any more
-    leaving: tuple[float, ...] = ()
 
 
 # Why a request went where it went (the ``x-spec-router-reason`` header, a metric label).
@@ -54,8 +40,10 @@ Reason = Literal[
     "retry",
     "explore",
     "round_robin",
-    "predicted_slo",
+    "within_slo",
+    "within_relaxed",
     "overflow",
+    "beyond_slo",
     "beyond_measured",
 ]
 
@@ -63,13 +51,24 @@ Reason = Literal[
 class PoolView(NamedTuple):
     name: Pool
     backends: tuple[BackendView, ...]
+    # True: every backend is usable at full weight (the builder knows it; False: look)
+    even: bool = False
+    # the backends' loads in order, when the builder has them at hand (else read from them)
+    loads: Sequence[int] | None = None
 
     @property
     def load(self) -> int:
         return sum(b.load for b in self.backends)
 
     def usable(self, exclude: Container[str] = ()) -> list[BackendView]:
+        if self.even and not exclude:
+            return list(self.backends)
         return [b for b in self.backends if b.usable and b.url not in exclude]
+
+    def usable_count(self) -> int:
+        if self.even:
+            return len(self.backends)
+        return sum(1 for b in self.backends if b.usable)
 
 
 class RoutingState(NamedTuple):
@@ -78,9 +77,6 @@ class RoutingState(NamedTuple):
     rr: int = 0
     # `crossover` policy: True once load reached the crossover, until it falls below the band.
     above: bool = False
-    # `slo` policy: the decayed share of recent requests that no backend could take within
-    # their SLO without costing the others theirs (see ``slo``).
-    pressure: float = 0.0
 
 
 class Snapshot(NamedTuple):
@@ -93,11 +89,14 @@ class Snapshot(NamedTuple):
     state: RoutingState = RoutingState()
     # Optional: a request's predicted effect per pool, for the `predictive` policy.
     gain: Gain | None = None
-    # Optional, for the `slo` policy: the request, and what is known of each pool's engines.
+    # Optional, for the `slo` policy: the request, and both pools' capacities.
     request: Request | None = None
-    models: Mapping[Pool, PoolModel] | None = None
-    mean_output: float = 200.0  # output tokens of recent requests, for requests without one
-    sampling_share: float = 0.5  # share of recent requests at temperature > 0
+    surface: Surface | None = None
+    offered: float | None = None  # requests per second arriving lately (model time)
+    # requests sent to each backend lately (``RecentRate``: per second of the shell's clock),
+    # and that clock now
+    recent: Mapping[str, RecentRate] | None = None
+    now: float = 0.0
     # True: the table measured no crossover (``router.decide.table``): speculation was better
     # at every level measured, so past ``crossover`` (that level) nothing says the baseline is
     # better, and the rest of the requests go by load rather than all to the baseline
@@ -117,9 +116,9 @@ class Decision(NamedTuple):
     reason: Reason
     # what the backend looked like when it was chosen (the decider fills these in)
     load: int = 0
-    prefill_share: float = 0.0
-    # slo policy: the request's predicted TTFT and TPOT there, wall seconds, and whether that
-    # prediction went beyond the measured batch sizes
+    prefill_share: float = 0.0  # (no longer estimated: 0)
+    # slo policy: the request's predicted TTFT and TPOT there, wall seconds (steady state at
+    # that load), and whether that prediction went beyond or below the measured batch sizes
     ttft: float = 0.0
     tpot: float = 0.0
     extrapolated: bool = False
@@ -131,6 +130,16 @@ def pick_backend(pool: PoolView, rr: int = 0, exclude: Container[str] = ()) -> B
 
     Ties rotate with ``rr`` so equal replicas share the work.
     """
+    if pool.even and not exclude and pool.backends:
+        # (every replica at full weight: the same choice by the builtins, one pass each)
+        backends = pool.backends
+        loads = pool.loads if pool.loads is not None else [b.load for b in backends]
+        least = min(loads)
+        start = rr % len(loads)
+        try:
+            return backends[loads.index(least, start)]
+        except ValueError:
+            return backends[loads.index(least)]
     candidates = pool.usable(exclude)
     if not candidates:
         return None
@@ -236,246 +245,130 @@ def predictive(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     return _place(snap, BASELINE, "predicted_gain", snap.state)
 
 
-# The slo policy's value of a placement: requests expected to meet their SLO there, with this
-# one against without it, at the strict tier (weighted) and at the relaxed one; and, to break
-# ties, a small pull towards what slows every request there least (its own time to first token
-# and per token, and what it adds to the others': the placement that serves them all fastest).
-STRICT_WEIGHT = 1.0
-TIE_WEIGHT = 0.01
-# A placement is *feasible* while the request itself meets the relaxed tier there and costs the
-# requests already (or soon) there less than this many relaxed-tier requests.
-SPARE = 0.5
-# Below this chance to meet even the relaxed tier anywhere, a request "overflows": a router-side
-# queue, when configured, holds it until a backend can serve it.
-NOTHING = 0.05
-# Pressure: each decision weighs this much in the decayed share of requests with no feasible
-# backend. Past LIMIT the engines are overloaded for longer than a burst: spreading the excess
-# would take both below their SLO, so it goes to the backend with the most throughput, which
-# keeps the other one serving within its SLO (bench/results/traffic.md).
-PRESSURE_KEEP = 0.05
-PRESSURE_LIMIT = 0.5
-# ... and only while the traffic arriving is at least this share of what the engines can serve
-# (``offered``): a closed loop of users at the edge of the SLO, which waits for its answers, has
-# no feasible backend either, yet concentrating it on one engine only trades one engine's
-# requests for the other's (bench/results/policy-lab.md, the demo's 32 users).
-OVERLOAD = 0.85
-# Short of that, a share of requests with no feasible backend past this is a closed loop of
-# users past the SLO's edge (``_dump``): higher than PRESSURE_LIMIT, as open traffic below
-# overload reaches it only in its longest bursts, where each request's least harm does better.
-SATURATED = 0.7
-# ... and only if its excess fits in the other pool's engines within this share of their caps.
-FIT = 0.8
-# Replicas of a pool simulated for each request: the least loaded ones.
-CANDIDATES = 2
-# How far the running requests have got is guessed from the iteration time stretched by the
-# share of recent time the engine spent prefilling; past this share the guess stops growing.
-MAX_PREFILL_SHARE = 0.8
+def _effective(b: BackendView) -> int:
+    """A backend's requests in flight with one more, counted as more while it ramps."""
+    if b.weight >= 1.0:
+        return b.load + 1
+    return math.ceil((b.load + 1) / b.weight - 1e-9)
 
 
-class Option(NamedTuple):
-    pool: Pool
-    backend: BackendView
-    placement: Placement
-    value: float
-    feasible: bool
-
-
-def _phantoms(
-    view: BackendView, model: PoolModel, like: Flight, sampling: float, weight: float = 1.0
-) -> tuple[Flight, ...]:
-    """The requests in flight there that this router does not know (other routers' and workers',
-    or a ramping backend's handicap: ``weight``, its ramp relative to the other backends'), as
-    requests ``like`` this one halfway through, the ``sampling`` share of them at temperature
-    > 0."""
-    # (to the nearest request: a backend a hair behind the others in its ramp is not one busier)
-    load = view.load if weight >= 1.0 else math.floor((view.load + 1) / weight + 0.5) - 1
-    missing = load - len(view.flights)
-    if missing <= 0:
-        return view.flights
-    running = min(load, model.cap or load)
-    ghosts: list[Flight] = []
-    # those being aborted: in the batch until the engine drops them, then gone; met whatever
-    # happens (no SLO), so they count for nothing either way, only as places in the batch
-    leaving = view.leaving[:missing]
-    if leaving:
-        spi, tau = model.iteration(running), model.tau(False)
-        ghosts += [
-            Flight(
-                like.prompt,
-                1.0 + tau * max(1.0, left / model.scale / spi),
-                False,
-                0.0,
-                0.0,
-                math.inf,
-                math.inf,
-            )
-            for left in leaving
-        ]
-        missing -= len(leaving)
-    hot = round(missing * min(1.0, max(0.0, sampling)))
-    for n, hot_class in ((missing - hot, False), (hot, True)):
-        if n:
-            decoding = max(1.0, like.output - 1) / model.tau(hot_class) / 2
-            decoding *= model.iteration(running)
-            age = decoding + model.prefill(like.prompt)
-            ghosts += [like._replace(sampling=hot_class, age=age, decoding=decoding)] * n
-    return view.flights + tuple(ghosts)
-
-
-def _option(
-    pool: Pool, view: BackendView, model: PoolModel, snap: Snapshot, top: float = 1.0
-) -> Option:
-    """``view`` with the request, against without it; ``top``: the highest ramp weight among
-    the usable backends (a ramp handicaps a backend against the others, so when every backend
-    ramps, as when the router has just started, none is handicapped)."""
-    req = snap.request
-    assert req is not None
-    scale = model.scale
-    me = Flight(req.prompt_tokens, req.output_tokens, req.sampling, 0.0, None,
-                req.slo_ttft / scale, req.slo_tpot / scale)  # fmt: skip
-    s = view.stream
-    like = me if s is None else me._replace(prompt=s.prompt, output=s.output or snap.mean_output)
-    sampling = snap.sampling_share if s is None else s.sampling
-    flights = _phantoms(view, model, like, sampling, min(1.0, view.weight / top))
-    stretch = 1.0 / (1.0 - min(max(view.prefill_share, 0.0), MAX_PREFILL_SHARE))
-    p = place(model, flights, s, me, stretch)
-    latency = p.ttft / me.slo_ttft + p.slowness
-    value = STRICT_WEIGHT * p.strict + p.relaxed - TIE_WEIGHT * latency
-    feasible = p.own[1] >= 0.5 and p.relaxed - p.own[1] > -SPARE
-    return Option(pool, view, p, value, feasible)
-
-
-def offered(snap: Snapshot, models: Mapping[Pool, PoolModel]) -> float | None:
-    """The requests arriving (the backends' streams) over the most the usable backends can
-    serve, each engine prefilling the streams' mean prompt and then giving their mean output
-    at its peak throughput; None while no stream is known."""
-    rate = served = 0.0
-    for view in (snap.speculative, snap.baseline):
-        model = models[view.name]
-        for b in view.usable():
-            s = b.stream
-            if s is None:
-                return None
-            rate += s.rate
-            served += 1.0 / (model.prefill(s.prompt) + s.output / model.capacity())
-    return rate / served if served > 0 else None
-
-
-def _dump(snap: Snapshot, models: Mapping[Pool, PoolModel], pressure: float) -> Pool | None:
-    """Where the requests no backend can take go while that lasts (``pressure`` past
-    ``PRESSURE_LIMIT``), if anywhere in particular (None: each where it does the least harm).
-
-    - Arriving faster than the engines can serve (``OVERLOAD``): the excess has no bound, and
-      the pool with the most throughput drains it fastest.
-    - Otherwise, past ``SATURATED``: a closed loop of users past the SLO's edge, whose excess
-      is the users both pools cannot serve within their SLO, and who wait for their answers.
-      The pool that serves fewer of them within the relaxed SLO (``pool_slo_capacity``) takes
-      them, so the one that serves more keeps doing so (left to each request's least harm,
-      whichever pool tipped first would stay the one sacrificed), if they fit in its engines
-      with room to spare (``FIT``). Beyond that it would queue them, or take them one moment
-      and refuse them the next: then, as under overload, the pool with the most throughput.
-    """
-    share = offered(snap, models)
-    if share is None or share >= OVERLOAD:  # (no streams known: as before they were)
-        return _most_throughput(models)
-    if pressure <= SATURATED:
-        return None
-    views = {view.name: view for view in (snap.speculative, snap.baseline)}
-    held = slo_capacities(snap, models)
-    low = min(held, key=lambda name: held[name].rate)
-    keep = other(low)
-    cap = models[low].cap
-    if cap is not None:
-        room = sum(b.cap or cap for b in views[low].usable())
-        excess = sum(b.load for view in views.values() for b in view.usable())
-        if excess - held[keep].running > FIT * room:
-            return _most_throughput(models)
-    return low
-
-
-def _most_throughput(models: Mapping[Pool, PoolModel]) -> Pool:
-    return max(models, key=lambda name: models[name].capacity())
-
-
-def slo_capacities(snap: Snapshot, models: Mapping[Pool, PoolModel]) -> dict[Pool, Held]:
-    """``pool_slo_capacity`` of each pool."""
-    return {
-        view.name: pool_slo_capacity(view, models[view.name])
-        for view in (snap.speculative, snap.baseline)
-    }
-
-
-def pool_slo_capacity(view: PoolView, model: PoolModel) -> Held:
-    """What the pool's usable backends serve within the relaxed TPOT target of the traffic each
-    sees (``twin.slo_capacity``), summed."""
-    rate, running = 0.0, 0
-    for b in view.usable():
-        if b.stream is not None:
-            one = slo_capacity(model, b.stream)
-            rate, running = rate + one.rate, running + one.running
-    return Held(rate, running)
-
-
-def _candidates(view: PoolView, rr: int) -> list[BackendView]:
-    """A pool's ``CANDIDATES`` least loaded usable replicas (weighted while ramping; ties
-    rotate): which of a pool's replicas is worth the most is rarely in doubt, and each one
-    simulated costs a little time."""
-    usable = view.usable()
-    n = len(usable)
-    rotated = [usable[(rr + i) % n] for i in range(n)]
-    if n <= CANDIDATES:
-        return rotated
-    return sorted(rotated, key=lambda b: (b.load + 1) / b.weight)[:CANDIDATES]
+def _tpot_at(cap: Capacity, c: int, n: int) -> float:
+    table = cap.tpot[c]
+    return table[n] if n < len(table) else table[-1]
 
 
 def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
-    """Each request where it adds the most requests meeting their SLO, by simulating each
-    backend's near future with it and without it (``router.decide.twin``): its own TTFT and
-    TPOT there, and what its prefill and its place in the batch cost the requests already there
-    and those that keep arriving. Under sustained overload (see ``PRESSURE_LIMIT``) the requests
-    no backend can take are sent to the backend with the most throughput. Without a request or
-    models: ``predictive``."""
-    req, models = snap.request, snap.models
-    if req is None or models is None:
-        return predictive(snap)
-    options: list[Option] = []
-    rr = snap.state.rr
-    pools = (snap.speculative, snap.baseline)
-    top = max((b.weight for view in pools for b in view.usable()), default=1.0)
-    for view in pools:
-        pool_model = models[view.name]
-        for b in _candidates(view, rr):
-            # the cap the engine reported (the table's), unless it has since run more at once
-            if b.cap is not None and (pool_model.cap is None or b.cap > pool_model.cap):
-                model = pool_model._replace(cap=b.cap)
+    """Each request within the SLO where there is room, by the pools' capacities
+    (``router.decide.capacity``: computed from the curves off the hot path), in three steps:
+
+    1. an engine with room under its strict capacity for this request's class (and where its own
+       time to first token and per token meet the strict targets): the one where its time per
+       token is lowest (``within_slo``); quiet, that is speculation;
+    2. else an engine with room under its relaxed capacity (``within_relaxed``);
+    3. else it overflows (``overflow``: the router's queue, when on, holds it until an engine
+       has room). While requests arrive faster than ``params.overload`` times what the engines
+       serve within the relaxed SLO (``snap.offered``: sustained overload), it goes to the pool
+       with the most throughput, so that the other keeps serving within it; short of that (a
+       burst) to the engine filled least against its relaxed capacity. A request that would
+       miss the relaxed targets even alone is placed the same way, unqueued (``beyond_slo``).
+
+    Without curves (no surface yet): as ``spillover``."""
+    req, surf = snap.request, snap.surface
+    if req is None or surf is None:
+        return spillover(snap)
+    params = surf.params
+    state = snap.state
+    rr = state.rr
+    c = 1 if req.sampling else 0
+    ttft, tpot = req.slo_ttft / surf.scale, req.slo_tpot / surf.scale
+    prompt = req.prompt_tokens
+    pools = surf.pools
+    picks: list[tuple[PoolView, BackendView, int]] = []
+    usable: dict[Pool, int] = {}
+    for view in (snap.speculative, snap.baseline):
+        b = pick_backend(view, rr)
+        if b is not None:
+            picks.append((view, b, _effective(b)))
+            usable[view.name] = view.usable_count()
+    if not picks:
+        return None, state
+    # each candidate: its time per token and to first token, as busy as it has been lately,
+    # and what its prefill adds to the time per token of each request running there (spread
+    # over a request of the mix's length)
+    recent = snap.recent
+    mix_tokens = max(1.0, surf.mix.output - 1.0)
+    seen: list[tuple[float, float]] = []
+    harms: list[float] = []
+    for view, b, n in picks:
+        cap = pools[view.name]
+        harms.append(
+            (cap.prefill_base + prompt * cap.prefill_per_token) / mix_tokens if n > 1 else 0.0
+        )
+        if recent is not None:
+            sent = recent.get(b.url)
+            if sent is None:
+                seen.append((cap.own_tpot(c, n, 0.0), cap.ttft(prompt, n)))
+                continue
+            busy = cap.busy(sent.rate(snap.now) * surf.scale)
+            # (its prefill waits for those sent there lately that have not ended yet)
+            ahead = sent.ahead(snap.now) / surf.scale
+            seen.append((cap.own_tpot(c, n, busy), cap.ttft(prompt, n) + ahead))
+        else:
+            seen.append((_tpot_at(cap, c, n), cap.ttft(prompt, n)))
+    # 1. room within the strict SLO, its prefill keeping those there within it too: where the
+    # time per token it sees and adds to the others is lowest
+    best: tuple[PoolView, BackendView, int] | None = None
+    best_cost = math.inf
+    for (view, b, n), (own, first), harm in zip(picks, seen, harms, strict=True):
+        cap = pools[view.name]
+        cost = own + (n - 1) * harm
+        if n <= cap.strict[c] and own + harm <= tpot and cost < best_cost and first <= ttft:
+            best, best_cost = (view, b, n), cost
+    reason: Reason = "within_slo"
+    served = sum(pools[p].relaxed_rate * k for p, k in usable.items())
+    overloaded = snap.offered is not None and snap.offered > served * params.overload
+    if best is None:
+        # 2. room within the relaxed SLO
+        reason = "within_relaxed"
+        fits = [
+            p
+            for p, (own, first), harm in zip(picks, seen, harms, strict=True)
+            if p[2] <= pools[p[0].name].relaxed[c]
+            and own + harm <= tpot * RELAXED_TPOT
+            and first <= ttft * RELAXED_TTFT
+        ]
+        if fits:
+            if all(p[2] < pools[p[0].name].lowest for p in fits):
+                # quieter than anything measured on either pool (the curves are held flat
+                # below their lowest point, which says nothing of how they compare there): by
+                # its own time per token, as with room under the strict capacity
+                best = min(fits, key=lambda p: seen[picks.index(p)][0])
             else:
-                model = pool_model
-            options.append(_option(view.name, b, model, snap, top))
-    if not options:
-        return None, snap.state
-    best = max(options, key=lambda o: o.value)
-    feasible = [o for o in options if o.feasible]
-    pressure = snap.state.pressure + (float(not feasible) - snap.state.pressure) * PRESSURE_KEEP
-    if not best.feasible:
-        if feasible:
-            best = max(feasible, key=lambda o: o.value)
-        elif pressure > PRESSURE_LIMIT:
-            dump = _dump(snap, models, pressure)
-            if dump is not None:
-                best = max((o for o in options if o.pool == dump), key=lambda o: o.value,
-                           default=best)  # fmt: skip
-    p = best.placement
-    scale = models[best.pool].scale
-    overflow = not feasible and all(o.placement.own[1] < NOTHING for o in options)
+                best = min(fits, key=lambda p: p[2] / max(1, pools[p[0].name].relaxed[c]))
+    if best is None:
+        # 3. no engine has room for it within the relaxed SLO: it overflows (the router's
+        # queue, when on, holds it until one has), unless it would miss that SLO even alone
+        alone = any(
+            pools[v.name].ttft(prompt, 1) <= ttft * RELAXED_TTFT
+            and pools[v.name].own_tpot(c, 1, 0.0) <= tpot * RELAXED_TPOT
+            for v, _, _ in picks
+        )
+        reason = "overflow" if alone else "beyond_slo"
+        if overloaded:
+            best = next((p for p in picks if p[0].name == surf.most), picks[0])
+        else:
+            best = min(picks, key=lambda p: p[2] / max(1, pools[p[0].name].relaxed[c]))
+    view, b, n = best
+    cap = pools[view.name]
     decision = Decision(
-        best.pool,
-        best.backend.url,
-        "overflow" if overflow else "predicted_slo",
-        ttft=p.ttft * scale,
-        tpot=p.tpot * scale,
-        extrapolated=p.batch > max(1, models[best.pool].measured),
+        view.name,
+        b.url,
+        reason,
+        ttft=cap.ttft(prompt, n) * surf.scale,
+        tpot=_tpot_at(cap, c, n) * surf.scale,
+        extrapolated=n > max(1, cap.measured) or n < cap.lowest,
     )
-    return decision, snap.state._replace(rr=rr + 1, pressure=pressure)
+    return decision, state._replace(rr=rr + 1)
 
 
 POLICIES: dict[str, Callable[[Snapshot], tuple[Decision | None, RoutingState]]] = {

@@ -5,8 +5,8 @@ iteration at each batch size (from the calibrated or learned curves), tokens per
 greedy and sampled requests (the speculative acceptance length; 1 for a baseline engine),
 prefill time as ``base + tokens * per_token``, and the engine's cap on running requests when one
 is known. All durations in the model are the engines' *model* time; ``scale`` turns them into
-the wall-clock seconds clients see (1 for real engines). ``router.decide.twin`` simulates a
-backend with it; ``router.learn.models`` learns it.
+the wall-clock seconds clients see (1 for real engines). ``router.decide.capacity`` derives
+each pool's SLO capacity from it; ``router.learn.models`` learns it.
 
 Batch sizes past the table are extrapolated by its last slope (never downhill).
 """
@@ -27,6 +27,7 @@ class PoolModel(NamedTuple):
     prefill_per_token: float = 0.0004  # model seconds per prompt token
     cap: int | None = None  # running requests the engine admits; more wait in its queue
     measured: int = 0  # largest batch size the curve was measured at (0: none)
+    lowest: int = 1  # smallest batch size it was measured at (below it: the curve held flat)
     scale: float = 1.0  # wall seconds per model second
     peak: float = 0.0  # most output tokens/s one engine gives (``peak_throughput``); 0: unknown
 

@@ -1,9 +1,14 @@
 """The decision shell: turns live state into a policy ``Snapshot`` and keeps the policy's memory.
 
 It owns only what the policies remember between requests (round-robin position, hysteresis,
-exploration credit). Everything else it reads, through the interfaces of its owners: in-flight
-counts from the tracker, health from the registry, engine loads from the poller, the crossover
-and the curves from the keeper.
+exploration credit), the mix of the requests it routed, and the ``slo`` policy's decision
+surface (``router.decide.capacity``), which it recomputes off the hot path: when the keeper's
+models change and on the keeper's timer (``refresh``), never per request. Everything else it
+reads, through the interfaces of its owners: in-flight counts from the tracker, health from the
+registry, engine loads from the poller, the crossover and the curves from the keeper.
+
+Reading changes nothing: ``snapshot``, ``peek`` and ``status`` leave what the next decision sees
+as it was; only ``decide`` (a request routed) and ``refresh`` (the timer) move it.
 
 Load signals (``LOAD_SIGNAL``):
 - ``local``: this router's own in-flight count per backend (under ``serve --workers N``, the
@@ -15,16 +20,21 @@ Load signals (``LOAD_SIGNAL``):
   for SGLang, whose gauges lag (router.health.poller.EngineLoad). Replicas agree (they read
   the same engine) at the cost of that lag for the requests of other replicas.
 - ``max``: the larger of the two, the conservative choice.
+
+Pools may change while the router runs (backends added or removed): every decision reads
+``pools`` as it is, and what is kept per backend is looked up by URL.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Container, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from router.account.inflight import InflightTracker
+from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT, Mix, Slo, Surface, surface
+from router.decide.params import DEFAULT, Params
 from router.decide.policy import (
     BackendView,
     Decision,
@@ -33,24 +43,75 @@ from router.decide.policy import (
     Snapshot,
     choose,
     explore,
-    offered,
     reroute,
-    slo_capacities,
 )
 from router.decide.predict import PoolModel, Request
-from router.decide.snapshot import RECENT_WINDOW, Mix, Recent, Tuning, flight
-from router.decide.twin import Flight, Stream
+from router.decide.snapshot import LATELY, OFFERED_WINDOW, RecentMix, RecentRate, Tuning
 from router.forward.request import RequestInfo
 from router.health.poller import EngineLoad
 from router.health.state import HealthRegistry
-from router.pools import BASELINE, SPECULATIVE, Pool
+from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import LoadSignal, PolicyName
+
+# The arrival rates the surfaces are computed for: powers of this (25% apart), from MIN_RATE
+# requests per second per engine (model time).
+RATE_STEP = 1.25
+MIN_RATE = 0.01
+
+
+def _distance(a: int | None, b: int | None) -> float:
+    """How far apart two rate buckets are (None: the steady state's, as far as any)."""
+    if a is None or b is None:
+        return 0.0 if a is b else math.inf
+    return abs(a - b)
+
+
+# Surfaces computed at one tick of the keeper's timer, at most (each takes milliseconds).
+PER_REFRESH = 3
+
+
+class SurfaceJob(NamedTuple):
+    """Surfaces to compute, and everything they are computed from (plain values: computing
+    them touches nothing of the decider, so it may run in another thread)."""
+
+    models: Mapping[Pool, PoolModel]
+    mix: Mix
+    slo: Slo
+    params: Params
+    buckets: tuple[int | None, ...]
+
+    def compute(self) -> dict[int | None, Surface]:
+        return {
+            b: surface(self.models, self.mix, self.slo, self.params,
+                       None if b is None else RATE_STEP**b)
+            for b in self.buckets
+        }  # fmt: skip
+
+
+class _Backends:
+    """One pool's backends as the last snapshot saw them: their views (reused while a
+    backend's load, health and weight stay as they were), valid until health moves, the pool
+    changes, or the clock reaches ``until``."""
+
+    __slots__ = ("urls", "count", "version", "until", "views", "loads", "pool")
+
+    def __init__(
+        self, urls: Sequence[str], version: int, until: float, views: list[BackendView],
+        loads: list[int], pool: PoolView,
+    ) -> None:  # fmt: skip
+        self.urls = urls
+        self.count = len(urls)
+        self.version = version
+        self.until = until
+        self.views = views
+        self.loads = loads  # as of ``pool``
+        self.pool = pool
 
 
 class Decider:
     def __init__(
         self,
-        pools: Mapping[Pool, list[str]],
+        pools: Mapping[Pool, Sequence[str]],
         tracker: InflightTracker,
         health: HealthRegistry,
         tuning: Tuning,
@@ -63,6 +124,7 @@ class Decider:
         explore_band: int = 2,
         slo_ttft: float = 1.0,
         slo_tpot: float = 0.025,
+        params: Params = DEFAULT,
     ) -> None:
         self.pools = pools
         self.tracker = tracker
@@ -77,36 +139,46 @@ class Decider:
         self.explore_band = explore_band
         self.slo_ttft = slo_ttft  # seconds, wall clock
         self.slo_tpot = slo_tpot
+        self.params = params
         self._state = RoutingState()
         self._explore_credit = 0.0
-        now = clock()
-        self._recent = {url: Recent(now) for urls in pools.values() for url in urls}
-        self._mix = Mix()  # recent requests' sizes and share at temperature > 0
+        self._mix = RecentMix()  # recent requests' prompt sizes and share at temperature > 0
+        self._arrivals: RecentRate | None = None  # requests routed per second lately
+        self._recent: dict[str, RecentRate] = {}  # ... to each backend (by URL)
+        # the slo policy's surfaces by arrival rate (``_bucket``), of these models and mix
+        self._surfaces: dict[int | None, Surface] = {}
+        self._surface_from: Mapping[Pool, PoolModel] | None = None
+        self._shape: tuple[Mix, Slo] | None = None
+        # surfaces of an earlier mix not yet recomputed, and the buckets decisions asked for
+        # since the last refresh that had none
+        self._stale: dict[int | None, Surface] = {}
+        self._wanted: set[int | None] = set()
+        self._backends: dict[Pool, _Backends] = {}
         self.extrapolated = 0  # decisions that predicted beyond the measured batch sizes
 
     @property
     def deciding_as(self) -> PolicyName:
         """The policy that decides now: ``slo`` without the pools' models (no table, nothing
-        learned yet) decides as ``predictive``, which without curves decides as ``spillover``
+        learned yet) and ``predictive`` without curves decide as ``spillover``
         (``router.decide.policy``). Shown in /router/status, on the live page and, when it is
         not the configured policy, in each response's ``x-spec-router-deciding-as``."""
-        policy = self.policy
-        if policy == "slo" and self.tuning.models is None:
-            policy = "predictive"
-        if policy == "predictive" and self.tuning.gain is None:
-            policy = "spillover"
-        return policy
+        if self.policy == "slo" and self.tuning.models is None:
+            return "spillover"
+        if self.policy == "predictive" and self.tuning.gain is None:
+            return "spillover"
+        return self.policy
 
     def members_changed(self, joined: Iterable[str], removed: Iterable[str]) -> None:
         """The set of backends changed (``router.members.roster``; ``self.pools`` holds the
-        routable ones, updated in place): what it keeps per backend starts and ends with
-        them."""
-        now = self.clock()
+        routable ones, updated in place): what it keeps per backend ends with them, and the
+        pools' views are built afresh (a joined backend's rate starts with its first
+        request)."""
         for url in removed:
             self._recent.pop(url, None)
-        for url in joined:
-            self._recent[url] = Recent(now)
+        del joined  # (nothing kept for a backend before its first request)
+        self._backends.clear()
 
+    # -- loads ----------------------------------------------------------------------------------
     def backend_load(self, url: str) -> int:
         local = self.tracker.by_backend[url] + self.tracker.lingering(url, self.clock())
         if self.load_signal == "local":
@@ -117,85 +189,178 @@ class Decider:
         engine = seen.running + seen.queued + (self.tracker.started[url] - seen.started_at_scrape)
         return engine if self.load_signal == "engine" else max(local, engine)
 
-    def _view(
-        self, name: Pool, now: float, window: float | None, model: PoolModel | None = None
-    ) -> PoolView:
-        health, load = self.health, self.backend_load
-        if window is None:
-            return PoolView(
-                name,
-                tuple(
-                    [
-                        BackendView(
-                            url, load(url), health.usable(url, now), health.weight(url, now)
-                        )
-                        for url in self.pools[name]
-                    ]
-                ),
-            )
-        views = []
+    def _loads(self, urls: Sequence[str], now: float) -> list[int]:
         tracker = self.tracker
-        local = tracker.by_backend
-        own = tracker.own_by_backend  # this process's (one worker's, under --workers)
-        for url in self.pools[name]:
-            r = self._recent[url]
-            n = load(url)
-            r.update(now, window, tracker.area(url, now), tracker.started[url] - local[url])
-            # what this process's own traffic will keep it at, plus what others (other
-            # workers, other replicas) put there
-            ours = r.expected(window)
-            expected = None if ours is None else ours + max(0, n - own[url])
-            seen = self.loads.get(url)
-            flights: tuple[Flight, ...] = ()
-            stream = None
-            if model is not None:
-                flights = tuple([flight(o, now, model) for o in tracker.flights[url].values()])
-                stream = self._stream(r, window, model, now)
-            views.append(
-                BackendView(
-                    url,
-                    n,
-                    health.usable(url, now),
-                    health.weight(url, now),
-                    r.prefill / window,
-                    expected,
-                    None if seen is None else seen.cap,
-                    flights,
-                    stream,
-                    tracker.lingering_left(url, now),
-                )
-            )
-        return PoolView(name, tuple(views))
+        if self.load_signal != "local":
+            return [self.backend_load(url) for url in urls]
+        by = tracker.by_backend
+        if not tracker.lingered:
+            return [by[url] for url in urls]
+        return [by[url] + tracker.lingering(url, now) for url in urls]
 
-    def _stream(self, r: Recent, window: float, model: PoolModel, now: float) -> Stream:
-        """What the slo policy expects to keep arriving at a backend: its recent arrival rate,
-        at the recent requests' mean size and this router's SLO (model seconds)."""
-        mix, scale = self._mix, model.scale
-        rate = r.rate(now, window) * scale
-        output = mix.output or self.tuning.traffic.mean_output
-        return Stream(rate, mix.prompt, output, mix.sampling, self.slo_ttft / scale,
-                      self.slo_tpot / scale)  # fmt: skip
+    def _view(self, name: Pool, now: float) -> PoolView:
+        urls = self.pools[name]
+        health = self.health
+        kept = self._backends.get(name)
+        loads = self._loads(urls, now)
+        if (
+            kept is None
+            or kept.urls is not urls
+            or kept.count != len(urls)
+            or kept.version != health.version
+            or now >= kept.until
+        ):
+            until = min((health.changes_at(url, now) for url in urls), default=math.inf)
+            views = [
+                BackendView(url, load, health.usable(url, now), health.weight(url, now))
+                for url, load in zip(urls, loads, strict=True)
+            ]
+            even = all(v.usable and v.weight >= 1.0 for v in views)
+            pool = PoolView(name, tuple(views), even, loads)
+            # (a cache of what the states and the clock say: rebuilding it moves nothing)
+            self._backends[name] = _Backends(urls, health.version, until, views, loads, pool)
+            return pool
+        if loads == kept.loads:
+            return kept.pool
+        views = kept.views
+        for i, (load, was) in enumerate(zip(loads, kept.loads, strict=True)):
+            if load != was:
+                views[i] = views[i]._replace(load=load)
+        kept.loads = loads
+        kept.pool = kept.pool._replace(backends=tuple(views), loads=loads)
+        return kept.pool
 
+    # -- the decision surface -------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Take the keeper's models and the mix of the requests routed so far, and compute the
+        slo policy's surfaces that decisions will want (``pending``) here and now (the lab's
+        timer; the router's computes them in a thread: ``router.lifecycle.keep_learning``)."""
+        job = self.pending()
+        if job is not None:
+            self.install(job, job.compute())
+
+    def pending(self) -> SurfaceJob | None:
+        """The surfaces to compute at this tick of the keeper's timer: the one for the arrival
+        rate lately, then those decisions asked for since the last tick, nearest first, at
+        most ``PER_REFRESH`` (the rest wait for the next tick). None: no curves."""
+        models = self.tuning.models
+        if models is None:
+            self._surfaces.clear()
+            self._stale.clear()
+            self._wanted.clear()
+            self._surface_from, self._shape = None, None
+            return None
+        now = self.clock()
+        current = self._bucket(now, self._usable_engines(now))
+        shape = self._mix_now(models)
+        fresh = models is self._surface_from and shape == self._shape
+        asked = sorted(
+            (b for b in self._wanted if not (fresh and b in self._surfaces)),
+            key=lambda b: _distance(b, current),
+        )
+        buckets = [current, *(b for b in asked if b != current)][:PER_REFRESH]
+        return SurfaceJob(models, shape[0], shape[1], self.params, tuple(buckets))
+
+    def install(self, job: SurfaceJob, computed: Mapping[int | None, Surface]) -> None:
+        """What ``job.compute()`` gave, unless the models changed meanwhile. Surfaces kept of
+        an earlier mix stay as the nearest guess for their buckets until asked for again."""
+        if job.models is not self.tuning.models:
+            return
+        shape = (job.mix, job.slo)
+        if job.models is not self._surface_from or shape != self._shape:
+            self._stale = {**self._stale, **self._surfaces}
+            self._surfaces = {}
+            self._surface_from, self._shape = job.models, shape
+        for bucket, found in computed.items():
+            self._surfaces[bucket] = found
+            self._stale.pop(bucket, None)
+            self._wanted.discard(bucket)
+
+    def _mix_now(self, models: Mapping[Pool, PoolModel]) -> tuple[Mix, Slo]:
+        scale = models[SPECULATIVE].scale
+        mix = self._mix
+        traffic = self.tuning.traffic
+        prompt = mix.prompt if mix.seen else Mix().prompt
+        shape = Mix(prompt, traffic.mean_output, mix.sampling, traffic.output_spread)
+        return shape, Slo(self.slo_ttft / scale, self.slo_tpot / scale)
+
+    def _bucket(self, now: float, engines: int) -> int | None:
+        """Which surface applies: the requests reaching one engine per second lately (model
+        time), to the nearest power of ``RATE_STEP`` (None: nothing routed yet)."""
+        offered = self._offered(now)
+        if offered is None:
+            return None
+        per_engine = max(MIN_RATE, offered / max(1, engines))
+        return round(math.log(per_engine) / math.log(RATE_STEP))
+
+    def _compute(self, bucket: int | None) -> Surface:
+        models, shape = self._surface_from, self._shape
+        assert models is not None and shape is not None
+        job = SurfaceJob(models, shape[0], shape[1], self.params, (bucket,))
+        found = self._surfaces[bucket] = job.compute()[bucket]
+        return found
+
+    def _surface_at(self, bucket: int | None) -> Surface | None:
+        """The surface for ``bucket``: as computed at the last refresh; else the nearest one
+        known (the bucket is computed at the next refresh); computed here only when none is
+        known for these models (the first decision after they came, before any refresh)."""
+        models = self.tuning.models
+        if models is None:
+            return None
+        if models is not self._surface_from:  # new models since the last refresh
+            self._surfaces.clear()
+            self._stale = {}
+            self._surface_from = models
+            self._shape = self._mix_now(models)
+        found = self._surfaces.get(bucket)
+        if found is not None:
+            return found
+        known = self._surfaces or self._stale
+        if not known:
+            return self._compute(bucket)
+        self._wanted.add(bucket)
+        return known[min(known, key=lambda b: _distance(b, bucket))]
+
+    def surface(self) -> Surface | None:
+        """The surface the next decision would use."""
+        now = self.clock()
+        return self._surface_at(self._bucket(now, self._usable_engines(now)))
+
+    def _usable_engines(self, now: float) -> int:
+        health = self.health
+        return sum(1 for urls in self.pools.values() for url in urls if health.usable(url, now))
+
+    # -- deciding -------------------------------------------------------------------------------
     def snapshot(self, request: Request | None = None) -> Snapshot:
         now = self.clock()
         tuning = self.tuning
-        models = tuning.models if request is not None else None
-        window = None if models is None else RECENT_WINDOW * models[SPECULATIVE].scale
-        spec = None if models is None else models[SPECULATIVE]
-        base = None if models is None else models[BASELINE]
+        spec, base = self._view(SPECULATIVE, now), self._view(BASELINE, now)
+        surf = None
+        if request is not None:
+            engines = spec.usable_count() + base.usable_count()
+            surf = self._surface_at(self._bucket(now, engines))
         return Snapshot(
-            self._view(SPECULATIVE, now, window, spec),
-            self._view(BASELINE, now, window, base),
+            spec,
+            base,
             tuning.crossover,
             self.hysteresis,
             self._state,
             tuning.gain,
             request,
-            models,
-            tuning.traffic.mean_output,
-            self._mix.sampling,
+            surf,
+            self._offered(now),
+            self._recent,
+            now,
             tuning.no_crossover,
         )
+
+    def _offered(self, now: float) -> float | None:
+        """Requests routed per second lately, in the models' time (None: no models yet, or
+        nothing routed)."""
+        models, arrivals = self.tuning.models, self._arrivals
+        if models is None or arrivals is None:
+            return None
+        return arrivals.rate(now) * models[SPECULATIVE].scale
 
     def request(
         self, info: RequestInfo, slo_ttft: float | None = None, slo_tpot: float | None = None
@@ -225,22 +390,39 @@ class Decider:
         decision, self._state = choose(self.policy, snap)
         if decision is not None and self.explore_share > 0 and self.policy != "round_robin":
             decision = self._maybe_explore(snap, decision)
-        if decision is not None and request is not None and snap.models is not None:
-            decision = self._sent(snap, decision, request, snap.models)
+        if decision is not None and request is not None:
+            decision = self._sent(snap, decision, request)
         return decision
 
-    def _sent(
-        self, snap: Snapshot, decision: Decision, req: Request, models: Mapping[Pool, PoolModel]
-    ) -> Decision:
-        """Note what the chosen backend was sent; the decision carries the state it saw."""
+    def _sent(self, snap: Snapshot, decision: Decision, req: Request) -> Decision:
+        """Note what was routed; the decision carries the load it saw and the request's
+        estimated prefill there (model seconds: the learner's stalls)."""
         self._mix.add(req)
-        view = next(b for b in snap.pool(decision.pool).backends if b.url == decision.backend)
-        model = models[decision.pool]
+        now = self.clock()
+        models = self.tuning.models
+        if self._arrivals is None:
+            scale = 1.0 if models is None else models[SPECULATIVE].scale
+            self._arrivals = RecentRate(OFFERED_WINDOW * scale, now)
+        self._arrivals.add(now)
+        sent = self._recent.get(decision.backend)
+        if sent is None:
+            scale = 1.0 if models is None else models[SPECULATIVE].scale
+            window = LATELY * scale
+            sent = self._recent[decision.backend] = RecentRate(window, now)
+        prefill = 0.0 if models is None else models[decision.pool].prefill(req.prompt_tokens)
+        sent.add(now, prefill * (1.0 if models is None else models[decision.pool].scale))
+        pool = snap.pool(decision.pool)
+        urls = self.pools[decision.pool]
+        # (the pools' views follow ``self.pools`` in order: look the backend up by its place)
+        at = urls.index(decision.backend) if len(urls) == len(pool.backends) else -1
+        view = (
+            pool.backends[at]
+            if at >= 0 and pool.backends[at].url == decision.backend
+            else next(b for b in pool.backends if b.url == decision.backend)
+        )
         if decision.extrapolated:
             self.extrapolated += 1
-        prefill = model.prefill(req.prompt_tokens)
-        self._recent[decision.backend].sent(prefill * model.scale)
-        return decision._replace(load=view.load, prefill_share=view.prefill_share, prefill=prefill)
+        return decision._replace(load=view.load, prefill=prefill)
 
     def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:
         """Send a bounded share of requests near the crossover the other way (see learning)."""
@@ -258,83 +440,76 @@ class Decider:
     def retry(self, failed: Decision, tried: Container[str]) -> Decision | None:
         return reroute(self.snapshot(), failed, tried)
 
+    # -- what it rests on -----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        """The slo policy's state, for /router/status."""
-        models = self.tuning.models
+        """The slo policy's state, for /router/status: its surface, and the rule it follows."""
+        surf = self.surface()
         traffic = self.tuning.traffic
-        pools: dict[str, Any] = {}
-        recent: dict[str, Any] = {}
-        if models is not None:
-            window = RECENT_WINDOW * models[SPECULATIVE].scale
-            now = self.clock()
-            for pool, urls in self.pools.items():
-                m = models[pool]
-                pools[pool] = {
-                    "measured_up_to": m.measured,
-                    "tau_greedy": round(m.tau_greedy, 3),
-                    "tau_sampling": round(m.tau_sampling, 3),
-                    "prefill_base_s": round(m.prefill_base, 5),
-                    "prefill_per_token_s": m.prefill_per_token,
-                    "cap": m.cap,
-                    "time_scale": m.scale,
-                }
-                for url in urls:
-                    r = self._recent[url]
-                    keep = math.exp(-(now - r.at) / window) if now > r.at else 1.0
-                    load = self.backend_load(url)
-                    ours = r.expected(window)
-                    stream = self._stream(r, window, m, now)
-                    recent[url] = {
-                        # what the slo policy expects to keep arriving there (model time)
-                        "stream": {
-                            "rate_per_s": round(stream.rate, 4),
-                            "prompt_tokens": round(stream.prompt, 1),
-                            "output_tokens": round(stream.output, 1),
-                            "sampling_share": round(stream.sampling, 3),
-                        },
-                        "prefill_share": round(r.prefill * keep / window, 4),
-                        "expected_load": None if ours is None else round(ours * keep, 2),
-                        # a prediction for the next request here would extrapolate the curve
-                        "beyond_measured": load + 1 > max(1, m.measured),
-                    }
-        return {
+        out: dict[str, Any] = {
+            "deciding_as": self.deciding_as,
             "slo_ttft_ms": self.slo_ttft * 1000,
             "slo_tpot_ms": self.slo_tpot * 1000,
-            "models": pools or None,
-            "backends": recent,
+            "relaxed": {"ttft_times": RELAXED_TTFT, "tpot_times": RELAXED_TPOT},
+            "rule": RULE if surf is not None else NO_CURVES,
             "extrapolated_decisions": self.extrapolated,
-            # the decayed share of recent requests no backend could take within their SLO;
-            # past policy.PRESSURE_LIMIT the excess goes to the pool with the most throughput,
-            # while what arrives is at least policy.OVERLOAD of what the engines can serve;
-            # short of that, past policy.SATURATED, to the pool that serves fewer within the
-            # relaxed SLO (``within_slo``: requests/s and the batch, as the traffic is now)
-            "pressure": round(self._state.pressure, 3),
-            **self._load_measures(),
             "sampling_share": round(self._mix.sampling, 3),
+            "mean_prompt_tokens": round(self._mix.prompt, 1),
             "mean_output_tokens": round(traffic.mean_output, 1),
             "tokens_per_char": round(traffic.tokens_per_char, 4),
+            "params": {name: value for name, (value, _) in self.params.provenance().items()},
+            "pools": None,
         }
-
-    def _load_measures(self) -> dict[str, Any]:
-        """What arrives over what the engines can serve (``policy.offered``) and what each
-        pool serves within the relaxed SLO (``policy.slo_capacities``), as the next request
-        would see them; None without models or streams."""
-        models = self.tuning.models
-        if models is None:
-            return {"offered": None, "within_slo": None}
-        snap = self.snapshot(Request(0.0, 0.0, False, self.slo_ttft, self.slo_tpot))
-        share = offered(snap, models)
-        if share is None:
-            return {"offered": None, "within_slo": None}
-        within = {
-            pool: {
-                "requests_per_s": round(held.rate / models[pool].scale, 3),
-                "running": held.running,
+        if surf is None:
+            return out
+        scale = surf.scale
+        pools: dict[str, Any] = {}
+        for pool in POOLS:
+            cap = surf.pools[pool]
+            usable = sum(1 for url in self.pools[pool] if self.health.usable(url, self.clock()))
+            pools[pool] = {
+                # most requests one engine runs within each target, by class (greedy, sampling)
+                "strict_capacity": {"greedy": cap.strict[0], "sampling": cap.strict[1]},
+                "relaxed_capacity": {"greedy": cap.relaxed[0], "sampling": cap.relaxed[1]},
+                # requests/s one engine serves at them (wall clock), and the usable engines
+                "strict_rate_per_s": round(cap.strict_rate / scale, 3),
+                "relaxed_rate_per_s": round(cap.relaxed_rate / scale, 3),
+                "usable_engines": usable,
+                "measured_up_to": cap.measured,
+                "cap": cap.cap,
             }
-            for pool, held in slo_capacities(snap, models).items()
+        out["pools"] = pools
+        # the overload rule's inputs and its verdict now (``router.decide.policy.slo``, step 3)
+        now = self.clock()
+        served = sum(surf.pools[p].relaxed_rate * pools[p]["usable_engines"] for p in POOLS)
+        offered = self._offered(now)
+        out["overload"] = {
+            "offered_per_s": None if offered is None else round(offered / scale, 3),
+            "served_within_relaxed_per_s": round(served / scale, 3),
+            "threshold": self.params.overload,
+            "sustained": offered is not None and offered > served * self.params.overload,
+            "excess_to": surf.most,
         }
-        return {"offered": round(share, 3), "within_slo": within}
+        out["mix"] = {
+            "prompt_tokens": round(surf.mix.prompt, 1),
+            "output_tokens": round(surf.mix.output, 1),
+            "sampling_share": round(surf.mix.sampling, 3),
+        }
+        return out
 
     def pool_usable(self, pool: Pool) -> bool:
         now = self.clock()
         return any(self.health.usable(url, now) for url in self.pools[pool])
+
+
+# What /router/status says the slo policy does (``router.decide.policy.slo``).
+RULE = (
+    "1. each request to the engine with room under its strict capacity (pools.*."
+    "strict_capacity) where its time per token is lowest; 2. when every engine is at its strict "
+    "capacity, to the engine filled least against its relaxed capacity; 3. when every engine is "
+    "at its relaxed capacity: under sustained overload (overload.sustained: requests arriving "
+    "faster than overload.threshold times what the engines serve within the relaxed SLO) to "
+    "the pool with the most throughput (overload.excess_to), so that the other keeps serving "
+    "within the relaxed SLO; short of that (a burst) to the engine filled least against its "
+    "relaxed capacity; in both cases the router's queue, when on, holds it first"
+)
+NO_CURVES = "no curves yet: deciding as spillover on the crossover"

@@ -14,12 +14,15 @@ Every function takes ``now`` explicitly; the poller and proxy supply the clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Literal
 
 MIN_WEIGHT = 0.1
+# How often a reader that caches weights takes a ramp's progress in (seconds of its clock).
+RAMP_STEP = 0.1
 
 
 class State(StrEnum):
@@ -149,27 +152,48 @@ class HealthRegistry:
     def __init__(self, urls: list[str], cfg: HealthConfig, now: float) -> None:
         self.cfg = cfg
         self.states: dict[str, BackendHealth] = {url: BackendHealth(since=now) for url in urls}
+        # moves whenever a state is replaced: a reader that caches what it derived from the
+        # states (the decider's usable backends) knows when to look again
+        self.version = 0
 
     def add(self, url: str, now: float) -> None:
         """A backend that joined: ``starting``, as at start-up (no traffic until healthy)."""
         self.states[url] = BackendHealth(since=now)
+        self.version += 1
 
     def remove(self, url: str) -> None:
         self.states.pop(url, None)
+        self.version += 1
 
     def probe(self, url: str, ok: bool, now: float, error: str | None = None) -> None:
         if url not in self.states:
             return  # it left while the probe was out
         self.states[url] = probe(self.states[url], ok, now, self.cfg, error)
+        self.version += 1
 
     def eject(self, url: str, now: float, error: str) -> None:
         if url in self.states:
             self.states[url] = eject(self.states[url], now, self.cfg, error)
+            self.version += 1
 
     def served(self, url: str, now: float) -> None:
         h = self.states.get(url)
         if h is not None and h.ejections:
             self.states[url] = served(h, now)
+            self.version += 1
+
+    def changes_at(self, url: str, now: float) -> float:
+        """When ``usable`` or ``weight`` of ``url`` will next change by the clock alone (an
+        ejection's end, a ramp's progress: ``RAMP_STEP`` at a time), if nothing else happens;
+        inf: not by the clock."""
+        h = self.states[url]
+        if now < h.ejected_until:
+            return h.ejected_until
+        if h.ramp_from is not None and self.cfg.ramp_seconds > 0:
+            end = h.ramp_from + self.cfg.ramp_seconds
+            if now < end:
+                return min(end, max(now, h.ramp_from) + RAMP_STEP)
+        return math.inf
 
     def usable(self, url: str, now: float) -> bool:
         return usable(self.states[url], now)

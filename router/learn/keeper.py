@@ -212,7 +212,7 @@ class CrossoverKeeper:
     @property
     def traffic(self) -> Traffic:
         e = self.engines
-        return Traffic(e.mean_output.value, e.tokens_per_char.value)
+        return Traffic(e.mean_output.value, e.tokens_per_char.value, e.output_spread())
 
     def status(self) -> dict[str, Any]:
         learner = self.learner

@@ -31,6 +31,9 @@ TABLE_LIMIT = 256
 DEFAULT_PREFILL = (0.03, 1 / 2500)
 # Characters per token of English text for common tokenizers (OpenAI's rule of thumb).
 DEFAULT_TOKENS_PER_CHAR = 0.25
+# The spread (sigma of their logarithm) assumed of output lengths before any was seen: about
+# the Azure traces' (conversation 0.9, code 1.2).
+DEFAULT_OUTPUT_SPREAD = 1.0
 # Decode iterations a request must span to count as a whole sample of its concurrency's
 # iteration time; shorter ones count in proportion.
 FULL_SAMPLE = 16.0
@@ -126,6 +129,7 @@ def build_model(
     measured: int,
     scale: float,
     cap: int | None = None,
+    lowest: int = 1,
 ) -> PoolModel:
     model = PoolModel(
         spi,
@@ -135,6 +139,7 @@ def build_model(
         prefill_per_token=prefill.per_token,
         cap=cap,
         measured=measured,
+        lowest=max(1, lowest),
         scale=scale,
     )
     return model._replace(peak=peak_throughput(model))
@@ -171,6 +176,9 @@ class EngineModels:
         self.tau_known = False
         self.sampling_share = Ewma(0.5, weight=1.0)  # of the speculative pool's requests
         self.mean_output = Ewma(200.0, weight=1.0)
+        # the spread of output lengths: the decayed mean of log(tokens) and of its square
+        self.log_output = Ewma(math.log(200.0), weight=1.0)
+        self.log_output_sq = Ewma(math.log(200.0) ** 2 + DEFAULT_OUTPUT_SPREAD**2, weight=1.0)
         self.tokens_per_char = Ewma(DEFAULT_TOKENS_PER_CHAR, weight=1.0, keep=0.995)
         self.time_scale = 1.0
         self.caps: dict[Pool, int | None] = dict.fromkeys(POOLS)
@@ -191,6 +199,9 @@ class EngineModels:
         self.ratio = sampling / tau if sampling else None
         if w.output_tokens:
             self.mean_output = Ewma(float(w.output_tokens), weight=1.0)
+            log = math.log(w.output_tokens)
+            self.log_output = Ewma(log, weight=1.0)
+            self.log_output_sq = Ewma(log * log + DEFAULT_OUTPUT_SPREAD**2, weight=1.0)
         for pool in POOLS:
             self._seed_pool(pool, table.pool(pool), w, tau if pool == SPECULATIVE else 1.0)
 
@@ -224,6 +235,9 @@ class EngineModels:
             self.tokens_per_char.add(s.prompt_tokens / s.prompt_chars)
         if s.output_tokens > 0:
             self.mean_output.add(float(s.output_tokens))
+            log = math.log(s.output_tokens)
+            self.log_output.add(log)
+            self.log_output_sq.add(log * log)
         spec = s.pool == SPECULATIVE
         if spec:
             self.sampling_share.add(float(s.sampling))
@@ -278,6 +292,11 @@ class EngineModels:
         self.tau = {False: max(1.0, greedy), True: max(1.0, greedy * ratio)}
 
     # -- output ---------------------------------------------------------------------------------
+    def output_spread(self) -> float:
+        """The sigma of log(output tokens) of recent requests (their lognormal spread)."""
+        mean = self.log_output.value
+        return math.sqrt(max(0.0, self.log_output_sq.value - mean * mean))
+
     def tau_of(self, sampling: bool) -> float:
         return self.tau[sampling]
 
@@ -300,5 +319,6 @@ class EngineModels:
                 max(learner.bins),
                 self.time_scale,
                 self.caps[pool],
+                min(learner.bins),
             )
         return out

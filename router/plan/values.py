@@ -136,7 +136,7 @@ def mix_of(
 class Slo(NamedTuple):
     """The targets, wall seconds. The defaults are the router's (``SPEC_ROUTER_SLO_TTFT_MS``
     1000, ``SPEC_ROUTER_SLO_TPOT_MS`` 25) and its relaxed tier's multiples (3x TTFT, 2x TPOT:
-    ``router.decide.twin.RELAXED_TTFT`` / ``RELAXED_TPOT``)."""
+    ``router.decide.capacity.RELAXED_TTFT`` / ``RELAXED_TPOT``)."""
 
     ttft: float = 1.0
     tpot: float = 0.025

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from router.account.inflight import InflightTracker, Lease
-from router.account.outcome import Outcome
-from router.decide.policy import Decision, offered, pool_slo_capacity
+from router.decide.policy import Decision
 from router.decide.predict import Gain, PoolModel, Request
 from router.decide.snapshot import Traffic
 from router.forward.decider import Decider
@@ -284,95 +283,130 @@ def slo_world() -> World:
     return w
 
 
-def test_expected_load_is_arrival_rate_times_measured_stay() -> None:
-    w = slo_world()
-    req = Request(100.0, 50.0, False, 1.0, 0.025)
-    # one request a second for 30 s, each held 2 s (on whichever backend it was sent to)
+def route(w: World, req: Request, n: int, every: float, hold: float = 2.0) -> list[Decision]:
+    """``n`` requests ``every`` seconds apart, each held ``hold`` seconds where it was sent."""
     held: list[tuple[float, Lease]] = []
-    for _ in range(30):
+    decisions = []
+    for _ in range(n):
         d = w.decider.decide(req)
         assert d is not None
-        held.append((w.clock.now + 2.0, w.tracker.acquire(d.backend)))
-        for _ in range(10):
-            w.clock.now += 0.1
-            for end, lease in held:
-                if end <= w.clock.now:
-                    lease.release()
-    status = w.decider.status()
-    expected = sum(b["expected_load"] or 0.0 for b in status["backends"].values())
-    # Little's law: 1 request/s x 2 s = 2 requests in flight across the backends
-    assert expected == pytest.approx(2.0, rel=0.25)
-    shares = [b["prefill_share"] for b in status["backends"].values()]
-    # each request's 100-token prefill (~0.07 s) over a second: a few percent in all
-    assert 0.02 < sum(shares) < 0.2
-    # what arrives against what the usable backends can serve, as the policy's pressure rule
-    # measures it for the next request: one request a second is far from overload
-    assert w.tuning.models is not None
-    assert status["offered"] == pytest.approx(
-        offered(w.decider.snapshot(req), w.tuning.models), abs=0.001
-    )
-    assert 0.05 < status["offered"] < 0.5
-    # and what each pool serves within the relaxed SLO, at the traffic's size (requests/s)
-    within = status["within_slo"]
-    snap = w.decider.snapshot(req)
-    for view in (snap.speculative, snap.baseline):
-        model = w.tuning.models[view.name]
-        h = pool_slo_capacity(view, model)
-        assert within[view.name] == {
-            "requests_per_s": pytest.approx(h.rate / model.scale, abs=0.001),
-            "running": h.running,
-        }
-        assert h.rate > 0 and h.running >= 1
-
-
-def test_the_slo_policy_sees_each_request_in_flight_and_the_stream() -> None:
-    w = slo_world()
-    req = Request(1000.0, 200.0, True, 1.0, 0.025)
-    streamed = Outcome("/v1/chat/completions", w.clock.now, stream=True)
-    streamed.request = req
-    whole = Outcome("/v1/chat/completions", w.clock.now, stream=False)
-    whole.request = req._replace(sampling=False)
-    held = [w.tracker.acquire(B1, streamed), w.tracker.acquire(B1, whole), w.tracker.acquire(B1)]
-    w.clock.now += 0.2
-    flights = w.decider.snapshot(req).baseline.backends[0].flights
-    # two known (the third lease carries nothing: it counts in the load only), none decoding yet
-    assert [(f.prompt, f.sampling, f.decoding) for f in flights] == [
-        (1000.0, True, None),
-        (1000.0, False, None),
-    ]
-    assert all(f.age == pytest.approx(0.2) for f in flights)
-    streamed.first_bytes(w.clock.now, 0.0)
-    w.clock.now += 1.0
-    by_class = {f.sampling: f for f in w.decider.snapshot(req).baseline.backends[0].flights}
-    # a stream decodes from its first byte; a whole answer's progress is guessed from the model
-    # (its prefill of 1,000 tokens and one iteration: about 0.45 s after it was sent)
-    assert by_class[True].decoding == pytest.approx(1.0)
-    model = preset_model(BASE_PRESET)
-    assert by_class[False].decoding == pytest.approx(1.2 - model.prefill(1000) - model.iteration(1))
-    for lease in held:
+        decisions.append(d)
+        held.append((w.clock.now + hold, w.tracker.acquire(d.backend)))
+        w.clock.now += every
+        for end, lease in list(held):
+            if end <= w.clock.now:
+                lease.release()
+                held.remove((end, lease))
+    for _, lease in held:
         lease.release()
-    assert w.decider.snapshot(req).baseline.backends[0].flights == ()
-    # the stream: what was sent there recently, at the mean size of what was routed
-    for _ in range(20):
-        d = w.decider.decide(req)
-        assert d is not None
-        w.clock.now += 0.5
-    views = w.decider.snapshot(req).speculative.backends + w.decider.snapshot(req).baseline.backends
-    streams = [b.stream for b in views]
-    assert all(s is not None for s in streams)
-    total = sum(s.rate for s in streams if s is not None)
-    # 2 requests a second, over the larger of the 5 s and the 30 s windows (10 s of them)
-    assert 1.0 < total < 3.0
-    s = next(s for s in streams if s is not None)
-    assert (s.prompt, s.output, s.slo_ttft, s.slo_tpot) == (1000.0, 200.0, 1.0, 0.025)
+    return decisions
+
+
+def test_reading_changes_nothing_the_next_decision_sees() -> None:
+    # two routers fed the same requests at the same times; one is read between every two
+    # decisions (peek, snapshot, status, the surface: the live page's timer, /router/status)
+    req = Request(400.0, 200.0, False, 1.0, 0.025)
+    quiet, read = slo_world(), slo_world()
+    for w in (quiet, read):
+        w.decider.refresh()
+    first = quiet.decider.peek(req)
+    for _ in range(3):
+        assert read.decider.peek(req) == first
+    for w in (quiet, read):
+        w.clock.now += 1.0
+    decided: dict[int, list[Decision]] = {0: [], 1: []}
+    for step in range(120):
+        for i, w in enumerate((quiet, read)):
+            if i == 1:
+                for _ in range(3):
+                    w.decider.peek(req)
+                    w.decider.snapshot(req)
+                    w.decider.status()
+                    w.decider.surface()
+            d = w.decider.decide(req)
+            assert d is not None
+            decided[i].append(d)
+            w.tracker.acquire(d.backend)  # (held: the load climbs)
+            w.clock.now += 0.05
+            if step % 40 == 39:
+                w.decider.refresh()
+    assert decided[0] == decided[1]
+    # (and the load climbed through more than one rule: the test covered more than one step)
+    assert len({d.reason for d in decided[0]}) > 1
+
+
+def test_surfaces_are_computed_on_the_timer_not_per_decision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from router.forward import decider as decider_module
+
+    computed: list[float | None] = []
+    real = decider_module.surface  # type: ignore[attr-defined]
+
+    def counted(*args: object, **kw: object) -> object:
+        computed.append(args[4] if len(args) > 4 else kw.get("arriving"))  # type: ignore[arg-type]
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decider_module, "surface", counted)
+    w = slo_world()
+    req = Request(400.0, 200.0, False, 1.0, 0.025)
+    # before any tick: the first decision with curves computes its own (nothing else known)
+    assert w.decider.decide(req) is not None
+    assert len(computed) == 1
+    w.decider.refresh()
+    done = len(computed)
+    # the arrival rate climbs through several rate buckets: decisions take the nearest known
+    route(w, req, 200, every=0.01)
+    assert len(computed) == done
+    # the next tick computes the current one and the ones asked for, at most PER_REFRESH
+    w.decider.refresh()
+    assert done < len(computed) <= done + decider_module.PER_REFRESH
+
+
+def test_status_says_the_rule_and_the_capacities() -> None:
+    w = slo_world()
+    route(w, Request(400.0, 200.0, True, 1.0, 0.025), 30, every=0.5)
+    w.decider.refresh()
+    status = w.decider.status()
+    assert status["deciding_as"] == "slo"
+    assert status["rule"] == decider_module_rule()
+    surf = w.decider.surface()
+    assert surf is not None
+    for pool in POOLS:
+        cap = surf.pools[pool]
+        shown = status["pools"][pool]
+        assert shown["strict_capacity"] == {"greedy": cap.strict[0], "sampling": cap.strict[1]}
+        assert shown["relaxed_capacity"] == {"greedy": cap.relaxed[0], "sampling": cap.relaxed[1]}
+        assert shown["usable_engines"] == len(POOL_URLS[pool])
+    # the overload rule's inputs: 2 requests a second is far from what 3 engines serve
+    overload = status["overload"]
+    assert overload["excess_to"] == surf.most
+    assert overload["threshold"] == w.decider.params.overload
+    assert overload["offered_per_s"] == pytest.approx(2.0 * 10 / 30, rel=0.5)
+    assert overload["sustained"] is False
+    assert overload["served_within_relaxed_per_s"] > overload["offered_per_s"]
+    # the mix it was computed for: what was routed (all sampled, 400-token prompts)
+    assert status["mix"]["sampling_share"] > 0.9
+    assert status["mix"]["prompt_tokens"] == pytest.approx(400.0)
+    # the tunables in force, each with where its value came from
+    assert set(status["params"]) == set(w.decider.params.provenance())
+
+
+def decider_module_rule() -> str:
+    from router.forward.decider import RULE
+
+    return RULE
 
 
 def test_deciding_as_says_which_policy_decides_without_curves() -> None:
-    # no models, no gain: slo decides as predictive, which decides as spillover
+    # no models: slo decides as spillover, with or without a gain (router.decide.policy.slo)
     assert world(policy="slo").decider.deciding_as == "spillover"
     with_gain = world(policy="slo")
     with_gain.tuning.gain = lambda pool, load: 1.0
-    assert with_gain.decider.deciding_as == "predictive"
+    assert with_gain.decider.deciding_as == "spillover"
+    predictive = world(policy="predictive")
+    predictive.tuning.gain = lambda pool, load: 1.0
+    assert predictive.decider.deciding_as == "predictive"
     assert slo_world().decider.deciding_as == "slo"
     assert world(policy="predictive").decider.deciding_as == "spillover"
     others: list[PolicyName] = ["spillover", "crossover", "round_robin"]

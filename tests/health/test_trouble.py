@@ -92,6 +92,7 @@ def test_notices_keep_one_per_key_and_its_first_time(caplog: pytest.LogCaptureFi
     ]
     assert [r.getMessage() for r in caplog.records] == ["first", "other"]
     assert notices.document(6.0)[0] == {
+        "kind": "backend",
         "level": "warning",
         "subject": "a",
         "message": "second",
