@@ -205,7 +205,10 @@ RouterFactory = Callable[..., Proc]
 
 @pytest.fixture
 def start_router(sims: dict[str, Proc]) -> Iterator[RouterFactory]:
-    """Start a router process in front of the session's sims (or other URLs); waits for /ready."""
+    """Start a router process in front of the session's sims (or other URLs); waits until both
+    pools are usable (``one_pool=True``: until ``/ready``, one pool; ``ready=False``: not at
+    all). (``/ready`` alone let a test start while the other pool's first probe was still out,
+    and a retry or a route to that pool then found nothing usable.)"""
     started: list[Proc] = []
 
     def start(
@@ -213,6 +216,7 @@ def start_router(sims: dict[str, Proc]) -> Iterator[RouterFactory]:
         base_url: str | None = None,
         ready: bool = True,
         serve_args: tuple[str, ...] = (),
+        one_pool: bool = False,
         **settings: str,
     ) -> Proc:
         env = router_env(
@@ -221,7 +225,7 @@ def start_router(sims: dict[str, Proc]) -> Iterator[RouterFactory]:
         proc = spawn(["-m", "router", "serve", "--port", "0", *serve_args], env=env)
         started.append(proc)
         if ready:
-            wait_for(lambda: router_ready(proc.url))
+            wait_for(lambda: router_ready(proc.url, every_pool=not one_pool))
         return proc
 
     yield start

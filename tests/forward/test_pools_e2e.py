@@ -125,7 +125,7 @@ def test_a_request_without_a_model_goes_as_the_pools_model(
     with running(sim_args("eagle3", *args, "--api-key", "sk")) as spec:
         router = start_router(
             spec.url, f"http://127.0.0.1:{free_port()}", policy="crossover", crossover="4",
-            speculative_api_key="sk",
+            speculative_api_key="sk", one_pool=True,
         )  # fmt: skip
 
         def served() -> object:

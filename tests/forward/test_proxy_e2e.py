@@ -253,7 +253,9 @@ def test_stream_options_the_client_set_reach_the_engine_untouched(
     # the router counts the usage when there is some. crossover 0: all to the baseline sim.
     args = sim_args("baseline", "--time-scale", TIME_SCALE, *USAGE_ENGINES[engine])
     with running(args) as base:
-        router = start_router(f"http://127.0.0.1:{free_port()}", base.url, crossover="0")
+        router = start_router(
+            f"http://127.0.0.1:{free_port()}", base.url, crossover="0", one_pool=True
+        )
         counted = 0.0
         for options in (
             {},

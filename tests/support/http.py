@@ -60,11 +60,13 @@ def router_status(url: str) -> dict[str, Any]:
     return status
 
 
-def router_ready(url: str) -> bool:
+def router_ready(url: str, every_pool: bool = False) -> bool:
+    """``/ready`` says 200 (a pool is usable), and with ``every_pool`` both pools are."""
     try:
-        return httpx.get(f"{url}/ready", timeout=5).status_code == 200
+        r = httpx.get(f"{url}/ready", timeout=5)
     except httpx.HTTPError:
         return False
+    return r.status_code == 200 and (not every_pool or all(r.json()["pools"].values()))
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:
