@@ -202,6 +202,7 @@ class Fleet:
     def stop(self) -> None:
         if self.router is not None:
             self.router.stop()
+            (self.workdir / "router.log").write_text("\n".join(self.router.output) + "\n")
         for e in self.engines:
             e.stop()
         self.zone.close()
