@@ -148,9 +148,7 @@ async def running(app: Runnable) -> AsyncIterator[None]:
     keeper_task = loop.create_task(keep_learning(keeper))
     planner = app.planner
     plan_task = (
-        loop.create_task(keep_planning(planner))
-        if planner is not None and planner.writer
-        else None
+        loop.create_task(keep_planning(planner)) if planner is not None and planner.writer else None
     )
     share_task = None
     if busy is not None and s.busy_poll_yield:

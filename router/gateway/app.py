@@ -143,6 +143,9 @@ class EppApp:
     def in_flight(self) -> Mapping[str, int]:
         return self.router.in_flight()
 
+    def plan(self) -> dict[str, Any]:
+        return self.router.plan()
+
     @property
     def clock(self) -> Callable[[], float]:
         return self.router.clock

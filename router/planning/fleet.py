@@ -52,6 +52,7 @@ class Switch(NamedTuple):
     draining: str | None = None  # the member of ``source`` that left for it
     left: float | None = None  # when that member was removed from the router's members
     landed: str | None = None  # the member of ``mode`` that came up for it
+    id: int = 0  # the planner's number for it (stable while it is re-advised)
 
     @property
     def phase(self) -> str:

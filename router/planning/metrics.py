@@ -131,9 +131,9 @@ class PlanCollector(Collector):
         yield restart
         advised = CounterMetricFamily(
             "spec_router_plan_switches_advised",
-            "Switches the planner advised (each advice counts, also one repeated because "
-            "nobody acted on it)",
+            "Switches of an engine's mode the planner advised (one advice repeated over "
+            "several plans counts once)",
         )
-        if "advised" in doc:
-            advised.add_metric([], float(doc["advised"]))
+        if "switches_advised" in doc:
+            advised.add_metric([], float(doc["switches_advised"]))
         yield advised

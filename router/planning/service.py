@@ -200,13 +200,19 @@ class FleetPlanner:
         self.restarts: dict[Pool, deque[float]] = {p: deque(maxlen=RESTART_SAMPLES) for p in POOLS}
         self.sent: dict[str, int] = {}  # requests this router sent each backend, at the last look
         self.own = 0.0  # ... and what that grew by since the interval began
-        self.last_tick = clock()
+        self.last_tick = self.born = clock()
         self.last_plan: Plan | None = None
         self.last_traffic: Traffic | None = None
         self.status = "starting: the first plan comes after one interval"
-        self.advised = 0  # switches advised so far
-        self.advised_by: dict[Pool, int] = {p: 0 for p in POOLS}
-        self.doc: dict[str, Any] = {"planner": self.mode, "status": self.status}
+        self.advised = 0  # distinct switches advised so far (the last one's id)
+        self.doc: dict[str, Any] = {
+            "planner": self.mode,
+            "status": self.status,
+            "at": None,
+            "interval_s": self.interval,
+            "time_scale": settings.plan_time_scale,
+            "budget": settings.gpu_budget,
+        }
 
     @property
     def interval(self) -> float:
@@ -248,8 +254,8 @@ class FleetPlanner:
         """Follow the counters, the switch in progress and the engines that load."""
         now = self.clock()
         members = self.views()
-        for m in members:
-            if m.refused and m.url not in self.loading:
+        for m in members:  # (one there before the planner: its load began we know not when)
+            if m.refused and m.url not in self.loading and m.joined > self.born:
                 self.loading[m.url] = m.joined
         samples = self.engines.samples
         readings = {url: reading_of(s) for url, s in samples.items()}
@@ -274,6 +280,8 @@ class FleetPlanner:
         present = {m.url for m in members}
         for url in [u for u in self.loading if u not in present]:
             del self.loading[url]
+        self.doc = {**self.doc, **self._live(members, now)}  # (the rest changes with a plan)
+        self._share()
 
     def _landed(self, landing: Landing, sw: Switch) -> None:
         self.restarts[landing.mode].append(landing.seconds)
@@ -334,7 +342,7 @@ class FleetPlanner:
         else:
             self._advise(p, fleet, now)
         self.last_plan = p
-        self.doc = self._document(members, fleet, now)
+        self.doc = self._document(members, now)
         self._share()
         self._save_holt()
 
@@ -346,26 +354,16 @@ class FleetPlanner:
             return
         engine = next((e for e in fleet if e.name == p.action.engine), None)
         source: Pool = engine.mode if engine is not None else p.action.mode
-        if engine is not None and engine.status == "down":
-            source = engine.mode
-        if sw is None or sw.phase == "advised":
-            self.switch = Switch(p.action.engine, source, p.action.mode, now)
+        if sw is not None and sw.phase != "advised":
+            return  # (the planner holds while one is in flight: not reached)
+        if sw is not None and (sw.engine, sw.mode) == (p.action.engine, p.action.mode):
+            self.switch = sw._replace(advised=now)  # the same advice again: the same switch
+            return
         self.advised += 1
-        self.advised_by[p.action.mode] += 1
+        self.switch = Switch(p.action.engine, source, p.action.mode, now, id=self.advised)
         log.info("plan: %s", p.reason)
 
     # -- what it publishes ---------------------------------------------------------------------
-    def targets(self) -> dict[Pool, int]:
-        return targets(self.views(), self.switch)
-
-    def running(self) -> dict[Pool, int]:
-        return running(self.views())
-
-    def desired(self) -> dict[Pool, int]:
-        """What ``spec_router_plan_desired_engines`` says: the plan's next step (autoscale),
-        or each pool as it runs (advisory)."""
-        return self.targets() if self.mode == "autoscale" else self.running()
-
     def document(self) -> dict[str, Any]:
         """``GET /router/plan`` (the leader's, under --workers)."""
         if self.writer or self.shared is None:
@@ -376,24 +374,23 @@ class FleetPlanner:
         except (OSError, ValueError):
             return {"planner": self.mode, "status": "no plan shared by the leader yet"}
 
-    def _document(self, members: list[MemberView], fleet: list[Any], now: float) -> dict[str, Any]:
-        p, tr, sw = self.last_plan, self.last_traffic, self.switch
-        ts = self.settings.plan_time_scale
+    def _when(self, now: float) -> Callable[[float], float]:
+        """Monotonic seconds to Unix time, for the document."""
         wall_now = self.wall()
+        return lambda t: round(wall_now - (now - t), 3)
 
-        def when(t: float) -> float:
-            return round(wall_now - (now - t), 3)
-
-        doc: dict[str, Any] = {
-            "planner": self.mode,
-            "status": self.status,
-            "at": when(now),
-            "interval_s": self.interval,
-            "time_scale": ts,
-            "running": self.running(),
-            "targets": targets(members, sw),
-            "desired_engines": self.desired(),
-            "budget": self.settings.gpu_budget,
+    def _live(self, members: list[MemberView], now: float) -> dict[str, Any]:
+        """The document's part that follows the members between two plans (each look)."""
+        sw = self.switch
+        when = self._when(now)
+        fleet = census(members, sw, self.restart, now)
+        run = running(members)
+        goal = targets(members, sw)
+        return {
+            "running": run,
+            "targets": goal,
+            "desired_engines": goal if self.mode == "autoscale" else run,
+            "off_plan_engines": sum(abs(goal[pool] - run[pool]) for pool in POOLS),
             "fleet": [
                 {
                     "engine": e.name,
@@ -407,6 +404,7 @@ class FleetPlanner:
             "switch": None
             if sw is None
             else {
+                "id": sw.id,
                 "engine": sw.engine,
                 "from": sw.source,
                 "into": sw.mode,
@@ -423,7 +421,20 @@ class FleetPlanner:
                 }
                 for pool in POOLS
             },
-            "advised": self.advised,
+            "switches_advised": self.advised,
+        }
+
+    def _document(self, members: list[MemberView], now: float) -> dict[str, Any]:
+        p, tr, sw = self.last_plan, self.last_traffic, self.switch
+        when = self._when(now)
+        doc: dict[str, Any] = {
+            "planner": self.mode,
+            "status": self.status,
+            "at": when(now),
+            "interval_s": self.interval,
+            "time_scale": self.settings.plan_time_scale,
+            "budget": self.settings.gpu_budget,
+            **self._live(members, now),
         }
         if tr is not None:
             doc["traffic"] = {
@@ -446,8 +457,8 @@ class FleetPlanner:
             current=split,
             desired=goal,
             action=None
-            if p.action is None
-            else {"engine": p.action.engine, "mode": p.action.mode, "id": self.advised},
+            if p.action is None or sw is None
+            else {"engine": p.action.engine, "into": p.action.mode, "switch_id": sw.id},
             reason=p.reason,
             next_switch=None if nxt is None else _option(nxt),
             forecast={
@@ -465,7 +476,7 @@ class FleetPlanner:
                     "reason": d.reason,
                     "action": None
                     if d.action is None
-                    else {"engine": d.action.engine, "mode": d.action.mode},
+                    else {"engine": d.action.engine, "into": d.action.mode},
                 }
                 for d in reversed(p.state.history)
             ],  # fmt: skip

@@ -11,7 +11,8 @@ come from their token counters.
 A counter that went back means its engine restarted: it counts from zero. An engine first seen
 by the watch counts from its first reading, unless it was seen loading first (it started
 since: from zero). An engine with no request counter (llama.cpp) makes the interval's count
-the router's own (``Traffic.source``): what this replica finished and holds in flight.
+the router's own (``Traffic.source``): the requests this replica sent (its share only, when
+several replicas front the engines).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class CounterWatch:
 
 def traffic(tally: Tally, seconds: float, own_arrivals: float) -> Traffic:
     """The interval's traffic: the engines' count when every engine kept one, else the
-    router's own (``own_arrivals``: what it finished plus what its in-flight count grew by)."""
+    router's own (``own_arrivals``: the requests this replica sent to the engines)."""
     if tally.counted and (tally.ended > 0 or tally.arrivals > 0 or own_arrivals == 0):
         arrivals, source = tally.arrivals, "engines"
     else:
