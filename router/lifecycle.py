@@ -237,7 +237,9 @@ async def keep_planning(planner: FleetPlanner) -> None:
         await asyncio.sleep(planner.look_interval)
         try:
             if planner.clock() - planner.last_tick >= planner.interval:
-                planner.tick()
+                # off the event loop: a plan takes 20-120 ms, seconds while its caches are
+                # cold, and on the loop it stalled every stream (spec-router fleet, 2026-12-06)
+                await asyncio.to_thread(planner.tick)
             else:
                 planner.look()
         except Exception:
