@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "split": [list(row) for row in run.timeline.split],
         "outages": [o._asdict() for o in run.timeline.outages],
         "advice": run.timeline.plans,
+        "last_plan": run.timeline.last_plan,
         "load": load_per_bucket(day, day_seconds, env, capacity / ns.compress),
         "results": [asdict(r) for r in run.results],
     }

@@ -89,6 +89,7 @@ class Timeline:
     outages: list[Outage] = field(default_factory=list)
     plans: list[dict[str, Any]] = field(default_factory=list)  # the advice it acted on
     in_flight_after: int | None = None  # the router's count once the replay ended
+    last_plan: dict[str, Any] | None = None  # GET /router/plan once the replay ended
 
 
 @dataclass
@@ -269,6 +270,9 @@ class Fleet:
                 with contextlib.suppress(asyncio.CancelledError):
                     await acting
             self.timeline.in_flight_after = await self._settled(client, url)
+            if self.cfg.planner:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    self.timeline.last_plan = (await client.get(f"{url}/router/plan")).json()
         self._sample()
         return FleetRun(results, self.timeline, list(self.router.output))
 
