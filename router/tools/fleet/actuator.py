@@ -5,9 +5,12 @@ document describes, ``router/planning``):
 
 1. a switch appears ``advised`` with an id not acted on: the engine leaves its pool's DNS name
    (the router drains it: its requests in flight finish);
-2. once the router no longer lists it in that pool (drained and removed), the engine stops and
-   starts in the other mode, loading for that mode's restart time, and its address joins the
-   other pool's name (the router counts it loading until its first good probe);
+2. once the router no longer lists it in that pool (drained and removed) and its planner has
+   seen it go (the switch is past ``advised``: else the engine could come back under the same
+   URL in the other pool before the planner saw it leave, and the planner would lose the
+   switch), the engine stops and starts in the other mode, loading for that mode's restart
+   time, and its address joins the other pool's name (the router counts it loading until its
+   first good probe);
 3. the switch ends when the router sees it healthy there.
 
 ``step`` is the pure part: from the plan, the engines as the actuator holds them and the
@@ -16,6 +19,7 @@ router's members, the moves to make now. One switch at a time, as the planner ad
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -31,6 +35,8 @@ class Slot(NamedTuple):
     mode: Pool  # the mode it serves in (serving, loading) or leaves (leaving)
     phase: Phase
     into: Pool | None = None  # leaving: the mode it is going to
+    switch_id: str | None = None  # leaving: the switch it left for
+    since: float = 0.0  # when it entered this phase (the caller's clock)
 
 
 class Leave(NamedTuple):
@@ -66,24 +72,37 @@ def switch_id(switch: Mapping[str, Any]) -> str:
     return f"{switch.get('engine')}@{switch.get('advised_at')}"
 
 
+def seen_leaving(plan: Mapping[str, Any] | None, s: Slot) -> bool:
+    """Whether the planner has followed ``s``'s switch past ``advised`` (or no longer follows
+    it: withdrawn, given up, or no planner)."""
+    sw = plan.get("switch") if plan is not None else None
+    if not isinstance(sw, Mapping) or switch_id(sw) != s.switch_id:
+        return True
+    return sw.get("phase") != "advised"
+
+
 def step(
     plan: Mapping[str, Any] | None,
     slots: Sequence[Slot],
     members: Mapping[Pool, Mapping[str, Mapping[str, Any]]],
     healthy: Mapping[str, bool],
     acted: frozenset[str],
+    now: float = 0.0,
+    patience: float = math.inf,
 ) -> list[Move]:
     """The moves to make now.
 
-    ``members``: each pool's members by URL as the router lists them; ``healthy``: each
-    engine's health as the router reports it; ``acted``: switch ids already acted on."""
+    ``members``: each pool's members by URL as the router lists them; ``healthy``: whether
+    each loading engine answers ready; ``acted``: switch ids already acted on. An engine that
+    left waits for the planner to see it go for at most ``patience`` (``now``'s clock)."""
     moves: list[Move] = []
     busy = False
     for s in slots:
         if s.phase == "leaving":
             busy = True
             assert s.into is not None
-            if s.url not in members.get(s.mode, {}):
+            gone = s.url not in members.get(s.mode, {})
+            if gone and (seen_leaving(plan, s) or now - s.since >= patience):
                 moves.append(Restart(s.url, s.into))
         elif s.phase == "loading":
             busy = True

@@ -94,7 +94,8 @@ def write_report(path: Path, doc: dict[str, Any]) -> None:
     lines += ["", f"Requests the router still held after the replay: {m['in_flight_after']}."]
     if doc["outages"]:
         lines += ["", "Switches (day hours): " + "; ".join(
-            f"{o['engine']} into {o['into']} at {o['left'] / HOUR:.2f} h, "
+            f"{o['engine']} into {o['into']} at {o['left'] / HOUR:.2f} h "
+            f"({o['in_flight']} in flight), "
             + ("still out" if o["back"] is None else f"back at {o['back'] / HOUR:.2f} h")
             for o in doc["outages"]
         )]  # fmt: skip

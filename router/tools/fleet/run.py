@@ -321,17 +321,28 @@ class Fleet:
                     healthy[s.url] = (
                         await client.get(f"{s.url}/ready", timeout=0.5)
                     ).status_code == 200
-        for move in step(plan, list(self.slots.values()), members, healthy, frozenset(self.acted)):
-            await self._apply(move, plan)
+        # how long a drained engine waits for the planner to see it go: a few plans
+        patience = 4 * self.cfg.plan_interval * self.cfg.plan_time_scale + 2.0
+        slots = list(self.slots.values())
+        acted = frozenset(self.acted)
+        for move in step(plan, slots, members, healthy, acted, time.monotonic(), patience):
+            await self._apply(move, plan, members)
 
-    async def _apply(self, move: Leave | Restart | Landed, plan: dict[str, Any] | None) -> None:
+    async def _apply(
+        self,
+        move: Leave | Restart | Landed,
+        plan: dict[str, Any] | None,
+        members: dict[Pool, dict[str, Any]],
+    ) -> None:
         engine = next(e for e in self.engines if e.url == move.url)
         now = self.day()
         if isinstance(move, Leave):
             self.acted.add(move.switch_id)
-            self.slots[move.url] = Slot(move.url, move.source, "leaving", move.into)
+            self.slots[move.url] = Slot(move.url, move.source, "leaving", move.into,
+                                        move.switch_id, time.monotonic())  # fmt: skip
             self._publish()
-            self.timeline.outages.append(Outage(move.url, now, None, move.into))
+            held = int(members[move.source].get(move.url, {}).get("in_flight", 0))
+            self.timeline.outages.append(Outage(move.url, now, None, move.into, held))
             if plan is not None:
                 self.timeline.plans.append({"t_day": now, "switch": plan.get("switch"),
                                             "reason": plan.get("reason")})  # fmt: skip

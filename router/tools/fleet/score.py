@@ -28,6 +28,7 @@ class Outage(NamedTuple):
     left: float
     back: float | None
     into: str
+    in_flight: int = 0  # requests the router had on it when it left (the drain lets them end)
 
 
 def _score(results: Sequence[Result], engine_seconds: float) -> dict[str, Any]:
