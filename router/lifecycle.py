@@ -32,7 +32,7 @@ from router.learn.keeper import CrossoverKeeper
 from router.membership import TICK as MEMBERS_TICK
 from router.membership import Membership
 from router.origin import Origin
-from router.planning.service import FleetPlanner
+from router.planning.service import FleetPlanner, decide
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
 from router.upstream.client import OriginPool
@@ -231,17 +231,24 @@ async def keep_learning(keeper: CrossoverKeeper) -> None:
 
 async def keep_planning(planner: FleetPlanner) -> None:
     """The fleet planner's timers: a look at the engines every ``look_interval`` (their
-    counters, the switch in progress), a plan every ``PLAN_INTERVAL``."""
+    counters, the switch in progress), a plan every ``PLAN_INTERVAL``. The plan itself runs in
+    a thread (it can take seconds of CPU when its model's cache is cold), and the looks go on
+    meanwhile: the event loop only gathers its inputs and publishes its result."""
     log.info("fleet planner: %s, a plan every %gs", planner.mode, planner.interval)
     while True:
         await asyncio.sleep(planner.look_interval)
         try:
-            if planner.clock() - planner.last_tick >= planner.interval:
-                # off the event loop: a plan takes 20-120 ms, seconds while its caches are
-                # cold, and on the loop it stalled every stream (spec-router fleet, 2026-12-06)
-                await asyncio.to_thread(planner.tick)
-            else:
+            if planner.clock() - planner.last_tick < planner.interval:
                 planner.look()
+                continue
+            r = planner.gather()
+            t0 = time.perf_counter()
+            job = asyncio.ensure_future(asyncio.to_thread(decide, r))
+            while not job.done():
+                await asyncio.wait({job}, timeout=planner.look_interval)
+                if not job.done():
+                    planner.look()
+            planner.publish(r, job.result(), time.perf_counter() - t0)
         except Exception:
             log.exception("fleet planner round failed")
 

@@ -109,8 +109,8 @@ def exported_name(family: Metric) -> str:
 
 @pytest.fixture(scope="module")
 def router() -> RouterApp:
-    # (a queue, and a backend per pool: every collector has something to report)
-    return RouterApp(Settings(queue_size=4))
+    # (a queue, a backend per pool and the planner: every collector has something to report)
+    return RouterApp(Settings(queue_size=4, planner="advisory"))
 
 
 def test_every_metric_the_router_exports_is_in_the_observability_page_once(

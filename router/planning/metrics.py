@@ -61,6 +61,14 @@ class PlanCollector(Collector):
             "Engines per pool that are up or loading, as the router's members show them",
             doc.get("running"),
         )
+        off = GaugeMetricFamily(
+            "spec_router_plan_off_plan_engines",
+            "How far the pools are from the plan's next step: the sum over pools of "
+            "|advised - running| engines (1 during a switch; the alert fires when it stays)",
+        )
+        if "off_plan_engines" in doc:
+            off.add_metric([], float(doc["off_plan_engines"]))
+        yield off
         by_state = GaugeMetricFamily(
             "spec_router_plan_engines",
             "Engines as the planner counts them, by the mode they serve or are heading for "

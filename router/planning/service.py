@@ -32,13 +32,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from router.decide.predict import PoolModel
 from router.health.engines import EngineSample
 from router.health.state import BackendHealth
 from router.members.member import Member
 from router.plan import (
+    EngineState,
     Holt,
     Mix,
     Observation,
@@ -52,6 +52,7 @@ from router.plan import (
     observe,
     plan,
 )
+from router.plan.values import CurveLike
 from router.planning.fleet import (
     Landing,
     MemberView,
@@ -118,8 +119,10 @@ class Engines(Protocol):
 
 
 class Models(Protocol):
+    """Both pools' curves (``router.learn.keeper.CrossoverKeeper``: calibrated, then learned)."""
+
     @property
-    def models(self) -> Mapping[Pool, PoolModel] | None: ...
+    def models(self) -> Mapping[Pool, CurveLike] | None: ...
 
 
 def params_of(s: Settings, base: Params | None = None) -> Params:
@@ -165,6 +168,42 @@ def scaled_mix(
     return mix_of(prompts, [max(1.0, o) for o in outputs], hot)
 
 
+class Round(NamedTuple):
+    """One planning round's inputs, gathered on the event loop (plain values)."""
+
+    now: float
+    seconds: float
+    traffic: Traffic
+    fleet: list[EngineState]
+    mix: Mix | None
+    setting: Setting | None
+    state: PlanState
+    params: Params
+
+
+Outcome = tuple[str, Plan | None, PlanState]  # status, the plan (if one was made), next state
+
+
+def decide(r: Round) -> Outcome:
+    """The round's plan: ``router.plan.plan`` when it has what it needs, else the reason why
+    not (the forecast learns all the same). Pure, and CPU-bound (up to seconds when the
+    goodput model's cache is cold): the lifecycle runs it in a thread."""
+    if r.setting is None:
+        status = "waiting for curves: calibrate (spec-router calibrate) or let the router "
+        status += "learn both pools"
+    elif r.mix is None:
+        status = "waiting for traffic: no request lengths seen yet"
+    elif not r.fleet:
+        status = "no engines"
+    else:
+        obs = Observation(r.now, r.traffic.arrivals, r.seconds, r.mix)
+        p = plan(obs, r.setting, r.fleet, r.state, r.params)
+        return "planning", p, p.state
+    rate = r.traffic.arrivals / r.seconds
+    holt = observe(r.state.holt, rate, r.seconds, r.params.forecast)
+    return status, None, r.state._replace(holt=holt)
+
+
 class FleetPlanner:
     def __init__(
         self,
@@ -202,6 +241,7 @@ class FleetPlanner:
         self.own = 0.0  # ... and what that grew by since the interval began
         self.last_tick = self.born = clock()
         self.last_plan: Plan | None = None
+        self.took = 0.0  # seconds the last decision took
         self.last_traffic: Traffic | None = None
         self.status = "starting: the first plan comes after one interval"
         self.advised = 0  # distinct switches advised so far (the last one's id)
@@ -311,7 +351,15 @@ class FleetPlanner:
         )
 
     def tick(self) -> None:
-        """One plan: gather, call ``router.plan.plan``, publish."""
+        """One plan in the caller's thread: gather, decide, publish (the lifecycle runs the
+        decision in a thread instead: ``gather``, ``decide``, ``publish``)."""
+        r = self.gather()
+        t0 = time.perf_counter()
+        out = decide(r)
+        self.publish(r, out, time.perf_counter() - t0)
+
+    def gather(self) -> Round:
+        """The interval's inputs as plain values (on the event loop: it reads the members)."""
         self.look()
         now = self.clock()
         seconds = max(1e-9, now - self.last_tick)
@@ -319,30 +367,18 @@ class FleetPlanner:
         tr = traffic(self.watch.take(), seconds, self.own)
         self.own = 0.0
         self.last_traffic = tr
-        members = self.views()
-        fleet = census(members, self.switch, self.restart, now)
+        fleet = census(self.views(), self.switch, self.restart, now)
         mix = scaled_mix(self.recent, tr.prompt_mean, tr.output_mean)
-        setting = self.setting()
-        p: Plan | None = None
-        if setting is None:
-            self.status = "waiting for curves: calibrate (spec-router calibrate) or let the "
-            self.status += "router learn both pools"
-        elif mix is None:
-            self.status = "waiting for traffic: no request lengths seen yet"
-        elif not fleet:
-            self.status = "no engines"
-        else:
-            p = plan(Observation(now, tr.arrivals, seconds, mix), setting, fleet, self.state,
-                     self.params)  # fmt: skip
-            self.state = p.state
-            self.status = "planning"
-        if p is None:  # the forecast learns all the same
-            holt = observe(self.state.holt, tr.arrivals / seconds, seconds, self.params.forecast)
-            self.state = self.state._replace(holt=holt)
-        else:
-            self._advise(p, fleet, now)
+        return Round(now, seconds, tr, fleet, mix, self.setting(), self.state, self.params)
+
+    def publish(self, r: Round, out: Outcome, took: float) -> None:
+        """Take the decision's plan and state, advise, and publish the document."""
+        self.status, p, self.state = out
+        self.took = took
+        if p is not None:
+            self._advise(p, r.fleet, r.now)
         self.last_plan = p
-        self.doc = self._document(members, now)
+        self.doc = self._document(self.views(), self.clock())
         self._share()
         self._save_holt()
 
@@ -434,6 +470,7 @@ class FleetPlanner:
             "interval_s": self.interval,
             "time_scale": self.settings.plan_time_scale,
             "budget": self.settings.gpu_budget,
+            "took_s": round(self.took, 3),
             **self._live(members, now),
         }
         if tr is not None:

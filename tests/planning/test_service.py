@@ -1,0 +1,249 @@
+"""``FleetPlanner`` over plain stand-ins for the router's parts, on a clock of its own: what it
+reads, what it advises, how it follows the switch an actuator makes, and what it publishes (the
+document and the gauges). The planner in a real router over real sockets: test_plan_e2e.py."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from router.health.engines import EngineSample
+from router.health.state import BackendHealth, State
+from router.members.member import Member
+from router.plan.values import CurveLike
+from router.planning.metrics import PlanCollector
+from router.planning.service import FleetPlanner, holt_document
+from router.pools import BASELINE, SPECULATIVE, Pool
+from router.settings import Settings
+from tests.plan.fixtures import BASE, EAGLE3, MIX
+
+INTERVAL = 60.0
+CURVES: dict[Pool, CurveLike] = {SPECULATIVE: EAGLE3, BASELINE: BASE}
+# what the engines count per request (the mix's means)
+PROMPT = sum(MIX.prompts) / len(MIX.prompts)
+OUTPUT = sum(MIX.outputs) / len(MIX.outputs)
+
+
+class Usage(NamedTuple):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Done(NamedTuple):
+    status: int
+    usage: Usage | None
+    sampling: bool
+    error: str | None = None
+    client_gone: bool = False
+
+
+@dataclass
+class World:
+    """The router's parts the planner reads, as plain values the test moves."""
+
+    now: float = 1000.0
+    members: dict[str, Member] = field(default_factory=dict)
+    states: dict[str, BackendHealth] = field(default_factory=dict)
+    samples: dict[str, EngineSample] = field(default_factory=dict)
+    by_backend: dict[str, int] = field(default_factory=dict)
+    started: dict[str, int] = field(default_factory=dict)
+    models: dict[Pool, CurveLike] | None = field(default_factory=lambda: dict(CURVES))
+    incarnation: int = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def join(self, pool: Pool, url: str, healthy: bool = True) -> None:
+        self.incarnation += 1
+        self.members[url] = Member(pool, url, "admin", None, self.incarnation, self.now)
+        state = State.HEALTHY if healthy else State.STARTING
+        self.states[url] = BackendHealth(self.now, state, failures=0 if healthy else 1)
+        self.samples[url] = EngineSample("sglang", 0.0, 0.0, None, requests_total=0.0,
+                                         prompt_total=0.0, generated_total=0.0)  # fmt: skip
+
+    def healthy(self, url: str) -> None:
+        self.states[url] = BackendHealth(self.now, State.HEALTHY)
+
+    def drain(self, url: str) -> None:
+        self.members[url] = self.members[url].draining(self.now, self.now + 30)
+
+    def remove(self, url: str) -> None:
+        del self.members[url], self.states[url], self.samples[url]
+
+    def serve(self, requests: int) -> None:
+        """``requests`` end on the engines up, spread evenly (their counters move)."""
+        urls = [u for u, m in self.members.items() if m.active]
+        for i, url in enumerate(urls):
+            n = requests // len(urls) + (i < requests % len(urls))
+            s = self.samples[url]
+            assert s.requests_total is not None and s.prompt_total is not None
+            assert s.generated_total is not None
+            self.samples[url] = replace(s, requests_total=s.requests_total + n,
+                                        prompt_total=s.prompt_total + PROMPT * n,
+                                        generated_total=s.generated_total + OUTPUT * n)  # fmt: skip
+
+
+def planner(world: World, tmp: Path | None = None, **settings: Any) -> FleetPlanner:
+    s = Settings(planner=settings.pop("planner", "autoscale"), plan_interval=INTERVAL,
+                 restart_s=500.0, plan_state_path=tmp, **settings)  # fmt: skip
+    p = FleetPlanner(s, world, world.states, world, world, world, world.clock,
+                     wall=lambda: 1.7e9 + world.now)  # fmt: skip
+    # a shorter horizon keeps each plan cheap; the rule is the same (tests/plan)
+    p.params = p.params._replace(horizon=3600.0 * p.settings.plan_time_scale)
+    for i in range(200):  # the mix: this router's recent requests
+        prompt, output = MIX.prompts[i % 4], MIX.outputs[i % 4]
+        p.observe(Done(200, Usage(int(prompt), int(output)), sampling=i % 5 != 0))
+    p.observe(Done(500, Usage(1, 1), True))  # (failures do not count)
+    p.look()  # (the lifecycle's first look, a second after the start)
+    return p
+
+
+def minutes(world: World, p: FleetPlanner, n: int, rate: float) -> None:
+    for _ in range(n):
+        world.now += INTERVAL
+        world.serve(round(rate * INTERVAL))
+        p.tick()
+
+
+def gauges(p: FleetPlanner) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(PlanCollector(p.document))
+    return registry
+
+
+def test_the_planner_waits_for_curves_and_says_so() -> None:
+    world = World(models=None)
+    world.join(BASELINE, "http://b0")
+    p = planner(world)
+    minutes(world, p, 2, 1.0)
+    doc = p.document()
+    assert doc["status"].startswith("waiting for curves")
+    assert doc["traffic"]["arrivals"] == 60 and doc["traffic"]["source"] == "engines"
+    assert "desired" not in doc and doc["running"] == {SPECULATIVE: 0, BASELINE: 1}
+
+
+def test_a_quiet_baseline_fleet_is_advised_a_switch_followed_to_its_landing() -> None:
+    world = World()
+    for i in range(4):
+        world.join(BASELINE, f"http://b{i}")
+    world.by_backend = {"http://b0": 3, "http://b1": 0, "http://b2": 2, "http://b3": 5}
+    p = planner(world, gpu_budget=4)
+    minutes(world, p, 4, 1.0)
+    assert p.document()["switch"] is None and "warming up" in p.document()["reason"]
+    minutes(world, p, 2, 1.0)
+    doc = p.document()
+    assert doc["status"] == "planning"
+    assert doc["traffic"] == {
+        "seconds": 60.0, "arrivals": 60, "rate": 1.0, "source": "engines",
+        "prompt_mean": PROMPT, "output_mean": OUTPUT, "mix_requests": 200,
+    }  # fmt: skip
+    sw = doc["switch"]
+    assert sw is not None and doc["action"] is not None, doc["reason"]
+    # the least loaded baseline engine, into speculative; the baseline pool lowered first
+    assert (sw["engine"], sw["from"], sw["into"], sw["phase"]) == (
+        "http://b1",
+        BASELINE,
+        SPECULATIVE,
+        "advised",
+    )
+    assert doc["action"] == {"engine": "http://b1", "into": SPECULATIVE, "switch_id": sw["id"]}
+    assert doc["targets"] == doc["desired_engines"] == {SPECULATIVE: 0, BASELINE: 3}
+    assert doc["off_plan_engines"] == 1
+    assert doc["desired"][SPECULATIVE] > doc["current"][SPECULATIVE] == 0
+    assert doc["next_switch"]["gain"] > 0.01 and doc["next_switch"]["blocked"] == ""
+    assert doc["history"][0]["action"] == {"engine": "http://b1", "into": SPECULATIVE}
+    assert len(doc["forecast"]["point"]) == len(doc["forecast"]["upper"]) == 60
+    json.dumps(doc, allow_nan=False)  # (a plain JSON document)
+    reg = gauges(p)
+    assert reg.get_sample_value("spec_router_plan_desired_engines", {"pool": BASELINE}) == 3
+    assert reg.get_sample_value("spec_router_plan_switches_advised_total") == 1
+    assert reg.get_sample_value("spec_router_plan_switch_in_flight") == 0
+    # advised again at the next plan: the same switch, the same id
+    minutes(world, p, 1, 1.0)
+    assert p.document()["switch"]["id"] == sw["id"]
+    # the actuator drains b1: seen at the next look (not only at the next plan)
+    world.now += 1
+    world.drain("http://b1")
+    p.look()
+    doc = p.document()
+    assert doc["switch"]["phase"] == "draining" and doc["switch"]["draining"] == "http://b1"
+    assert doc["running"] == doc["targets"] == {SPECULATIVE: 0, BASELINE: 3}
+    assert [e["status"] for e in doc["fleet"]].count("draining") == 1
+    assert gauges(p).get_sample_value("spec_router_plan_switch_in_flight") == 1
+    # removed: now the speculative pool is raised
+    world.now += 5
+    world.remove("http://b1")
+    left = world.now
+    p.look()
+    doc = p.document()
+    assert doc["switch"]["phase"] == "restarting"
+    assert doc["targets"] == {SPECULATIVE: 1, BASELINE: 3}
+    loading = [e for e in doc["fleet"] if e["status"] == "loading"]
+    assert [(e["engine"], e["mode"], e["eta_s"]) for e in loading] == [
+        ("http://b1", SPECULATIVE, 500.0)
+    ]
+    # nothing more is advised while it is in flight, whatever the plans say
+    minutes(world, p, 2, 1.0)
+    assert p.document()["switch"]["id"] == sw["id"]
+    assert "in flight" in p.document()["reason"]
+    # it comes back in the speculative pool, loading, then healthy 430 s after it left
+    world.join(SPECULATIVE, "http://b1", healthy=False)
+    p.look()
+    assert p.document()["switch"]["phase"] == "loading"
+    world.now = left + 430.0
+    world.healthy("http://b1")
+    p.look()
+    doc = p.document()
+    assert doc["switch"] is None
+    assert doc["running"] == doc["targets"] == {SPECULATIVE: 1, BASELINE: 3}
+    assert doc["restart_s"][SPECULATIVE] == {
+        "seconds": 430.0, "source": "observed", "samples": [430.0]
+    }  # fmt: skip
+    assert doc["restart_s"][BASELINE]["source"] == "configured"
+
+
+def test_advisory_holds_the_gauge_autoscalers_follow_at_what_runs() -> None:
+    world = World()
+    for i in range(4):
+        world.join(BASELINE, f"http://b{i}")
+    p = planner(world, planner="advisory")
+    minutes(world, p, 7, 1.0)
+    doc = p.document()
+    assert doc["switch"] is not None  # the advice is there all the same
+    assert doc["targets"] == {SPECULATIVE: 0, BASELINE: 3}
+    assert doc["desired_engines"] == doc["running"] == {SPECULATIVE: 0, BASELINE: 4}
+    reg = gauges(p)
+    assert reg.get_sample_value("spec_router_plan_desired_engines", {"pool": BASELINE}) == 4
+    assert reg.get_sample_value("spec_router_plan_advised_engines", {"pool": BASELINE}) == 3
+
+
+def test_the_forecast_is_kept_across_restarts(tmp_path: Path) -> None:
+    path = tmp_path / "plan-state.json"
+    world = World()
+    world.join(BASELINE, "http://b0")
+    p = planner(world, path)
+    minutes(world, p, 3, 2.0)
+    saved = json.loads(path.read_text())
+    assert saved["holt"]["seen"] == 3 and saved["interval_s"] == INTERVAL
+    again = planner(world, path)
+    assert again.state.holt is not None and again.state.holt.seen == 3
+    assert json.loads(json.dumps(holt_document(again.state.holt, INTERVAL))) == saved
+    # another interval: it starts afresh rather than misread the rates
+    assert planner(world, path, plan_time_scale=0.5).state.holt is None
+    path.write_text("{not json")
+    assert planner(world, path).state.holt is None
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.01])
+def test_durations_are_wall_seconds_at_the_time_scale(scale: float) -> None:
+    world = World()
+    world.join(BASELINE, "http://b0")
+    p = planner(world, plan_time_scale=scale)
+    assert p.interval == INTERVAL * scale
+    assert p.restart(SPECULATIVE) == 500.0 * scale
+    assert p.params.dwell_to_speculative == 1800.0 * scale
