@@ -403,6 +403,8 @@ class FleetPlanner:
     def document(self) -> dict[str, Any]:
         """``GET /router/plan`` (the leader's, under --workers)."""
         if self.writer or self.shared is None:
+            if "running" not in self.doc:  # (asked before the first look)
+                self.doc = {**self.doc, **self._live(self.views(), self.clock())}
             return self.doc
         try:
             got: dict[str, Any] = json.loads(self.shared.read_text())
