@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import random
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -12,7 +14,7 @@ from hypothesis import strategies as st
 
 from router.pools import Pool
 from router.tools.fleet.actuator import Landed, Leave, Restart, Slot, split, step, switch_id
-from router.tools.fleet.cli import parse_split
+from router.tools.fleet.cli import build_day, build_parser, parse_split
 from router.tools.fleet.engines import initial_modes
 from router.tools.fleet.score import Outage, summarize
 from router.tools.fleet.workload import (
@@ -185,3 +187,37 @@ def test_lognormal_lengths_have_sane_means() -> None:
     assert src.draw(random.Random(1))[0] >= 1
     with pytest.raises(ValueError):
         LengthSource()
+
+
+def day_options(*extra: str) -> argparse.Namespace:
+    return build_parser().parse_args(["--engines", "4", *extra])
+
+
+def test_the_synthetic_day_and_yesterday(tmp_path: Path) -> None:
+    d = build_day(day_options("--synthetic", "surge", "--hours", "2", "--compress", "10"))
+    assert d.seconds == 7200 and d.envelope is not None and "x3" in d.label
+    assert 4 * 0.5 < d.capacity < 4 * 1.0  # four baseline engines on the lognormal mix
+    # the rate is the envelope's share of capacity per *engine* second: compress 10 plays
+    # ten day seconds per engine second, so a day second sees a tenth of it
+    engine_seconds = d.seconds / 10
+    expected = sum(d.envelope.share(t + 0.5) for t in range(7200)) / 7200 * d.capacity
+    assert abs(len(d.arrivals) / engine_seconds - expected) < 0.25 * expected
+    assert len(d.yesterday) == 120  # one count a minute, no surge in it
+    quiet = build_day(day_options("--synthetic", "diurnal", "--hours", "2", "--no-yesterday"))
+    assert quiet.yesterday == ()
+
+
+def test_a_trace_day_keeps_its_arrivals_and_lengths(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,100,20\n"
+        "2023-11-16 18:15:50.6805900,300,40\n"
+        "2023-11-16 19:30:00.0000000,500,60\n"
+    )
+    d = build_day(day_options("--trace", str(trace), "--hours", "1", "--temperature-share", "0"))
+    assert [a.at for a in d.arrivals] == pytest.approx([0.0, 4.0])
+    assert (d.prompt_mean, d.output_mean) == (200, 30)
+    assert d.envelope is None and d.yesterday == ()
+    with pytest.raises(ValueError, match="no arrival"):
+        build_day(day_options("--synthetic", "flat", "--hi", "1e-6", "--hours", "0.01"))

@@ -22,7 +22,7 @@ import math
 import shlex
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,14 @@ from router.tools.fleet.workload import (
     rescale,
 )
 from router.tools.replay_report import _clean
-from router.tools.traffic import Lengths, load_trace, window
+from router.tools.traffic import (
+    Arrival,
+    Lengths,
+    cap_lengths,
+    load_trace,
+    window,
+    with_temperatures,
+)
 
 FORMAT = "spec-router-fleet/1"
 EXAMPLES = """\
@@ -128,6 +135,58 @@ def parse_split(text: str, n: int) -> tuple[bool, int | None]:
     raise ValueError(f"--split must be `planner` or `static:K` with 0 <= K <= {n}")
 
 
+@dataclass(frozen=True)
+class Day:
+    """The day the options describe (day seconds; rates per engine second)."""
+
+    arrivals: list[Arrival]
+    seconds: float
+    envelope: Envelope | None  # None: a trace's own arrivals
+    capacity: float  # the all-baseline fleet's SLO capacity, requests per engine second
+    prompt_mean: float
+    output_mean: float
+    yesterday: tuple[float, ...]  # the day before, arrivals per day second per minute
+    label: str
+
+
+def build_day(ns: argparse.Namespace) -> Day:
+    """The arrivals, the envelope and yesterday's counts (raises ``OSError`` / ``ValueError``
+    for a file that cannot be read or an empty day)."""
+    base, hot = PRESETS["baseline"], ns.temperature_share
+    if ns.trace:
+        trace = load_trace(ns.trace)
+        day = with_temperatures(cap_lengths(window(trace, 0.0, ns.hours * HOUR), None,
+                                            ns.max_output), hot, ns.seed)  # fmt: skip
+        if not day:
+            raise ValueError(f"{ns.trace} has no arrival within the first {ns.hours:g} h")
+        lengths = LengthSource([(a.prompt_tokens, a.output_tokens) for a in day])
+    elif ns.lengths:
+        pairs = [(a.prompt_tokens, min(a.output_tokens, ns.max_output))
+                 for a in load_trace(ns.lengths)]  # fmt: skip
+        lengths = LengthSource(pairs)
+    else:
+        lengths = LengthSource(
+            prompt=Lengths(1020.0, 1.0, 16, 8192), output=Lengths(129.0, 0.86, 4, ns.max_output)
+        )
+    prompt, output = lengths.means()
+    capacity = ns.engines * engine_slo_capacity(base, prompt, output, hot)
+    if ns.trace:
+        return Day(day, ns.hours * HOUR, None, capacity, prompt, output, (),
+                   f"trace {Path(ns.trace).name}, its first {ns.hours:g} h")  # fmt: skip
+    env = Envelope(ns.synthetic, ns.hours, ns.lo, ns.hi, ns.surge_at * HOUR,
+                   ns.surge_minutes * 60, ns.surge_factor)  # fmt: skip
+    # capacity is per engine second; the day plays `compress` day seconds per engine second
+    day = arrivals(env, capacity / ns.compress, lengths, hot, ns.seed)
+    if not day:
+        raise ValueError("the day has no arrival (raise --hi or --hours)")
+    yesterday: tuple[float, ...] = ()
+    if not ns.no_yesterday:  # the usual day, another seed, no surge
+        calm = Envelope("flat" if ns.synthetic == "flat" else "diurnal", ns.hours, ns.lo, ns.hi)
+        before = arrivals(calm, capacity / ns.compress, lengths, hot, ns.seed + 1000)
+        yesterday = per_minute(before, env.duration)
+    return Day(day, env.duration, env, capacity, prompt, output, yesterday, env.label())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -147,52 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     assert k is not None
     spec, base = PRESETS[ns.regime], PRESETS["baseline"]
     restart = ns.restart_s if ns.restart_s is not None else (spec.startup + base.startup) / 2
-    hot = ns.temperature_share
     try:
-        if ns.lengths:
-            pairs = [(a.prompt_tokens, min(a.output_tokens, ns.max_output))
-                     for a in load_trace(ns.lengths)]  # fmt: skip
-            lengths = LengthSource(pairs)
-        else:
-            lengths = LengthSource(
-                prompt=Lengths(1020.0, 1.0, 16, 8192),
-                output=Lengths(129.0, 0.86, 4, ns.max_output),
-            )
+        d = build_day(ns)
     except (OSError, ValueError, KeyError) as exc:
-        parser.error(f"cannot read the lengths: {exc}")
-    prompt, output = lengths.means()
-    capacity = ns.engines * engine_slo_capacity(base, prompt, output, hot)
-    env = None
-    if ns.trace:
-        try:
-            day = window(load_trace(ns.trace), 0.0, ns.hours * HOUR)
-        except (OSError, ValueError, KeyError) as exc:
-            parser.error(f"cannot read the trace: {exc}")
-        if not day:
-            parser.error("the trace has no arrival within --hours")
-        day_seconds = ns.hours * HOUR
-        yesterday: tuple[float, ...] = ()
-        workload = f"trace {ns.trace}, first {ns.hours:g} h"
-    else:
-        env = Envelope(ns.synthetic, ns.hours, ns.lo, ns.hi, ns.surge_at * HOUR,
-                       ns.surge_minutes * 60, ns.surge_factor)  # fmt: skip
-        # capacity is per engine second; the day plays `compress` day seconds per engine second
-        day = arrivals(env, capacity / ns.compress, lengths, hot, ns.seed)
-        day_seconds = env.duration
-        calm = Envelope("diurnal" if ns.synthetic != "flat" else "flat", ns.hours, ns.lo, ns.hi)
-        yesterday = (
-            ()
-            if ns.no_yesterday
-            else per_minute(
-                arrivals(calm, capacity / ns.compress, lengths, hot, ns.seed + 1000), day_seconds
-            )
-        )
-        workload = env.label()
+        parser.error(f"cannot build the day: {exc}")
+    day, day_seconds, env, capacity = d.arrivals, d.seconds, d.envelope, d.capacity
+    prompt, output, hot = d.prompt_mean, d.output_mean, ns.temperature_share
     engine_arrivals = rescale(day, ns.compress)
     cfg = FleetConfig(
         engines=ns.engines, speculative=k, planner=planner, spec=spec, base=base,
         time_scale=ns.time_scale, compress=ns.compress, restart_s=restart,
-        day_seconds=day_seconds, mean_prompt=prompt, mean_output=output, yesterday=yesterday,
+        day_seconds=day_seconds, mean_prompt=prompt, mean_output=output, yesterday=d.yesterday,
     )  # fmt: skip
     progress = Progress(sys.stderr, ns.time_scale, ns.compress, len(engine_arrivals))
     began = time.time()
@@ -209,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "split": ns.split,
         "start_speculative": k,
         "regime": ns.regime,
-        "workload": workload,
+        "workload": d.label,
         "lengths": ns.lengths or "lognormal (replay's defaults)",
         "temperature_share": hot,
         "capacity_rps": capacity,
