@@ -243,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         "compress": ns.compress,
         "seed": ns.seed,
         "in_flight_after": run.timeline.in_flight_after,
+        "plans_seen": run.timeline.plans_seen if planner else None,
     }
     doc = {
         "format": FORMAT,

@@ -92,6 +92,9 @@ def write_report(path: Path, doc: dict[str, Any]) -> None:
             f"{b['restart_engine_s']:.0f} |"
         )
     lines += ["", f"Requests the router still held after the replay: {m['in_flight_after']}."]
+    if m.get("plans_seen") is not None:
+        lines += ["", f"Plans the actuator read: {m['plans_seen']} (one per planner interval "
+                      f"would be {m['hours'] * 60:.0f})."]  # fmt: skip
     if doc["outages"]:
         lines += ["", "Switches (day hours): " + "; ".join(
             f"{o['engine']} into {o['into']} at {o['left'] / HOUR:.2f} h "

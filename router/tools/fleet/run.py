@@ -90,6 +90,7 @@ class Timeline:
     plans: list[dict[str, Any]] = field(default_factory=list)  # the advice it acted on
     in_flight_after: int | None = None  # the router's count once the replay ended
     last_plan: dict[str, Any] | None = None  # GET /router/plan once the replay ended
+    plans_seen: int = 0  # distinct plans the actuator read (a planner that stalls shows here)
 
 
 @dataclass
@@ -177,6 +178,7 @@ class Fleet:
         self.router: Proc | None = None
         self.timeline = Timeline()
         self.acted: set[str] = set()
+        self._last_at: Any = None
         self.zero = time.monotonic()
 
     # -- set-up and tear-down ----------------------------------------------------------------
@@ -310,6 +312,9 @@ class Fleet:
         plan: dict[str, Any] | None = None
         if self.cfg.planner:
             plan = (await client.get(f"{url}/router/plan")).json()
+            if plan.get("at") != self._last_at and plan.get("status") == "planning":
+                self._last_at = plan.get("at")
+                self.timeline.plans_seen += 1
         members: dict[Pool, dict[str, Any]] = {}
         for pool in POOLS:
             doc = (await client.get(f"{url}/router/pools/{pool}/backends")).json()
