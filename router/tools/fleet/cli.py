@@ -37,7 +37,7 @@ from router.tools.fleet.workload import (
     LengthSource,
     arrivals,
     engine_slo_capacity,
-    per_minute,
+    expected_per_minute,
     rescale,
 )
 from router.tools.replay_report import _clean
@@ -180,10 +180,12 @@ def build_day(ns: argparse.Namespace) -> Day:
     if not day:
         raise ValueError("the day has no arrival (raise --hi or --hours)")
     yesterday: tuple[float, ...] = ()
-    if not ns.no_yesterday:  # the usual day, another seed, no surge
+    if not ns.no_yesterday:
+        # the usual day (no surge), as its mean rate a minute: a compressed day has a few
+        # arrivals per planner minute, and a shape from counts that noisy made the seasonal
+        # forecast spike (and the planner's goodput model crawl at the spikes' rates)
         calm = Envelope("flat" if ns.synthetic == "flat" else "diurnal", ns.hours, ns.lo, ns.hi)
-        before = arrivals(calm, capacity / ns.compress, lengths, hot, ns.seed + 1000)
-        yesterday = per_minute(before, env.duration)
+        yesterday = expected_per_minute(calm, capacity / ns.compress)
     return Day(day, env.duration, env, capacity, prompt, output, yesterday, env.label())
 
 

@@ -157,6 +157,16 @@ def rescale(xs: Sequence[Arrival], compress: float) -> list[Arrival]:
     return [Arrival(a.at / compress, a.prompt_tokens, a.output_tokens, a.temperature) for a in xs]
 
 
+def expected_per_minute(env: Envelope, capacity: float, step: float = 60.0) -> tuple[float, ...]:
+    """The envelope's mean rate (per day second) over each ``step`` of the day."""
+    n = max(1, math.ceil(env.duration / step))
+    fine = 12
+    return tuple(
+        sum(env.share((i + (j + 0.5) / fine) * step) for j in range(fine)) / fine * capacity
+        for i in range(n)
+    )
+
+
 def per_minute(xs: Sequence[Arrival], seconds: float, step: float = 60.0) -> tuple[float, ...]:
     """Arrivals per second in each ``step`` of ``seconds`` (what the planner counts)."""
     n = max(1, math.ceil(seconds / step))
