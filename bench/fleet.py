@@ -161,9 +161,10 @@ def report() -> int:
         lines += table(regime, lab[regime])
     lines += [
         "[^stuck]: Not a `static:4` run: a `--split planner` run of the same day in which the "
-        'router\'s planner published one document ("waiting for traffic") and never planned '
-        "again, so the fleet stayed 4 speculative all day with the planner idle (an "
-        "intermittent stall reported to the planner's branch; a rerun planned normally).",
+        "router's planner never finished its first plan (its forecast, seeded with yesterday's "
+        "noisy per-minute counts, spiked to rates where the goodput model crawls), so the fleet "
+        "stayed 4 speculative all day with the planner idle. `spec-router fleet` now seeds "
+        "yesterday with the envelope's mean rate; the planner rows below were run after that.",
         "",
     ]
     (RESULTS / "fleet.md").write_text("\n".join(lines))
