@@ -38,7 +38,7 @@ test: $(STAMP) envoy
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # Only the gateway's end-to-end tests (a real Envoy before `spec-router epp` and simulated
-# engines, ~40 s; `make test` runs them too).
+# engines, ~2 min one at a time; `make test` runs them too).
 test-gateway: $(STAMP) envoy
 	$(BIN)/python -m pytest -q -m gateway
 

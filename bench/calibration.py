@@ -156,7 +156,8 @@ class CaseRun:
     @property
     def ok(self) -> bool:
         whole = self.analytic_whole
-        return whole is not None and abs(self.table.crossover - whole) <= 1
+        found = self.table.crossover
+        return whole is not None and found is not None and abs(found - whole) <= 1
 
 
 def run_case(case: Case) -> CaseRun:

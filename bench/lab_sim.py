@@ -39,7 +39,7 @@ from router.decide.predict import PoolModel, Request
 from router.decide.snapshot import RECENT_WINDOW, Mix, flight
 from router.decide.snapshot import Recent as _DeciderRecent
 from router.decide.twin import Flight, Stream
-from router.learn.learner import LearnConfig, Learner, marginal_gain
+from router.learn.learner import Held, LearnConfig, Learner, marginal_gain
 from router.learn.models import EngineModels, Sample
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.sim.model import BASELINE as BASE_PRESET
@@ -201,7 +201,7 @@ class Router:
         t = dataclasses.replace(tables.load(table), time_scale=1.0)
         self.learner = Learner(LearnConfig(), t)
         self.engines = EngineModels(t)
-        self.crossover = t.crossover
+        self.held = Held(t.limit, t.crossover is None)
         self.gain = marginal_gain(self.learner.curves())
         self.models: Mapping[Pool, PoolModel] | None = (
             true_models(spec) if models == "truth" else self.engines.models()
@@ -244,7 +244,7 @@ class Router:
         snap = Snapshot(
             PoolView(SPECULATIVE, tuple(spec)),
             PoolView(BASELINE, tuple(base)),
-            self.crossover,
+            self.held.value,
             1,
             self.state,
             self.gain,
@@ -252,6 +252,7 @@ class Router:
             self.models if req is not None else None,
             self.engines.mean_output.value,
             self.mix.sampling,
+            self.held.no_crossover,
         )
         decision, self.state = choose(self.policy, snap)
         assert decision is not None
@@ -308,9 +309,9 @@ class Router:
         self.engines.observe_accept(tau)
         self.gain = marginal_gain(self.learner.curves())
         self.models = self.engines.models()
-        new = self.learner.step(self.crossover, False)
+        new = self.learner.step(self.held, False)
         if new is not None:
-            self.crossover = new
+            self.held = new
 
 
 def _route(router: Router, a: Arrival, engines: Sequence[Engine], pools: tuple[Pool, Pool],

@@ -231,13 +231,14 @@ def write(
     path: Path,
     rows: list[dict[str, object]],
     a: Args,
-    crossover: int,
+    crossover: int | None,
     elapsed: float,
     command: str,
     learn: bool = False,
     regime: str = "eagle3",
 ) -> None:
     machine = platform.processor() or platform.machine()
+    shown = "none measured" if crossover is None else crossover
     lines = [
         "# Policies against the best static split",
         "",
@@ -249,7 +250,7 @@ def write(
         f"{a.output}-token outputs; sims at time scale {a.time_scale} (numbers converted to "
         f"model time). {a.duration:g} s per measurement, the first 30% discarded. Routers "
         "pinned to core 0; sims, load generator and calibrator on core 1. Every router uses "
-        f"the same calibrated table (crossover {crossover}); learning and exploration "
+        f"the same calibrated table (crossover {shown}); learning and exploration "
         f"{'on' if learn else 'off'}.",
         "",
         "Figure of merit: mean per-request decode speed, tok/s (decode tokens / decode time "

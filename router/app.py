@@ -40,6 +40,7 @@ from router.forward.admission import Admission
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
 from router.health.poller import HealthPoller
+from router.health.pool_check import PoolCheck
 from router.health.state import HealthConfig, HealthRegistry
 from router.learn.keeper import CrossoverKeeper
 from router.members.discovery import Discovery
@@ -112,6 +113,12 @@ class RouterApp:
             ),
             clock(),
         )
+        # the pools against what their engines say, once each answers (router.health.pool_check)
+        self.pool_check = PoolCheck(
+            self.pools,
+            mapped=bool(settings.speculative_model_map or settings.baseline_model_map),
+            quiet=worker is not None and not worker.leader,
+        )
         self.poller = HealthPoller(
             [],
             self.health,
@@ -122,6 +129,8 @@ class RouterApp:
             clock,
             generate_timeout=settings.health_generate_timeout,
             gauge_lag=settings.engine_gauge_lag,
+            on_info=self.pool_check.update,
+            on_leave=self.pool_check.forget,
         )
         self.keeper = CrossoverKeeper(
             settings,
@@ -235,7 +244,7 @@ class RouterApp:
 
     def ui_snapshot(self) -> dict[str, Any]:
         """One snapshot for the live page (made on the feed's timer, never per request)."""
-        return live_document(self.status(), self.keeper.curves(), self.recent.series())
+        return live_document(self.status(), self.keeper.curves(), self.recent.series(), self.plan())
 
     def closing(self) -> None:
         """The server is about to stop: end the live page's feeds, which would otherwise hold
@@ -328,23 +337,7 @@ class RouterApp:
             yield self
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        message = await receive()
-        assert message["type"] == "lifespan.startup"
-        started = False
-        try:
-            async with self.running():
-                lifecycle.tune_gc()
-                await send({"type": "lifespan.startup.complete"})
-                started = True
-                message = await receive()
-                assert message["type"] == "lifespan.shutdown"
-        except BaseException as exc:
-            # After start-up completed, a failure is a shutdown failure (as Starlette does):
-            # uvicorn asserts against a late startup.failed, and the real error would be lost.
-            failed = "lifespan.shutdown.failed" if started else "lifespan.startup.failed"
-            await send({"type": failed, "message": f"{type(exc).__name__}: {exc}"})
-            raise
-        await send({"type": "lifespan.shutdown.complete"})
+        await lifecycle.lifespan(self.running, receive, send, started=lifecycle.tune_gc)
 
     # -- ASGI ---------------------------------------------------------------------------------
     def spec_router_lane(self, path: str) -> Proxy | None:

@@ -23,6 +23,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "router.tools.fleet.cli",
         "N sims that switch mode, a router, its planner and a day of traffic; goodput per hour",
     ),
+    "doctor": (
+        "router.tools.doctor",
+        "check the engines' settings against what makes speculation lose or the router misjudge",
+    ),
     "epp": (
         "router.gateway.cli",
         "the decision as an Endpoint Picker (ext_proc) behind an Envoy-based gateway",

@@ -1,11 +1,18 @@
 """What runs while the router serves, started and stopped in one place.
 
-``running`` opens what needs an event loop -- an upstream client per backend, the proxy over
-them, busy polling, the health poller, the keeper's learning timer, the watch on a shared core
-and, under ``--workers``, the table exchange -- and on exit stops each and writes the table
-once more. ``RouterApp`` built the components that do not need a loop; this module starts and
-stops them, and the ASGI lifespan (or a test) enters it. ``tune_gc`` is the process-wide part a
-server's start-up adds.
+Two parts, one for each role, so that nothing is started twice or stopped in two ways:
+
+- ``deciding``: what the decision needs, whoever carries the requests (the proxy under
+  ``serve``, or a gateway that asks ``spec-router epp``): an upstream client per member (the
+  proxy's connections, or the EPP's for ``/v1/models``), the health poller, the members' timer
+  and DNS discovery (``router.membership``), the keeper's learning timer and, under
+  ``--workers``, the table exchange. On exit it stops each and writes the table once more.
+- ``running``: the proxy's lifecycle, ``deciding`` plus what only the proxy needs: the
+  ``Proxy`` over the clients, busy polling and the watch on a shared core.
+
+``RouterApp`` built the components that do not need a loop; this module starts and stops them,
+and ``lifespan`` (the ASGI lifespan protocol, for the proxy's app and the EPP's) or a test
+enters them. ``tune_gc`` is the process-wide part a server's start-up adds.
 """
 
 from __future__ import annotations
@@ -17,11 +24,12 @@ import resource
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
 
 from router.account.inflight import InflightTracker
 from router.account.outcome import Outcome
+from router.asgi import Receive, Send
 from router.fastpath.busypoll import SHARE_PERIOD, BusyPoll, ShareWatch
 from router.forward.admission import Admission
 from router.forward.decider import Decider
@@ -54,12 +62,27 @@ GC_YOUNG_THRESHOLD = 50_000
 _RUSAGE: int = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
 
 
-class Runnable(Protocol):
-    """The router's components as ``running`` starts them (``router.app.RouterApp``): it reads
-    the ones built without a loop and sets ``proxy``, ``busy`` and ``share``."""
+class Deciding(Protocol):
+    """The router's components ``deciding`` starts (``router.app.RouterApp``)."""
 
     @property
     def settings(self) -> Settings: ...
+    @property
+    def poller(self) -> HealthPoller: ...
+    @property
+    def keeper(self) -> CrossoverKeeper: ...
+    @property
+    def exchange(self) -> TableExchange | None: ...
+    @property
+    def clients(self) -> dict[str, OriginPool]: ...
+    @property
+    def membership(self) -> Membership: ...
+
+
+class Runnable(Deciding, Protocol):
+    """The router's components as ``running`` starts them for the proxy: it reads the ones
+    built without a loop and sets ``proxy``, ``busy`` and ``share``."""
+
     @property
     def pools(self) -> Mapping[Pool, list[str]]: ...
     @property
@@ -69,21 +92,11 @@ class Runnable(Protocol):
     @property
     def health(self) -> HealthRegistry: ...
     @property
-    def poller(self) -> HealthPoller: ...
-    @property
-    def keeper(self) -> CrossoverKeeper: ...
-    @property
     def decider(self) -> Decider: ...
     @property
     def admission(self) -> Admission: ...
     @property
-    def exchange(self) -> TableExchange | None: ...
-    @property
     def observers(self) -> list[Callable[[Outcome], None]]: ...
-    @property
-    def clients(self) -> dict[str, OriginPool]: ...
-    @property
-    def membership(self) -> Membership: ...
     @property
     def worker(self) -> WorkerContext | None: ...
     @property
@@ -99,15 +112,52 @@ class Runnable(Protocol):
 
 
 @asynccontextmanager
+async def deciding(app: Deciding, open_client: Callable[[str], OriginPool]) -> AsyncIterator[None]:
+    """Start what the decision needs (clients made by ``open_client``, the poller, the members'
+    timer and discovery, the keeper's timer, the table exchange); stop them on exit."""
+    ensure_logging(app.settings.log_level)
+    loop = asyncio.get_running_loop()
+    clients = app.clients
+    membership = app.membership
+    membership.roster.sync()
+    for url in membership.roster.members:  # (draining ones too: they may still be asked)
+        clients[url] = open_client(url)
+    membership.open_client = open_client  # backends that join from now on
+    keeper = app.keeper
+    exchange = app.exchange
+    app.poller.start()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        # the first resolution before serving: the pools start with what the names answer (or
+        # a clear warning for each that does not), not empty
+        await membership.discover()
+        tasks.append(loop.create_task(keep_members(membership)))
+        if membership.discovery is not None:
+            tasks.append(loop.create_task(keep_discovering(membership)))
+        tasks.append(loop.create_task(keep_learning(keeper)))
+        if exchange is not None:
+            tasks.append(loop.create_task(exchange.follow(keeper)))
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        keeper.persist()
+        await app.poller.stop()
+        for client in clients.values():
+            client.close()
+        clients.clear()
+        membership.open_client = None
+
+
+@asynccontextmanager
 async def running(app: Runnable) -> AsyncIterator[None]:
-    """Start the upstream clients, the proxy and the poller and the timers; stop them on exit."""
+    """The proxy's lifecycle: ``deciding``, with the proxy over its clients, busy polling and
+    the watch on a shared core."""
     s = app.settings
-    ensure_logging(s.log_level)
     loop = asyncio.get_running_loop()
     busy = app.busy = BusyPoll(loop, s.busy_poll_us / 1e6) if s.busy_poll_us else None
     poke = busy.poke if busy is not None else None
-    clients = app.clients
-    membership = app.membership
 
     def open_client(url: str) -> OriginPool:
         return OriginPool(
@@ -118,78 +168,82 @@ async def running(app: Runnable) -> AsyncIterator[None]:
             poke=poke,
         )
 
-    membership.roster.sync()
-    for url in membership.roster.members:  # (draining ones too: they may still be asked)
-        clients[url] = open_client(url)
-    membership.open_client = open_client  # backends that join from now on
-    app.proxy = Proxy(
-        s,
-        app.decider,
-        app.tracker,
-        app.health,
-        clients,
-        app.observers,
-        app.clock,
-        poke=poke,
-        admission=app.admission,
-        abort_lag=app.abort_lag,
-        default_model=app.default_model,
-        sync=None if app.worker is None else membership.roster.sync,
-    )
-    keeper = app.keeper
-    app.poller.start()
-    # the first resolution before serving: the pools start with what the names answer (or a
-    # clear warning for each that does not), not empty
-    await membership.discover()
-    members_task = loop.create_task(keep_members(membership))
-    discovery_task = (
-        None if membership.discovery is None else loop.create_task(keep_discovering(membership))
-    )
-    keeper_task = loop.create_task(keep_learning(keeper))
-    planner = app.planner
-    plan_task = (
-        loop.create_task(keep_planning(planner)) if planner is not None and planner.writer else None
-    )
-    share_task = None
-    if busy is not None and s.busy_poll_yield:
-        share = app.share = ShareWatch()
-        share_task = loop.create_task(_watch_share(busy, share))
-    exchange = app.exchange
-    follow_task = None if exchange is None else loop.create_task(exchange.follow(keeper))
-    log.info(
-        "spec-router: policy=%s crossover=%d (%s) speculative=%s baseline=%s",
-        app.decider.policy,
-        keeper.crossover,
-        keeper.source,
-        ",".join(app.pools[SPECULATIVE]),
-        ",".join(app.pools[BASELINE]),
-    )
     try:
-        yield
-    finally:
-        tasks = [
-            t
-            for t in (
-                keeper_task,
-                follow_task,
-                share_task,
-                members_task,
-                discovery_task,
-                plan_task,
+        async with deciding(app, open_client):
+            app.proxy = Proxy(
+                s,
+                app.decider,
+                app.tracker,
+                app.health,
+                app.clients,
+                app.observers,
+                app.clock,
+                poke=poke,
+                admission=app.admission,
+                abort_lag=app.abort_lag,
+                default_model=app.default_model,
+                sync=None if app.worker is None else app.membership.roster.sync,
             )
-            if t is not None
-        ]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        keeper.persist()
-        await app.poller.stop()
-        for client in clients.values():
-            client.close()
+            share_task = None
+            if busy is not None and s.busy_poll_yield:
+                share = app.share = ShareWatch()
+                share_task = loop.create_task(_watch_share(busy, share))
+            planner = app.planner  # (the leader plans under --workers)
+            plan_task = (
+                loop.create_task(keep_planning(planner))
+                if planner is not None and planner.writer
+                else None
+            )
+            keeper = app.keeper
+            log.info(
+                "spec-router: policy=%s crossover=%s (%s) speculative=%s baseline=%s",
+                app.decider.policy,
+                f"none measured up to {keeper.crossover}"
+                if keeper.no_crossover
+                else keeper.crossover,
+                keeper.source,
+                ",".join(app.pools[SPECULATIVE]),
+                ",".join(app.pools[BASELINE]),
+            )
+            try:
+                yield
+            finally:
+                for task in (share_task, plan_task):
+                    if task is not None:
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
+                app.proxy = None
+    finally:
         if busy is not None:
             busy.stop()
-        membership.open_client = None
-        app.proxy = None
+
+
+async def lifespan(
+    running: Callable[[], AbstractAsyncContextManager[object]],
+    receive: Receive,
+    send: Send,
+    started: Callable[[], None] | None = None,
+) -> None:
+    """The ASGI lifespan protocol over ``running()``: start-up completes once it is entered
+    (and ``started`` ran), shutdown once it is left."""
+    message = await receive()
+    assert message["type"] == "lifespan.startup"
+    done = False
+    try:
+        async with running():
+            if started is not None:
+                started()
+            await send({"type": "lifespan.startup.complete"})
+            done = True
+            message = await receive()
+            assert message["type"] == "lifespan.shutdown"
+    except BaseException as exc:
+        # After start-up completed, a failure is a shutdown failure (as Starlette does):
+        # uvicorn asserts against a late startup.failed, and the real error would be lost.
+        failed = "lifespan.shutdown.failed" if done else "lifespan.startup.failed"
+        await send({"type": failed, "message": f"{type(exc).__name__}: {exc}"})
+        raise
+    await send({"type": "lifespan.shutdown.complete"})
 
 
 async def keep_members(membership: Membership) -> None:
@@ -201,6 +255,30 @@ async def keep_members(membership: Membership) -> None:
             membership.tick()
         except Exception:
             log.exception("membership tick failed")
+
+
+async def keep_planning(planner: FleetPlanner) -> None:
+    """The fleet planner's timers: a look at the engines every ``look_interval`` (their
+    counters, the switch in progress), a plan every ``PLAN_INTERVAL``. The plan itself runs in
+    a thread (it can take seconds of CPU when its model's cache is cold), and the looks go on
+    meanwhile: the event loop only gathers its inputs and publishes its result."""
+    log.info("fleet planner: %s, a plan every %gs", planner.mode, planner.interval)
+    while True:
+        await asyncio.sleep(planner.look_interval)
+        try:
+            if planner.clock() - planner.last_tick < planner.interval:
+                planner.look()
+                continue
+            r = planner.gather()
+            t0 = time.perf_counter()
+            job = asyncio.ensure_future(asyncio.to_thread(decide, r))
+            while not job.done():
+                await asyncio.wait({job}, timeout=planner.look_interval)
+                if not job.done():
+                    planner.look()
+            planner.publish(r, job.result(), time.perf_counter() - t0)
+        except Exception:
+            log.exception("fleet planner round failed")
 
 
 async def keep_discovering(membership: Membership) -> None:
@@ -227,30 +305,6 @@ async def keep_learning(keeper: CrossoverKeeper) -> None:
                 keeper.persist()
         except Exception:
             tuning_log.exception("crossover update failed")
-
-
-async def keep_planning(planner: FleetPlanner) -> None:
-    """The fleet planner's timers: a look at the engines every ``look_interval`` (their
-    counters, the switch in progress), a plan every ``PLAN_INTERVAL``. The plan itself runs in
-    a thread (it can take seconds of CPU when its model's cache is cold), and the looks go on
-    meanwhile: the event loop only gathers its inputs and publishes its result."""
-    log.info("fleet planner: %s, a plan every %gs", planner.mode, planner.interval)
-    while True:
-        await asyncio.sleep(planner.look_interval)
-        try:
-            if planner.clock() - planner.last_tick < planner.interval:
-                planner.look()
-                continue
-            r = planner.gather()
-            t0 = time.perf_counter()
-            job = asyncio.ensure_future(asyncio.to_thread(decide, r))
-            while not job.done():
-                await asyncio.wait({job}, timeout=planner.look_interval)
-                if not job.done():
-                    planner.look()
-            planner.publish(r, job.result(), time.perf_counter() - t0)
-        except Exception:
-            log.exception("fleet planner round failed")
 
 
 def _waited_for_core() -> float | None:

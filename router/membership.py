@@ -86,6 +86,10 @@ class Membership:
         self.shared_status = shared_status
         # made once the router serves (router.lifecycle); until then no client is opened
         self.open_client: Callable[[str], OriginPool] | None = None
+        # (url, why) -> how many requests still running there were ended, at a drain's
+        # deadline: the proxy's upstream client cuts its exchanges; the EPP, which carries no
+        # bytes, lets go of its leases there (router.gateway.app)
+        self.cut_streams: Callable[[str, str], int] = self._cut_client
         self._cut: set[tuple[str, int]] = set()  # (url, incarnation) whose streams were cut
         roster.subscribe(self.applied)
 
@@ -161,8 +165,7 @@ class Membership:
             if (m.url, m.incarnation) in self._cut:
                 continue
             self._cut.add((m.url, m.incarnation))
-            client = self.clients.get(m.url)
-            n = 0 if client is None else client.cut("it left its pool and its drain timed out")
+            n = self.cut_streams(m.url, "it left its pool and its drain timed out")
             if n:
                 self.metrics.drain_cut(m.pool, n)
                 log.warning(
@@ -179,6 +182,10 @@ class Membership:
             log.info("%s drained: removed", url)
         if done:
             self.roster.sync()
+
+    def _cut_client(self, url: str, why: str) -> int:
+        client = self.clients.get(url)
+        return 0 if client is None else client.cut(why)
 
     async def discover(self) -> None:
         """One discovery round (the owner's), and its status left for the other workers."""

@@ -521,6 +521,53 @@ def panels() -> list[dict[str, Any]]:
             unit="reqps",
             width=6,
         ),
+        row("Fleet plan"),
+        timeseries(
+            "Engines per pool: plan and fleet",
+            "The fleet planner (PLANNER=advisory or autoscale; docs/fleet.md): the engines "
+            "each pool runs (up or loading), the plan's next step (what autoscalers follow "
+            "under autoscale) and where its best schedule over the horizon heads.",
+            [
+                target(
+                    f"max by (pool) (spec_router_plan_running_engines{{{R}}})", "{{pool}} running"
+                ),
+                target(
+                    f"max by (pool) (spec_router_plan_advised_engines{{{R}}})", "{{pool}} next step"
+                ),
+                target(
+                    f"max by (pool) (spec_router_plan_goal_engines{{{R}}})", "{{pool}} heading for"
+                ),
+            ],  # fmt: skip
+            width=12,
+        ),
+        timeseries(
+            "Arrival rate and forecast",
+            "Requests per second over the last planning interval, counted from the engines' "
+            "own counters, and the forecast one interval ahead with its upper band (what the "
+            "floor of a switch is held to).",
+            [
+                target(
+                    f"max by (source) (spec_router_plan_arrival_rate{{{R}}})",
+                    "arrivals ({{source}})",
+                ),
+                target(
+                    f"max by (band) (spec_router_plan_forecast_rate{{{R}}})", "forecast {{band}}"
+                ),
+            ],  # fmt: skip
+            unit="reqps",
+            width=6,
+        ),
+        timeseries(
+            "Switches: in flight and off plan",
+            "1 while a switch of an engine's mode is under way; engines the pools are off the "
+            "plan's next step (1 during a switch; the SpecRouterFleetOffPlan alert fires when "
+            "it stays 30 minutes).",
+            [
+                target(f"max(spec_router_plan_switch_in_flight{{{R}}})", "switch in flight"),
+                target(f"max(spec_router_plan_off_plan_engines{{{R}}})", "off plan"),
+            ],
+            width=6,
+        ),
     ]
 
 

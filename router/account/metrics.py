@@ -76,6 +76,7 @@ MAIN_REASONS = (
     "predicted_slo",
     "overflow",
     "failover",
+    "beyond_measured",
 )
 
 
@@ -378,9 +379,17 @@ class StateCollector(Collector):
             slow.add_metric([pool], tracker.slow_clients[pool])
         yield slow
         yield GaugeMetricFamily(
-            p + "crossover", "Current crossover (concurrent requests per speculative engine).",
+            p + "crossover",
+            "Current crossover (concurrent requests per speculative engine); with no crossover "
+            "measured (spec_router_crossover_measured 0), the highest level measured.",
             value=self.tuning.crossover,
         )  # fmt: skip
+        yield GaugeMetricFamily(
+            p + "crossover_measured",
+            "1 when the crossover was measured; 0 when the baseline never caught up within the "
+            "levels measured (the router then places requests past that level by load).",
+            value=0 if self.tuning.no_crossover else 1,
+        )
         info = InfoMetricFamily(p + "crossover_source", "Where the current crossover came from.")
         info.add_metric([], {"source": self.tuning.source})
         yield info

@@ -32,6 +32,7 @@ from typing import Any
 
 from router.account.inflight import InflightTracker, PrefillLog
 from router.decide.table import SOURCES, Source
+from router.learn.keeper import Posted
 from router.members.member import ACTIVE, DRAINING, Member
 from router.members.member import SOURCES as MEMBER_SOURCES
 from router.members.member import Source as MemberSource
@@ -602,21 +603,29 @@ class SharedTracker(InflightTracker):
 # -- the crossover in force, one value for every worker -------------------------------------
 _PINNED = 1 << 40
 _SET = 1 << 41
+_NONE = 1 << 42  # no crossover measured: the value is the highest level measured
 
 
 class CrossoverBoard:
     """The crossover every worker routes with, in one header word (read and written whole):
-    its value, where it came from, and whether an operator pinned it. 0: nothing published."""
+    its value, where it came from, whether an operator pinned it, and whether it is no
+    crossover (none measured up to the value). 0: nothing published."""
 
     def __init__(self, table: SharedTable) -> None:
         self._ints = table.ints
 
-    def publish(self, value: int, source: Source, pinned: bool) -> None:
+    def publish(self, value: int, source: Source, pinned: bool, no_crossover: bool) -> None:
         word = _SET | (value & 0xFFFF_FFFF) | (SOURCES.index(source) << 32)
-        self._ints[H_CROSSOVER] = word | (_PINNED if pinned else 0)
+        word |= (_PINNED if pinned else 0) | (_NONE if no_crossover else 0)
+        self._ints[H_CROSSOVER] = word
 
-    def read(self) -> tuple[int, Source, bool] | None:
+    def read(self) -> Posted | None:
         word = self._ints[H_CROSSOVER]
         if not word & _SET:
             return None
-        return word & 0xFFFF_FFFF, SOURCES[(word >> 32) & 0xFF], bool(word & _PINNED)
+        return Posted(
+            word & 0xFFFF_FFFF,
+            SOURCES[(word >> 32) & 0xFF],
+            bool(word & _PINNED),
+            bool(word & _NONE),
+        )

@@ -30,7 +30,7 @@ from router.calibrate.workload import (
     dataset_workload,
     parse_dataset,
 )
-from router.decide.table import Table, Workload, save
+from router.decide.table import Table, Workload, no_crossover_advice, save
 
 DEFAULT_PROMPT_TOKENS = 1024
 DEFAULT_OUTPUT_TOKENS = 256
@@ -199,10 +199,15 @@ def report(table: Table) -> str:
             )
     fit = table.speculative.fit
     tau = f"; speculative fit at acceptance length {fit.tau:.2f}" if fit else ""
-    lines.append(
-        f"crossover: {table.crossover} (objective {table.objective}: from {table.crossover} "
-        f"concurrent requests on, the baseline is at least as good{tau})"
-    )
+    if table.crossover is not None:
+        lines.append(
+            f"crossover: {table.crossover} (objective {table.objective}: from {table.crossover} "
+            f"concurrent requests on, the baseline is at least as good{tau})"
+        )
+    else:
+        assert table.measured_up_to is not None
+        lines.append(f"crossover: none (objective {table.objective}{tau}): {table.reason}")
+        lines.append(no_crossover_advice(table.measured_up_to, table.margin))
     return "\n".join(lines)
 
 

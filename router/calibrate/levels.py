@@ -22,7 +22,7 @@ from router.decide.table import (
     Prefill,
     Table,
     Workload,
-    crossover_from_points,
+    crossing,
     fit_points,
 )
 
@@ -226,7 +226,9 @@ def describe(
         "(t_last_token - t_first_token). ttft_*: send to first token. e2e_p50: send to last "
         "token. total_tps: all output tokens per second after warm-up, whole pool.",
         "crossover: lowest concurrency from which the baseline is at least as good on the "
-        "objective (curves interpolated linearly between measured levels).",
+        "objective (curves interpolated linearly between measured levels); null when it never "
+        "is up to the highest level measured (measured_up_to; margin: how many times better "
+        "the speculative pool was there).",
         f"speculative fit at tau={tau:g} ({tau_source}); fits are seconds per iteration, "
         "alpha + beta * n.",
     ]
@@ -263,8 +265,12 @@ def build_table(
     """The calibrated table: both curves, their fits, and the crossover from the points."""
     spec = sorted(spec, key=lambda p: p.concurrency)
     base = sorted(base, key=lambda p: p.concurrency)
+    found = crossing(spec, base, objective)
     return Table(
-        crossover=crossover_from_points(spec, base, objective),
+        crossover=found.crossover,
+        measured_up_to=found.measured_up_to,
+        margin=found.margin,
+        reason=found.reason,
         source="calibrated",
         objective=objective,
         measured_at=measured_at,

@@ -156,7 +156,13 @@ def build_control_app(app: Controlled) -> FastAPI:
             table = app.replace_table(raw)
         except tables.TableError as exc:
             raise BadRequest(f"table refused: {exc}", "invalid_table") from None
-        return JSONResponse({"crossover": table.crossover, "crossover_source": table.source})
+        return JSONResponse(
+            {
+                "crossover": table.crossover,  # null: none measured up to measured_up_to
+                "crossover_source": table.source,
+                "measured_up_to": table.measured_up_to,
+            }
+        )
 
     @api.get("/router/pools/{pool}/backends")
     async def list_backends(pool: str) -> Response:

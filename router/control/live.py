@@ -3,7 +3,8 @@
 Laid out from ``/router/status`` (so the page and the status agree by construction), the
 keeper's curves and the recent window's series: per pool and backend, in flight against the
 crossover, the engines' own counts, health; the policy and load signal; the share and reasons of
-the last minutes with TTFT/TPOT percentiles; and the curves with each backend's operating point.
+the last minutes with TTFT/TPOT percentiles; the curves with each backend's operating point;
+and, when the fleet planner is on, its plan.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _round_points(points: Sequence[Sequence[float]]) -> list[list[float]]:
 
 
 def curves_document(
-    curves: Mapping[str, Any], pools: Mapping[str, Any], crossover: int
+    curves: Mapping[str, Any], pools: Mapping[str, Any], crossover: int | None
 ) -> dict[str, Any]:
     """Start and learned curves per pool, and each backend's operating point on them: its load
     now, at the decode speed its pool's learned curve (else the start one) gives there."""
@@ -78,8 +79,45 @@ def curves_document(
     }
 
 
+# what the page shows of the next switch (an option of GET /router/plan)
+NEXT_SWITCH = ("engine", "into", "gain", "cost", "need_rps", "have_rps", "blocked")
+
+
+def plan_document(plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The fleet planner's part of the page (``GET /router/plan``, compact): the split now,
+    where the plan heads, its next step, the switch under way, the next switch's numbers, the
+    rate and its forecast, and the last reasons. None when the planner is off."""
+    if not plan or plan.get("planner", "off") == "off":
+        return None
+    nxt = plan.get("next_switch")
+    forecast = plan.get("forecast")
+    traffic = plan.get("traffic")
+    return {
+        "planner": plan["planner"],
+        "status": plan.get("status"),
+        "running": plan.get("running"),
+        "current": plan.get("current"),
+        "desired": plan.get("desired"),
+        "targets": plan.get("targets"),
+        "switch": plan.get("switch"),
+        "reason": plan.get("reason"),
+        "next_switch": None if not nxt else {k: nxt[k] for k in NEXT_SWITCH},
+        "rate": None if not traffic else traffic.get("rate"),
+        "forecast": None
+        if not forecast or not forecast.get("point")
+        else {"point": forecast["point"][0], "upper": forecast["upper"][0]},
+        "history": [
+            {"at": d["at"], "reason": d["reason"], "action": d["action"]}
+            for d in (plan.get("history") or [])[:5]
+        ],
+    }
+
+
 def live_document(
-    status: Mapping[str, Any], curves: Mapping[str, Any], series: Mapping[str, Any]
+    status: Mapping[str, Any],
+    curves: Mapping[str, Any],
+    series: Mapping[str, Any],
+    plan: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     pools: dict[str, Any] = {}
     for pool in POOLS:
@@ -97,10 +135,12 @@ def live_document(
     return {
         "policy": status["policy"],
         "load_signal": status["load_signal"],
-        "crossover": status["crossover"],
+        "crossover": status["crossover"],  # None: none measured (see no_crossover)
         "crossover_source": status["crossover_source"],
-        # the speculative pool's room before the crossover: crossover x usable engines
-        "speculative_capacity": status["crossover"] * usable_spec,
+        "no_crossover": status.get("no_crossover"),
+        # the speculative pool's room before the crossover (or, with none measured, the
+        # highest level measured): that x usable engines
+        "speculative_capacity": status["speculative_limit"] * usable_spec,
         "learning": {
             "enabled": learning.get("enabled"),
             "pinned": learning.get("pinned"),
@@ -113,6 +153,7 @@ def live_document(
         else {"ttft_ms": slo.get("slo_ttft_ms"), "tpot_ms": slo.get("slo_tpot_ms")},
         "pools": pools,
         "recent": {**status["recent"], "series": dict(series)},
-        "curves": curves_document(curves, status["pools"], status["crossover"]),
+        "curves": curves_document(curves, status["pools"], status["speculative_limit"]),
         "ui": status.get("ui"),
+        "plan": plan_document(plan),
     }

@@ -23,6 +23,7 @@ from router.forward.admission import Admission
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
 from router.health.poller import EngineLoad, HealthPoller
+from router.health.pool_check import PoolCheck
 from router.health.state import HealthRegistry, usable
 from router.learn.keeper import CrossoverKeeper
 from router.membership import Membership
@@ -44,6 +45,8 @@ class Observed(Protocol):
     def health(self) -> HealthRegistry: ...
     @property
     def poller(self) -> HealthPoller: ...
+    @property
+    def pool_check(self) -> PoolCheck: ...
     @property
     def keeper(self) -> CrossoverKeeper: ...
     @property
@@ -85,6 +88,7 @@ def router_status(app: Observed) -> dict[str, Any]:
         served_models=app.poller.served_models,
         backends_of=lambda pool: [m.url for m in membership.roster.of_pool(pool)],
         member=membership.backend,
+        pool_check=app.pool_check,
         extra={
             "membership": membership.status(),
             "slo": decider.status() if decider.policy == "slo" else None,
@@ -136,6 +140,7 @@ def status_document(
     served_models: Mapping[str, str] | None = None,
     backends_of: Callable[[Pool], list[str]] | None = None,
     member: Callable[[str, float], dict[str, Any]] | None = None,
+    pool_check: PoolCheck | None = None,
 ) -> dict[str, Any]:
     """The document; each pool lists ``backends_of(pool)`` (default: the routable ones), each
     backend with what ``member`` says of its membership (where it came from, draining)."""
@@ -173,6 +178,8 @@ def status_document(
                     "engine": _engine(loads.get(url), now),
                     "served_model": (served_models or {}).get(url),
                     **({} if member is None else member(url, now)),
+                    # what it said about itself at its last start (None: not yet)
+                    "reports": None if pool_check is None else pool_check.reported(url),
                 }
             )
         pools[pool] = {
@@ -181,15 +188,25 @@ def status_document(
             "slow_clients": tracker.slow_clients[pool],
             "backends": backends,
         }
+    none = keeper.no_crossover_status(len(decider.pools["speculative"]),
+                                      len(decider.pools["baseline"]))  # fmt: skip
     return {
         "policy": decider.policy,
-        "crossover": keeper.crossover,
+        # null: none measured (``no_crossover`` says up to where, and what follows from it)
+        "crossover": None if none is not None else keeper.crossover,
         "crossover_source": keeper.source,
+        "no_crossover": none,
+        # requests per speculative engine before the rest go elsewhere (to the baseline, or
+        # with no crossover by load)
+        "speculative_limit": keeper.crossover,
         "learning": {**keeper.status(), "explore_share": decider.explore_share},
         "hysteresis": decider.hysteresis,
         "load_signal": decider.load_signal,
         "in_flight": tracker.snapshot(),
         "pools": pools,
+        # what is wrong with the deployment as the engines describe it (router.health.checks):
+        # each with its level (error: it cannot work as meant), reason and fix
+        "warnings": [] if pool_check is None else pool_check.status(),
         **extra,
     }
 

@@ -56,6 +56,7 @@ Reason = Literal[
     "round_robin",
     "predicted_slo",
     "overflow",
+    "beyond_measured",
 ]
 
 
@@ -85,6 +86,8 @@ class RoutingState(NamedTuple):
 class Snapshot(NamedTuple):
     speculative: PoolView
     baseline: PoolView
+    # requests per speculative engine before the rest go elsewhere: the crossover, or with
+    # ``no_crossover`` the highest level measured (none was found up to there)
     crossover: int
     hysteresis: int = 0
     state: RoutingState = RoutingState()
@@ -95,6 +98,10 @@ class Snapshot(NamedTuple):
     models: Mapping[Pool, PoolModel] | None = None
     mean_output: float = 200.0  # output tokens of recent requests, for requests without one
     sampling_share: float = 0.5  # share of recent requests at temperature > 0
+    # True: the table measured no crossover (``router.decide.table``): speculation was better
+    # at every level measured, so past ``crossover`` (that level) nothing says the baseline is
+    # better, and the rest of the requests go by load rather than all to the baseline
+    no_crossover: bool = False
 
     def pool(self, name: Pool) -> PoolView:
         return self.speculative if name == SPECULATIVE else self.baseline
@@ -151,15 +158,31 @@ def _place(
     return Decision(pool, chosen.url, reason), state._replace(rr=state.rr + 1)
 
 
+def by_load(snap: Snapshot, state: RoutingState) -> tuple[Decision | None, RoutingState]:
+    """Past the highest level measured when no crossover was measured: the least loaded usable
+    backend of either pool (weighted while ramping; a tie stays speculative, the pool measured
+    better), so neither pool is assumed better where nothing was measured."""
+    spec = pick_backend(snap.speculative, state.rr)
+    base = pick_backend(snap.baseline, state.rr)
+    if spec is None or base is None:  # one pool only: _place fails over and says so
+        return _place(snap, SPECULATIVE if base is None else BASELINE, "beyond_measured", state)
+    if (spec.load + 1) / spec.weight <= (base.load + 1) / base.weight:
+        return Decision(SPECULATIVE, spec.url, "beyond_measured"), state._replace(rr=state.rr + 1)
+    return Decision(BASELINE, base.url, "beyond_measured"), state._replace(rr=state.rr + 1)
+
+
 def spillover(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     """The speculative pool takes a request while its least-loaded replica is below the crossover.
 
     The crossover is per engine, so N speculative replicas hold up to N x crossover requests.
+    With no crossover measured (``no_crossover``), the rest go by load (``by_load``).
     """
     spec = pick_backend(snap.speculative, snap.state.rr)
     if spec is None or spec.load < snap.crossover:
         # (no usable speculative replica: _place fails over to baseline and says so)
         return _place(snap, SPECULATIVE, "below_crossover", snap.state)
+    if snap.no_crossover:
+        return by_load(snap, snap.state)
     return _place(snap, BASELINE, "above_crossover", snap.state)
 
 
@@ -180,6 +203,8 @@ def crossover(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         above = True
     state = snap.state._replace(above=above)
     if above:
+        if snap.no_crossover:
+            return by_load(snap, state)
         return _place(snap, BASELINE, "above_crossover", state)
     return _place(snap, SPECULATIVE, "below_crossover", state)
 

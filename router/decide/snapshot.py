@@ -31,7 +31,13 @@ class Tuning(Protocol):
     """What routing reads from the crossover's owner (``router.learn.keeper``)."""
 
     @property
-    def crossover(self) -> int: ...
+    def crossover(self) -> int:
+        """Requests per speculative engine: the crossover, or with ``no_crossover`` the
+        highest level measured (``router.decide.policy.Snapshot``)."""
+        ...
+
+    @property
+    def no_crossover(self) -> bool: ...
 
     @property
     def gain(self) -> Gain | None: ...

@@ -6,6 +6,14 @@ and kept current by the router's online learner. It holds, per pool, the measure
 each concurrency), the workload they were measured with, the objective, when, and the
 crossover: the lowest concurrency from which the baseline pool is at least as good.
 
+When the baseline never catches up within the levels measured, there is no crossover to write:
+the table says ``"crossover": null``, with ``measured_up_to`` (the highest level both pools were
+measured at), ``margin`` (how many times better the speculative pool still was there) and a
+``reason``. A crossover is never extrapolated past the levels measured. Routing then holds each
+speculative engine to ``measured_up_to`` (``Table.limit``) and places the rest by load
+(``router.decide.policy``). Version 1 tables (whose crossover was "one past the highest level"
+when none was found) are still read: such a crossover is read as null.
+
 Besides the points, each pool carries a *fit*: seconds per iteration (``spt * tau``) as a
 straight line in concurrency, the shape of a batching engine (an iteration costs ``a + b * n``
 and yields ``tau`` tokens per request). The fit is a summary for plots and readers; what matters
@@ -21,11 +29,13 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-TABLE_VERSION = 1
+TABLE_VERSION = 2
+# versions ``from_json`` reads (1: crossover always an integer)
+READ_VERSIONS = (1, 2)
 Objective = Literal["tpot", "e2e"]
 # Where a crossover came from.
 Source = Literal["default", "configured", "calibrated", "learned"]
@@ -105,8 +115,31 @@ class PoolCurve:
 
 
 @dataclass(frozen=True, slots=True)
+class Crossing:
+    """What two measured curves say about the crossover.
+
+    ``crossover``: the lowest concurrency from which the baseline is at least as good, or None
+    when it never is within the levels measured. ``measured_up_to``: the highest level both
+    pools were measured at. ``margin``: how many times better the speculative pool is there
+    (decode speed over the baseline's for ``tpot``, the baseline's end-to-end time over its own
+    for ``e2e``; below 1 once the baseline is better). ``reason``: the same in words.
+    """
+
+    crossover: int | None
+    measured_up_to: int
+    margin: float | None
+    reason: str
+
+    @property
+    def limit(self) -> int:
+        """Requests per speculative engine before the rest go elsewhere (see ``Table.limit``)."""
+        return self.measured_up_to if self.crossover is None else self.crossover
+
+
+@dataclass(frozen=True, slots=True)
 class Table:
-    crossover: int
+    # None: no crossover within the levels measured (see ``measured_up_to``, ``margin``)
+    crossover: int | None
     source: Source
     objective: Objective = "tpot"
     measured_at: str = ""
@@ -119,9 +152,27 @@ class Table:
     # time scale (1 for real engines; e.g. 0.1 for sims started with --time-scale 0.1), so the
     # router divides what it measures by it before learning.
     time_scale: float = 1.0
+    # the highest level both pools were measured at, and how many times better the speculative
+    # pool was there (see ``Crossing``); required when ``crossover`` is None
+    measured_up_to: int | None = None
+    margin: float | None = None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.crossover is None and (self.measured_up_to is None or self.measured_up_to < 1):
+            raise TableError("a table without a crossover needs measured_up_to >= 1")
 
     def pool(self, name: str) -> PoolCurve:
         return self.speculative if name == "speculative" else self.baseline
+
+    @property
+    def limit(self) -> int:
+        """Requests per speculative engine before the rest go elsewhere: the crossover, or
+        with none measured the highest level measured (past it the router places by load)."""
+        if self.crossover is not None:
+            return self.crossover
+        assert self.measured_up_to is not None
+        return self.measured_up_to
 
 
 # -- deriving ------------------------------------------------------------------------------------
@@ -147,13 +198,14 @@ def _score(points: Sequence[Point], n: float, objective: Objective) -> float:
     return -_interpolate(points, n, "e2e_p50")
 
 
-def crossover_from_points(
+def crossing(
     spec: Sequence[Point], base: Sequence[Point], objective: Objective = "tpot"
-) -> int:
-    """Lowest whole concurrency from which the baseline is at least as good.
+) -> Crossing:
+    """Where the baseline becomes at least as good, within the levels both pools measured.
 
     Curves are compared at every integer between the measured levels (linear interpolation).
-    If the baseline never catches up in the measured range, the answer is one past it.
+    If the baseline never catches up in the measured range there is no crossover: never one
+    extrapolated past the highest level measured.
     """
     if not spec or not base:
         raise TableError("both pools need measured points")
@@ -162,8 +214,68 @@ def crossover_from_points(
     for n in range(1, top + 1):
         m = max(n, bottom)
         if _score(base, m, objective) >= _score(spec, m, objective):
-            return n
-    return top + 1
+            return Crossing(
+                n, top, _margin(spec, base, top, objective),
+                f"the baseline is at least as good from {n} concurrent requests on "
+                f"(measured up to {top}; {objective}, interpolated between levels)",
+            )  # fmt: skip
+    margin = _margin(spec, base, top, objective)
+    return Crossing(None, top, margin, no_crossover_reason(top, margin, objective))
+
+
+def _margin(
+    spec: Sequence[Point], base: Sequence[Point], n: float, objective: Objective
+) -> float | None:
+    """How many times better the speculative pool is at ``n`` (see ``Crossing``)."""
+    if objective == "tpot":
+        mine = _interpolate(spec, n, "decode_tps_p50")
+        theirs = _interpolate(base, n, "decode_tps_p50")
+    else:
+        theirs, mine = _interpolate(spec, n, "e2e_p50"), _interpolate(base, n, "e2e_p50")
+    return round(mine / theirs, 4) if theirs > 0 else None
+
+
+def no_crossover_reason(measured_up_to: int, margin: float | None, objective: str) -> str:
+    """Why a table has no crossover, in one sentence."""
+    better = "" if margin is None else f" (x{margin:.2f} at {measured_up_to})"
+    what = "decode speed per request" if objective == "tpot" else "end-to-end time"
+    return (
+        f"no crossover measured up to {measured_up_to}: the baseline never caught up on "
+        f"{what} at the levels measured; the speculative pool was better at each{better}"
+    )
+
+
+def no_crossover_advice(
+    measured_up_to: int,
+    margin: float | None = None,
+    speculative_engines: int | None = None,
+    baseline_engines: int | None = None,
+) -> str:
+    """What follows from a table without a crossover, for an operator (status, the live page,
+    calibrate's summary, the doctor)."""
+    better = "" if margin is None else f", x{margin:.2f} at {measured_up_to}"
+    text = (
+        f"No crossover measured up to {measured_up_to} requests per engine: speculation was "
+        f"faster at every level measured{better}. The router speculates up to "
+        f"{measured_up_to} per speculative engine and places the rest by load. "
+        "More engines should speculate"
+    )
+    if speculative_engines is not None and baseline_engines:
+        total = speculative_engines + baseline_engines
+        text += (
+            f": e.g. {total} speculative engines rather than {speculative_engines} + "
+            f"{baseline_engines}"
+        )
+    else:
+        text += ": e.g. two speculative engines rather than a speculative + baseline pair"
+    return text + ("; calibrate higher levels to find where (if anywhere) the baseline catches up.")
+
+
+def crossover_from_points(
+    spec: Sequence[Point], base: Sequence[Point], objective: Objective = "tpot"
+) -> int | None:
+    """The crossover ``crossing`` finds, or None when the baseline never catches up."""
+    return crossing(spec, base, objective).crossover
 
 
 def fit_line(
@@ -282,11 +394,31 @@ def from_json(raw: Any) -> Table:
     if not isinstance(raw, Mapping):
         raise TableError("a table must be a JSON object")
     version = raw.get("version")
-    if version != TABLE_VERSION:
-        raise TableError(f"unsupported table version {version!r} (expected {TABLE_VERSION})")
+    if version not in READ_VERSIONS:
+        raise TableError(
+            f"unsupported table version {version!r} (this router reads "
+            f"{', '.join(map(str, READ_VERSIONS))})"
+        )
     crossover = raw.get("crossover")
-    if type(crossover) is not int or crossover < 0:
-        raise TableError("crossover must be a non-negative integer")
+    if crossover is None and version == TABLE_VERSION:
+        pass
+    elif type(crossover) is not int or crossover < 0:
+        raise TableError(
+            "crossover must be a non-negative integer"
+            + (" or null (none measured)" if version == TABLE_VERSION else "")
+        )
+    measured_up_to = raw.get("measured_up_to")
+    if measured_up_to is not None and (type(measured_up_to) is not int or measured_up_to < 1):
+        raise TableError("measured_up_to must be a positive integer")
+    if crossover is None and measured_up_to is None:
+        raise TableError("a table without a crossover (null) needs measured_up_to")
+    margin = raw.get("margin")
+    if margin is not None:
+        if isinstance(margin, bool) or not isinstance(margin, int | float):
+            raise TableError("margin must be a number")
+        margin = float(margin)
+        if not (math.isfinite(margin) and margin > 0):
+            raise TableError("margin must be positive")
     source = next((s for s in SOURCES if s == raw.get("source", "calibrated")), None)
     if source is None:
         raise TableError(f"source must be one of {', '.join(SOURCES)}")
@@ -311,7 +443,7 @@ def from_json(raw: Any) -> Table:
         raise TableError("time_scale must be a number") from None
     if not (math.isfinite(time_scale) and time_scale > 0):
         raise TableError("time_scale must be positive")
-    return Table(
+    table = Table(
         crossover=crossover,
         source=source,
         objective=objective,
@@ -321,7 +453,30 @@ def from_json(raw: Any) -> Table:
         speculative=_pool(raw.get("speculative"), "speculative"),
         baseline=_pool(raw.get("baseline"), "baseline"),
         notes=str(raw.get("notes", "")),
+        measured_up_to=measured_up_to,
+        margin=margin,
+        reason=str(raw.get("reason", "")),
     )
+    return _upgraded(table) if version == 1 else table
+
+
+def _upgraded(table: Table) -> Table:
+    """A version-1 table as version 2 would have written it. Version 1 wrote "one past the
+    highest level measured" when the baseline never caught up: from its points, such a
+    crossover is read as none measured (a crossover it could have measured stays)."""
+    spec, base = table.speculative.points, table.baseline.points
+    if not spec or not base or table.crossover is None:
+        return table
+    found = crossing(spec, base, table.objective)
+    if found.crossover is None and table.crossover > found.measured_up_to:
+        reason = (
+            f"{found.reason} (read from a version 1 table, whose crossover "
+            f"{table.crossover} was one past the highest level measured)"
+        )
+        return replace(table, crossover=None, measured_up_to=found.measured_up_to,
+                       margin=found.margin, reason=reason, version=TABLE_VERSION)  # fmt: skip
+    return replace(table, measured_up_to=found.measured_up_to, margin=found.margin,
+                   version=TABLE_VERSION)  # fmt: skip
 
 
 def load(path: Path) -> Table:

@@ -181,6 +181,7 @@ class Decider:
             models,
             tuning.traffic.mean_output,
             self._mix.sampling,
+            tuning.no_crossover,
         )
 
     def request(

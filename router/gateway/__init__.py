@@ -10,6 +10,7 @@ stream, one record per request, never from the response bytes.
 - ``endpoints``: the pools' URLs as the ``ip:port`` endpoints Envoy routes to
 - ``records``: an access-log record, and what it says about the request it ends
 - ``leases``: the requests routed and not yet ended, by request id
+- ``connections``: the gateway's connections, and which went away (their leases go too)
 - ``picker``: one request's decision (the proxy's reading, policy, queue and refusals)
 - ``service``: the gRPC services (ext_proc, access log, health)
 - ``app``: the EPP process: its components, its HTTP endpoints and its lifecycle

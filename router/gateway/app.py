@@ -5,8 +5,15 @@ Decider, metrics, queue: the same objects ``spec-router serve`` routes with) and
 ``Picker`` over them where the proxy would be. Its HTTP side is the router's control app
 (``/health``, ``/ready``, ``/metrics``, ``/router/status``, ``/router/ui``...), with the EPP's
 own part in ``/router/status`` under ``gateway``; ``/v1/*`` is not served here (the gateway
-relays it). ``running`` starts the poller, the keeper's timer, the lease sweep and the gRPC
-server, and stops them in the reverse order.
+relays it). ``running`` starts what the decision needs as the proxy's lifecycle does, with the
+same code (``router.lifecycle.deciding``: the poller, the members' timer and DNS discovery, the
+keeper's timer, clients for ``/v1/models``), then the gRPC server and the lease sweep, and
+stops them in the reverse order.
+
+The pools may change while it runs (``router.membership``: DNS discovery, the admin API): the
+endpoints follow the members (``Endpoints`` is a roster listener), a draining member gets no
+new pick (the Decider reads the routable lists), and at a drain's deadline the leases still
+held there are let go, since the gateway, not the EPP, carries those requests.
 """
 
 from __future__ import annotations
@@ -27,13 +34,14 @@ from router.control.app import build_control_app
 from router.control.feed import Feed
 from router.decide import table as tables
 from router.errors import NotFound
-from router.gateway.endpoints import EndpointError, Endpoints
+from router.gateway.endpoints import EndpointError, Endpoints, check_configured
 from router.gateway.picker import GatewayMetrics, Picker
 from router.gateway.service import GrpcServer
-from router.lifecycle import ensure_logging, keep_learning
+from router.lifecycle import deciding, lifespan
 from router.members.member import Member
+from router.membership import checked_url
 from router.origin import Origin
-from router.pools import POOLS, Pool
+from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings, SettingsError
 from router.upstream.client import OriginPool
 
@@ -55,6 +63,10 @@ class EppConfig:
     drain: float = 3.0
     # Then, seconds the ext_proc streams still open get to finish.
     stop_grace: float = 5.0
+    # A gateway connection whose access-log stream ended and that is not heard from again for
+    # this long is gone: the leases it asked for are let go (router.gateway.connections). A
+    # live Envoy reopens the stream at its next record.
+    gone_grace: float = 5.0
 
     @property
     def sweep_interval(self) -> float:
@@ -77,12 +89,19 @@ class EppApp:
                     f"SPEC_ROUTER_{pool.upper()}_MODEL_MAP: per-pool model names need the "
                     "proxy, which maps the name back in responses; the EPP never reads them"
                 )
-        self.config = config if config is not None else EppConfig()
-        self.router = router = RouterApp(settings, registry, clock)
+        configured: dict[Pool, list[str]] = {
+            SPECULATIVE: settings.speculative_urls,
+            BASELINE: settings.baseline_urls,
+        }
         try:
-            self.endpoints = Endpoints(router.pools)
+            check_configured(configured, settings.discovery)
         except EndpointError as exc:
             raise SettingsError(str(exc)) from None
+        self.config = config if config is not None else EppConfig()
+        self.router = router = RouterApp(settings, registry, clock)
+        roster = router.roster
+        self.endpoints = Endpoints(router.pools, roster.members)
+        roster.subscribe(self.endpoints.applied)
         self.metrics = GatewayMetrics(router.registry)
         self.picker = Picker(
             settings,
@@ -97,6 +116,8 @@ class EppApp:
             abort_lag=router.abort_lag,
             default_model=router.default_model,
         )
+        # at a drain's deadline: the gateway carries the requests, the EPP stops counting them
+        router.membership.cut_streams = self.picker.let_go
         self.settings = settings
         self.feed: Feed = router.feed
         self.grpc: GrpcServer | None = None
@@ -132,6 +153,9 @@ class EppApp:
         return await self.router.list_models()
 
     def add_backend(self, pool: Pool, url: str) -> Member:
+        """As the proxy's, for a backend the gateway can be told to route to: an IP address
+        (``EndpointError``, a 400), at an ``ip:port`` no other member has (a 409)."""
+        self.endpoints.check(checked_url(url))
         return self.router.add_backend(pool, url)
 
     def remove_backend(self, pool: Pool, url: str) -> Member:
@@ -156,40 +180,30 @@ class EppApp:
     # -- lifecycle -----------------------------------------------------------------------------
     @asynccontextmanager
     async def running(self) -> AsyncIterator[EppApp]:
+        """What the decision needs (as under ``serve``), then the gRPC server and the sweep."""
         router, config = self.router, self.config
-        settings = router.settings
-        ensure_logging(settings.log_level)
-        loop = asyncio.get_running_loop()
-        for pool in POOLS:  # (for /v1/models only: the gateway carries the traffic)
-            for url in router.pools[pool]:
-                router.clients[url] = OriginPool(
-                    Origin.parse(url), max_connections=4, max_idle=1, keepalive_expiry=4.0
+        async with deciding(router, _models_client):
+            grpc = GrpcServer(self.picker, config.grpc_host, config.grpc_port, config.gone_grace)
+            sweep = asyncio.get_running_loop().create_task(self._sweep())
+            try:
+                await grpc.start()
+                self.grpc = grpc
+                keeper = router.keeper
+                log.info(
+                    "spec-router epp: gRPC on %s, policy=%s crossover=%s (%s), endpoints %s",
+                    grpc.address,
+                    router.decider.policy,
+                    f"none measured up to {keeper.crossover}"
+                    if keeper.no_crossover
+                    else keeper.crossover,
+                    keeper.source,
+                    ", ".join(f"{u}={e}" for u, e in self.endpoints.all().items()) or "none yet",
                 )
-        grpc = GrpcServer(self.picker, config.grpc_host, config.grpc_port)
-        router.poller.start()
-        tasks = [loop.create_task(keep_learning(router.keeper)), loop.create_task(self._sweep())]
-        try:
-            await grpc.start()
-            self.grpc = grpc
-            log.info(
-                "spec-router epp: gRPC on %s, policy=%s crossover=%d (%s), endpoints %s",
-                grpc.address,
-                router.decider.policy,
-                router.keeper.crossover,
-                router.keeper.source,
-                ", ".join(f"{u}={e}" for u, e in self.endpoints.all().items()),
-            )
-            yield self
-        finally:
-            await grpc.stop(config.drain, config.stop_grace)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            router.keeper.persist()
-            await router.poller.stop()
-            for client in router.clients.values():
-                client.close()
-            router.clients.clear()
+                yield self
+            finally:
+                await grpc.stop(config.drain, config.stop_grace)
+                sweep.cancel()
+                await asyncio.gather(sweep, return_exceptions=True)
 
     async def _sweep(self) -> None:
         config = self.config
@@ -213,20 +227,12 @@ class EppApp:
             await send({"type": "websocket.close", "code": 1003})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        message = await receive()
-        assert message["type"] == "lifespan.startup"
-        started = False
-        try:
-            async with self.running():
-                await send({"type": "lifespan.startup.complete"})
-                started = True
-                message = await receive()
-                assert message["type"] == "lifespan.shutdown"
-        except BaseException as exc:
-            failed = "lifespan.shutdown.failed" if started else "lifespan.startup.failed"
-            await send({"type": failed, "message": f"{type(exc).__name__}: {exc}"})
-            raise
-        await send({"type": "lifespan.shutdown.complete"})
+        await lifespan(self.running, receive, send)
+
+
+def _models_client(url: str) -> OriginPool:
+    """A member's client, for ``/v1/models`` only: the gateway carries the traffic."""
+    return OriginPool(Origin.parse(url), max_connections=4, max_idle=1, keepalive_expiry=4.0)
 
 
 async def _refuse(send: Send, error: NotFound) -> None:

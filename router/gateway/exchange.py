@@ -22,8 +22,9 @@ from router.gateway.picker import Picker, Routed
 
 
 class Exchange:
-    def __init__(self, picker: Picker) -> None:
+    def __init__(self, picker: Picker, source: str = "") -> None:
         self.picker = picker
+        self.source = source  # the gateway connection it came over (its gRPC peer)
         self.headers: messages.Headers = []
         self.request_id = ""
         self.path = "/"
@@ -94,7 +95,7 @@ class Exchange:
         body = b"".join(self.body)
         self.body = []
         result = await self.picker.route(
-            self.request_id, self.headers, self.path, body, self.subset, self.out
+            self.request_id, self.headers, self.path, body, self.subset, self.out, self.source
         )
         if isinstance(result, RouterError):
             self.finished = True

@@ -5,13 +5,15 @@ record, so the id is the key from a decision to its end. Ids are the client's to
 requests may share one: each id keeps its requests in the order they were routed, and a record
 ends the oldest. A record that never comes (its access-log stream broke, or it went to another
 EPP replica) is bounded by ``expired``: a lease older than the longest a request may take is
-let go, and counted.
+let go, and counted. So are the requests still on a backend whose drain timed out
+(``on_backend``): the gateway carries them, the EPP stops counting them; and those a gateway
+connection that went away had asked for (``from_source``): their records will not come.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from router.account.inflight import Lease
@@ -20,11 +22,13 @@ from router.account.outcome import Outcome
 
 @dataclass(slots=True)
 class Held:
-    """One routed request: its lease on the counts, its record, and when it was routed."""
+    """One routed request: its lease on the counts, its record, when it was routed, and the
+    gateway connection that asked (its gRPC peer; "" if unknown)."""
 
     lease: Lease
     out: Outcome
     since: float
+    source: str = ""
 
 
 class LeaseBook:
@@ -53,6 +57,29 @@ class LeaseBook:
             del self._by_id[request_id]
         self._size -= 1
         return held
+
+    def on_backend(self, backend: str) -> list[Held]:
+        """Take out every request held on ``backend``."""
+        return self._take(lambda held: held.lease.backend == backend)
+
+    def from_source(self, source: str) -> list[Held]:
+        """Take out every request the gateway connection ``source`` asked for."""
+        return self._take(lambda held: held.source == source)
+
+    def _take(self, match: Callable[[Held], bool]) -> list[Held]:
+        gone: list[Held] = []
+        for request_id in list(self._by_id):
+            queue = self._by_id[request_id]
+            kept = deque(held for held in queue if not match(held))
+            if len(kept) == len(queue):
+                continue
+            gone += [held for held in queue if match(held)]
+            if kept:
+                self._by_id[request_id] = kept
+            else:
+                del self._by_id[request_id]
+        self._size -= len(gone)
+        return gone
 
     def expired(self, before: float) -> list[Held]:
         """Take out every request routed before ``before``."""

@@ -31,6 +31,7 @@ from router.forward.admission import Admission
 from router.forward.decider import Decider
 from router.forward.proxy import slo_headers, wait_in_queue
 from router.forward.request import check_path, has_api_key, inspect, upstream_body
+from router.gateway.connections import Connections
 from router.gateway.endpoints import Endpoints
 from router.gateway.leases import Held, LeaseBook
 from router.gateway.messages import Headers
@@ -72,6 +73,12 @@ class GatewayMetrics:
             "Leases let go because no access-log record came for them within the lease max age.",
             registry=registry,
         )  # fmt: skip
+        self.orphaned = Counter(
+            p + "leases_orphaned",
+            "Leases let go because the gateway connection that asked for them went away (its "
+            "access-log stream ended and it was not heard from again): no record will come.",
+            registry=registry,
+        )  # fmt: skip
         for lease in ("released", "elsewhere", "unknown"):
             self.records.labels(lease)
 
@@ -107,7 +114,9 @@ class Picker:
         self._pool_auth: Mapping[Pool, bytes | None] = {
             pool: settings.pool_authorization(pool) for pool in POOLS
         }
+        self.connections = Connections()
         self.expired = 0
+        self.orphaned = 0
         self.unknown = 0
 
     # -- the request ---------------------------------------------------------------------------
@@ -126,10 +135,12 @@ class Picker:
         body: bytes,
         subset: frozenset[str] | None,
         out: Outcome,
+        source: str = "",
     ) -> Routed | RouterError:
-        """Decide where the request goes and take its lease; or the refusal the proxy gives."""
+        """Decide where the request goes and take its lease; or the refusal the proxy gives.
+        ``source``: the gateway connection that asks (``router.gateway.connections``)."""
         try:
-            return await self._route(request_id, headers, path, body, subset, out)
+            return await self._route(request_id, headers, path, body, subset, out, source)
         except RouterError as exc:
             out.answered(exc.status)
             self._observe(out, self.clock())
@@ -147,6 +158,7 @@ class Picker:
         body: bytes,
         subset: frozenset[str] | None,
         out: Outcome,
+        source: str,
     ) -> Routed:
         if self._api_keys and not has_api_key(headers, self._api_keys):
             raise Unauthorized("invalid or missing API key")
@@ -198,7 +210,7 @@ class Picker:
         elif self._api_keys:  # the client's key is the router's: it must not reach the engine
             remove = ("authorization",)
         lease = self.tracker.acquire(backend, out if request is not None else None)
-        self.book.open(request_id, Held(lease, out, self.clock()))
+        self.book.open(request_id, Held(lease, out, self.clock(), source))
         out.attempt(
             decision.pool,
             backend,
@@ -263,6 +275,31 @@ class Picker:
             self.metrics.expired.inc(len(gone))
         return len(gone)
 
+    def let_go(self, backend: str, why: str) -> int:
+        """Stop counting the requests still on ``backend`` (its drain timed out: the member
+        goes, ``router.membership``); the gateway carries them on, the EPP cannot end them.
+        Their records, if they come, have no lease here. How many were let go."""
+        now = self.clock()
+        gone = self.book.on_backend(backend)
+        for held in gone:
+            self._release(held, now, lingers=False)
+        return len(gone)  # (logged and counted by the membership, as the proxy's cuts are)
+
+    def gateway_gone(self, source: str) -> int:
+        """Let go of the requests the gateway connection ``source`` asked for: it went away
+        (``router.gateway.connections``), so their records will not come. How many."""
+        now = self.clock()
+        gone = self.book.from_source(source)
+        for held in gone:
+            self._release(held, now, lingers=False)
+        if gone:
+            self.orphaned += len(gone)
+            self.metrics.orphaned.inc(len(gone))
+            log.warning(
+                "the gateway connection %s went away: %d lease(s) let go", source, len(gone)
+            )
+        return len(gone)
+
     def _release(self, held: Held, now: float, lingers: bool) -> None:
         lease = held.lease
         lease.release()
@@ -286,4 +323,10 @@ class Picker:
                 log.exception("observer failed")
 
     def status(self) -> dict[str, int]:
-        return {"leases": len(self.book), "expired": self.expired, "unknown_records": self.unknown}
+        return {
+            "leases": len(self.book),
+            "expired": self.expired,
+            "orphaned": self.orphaned,
+            "unknown_records": self.unknown,
+            **self.connections.status(),
+        }

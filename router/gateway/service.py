@@ -4,7 +4,10 @@ One ``grpc.aio`` server in the router's event loop, so the decisions, the leases
 endpoints share one thread and one set of counts. Envoy's health check of the EPP cluster asks
 for ``envoy.service.ext_proc.v3.ExternalProcessor``; it is SERVING while the process serves and
 NOT_SERVING from the moment it starts to stop, for a drain period before the port closes, so
-Envoy fails open to its fallback with no request caught by the stop.
+Envoy fails open to its fallback with no request caught by the stop. Each stream's gRPC peer
+names the gateway connection it came over (``router.gateway.connections``): when a
+connection's access-log stream ends and it is not heard from again within ``gone_grace``
+seconds, the leases of the requests it asked for are let go.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         self.streams += 1
-        exchange = Exchange(self.picker)
+        peer = context.peer()
+        self.picker.connections.heard(peer)
+        exchange = Exchange(self.picker, peer)
         while True:
             message = await context.read()
             if message is grpc.aio.EOF:
@@ -55,8 +60,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
 class AccessLog(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]
     """Envoy's access-log stream: each HTTP record ends its request's lease."""
 
-    def __init__(self, picker: Picker) -> None:
+    def __init__(self, picker: Picker, gone_grace: float) -> None:
         self.picker = picker
+        self.gone_grace = gone_grace
         self.streams = 0
         self.records = 0
 
@@ -64,20 +70,33 @@ class AccessLog(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         self.streams += 1
-        async for message in request_iterator:
-            for entry in message.http_logs.log_entry:
-                self.records += 1
-                try:
-                    self.picker.ended(ending(entry))
-                except Exception:  # one bad record must not end the stream (and the rest)
-                    log.exception("access-log record not understood")
+        peer = context.peer()
+        connections = self.picker.connections
+        connections.log_opened(peer)
+        try:
+            async for message in request_iterator:
+                for entry in message.http_logs.log_entry:
+                    self.records += 1
+                    try:
+                        self.picker.ended(ending(entry))
+                    except Exception:  # one bad record must not end the stream (and the rest)
+                        log.exception("access-log record not understood")
+        finally:  # (EOF, or cancelled: the connection went away)
+            token = connections.log_closed(peer)
+            if token is not None:
+                loop = asyncio.get_running_loop()
+                loop.call_later(self.gone_grace, self._quiet, peer, token)
         return als_pb2.StreamAccessLogsResponse()
+
+    def _quiet(self, peer: str, token: int) -> None:
+        if self.picker.connections.gone(peer, token):
+            self.picker.gateway_gone(peer)
 
 
 class GrpcServer:
     """The three services on one port; ``start`` binds, ``stop`` says NOT_SERVING then stops."""
 
-    def __init__(self, picker: Picker, host: str, port: int) -> None:
+    def __init__(self, picker: Picker, host: str, port: int, gone_grace: float = 5.0) -> None:
         self.server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE),
@@ -85,7 +104,7 @@ class GrpcServer:
             ]
         )
         self.processor = ExternalProcessor(picker)
-        self.access_log = AccessLog(picker)
+        self.access_log = AccessLog(picker, gone_grace)
         self.health = health_aio.HealthServicer()
         ep_grpc.add_ExternalProcessorServicer_to_server(self.processor, self.server)
         als_pb2_grpc.add_AccessLogServiceServicer_to_server(self.access_log, self.server)

@@ -1,6 +1,7 @@
 """Which mode an engine runs in, from what it reports, and whether that fits its pool. Pure.
 
-Each engine says it its own way (read in their source: /work/notes/engine-facts.md):
+Each engine says it its own way (read in their source: docs/engines.md, section 13), and
+``router.health.info`` reads it into ``EngineInfo.speculative`` with the evidence:
 - SGLang: ``/server_info`` (``/get_server_info`` before 0.5.6) has ``speculative_algorithm``,
   ``null`` without speculation (e.g. ``"EAGLE3"`` with it);
 - vLLM: the spec-decode counters (``vllm:spec_decode_num_drafts_total``...) exist only with a
@@ -8,31 +9,21 @@ Each engine says it its own way (read in their source: /work/notes/engine-facts.
 - llama.cpp: each of ``/slots``' entries has ``speculative``, true iff a draft context was set
   up (its ``/metrics`` spec counters are there, at 0, either way).
 
-``engine_mode`` reads these facts into a ``ModeReading``; ``mode_mismatch`` says when a pool has
-an engine of the other mode (a speculative engine in the baseline pool, or the reverse). The
-poller gathers the facts; ``spec-router doctor`` and start-up pool checks can use the same two
-functions on facts they read themselves.
+``engine_mode`` turns that into a ``ModeReading``; ``mode_mismatch`` says when a pool has an
+engine of the other mode (a speculative engine in the baseline pool, or the reverse). The poller
+reads each engine once per start; ``router.health.checks`` (the pool checks, ``spec-router
+doctor``) reads the same ``EngineInfo``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from router.health.info import EngineInfo
 from router.pools import BASELINE, SPECULATIVE, Pool
 
 Mode = Literal["speculative", "baseline"]
-
-
-@dataclass(frozen=True, slots=True)
-class EngineFacts:
-    """What an engine reported that tells its mode (None: not read, or not there)."""
-
-    server_info: Mapping[str, Any] | None = None  # SGLang /server_info
-    slots: Sequence[Mapping[str, Any]] | None = None  # llama.cpp /slots
-    flavor: str | None = None  # from /metrics: "sglang", "vllm", "llamacpp"
-    spec_counters: bool | None = None  # /metrics has spec-decode counters
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,23 +32,12 @@ class ModeReading:
     evidence: str  # what said so, for status and logs
 
 
-def engine_mode(facts: EngineFacts) -> ModeReading:
-    """The engine's mode, from the most direct of its reports."""
-    info = facts.server_info
-    if info is not None and "speculative_algorithm" in info:
-        algorithm = info["speculative_algorithm"]
-        mode: Mode = SPECULATIVE if algorithm else BASELINE
-        shown = "null" if algorithm is None else str(algorithm)
-        return ModeReading(mode, f"/server_info speculative_algorithm={shown}")
-    if facts.slots:
-        flags = [bool(slot.get("speculative")) for slot in facts.slots]
-        mode = SPECULATIVE if any(flags) else BASELINE
-        return ModeReading(mode, f"/slots speculative={str(any(flags)).lower()}")
-    if facts.flavor == "vllm" and facts.spec_counters is not None:
-        mode = SPECULATIVE if facts.spec_counters else BASELINE
-        there = "present" if facts.spec_counters else "absent"
-        return ModeReading(mode, f"/metrics vllm:spec_decode_* counters {there}")
-    return ModeReading(None, "the engine does not report its mode")
+def engine_mode(info: EngineInfo) -> ModeReading:
+    """The engine's mode, as its description says it."""
+    if info.speculative is None:
+        return ModeReading(None, "the engine does not report its mode")
+    mode: Mode = SPECULATIVE if info.speculative else BASELINE
+    return ModeReading(mode, info.spec_evidence or "")
 
 
 def mode_mismatch(pool: Pool, reading: ModeReading) -> str | None:

@@ -15,6 +15,12 @@ engine not known to be vLLM gets ``HEALTH_GENERATE_TIMEOUT``, longer than SGLang
 so that a busy engine whose forward takes seconds is not taken for a dead one. Which probe a
 backend gets is found again after it refused a connection (it may come back as another
 version).
+
+At a backend's first healthy round, and again at the first after it refused a connection (it
+restarted, maybe as another engine), the poller asks it what it is (``router.health.introspect``:
+its model, whether it speculates, its identity), keeps its mode (``router.health.mode``) and
+hands the description to ``on_info`` (``router.health.pool_check``); not before, so start-up
+never waits on an engine still loading.
 """
 
 from __future__ import annotations
@@ -26,12 +32,13 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 from router.health import engines as engine_metrics
 from router.health.engines import EngineSample
-from router.health.mode import EngineFacts, ModeReading, engine_mode, mode_mismatch
+from router.health.info import EngineInfo, Reply
+from router.health.introspect import read_engine
+from router.health.mode import ModeReading, engine_mode
 from router.health.state import HealthRegistry
 from router.origin import Origin
 from router.pools import Pool
@@ -40,9 +47,6 @@ from router.upstream.client import OriginPool, Timeouts, UpstreamError
 log = logging.getLogger("spec_router.health")
 
 READY, HEALTH = b"/ready", b"/health"
-# SGLang's server info: /server_info from 0.5.6 (/get_server_info logs a deprecation warning on
-# 0.5.23 at every call), /get_server_info only on 0.5.3
-SERVER_INFO = (b"/server_info", b"/get_server_info")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,8 @@ class HealthPoller:
         gauge_lag: float = 2.0,
         authorization: Mapping[str, bytes | None] | None = None,
         pools: Mapping[str, Pool] | None = None,
+        on_info: Callable[[EngineInfo], object] | None = None,
+        on_leave: Callable[[str], object] | None = None,
     ) -> None:
         self.urls = list(urls)
         self._pool = dict(pools or {})  # each backend's pool, for the mode check
@@ -121,7 +127,11 @@ class HealthPoller:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._clients: dict[str, OriginPool] = {}
         self._samples: dict[str, EngineSample] = {}
-        self._modes: dict[str, ModeReading] = {}  # read once per engine start (``_read_mode``)
+        # what each engine said about itself, read once per engine start (``_introspect``)
+        self._modes: dict[str, ModeReading] = {}
+        self._infos: dict[str, EngineInfo] = {}
+        self.on_info = on_info  # told each (new) description: the pool checks
+        self.on_leave = on_leave  # told each backend that left
         self._started_polling = False
 
     @property
@@ -139,6 +149,11 @@ class HealthPoller:
         """The latest parsed ``/metrics`` per backend (its counters: the fleet planner reads
         the traffic from them), once scraped."""
         return self._samples
+
+    @property
+    def infos(self) -> Mapping[str, EngineInfo]:
+        """What each backend said about itself at its last start (``router.health.info``)."""
+        return self._infos
 
     @property
     def modes(self) -> Mapping[str, ModeReading]:
@@ -179,6 +194,9 @@ class HealthPoller:
         self._loads.pop(url, None)
         self._samples.pop(url, None)
         self._modes.pop(url, None)
+        self._infos.pop(url, None)
+        if self.on_leave is not None:
+            self.on_leave(url)
         task = self._tasks.pop(url, None)
         client = self._clients.pop(url, None)
         if task is not None:
@@ -262,45 +280,45 @@ class HealthPoller:
         if ok and self.scrape_metrics:
             await self._scrape(url)
         if ok and url not in self._modes and url in self._clients:
-            await self._read_mode(url)
+            # its first answer, or its first since it refused a connection (restarted, maybe
+            # as another engine): after the first scrape, so that routing sees its load as
+            # soon as it is usable
+            await self._introspect(url)
 
-    async def _read_mode(self, url: str) -> None:
-        """Once per engine start: which mode it runs in, and a warning if its pool is the
-        other one (``router.health.mode``)."""
-        sample = self._samples.get(url)
-        flavor = None if sample is None else sample.flavor
-        facts = EngineFacts(
-            flavor=flavor,
-            spec_counters=None if sample is None else sample.drafts_total is not None,
-        )
-        try:
-            if flavor in (None, "sglang"):
-                facts = replace(facts, server_info=await self._json(url, SERVER_INFO))
-            if facts.server_info is None and flavor in (None, "llamacpp"):
-                slots = await self._json(url, (b"/slots",))
-                if isinstance(slots, list):
-                    facts = replace(facts, slots=[s for s in slots if isinstance(s, dict)])
-        except (UpstreamError, TimeoutError):
-            return  # the next healthy round tries again
-        reading = engine_mode(facts)
-        self._modes[url] = reading
-        pool = self._pool.get(url)
-        wrong = None if pool is None else mode_mismatch(pool, reading)
-        if wrong is not None:
-            log.warning("backend %s is %s: it is flagged in /router/status", url, wrong)
+    async def _introspect(self, url: str) -> None:
+        """Once per engine start: what it says it is (``router.health.info``), hence its mode
+        (``router.health.mode``), handed to ``on_info`` (the pool checks, which log a backend
+        in the wrong pool)."""
+        info = await read_engine(url, lambda path: self._reply(url, path))
+        if any(note.startswith("/v1/models: no answer") for note in info.notes):
+            return  # the next healthy round asks again
+        self._infos[url] = info
+        self._modes[url] = engine_mode(info)
+        if info.served_model is not None:
+            self._served[url] = info.served_model
+        if self.on_info is not None:
+            self.on_info(info)
 
-    async def _json(self, url: str, paths: tuple[bytes, ...]) -> Any:
-        """The JSON at the first of ``paths`` that answers 200 (with the pool's key), or None."""
+    async def _reply(self, url: str, path: str) -> Reply | None:
+        """One GET for ``router.health.introspect``, with the backend's key; None on no answer."""
         auth = self._authorization.get(url)
-        headers = [(b"authorization", auth)] if auth else None
-        for path in paths:
-            status, body = await self._get(url, path, headers=headers)
-            if status == 200:
+        headers = [(b"authorization", auth)] if auth else []
+        timeouts = Timeouts(self.timeout, self.timeout, self.timeout)
+        client = self._clients.get(url)
+        if client is None:  # (it left meanwhile)
+            return None
+        try:
+            async with asyncio.timeout(self.timeout):
+                conn = await client.request(b"GET", path.encode(), headers, b"", timeouts)
                 try:
-                    return json.loads(body)
-                except ValueError:
-                    return None
-        return None
+                    body = await conn.read_all()
+                    named = {k.decode("latin-1").lower(): v.decode("latin-1")
+                             for k, v in conn.headers}  # fmt: skip
+                    return Reply(conn.status, body, named)
+                finally:
+                    conn.release()
+        except (UpstreamError, TimeoutError):
+            return None
 
     async def _read_models(self, url: str) -> None:
         """Once per backend: the model it serves, for requests that name none."""

@@ -3,7 +3,10 @@
 Feeds served requests to the learner, moves the crossover one step at a time (``update``, on the
 router's timer: ``router.lifecycle``), swaps in a table an operator PUTs, and pins the crossover
 an operator sets (``PUT /router/crossover`` or ``CROSSOVER``): a pinned crossover is not learned
-over until a new table is put. Routing reads ``crossover`` and ``gain`` from here. The shell
+over until a new table is put. Routing reads ``crossover``, ``no_crossover`` and ``gain`` from
+here: with no crossover measured (a table's ``"crossover": null``, or what learning finds),
+``crossover`` is the highest level measured, which routing holds each speculative engine to
+before placing the rest by load, and ``no_crossover`` is True. The shell
 around ``router.learn.learner`` and ``router.learn.models``; its one piece of I/O is
 ``persist``, the table file's atomic write (``router.decide.table.save``).
 
@@ -23,13 +26,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from router.decide import table as tables
 from router.decide.predict import Gain, PoolModel
 from router.decide.snapshot import Traffic
-from router.decide.table import Source, Table
-from router.learn.learner import LearnConfig, Learner, marginal_gain
+from router.decide.table import Source, Table, no_crossover_advice
+from router.learn.learner import Held, LearnConfig, Learner, marginal_gain
 from router.learn.models import EngineModels, Sample
 from router.pools import POOLS, SPECULATIVE, Pool
 from router.settings import DEFAULT_CROSSOVER, Settings
@@ -59,9 +62,19 @@ class Seen(Protocol):
 class Board(Protocol):
     """The crossover in force for every worker (``router.account.shared.CrossoverBoard``)."""
 
-    def publish(self, value: int, source: Source, pinned: bool) -> None: ...
+    def publish(self, value: int, source: Source, pinned: bool, no_crossover: bool) -> None: ...
 
-    def read(self) -> tuple[int, Source, bool] | None: ...
+    def read(self) -> Posted | None: ...
+
+
+class Posted(NamedTuple):
+    """The crossover in force: its value, where it came from, whether an operator pinned it,
+    and whether it is no crossover (``value``: the highest level measured)."""
+
+    value: int
+    source: Source
+    pinned: bool
+    no_crossover: bool = False
 
 
 class Tokens(Protocol):
@@ -117,6 +130,10 @@ log = logging.getLogger("spec_router.tuning")
 TAU_CHANGE = 0.03
 
 
+def _held(held: Held) -> str:
+    return f"none up to {held.value}" if held.no_crossover else str(held.value)
+
+
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -138,17 +155,16 @@ class CrossoverKeeper:
         self.tracker = tracker
         self._loads = loads  # the poller's: engine-reported acceptance lengths
         self.clock = clock
-        self._crossover: int
-        self._source: Source
+        self._posted: Posted
         if settings.crossover is not None:  # an explicit CROSSOVER is not learned over
-            self._crossover, self._source, self._pinned = settings.crossover, "configured", True
+            self._posted = Posted(settings.crossover, "configured", True)
         elif table is not None:
-            self._crossover, self._source, self._pinned = table.crossover, table.source, False
+            self._posted = Posted(table.limit, table.source, False, table.crossover is None)
         else:
-            self._crossover, self._source, self._pinned = DEFAULT_CROSSOVER, "default", False
+            self._posted = Posted(DEFAULT_CROSSOVER, "default", False)
         if board is not None and board.read() is None:
             # the first worker up publishes; the rest (and a restarted one) take what is there
-            board.publish(self._crossover, self._source, self._pinned)
+            board.publish(*self._posted)
         self.table_path = settings.table_path if leader else None
         self.start_table = table  # what learning started from (loaded or PUT), for the live page
         self.learning = settings.learn
@@ -163,24 +179,26 @@ class CrossoverKeeper:
     # -- what routing reads -----------------------------------------------------------------------
     @property
     def crossover(self) -> int:
-        board = self.board
-        if board is not None:
-            state = board.read()
-            if state is not None:
-                return state[0]
-        return self._crossover
+        """Requests per speculative engine routing holds to: the crossover, or with
+        ``no_crossover`` the highest level measured."""
+        return self._state().value
+
+    @property
+    def no_crossover(self) -> bool:
+        """True when no crossover was measured (see ``crossover``)."""
+        return self._state().no_crossover
 
     @property
     def source(self) -> Source:
-        return self._state()[1]
+        return self._state().source
 
     @property
     def pinned(self) -> bool:
-        return self._state()[2]
+        return self._state().pinned
 
-    def _state(self) -> tuple[int, Source, bool]:
+    def _state(self) -> Posted:
         state = self.board.read() if self.board is not None else None
-        return state if state is not None else (self._crossover, self._source, self._pinned)
+        return state if state is not None else self._posted
 
     @property
     def gain(self) -> Gain | None:
@@ -198,10 +216,13 @@ class CrossoverKeeper:
 
     def status(self) -> dict[str, Any]:
         learner = self.learner
+        target = learner.target()
         return {
             "enabled": self.learning,
             "pinned": self.pinned,
-            "target": learner.target(),
+            # what the crossover moves toward: a crossover, or none up to a level
+            "target": None if target is None or target.no_crossover else target.value,
+            "target_no_crossover_up_to": target.value if target and target.no_crossover else None,
             "samples": {pool: learner.pools[pool].samples for pool in learner.pools},
             "acceptance_length": learner.tau,
             "reference_acceptance_length": learner.ref_tau,
@@ -241,10 +262,35 @@ class CrossoverKeeper:
         self._gain = marginal_gain(self.learner.curves())
         self._models = self.engines.models()
 
-    def _set(self, value: int, source: Source, pinned: bool) -> None:
-        self._crossover, self._source, self._pinned = value, source, pinned
+    def _set(self, posted: Posted) -> None:
+        self._posted = posted
         if self.board is not None:
-            self.board.publish(value, source, pinned)
+            self.board.publish(*posted)
+
+    def no_crossover_status(
+        self, speculative_engines: int | None = None, baseline_engines: int | None = None
+    ) -> dict[str, Any] | None:
+        """With no crossover measured: up to where, the margin there, and what follows
+        (for ``/router/status`` and the live page); None while there is a crossover."""
+        state = self._state()
+        if not state.no_crossover:
+            return None
+        found = self.learner.crossing()
+        start = self.start_table
+        if found is not None and found.crossover is None:
+            up_to, margin, reason = found.measured_up_to, found.margin, found.reason
+        elif start is not None and start.crossover is None and start.measured_up_to:
+            up_to, margin, reason = start.measured_up_to, start.margin, start.reason
+        else:
+            up_to, margin, reason = state.value, None, ""
+        return {
+            "measured_up_to": up_to,
+            "margin": margin,
+            "speculative_limit": state.value,
+            "reason": reason,
+            "message": f"no crossover measured up to {up_to}",
+            "advice": no_crossover_advice(up_to, margin, speculative_engines, baseline_engines),
+        }
 
     # -- input ----------------------------------------------------------------------------------
     def observe(self, out: Finished) -> None:
@@ -313,7 +359,7 @@ class CrossoverKeeper:
     # -- the operator -----------------------------------------------------------------------------
     def pin(self, value: int) -> None:
         """An operator's crossover: in force, and not learned over, until a new table."""
-        self._set(value, "configured", True)
+        self._set(Posted(value, "configured", True))
         log.info("crossover pinned at %d", value)
 
     def replace(self, raw: Any, *, publish: bool = True) -> Table:
@@ -328,10 +374,11 @@ class CrossoverKeeper:
         self.learner = self._learner(table)
         self.engines = EngineModels(table, self.settings.learn_decay)
         self._tau_used = None
+        posted = Posted(table.limit, table.source, False, table.crossover is None)
         if publish or self.board is None:
-            self._set(table.crossover, table.source, False)
+            self._set(posted)
         else:
-            self._crossover, self._source, self._pinned = table.crossover, table.source, False
+            self._posted = posted
         self._publish_gain()
         self.persist()
         return table
@@ -350,21 +397,23 @@ class CrossoverKeeper:
         if tau is not None and (self._tau_used is None or changed):
             self._tau_used = tau
         self._publish_gain()
-        current, _, pinned = self._state()
-        if pinned or not self.learning or not self.leader:
+        state = self._state()
+        if state.pinned or not self.learning or not self.leader:
             return None
+        current = Held(state.value, state.no_crossover)
         new = self.learner.step(current, changed or self._tau_moved_since_seed())
         if new is None:
             return None
+        target = self.learner.target()
         log.info(
-            "crossover %d -> %d (learned; target %s, acceptance %s)",
-            current,
-            new,
-            self.learner.target(),
+            "crossover %s -> %s (learned; target %s, acceptance %s)",
+            _held(current),
+            _held(new),
+            "n/a" if target is None else _held(target),
             "n/a" if tau is None else f"{tau:.2f}",
         )
-        self._set(new, "learned", False)
-        return new
+        self._set(Posted(new.value, "learned", False, new.no_crossover))
+        return new.value
 
     def _tau_moved_since_seed(self) -> bool:
         tau = self.learner.tau
@@ -372,8 +421,8 @@ class CrossoverKeeper:
         return tau is not None and ref > 1.0 and abs(tau - ref) / ref > TAU_CHANGE
 
     def table(self) -> Table:
-        crossover, source, _ = self._state()
-        return self.learner.table(crossover, source, _now_iso())
+        state = self._state()
+        return self.learner.table(Held(state.value, state.no_crossover), state.source, _now_iso())
 
     def persist(self) -> None:
         if self.table_path is None:

@@ -12,7 +12,10 @@ A pool's curve is the piecewise-linear interpolation of its bins (extended past 
 end segments' slopes). Because the speculative curve is in iterations, the engine-reported
 acceptance length rescales it at once: when acceptance collapses, the target crossover drops on
 the next update, before enough slow requests have been seen. The crossover moves toward the
-target by at most ``max_step`` per update. Plain data and arithmetic;
+target by at most ``max_step`` per update. The target is looked for only between the lowest and
+the highest concurrency both pools have bins at: when the baseline never catches up there, the
+target is "no crossover up to" that level (``router.decide.table.Crossing``), never a crossing
+of the curves extended past what was measured. Plain data and arithmetic;
 ``router.learn.keeper`` drives it.
 """
 
@@ -21,9 +24,20 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from router.decide.predict import Gain
-from router.decide.table import Fit, Point, PoolCurve, Source, Table, Workload, fit_line
+from router.decide.table import (
+    Crossing,
+    Fit,
+    Point,
+    PoolCurve,
+    Source,
+    Table,
+    Workload,
+    fit_line,
+    no_crossover_reason,
+)
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 
 
@@ -153,7 +167,14 @@ class LearnConfig:
     prior_weight: float = 10.0  # pseudo-samples each calibrated point counts for
     max_step: int = 1
     min_samples: int = 20  # per pool, before samples (not acceptance alone) move the crossover
-    limit: int = 256
+
+
+class Held(NamedTuple):
+    """The crossover routing holds: ``value`` requests per speculative engine, and whether it
+    is a crossover or, with ``no_crossover``, the level measured up to without finding one."""
+
+    value: int
+    no_crossover: bool = False
 
 
 class Learner:
@@ -238,31 +259,55 @@ class Learner:
             ]
         return out
 
-    def target(self) -> int | None:
-        """Lowest concurrency at which the baseline is at least as fast per request."""
+    def measured_up_to(self) -> int | None:
+        """The highest concurrency both pools have a bin at (None: a pool has none)."""
+        spec, base = self.pools[SPECULATIVE].bins, self.pools[BASELINE].bins
+        if not spec or not base:
+            return None
+        return min(max(spec), max(base))
+
+    def crossing(self) -> Crossing | None:
+        """Where the learned curves say the baseline becomes at least as fast per request,
+        looked for only up to ``measured_up_to`` (see the module docstring)."""
         curves = self.curves()
-        if curves is None:
+        top = self.measured_up_to()
+        if curves is None or top is None:
             return None
         spec, base = curves[SPECULATIVE], curves[BASELINE]
-        for n in range(1, self.cfg.limit + 1):
+        margin = round(base.spt(top) / spec.spt(top), 4)
+        for n in range(1, top + 1):
             if base.spt(n) <= spec.spt(n):
-                return n
-        return self.cfg.limit
+                return Crossing(
+                    n, top, margin,
+                    f"learned: the baseline is at least as fast from {n} on (measured up to "
+                    f"{top})",
+                )  # fmt: skip
+        return Crossing(None, top, margin, "learned: " + no_crossover_reason(top, margin, "tpot"))
+
+    def target(self) -> Held | None:
+        """What the crossover moves toward (None: not enough known)."""
+        found = self.crossing()
+        if found is None:
+            return None
+        return Held(found.limit, found.crossover is None)
 
     def enough_samples(self) -> bool:
         return all(self.pools[p].samples >= self.cfg.min_samples for p in POOLS)
 
-    def step(self, current: int, tau_changed: bool) -> int | None:
-        """The crossover after one update, or None to leave it: bounded move toward target."""
+    def step(self, current: Held, tau_changed: bool) -> Held | None:
+        """The crossover after one update, or None to leave it: bounded move toward target
+        (whether it is a crossover or none measured follows the target at once)."""
         if not (self.enough_samples() or tau_changed):
             return None
         goal = self.target()
         if goal is None or goal == current:
             return None
-        move = max(-self.cfg.max_step, min(self.cfg.max_step, goal - current))
-        return current + move
+        move = max(-self.cfg.max_step, min(self.cfg.max_step, goal.value - current.value))
+        return Held(current.value + move, goal.no_crossover)
 
-    def table(self, crossover: int, source: Source, measured_at: str) -> Table:
+    def table(self, held: Held, source: Source, measured_at: str) -> Table:
+        """The table to write: the crossover in force (``held``; null when none is measured,
+        with the range and margin the learned curves show)."""
         pools = {}
         for pool in POOLS:
             tau = self.ref_tau if pool == SPECULATIVE else 1.0
@@ -274,8 +319,15 @@ class Learner:
             sampling = kept.fit.tau_sampling if kept.fit is not None else None
             fit = Fit(fit_line(xs, ys), tau, sampling) if points else None
             pools[pool] = PoolCurve(points, fit, kept.prefill, kept.cap)
+        found = self.crossing()
+        top = found.measured_up_to if found is not None else None
+        if held.no_crossover and top is None:
+            top = held.value
         return Table(
-            crossover=crossover,
+            crossover=None if held.no_crossover else held.value,
+            measured_up_to=top,
+            margin=found.margin if found is not None else None,
+            reason=found.reason if found is not None and held.no_crossover else "",
             source=source,
             objective="tpot" if self.objective != "e2e" else "e2e",
             measured_at=measured_at,

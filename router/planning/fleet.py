@@ -16,7 +16,8 @@ members: it counts as loading into the new mode.
 
 ``targets`` is the plan's next step per pool, sequenced so that two pools over one GPU budget
 never ask for more than the budget (dynamo #12428): a switch first lowers its source pool by
-one; the other pool is raised only once that engine has left.
+one; the other pool is raised only once that engine has left. GPUs of the budget that no engine
+holds count as engines that are down (``free_slots``); starting one raises its pool at once.
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def follow(
             sw = sw._replace(left=now)
     if sw.left is not None and sw.landed is None:
         came = [m for m in members if m.pool == sw.mode and m.active and m.joined >= sw.left]
+        back = by_url.get(sw.draining or sw.engine)
+        if back is not None and back.pool == sw.mode and back.active:
+            came.append(back)  # (a start of an engine that was down: it comes up in place)
         if came:
             sw = sw._replace(landed=min(came, key=lambda m: m.joined).url)
     if sw.landed is not None:
@@ -136,6 +140,25 @@ def census(
             eta = max(0.0, restart(sw.mode) - (now - sw.left))
             out.append(EngineState(name, sw.mode, "loading", eta, 0))
     return out
+
+
+SLOT = "gpu-slot-"  # the name of a GPU the budget allows and no engine holds
+
+
+def free_slots(fleet: Sequence[EngineState], budget: int | None) -> list[EngineState]:
+    """The GPUs of the budget that no engine holds (seen up, loading, draining or down), as
+    engines that are down: the planner may start one in either mode. Without them, an engine
+    that vanished from the members (a pod deleted, a planner restarted mid-switch) would leave
+    its GPU idle for good."""
+    if budget is None or len(fleet) >= budget:
+        return []
+    return [EngineState(f"{SLOT}{i + 1}", BASELINE, "down") for i in range(budget - len(fleet))]
+
+
+def started(engine: str, mode: Pool, now: float, id: int) -> Switch:
+    """A switch that starts an engine that is down (or a free GPU): nothing to drain, so it
+    begins where a switch's engine has left (``restarting``), its pool raised at once."""
+    return Switch(engine, mode, mode, now, draining=engine, left=now, id=id)
 
 
 def targets(members: Sequence[MemberView], sw: Switch | None) -> dict[Pool, int]:

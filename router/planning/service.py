@@ -59,8 +59,10 @@ from router.planning.fleet import (
     Switch,
     census,
     follow,
+    free_slots,
     median,
     running,
+    started,
     targets,
 )
 from router.planning.traffic import CounterWatch, Reading, Traffic, traffic
@@ -368,6 +370,7 @@ class FleetPlanner:
         self.own = 0.0
         self.last_traffic = tr
         fleet = census(self.views(), self.switch, self.restart, now)
+        fleet += free_slots(fleet, self.settings.gpu_budget)
         mix = scaled_mix(self.recent, tr.prompt_mean, tr.output_mean)
         return Round(now, seconds, tr, fleet, mix, self.setting(), self.state, self.params)
 
@@ -396,7 +399,10 @@ class FleetPlanner:
             self.switch = sw._replace(advised=now)  # the same advice again: the same switch
             return
         self.advised += 1
-        self.switch = Switch(p.action.engine, source, p.action.mode, now, id=self.advised)
+        if engine is not None and engine.status == "down":
+            self.switch = started(engine.name, p.action.mode, now, self.advised)
+        else:
+            self.switch = Switch(p.action.engine, source, p.action.mode, now, id=self.advised)
         log.info("plan: %s", p.reason)
 
     # -- what it publishes ---------------------------------------------------------------------
@@ -422,6 +428,7 @@ class FleetPlanner:
         sw = self.switch
         when = self._when(now)
         fleet = census(members, sw, self.restart, now)
+        fleet += free_slots(fleet, self.settings.gpu_budget)
         run = running(members)
         goal = targets(members, sw)
         return {

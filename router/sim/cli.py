@@ -29,6 +29,7 @@ DEFAULT_PORTS = {"eagle3": 30001, "eagle3-chain": 30001, "eagle3-tree": 30001, "
 # TP 4, else 512; 0.5.23 caps that default at --max-running-requests (sg23 memory_hook.py,
 # _handle_gpu_memory_settings; sg03 server_args.py:597-616 does not cap it).
 GRAPH_MAX_BS, GRAPH_MAX_BS_TP4 = 256, 512
+DEFAULT_CONTEXT = 131072
 # On SIGTERM, open streams get this long before they are cancelled: a simulator holds no
 # state worth a graceful drain, and tests stop servers that have hanging requests.
 GRACEFUL_SHUTDOWN = 0.5
@@ -173,6 +174,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, help="seed of the acceptance draws (reproducible)")
     parser.add_argument("--model", default="default", help="served model name")
     parser.add_argument(
+        "--model-path",
+        help="the weights' path as the engine reports it (SGLang --model-path, vLLM --model; "
+        "default: the served name)",
+    )
+    parser.add_argument(
+        "--tokenizer-path", help="SGLang's tokenizer path, as /server_info reports it"
+    )
+    parser.add_argument(
+        "--random-seed",
+        type=int,
+        help="SGLang's --random-seed, shown on /server_info (default: drawn at launch, as "
+        "SGLang does: it tells one process from another)",
+    )
+    parser.add_argument(
+        "--disable-log-stats",
+        action="store_true",
+        help="vLLM's: no vllm: series on /metrics at all (no load, no spec-decode counters)",
+    )
+    parser.add_argument(
         "--strict-model",
         action="store_true",
         default=None,
@@ -180,7 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/*")
     parser.add_argument("--default-max-tokens", type=int, default=128)
-    parser.add_argument("--context-length", type=int, default=131072)
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        help="context length (default 131072; SGLang's /server_info shows it only if given)",
+    )
     parser.add_argument("--log-level", default="warning")
     group = parser.add_argument_group("model parameters (override the preset)")
     for flag, _, _, type_, help_ in OVERRIDES:
@@ -223,7 +247,9 @@ def main(argv: list[str]) -> int:
     if min(args.dp_size, args.tp_size) < 1:
         parser.error("--dp-size and --tp-size must be >= 1")
     if not args.metrics and how.engine == "vllm":
-        parser.error("vLLM always serves /metrics")
+        parser.error("vLLM always serves /metrics (--disable-log-stats empties it)")
+    if args.disable_log_stats and how.engine != "vllm":
+        parser.error("--disable-log-stats is vLLM's (SGLang: --disable-metrics)")
     delay = preset.startup if args.startup_delay < 0 else args.startup_delay
     warmup = how.warmup if args.warmup is None else args.warmup
     port = DEFAULT_PORTS[args.preset] if args.port is None else args.port
@@ -234,7 +260,7 @@ def main(argv: list[str]) -> int:
         seed=args.seed,
         startup_delay=warmup + (delay if args.startup_mode == "503" else 0.0),
         default_max_tokens=args.default_max_tokens,
-        context_length=args.context_length,
+        context_length=args.context_length or DEFAULT_CONTEXT,
         api_key=args.api_key,
         strict_model=args.strict_model,
         how=how,
@@ -248,6 +274,11 @@ def main(argv: list[str]) -> int:
         keep_alive=args.keep_alive,
         metrics=args.metrics,
         cuda_graph_flag=args.cuda_graph_max_bs,
+        model_path=args.model_path,
+        tokenizer_path=args.tokenizer_path,
+        context_length_flag=args.context_length,
+        random_seed=args.random_seed,
+        log_stats=not args.disable_log_stats,
     )
     if args.startup_mode == "refuse" and delay > 0:
         wait = delay * args.time_scale

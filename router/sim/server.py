@@ -27,7 +27,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    ProcessCollector,
+    generate_latest,
+)
 
 from router import __version__
 from router.asgi import ClientGone, Receive, Scope, Send
@@ -70,6 +75,17 @@ class SimSettings:
     # --cuda-graph-max-bs as given (None: not given), which 0.5.23's /server_info shows raw
     # beside the resolved limit; the preset holds the resolved one
     cuda_graph_flag: int | None = None
+    # what the engine says about itself beyond the served name (``router.health.info``):
+    # the weights' path (SGLang --model-path, vLLM --model; None: the served name), the
+    # tokenizer's (None: the model path), --context-length as given (SGLang's /server_info
+    # shows None unless it is given; the effective one is ``context_length``), SGLang's
+    # --random-seed (None: random per launch, as SGLang draws one) and vLLM's
+    # --disable-log-stats (no vllm: series at all)
+    model_path: str | None = None
+    tokenizer_path: str | None = None
+    context_length_flag: int | None = None
+    random_seed: int | None = None
+    log_stats: bool = True
 
 
 class SimServer:
@@ -108,8 +124,13 @@ class SimServer:
         )
         self._auth = None if s.api_key is None else f"Bearer {s.api_key}".encode()
         self.registry = CollectorRegistry(auto_describe=True)
+        # SGLang's random_seed: drawn at launch unless given (sg23 serving_hook.py:660-665)
+        self.random_seed = random.randint(0, 1 << 30) if s.random_seed is None else s.random_seed
         if how.engine == "vllm":
-            self.registry.register(VllmCollector(s.model, self.engines))
+            # one API server: the default registry, with the process's start time
+            ProcessCollector(registry=self.registry)
+            if s.log_stats:
+                self.registry.register(VllmCollector(s.model, self.engines))
         else:
             self.registry.register(SglangCollector(s.model, self.engines, how, s.topology))
         self.fault: Fault = NO_FAULT
@@ -125,6 +146,9 @@ class SimServer:
         )
         self._ready_at = 0.0
         self._started = time.time()
+        self._launched = time.monotonic()
+        # SGLang 0.5.23's startup_time: seconds each phase took (``/server_info``)
+        self._startup_time: dict[str, Any] | None = None
         # called once the warm-up is over (the CLI announces the URL then: tools that wait
         # for the announcement get a server that serves)
         self.on_ready: Callable[[], None] | None = None
@@ -145,6 +169,8 @@ class SimServer:
                 self._routes[("GET", path)] = self._server_info
         if how.has_ready:
             self._routes[("GET", "/ready")] = self._ready
+        if how.engine == "vllm":
+            self._routes[("GET", "/version")] = self._version
         logging.getLogger("uvicorn.error").addFilter(DropSimulatedReset())
 
     @property
@@ -182,6 +208,7 @@ class SimServer:
     async def _warm_up(self, delay: float) -> None:
         """SGLang's warm-up request is its schedulers' first report: the gauges exist
         from then on."""
+        self._startup_time = {"tokenizer_e2e": time.monotonic() - self._launched}
         await asyncio.sleep(delay)
         for engine in self.engines:
             if engine.published is None:
@@ -230,9 +257,10 @@ class SimServer:
         card = {
             "id": s.model,
             "object": "model",
-            "created": int(self._started),
+            "created": int(time.time()),  # the time of the call, as both engines give it
             "owned_by": s.how.engine,
-            "root": s.model,
+            # SGLang: the served name; vLLM: the model path (--model)
+            "root": s.model if s.how.engine == "sglang" else (s.model_path or s.model),
             "parent": None,
             "max_model_len": s.context_length,
         }
@@ -268,6 +296,10 @@ class SimServer:
             if req is not None:
                 engine.abort(req)
 
+    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = {"version": f"{self.settings.how.version}+sim.{__version__}"}
+        await respond(send, 200, json.dumps(body).encode())
+
     async def _ready(self, scope: Scope, receive: Receive, send: Send) -> None:
         ok = self.ready and not self.unhealthy and self.health_status == 200
         await respond(send, 200 if ok else 503, b"", EMPTY)
@@ -275,18 +307,26 @@ class SimServer:
     async def _server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
         preset = self.settings.preset
         states: list[dict[str, Any]] = []
+        new = self.settings.how.version == "0.5.23"
         for engine in self.engines:  # one entry per DP rank
             state: dict[str, Any] = {"last_gen_throughput": engine.stats.gen_throughput}
+            if new:  # the scheduler's real cap (0.5.10+)
+                state["effective_max_running_requests_per_dp"] = preset.max_running
             accept = engine.stats.avg_spec_accept_length()
             if preset.spec_k and accept is not None:
                 state["avg_spec_accept_length"] = accept  # a lifetime mean
             states.append(state)
         spec = bool(preset.spec_k)
+        s = self.settings
+        model_path = s.model_path or s.model
         info: dict[str, Any] = {
-            "model_path": self.settings.model,
-            "served_model_name": self.settings.model,
+            "model_path": model_path,
+            "tokenizer_path": s.tokenizer_path or model_path,
+            "served_model_name": s.model,
             "max_running_requests": preset.max_running,
-            "context_length": self.settings.context_length,
+            # None unless given, as SGLang; the effective one is /v1/models' max_model_len
+            "context_length": s.context_length_flag,
+            "random_seed": self.random_seed,
             "speculative_algorithm": "EAGLE3" if spec else None,
             "speculative_num_steps": preset.spec_k if spec else None,
             "speculative_eagle_topk": preset.eagle_topk if spec else None,
@@ -294,10 +334,16 @@ class SimServer:
             "disable_overlap_schedule": not preset.overlap_schedule,
             "enable_metrics": self.settings.metrics,
             **self._graph_info(),
-            "version": f"{__version__}-sim",
+            # the SGLang version whose behaviour it copies (rules read it), marked as a sim
+            "version": f"{s.how.version}+sim.{__version__}",
+            "status": "ready",
+            "max_total_num_tokens": s.context_length * 4,
+            "max_req_input_len": s.context_length - 5,
             "internal_states": states,
             "sim": self._config(),
         }
+        if new and self._startup_time is not None:
+            info["startup_time"] = self._startup_time
         await respond(send, 200, json.dumps(info).encode())
 
     def _graph_info(self) -> dict[str, Any]:

@@ -513,7 +513,9 @@ def run_demo(args: argparse.Namespace, levels: list[int], adapt: bool) -> bool:
             return False
         points = calibrated
         status = httpx.get(f"{router}/router/status").json()
-        label = f"{status['policy']}, crossover {status['crossover']}"
+        none = status.get("no_crossover")
+        crossover = none["message"] if none else f"crossover {status['crossover']}"
+        label = f"{status['policy']}, {crossover}"
         print(f"table loaded into the router (PUT /router/table): {label}\n", flush=True)
         # 2. The same load through the router and through round-robin.
         for n in levels:

@@ -155,7 +155,7 @@ def test_the_board_carries_one_crossover_for_all_workers(tmp_path: Path) -> None
     follower.replace(raw)  # lifts the pin for everyone
     assert (leader.crossover, leader.pinned) == (3, False)
     leader.replace(raw, publish=False)  # following the other's table: the board stays
-    assert board.read() == (3, "calibrated", False)
+    assert board.read() == (3, "calibrated", False, False)
     assert follower.update() is None  # followers never move the crossover themselves
 
 

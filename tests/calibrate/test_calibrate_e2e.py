@@ -65,6 +65,7 @@ def test_finds_the_analytic_crossover(pools: dict[str, str], tmp_path: Path) -> 
     assert analytic is not None
     # The table's crossover is a whole number of requests (the lowest from which the baseline
     # is as good); the model's is where the curves cross, 6.7 here, i.e. 7 requests.
+    assert table.crossover is not None, table.reason
     assert abs(table.crossover - math.ceil(analytic)) <= 1, (table.crossover, analytic)
     assert table.source == "calibrated" and table.objective == "tpot"
     assert table.measured_at.endswith("Z")
@@ -81,6 +82,41 @@ def test_finds_the_analytic_crossover(pools: dict[str, str], tmp_path: Path) -> 
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[6/6] baseline    c=9" in done.stderr  # progress, plain lines off a terminal
     assert f"crossover: {table.crossover}" in done.stdout
+
+
+def test_a_chain_pair_gets_no_crossover_with_the_reason(tmp_path: Path) -> None:
+    # EAGLE-3 as its paper measured it on SGLang (docs/regimes.md): the baseline never catches
+    # up per request; here about x1.6 at 8 in the model, far outside the noise of 16 requests
+    spec = spawn(sim_args("eagle3-chain", "--time-scale", SCALE, "--seed", "1"))
+    try:
+        base = spawn(sim_args("baseline", "--time-scale", SCALE, "--seed", "2"))
+        try:
+            out = tmp_path / "table.json"
+            done = calibrate(
+                "--speculative", spec.url,
+                "--baseline", base.url,
+                "--concurrency", "1,4,8",
+                "--prompt-tokens", "32",
+                "--output-tokens", "64",
+                "--requests-per-level", "16",
+                "--time-scale", SCALE,
+                "--no-probes",
+                "--out", str(out),
+            )  # fmt: skip
+        finally:
+            base.stop()
+    finally:
+        spec.stop()
+    assert done.returncode == 0, done.stderr
+    raw = json.loads(out.read_text())
+    # null, never "9" (one past the highest level measured, as version 1 wrote it)
+    assert raw["crossover"] is None and raw["version"] == 2
+    assert raw["measured_up_to"] == 8 and 1.3 < raw["margin"] < 2.0
+    assert "no crossover measured up to 8" in raw["reason"]
+    table = from_json(raw)
+    assert table.crossover is None and table.limit == 8
+    assert "crossover: none" in done.stdout and "no crossover measured up to 8" in done.stdout
+    assert "More engines should speculate" in done.stdout
 
 
 def test_dataset_against_both_endpoints(pools: dict[str, str], tmp_path: Path) -> None:

@@ -283,7 +283,8 @@ async def test_put_crossover_refuses_anything_but_a_non_negative_integer(
 async def test_put_table_replaces_it(client: httpx.AsyncClient, router: Router) -> None:
     new = tables.to_json(model_table(1024, 256, crossover=12))
     r = await client.put("/router/table", json=new, headers=ADMIN)
-    assert (r.status_code, r.json()) == (200, {"crossover": 12, "crossover_source": "calibrated"})
+    expected = {"crossover": 12, "crossover_source": "calibrated", "measured_up_to": 32}
+    assert (r.status_code, r.json()) == (200, expected)
     assert router.current.crossover == 12
 
 

@@ -124,3 +124,22 @@ def test_without_a_table_there_is_no_start_curve() -> None:
     assert curves["start"] is None and curves["start_source"] is None
     assert curves["learned"] == {SPECULATIVE: [], BASELINE: []}
     assert all(o["tps"] is None for o in curves["operating"][SPECULATIVE])
+
+
+def test_no_crossover_shows_as_null_with_the_level_and_what_follows() -> None:
+    from router.sim.model import PRESETS
+
+    app, clock = router(model_table(32, 256, spec_preset=PRESETS["eagle3-chain"]))
+    for url in (S1, S2, B1):
+        app.health.probe(url, True, clock())
+    clock.now += 60.0  # past the ramp
+    status = app.status()
+    assert status["crossover"] is None and status["speculative_limit"] == 32
+    none = status["no_crossover"]
+    assert none["message"] == "no crossover measured up to 32" and none["margin"] > 1.2
+    assert "3 speculative engines rather than 2 + 1" in none["advice"]
+    doc = app.ui_snapshot()
+    json.dumps(doc, allow_nan=False)
+    assert doc["crossover"] is None and doc["no_crossover"] == none
+    assert doc["speculative_capacity"] == 64  # 32 per usable speculative engine
+    assert doc["curves"]["crossover"] == 32  # the mark on the curves: the level measured

@@ -28,6 +28,7 @@ async def test_put_table_needs_the_admin_token_and_validates(tmp_path: Path) -> 
         assert r.status_code == 200 and r.json() == {
             "crossover": 4,
             "crossover_source": "calibrated",
+            "measured_up_to": 32,
         }
         assert app.keeper.crossover == 4
         assert tables.load(tmp_path / "t.json").crossover == 4  # persisted at once

@@ -23,6 +23,7 @@ def snap(
     crossover: int = 4,
     hysteresis: int = 0,
     state: RoutingState | None = None,
+    no_crossover: bool = False,
 ) -> Snapshot:
     def pool(name: Pool, loads: Sequence[int | BackendView]) -> PoolView:
         views = tuple(
@@ -37,6 +38,7 @@ def snap(
         crossover,
         hysteresis,
         state or RoutingState(),
+        no_crossover=no_crossover,
     )
 
 
@@ -54,6 +56,38 @@ def test_spillover_fills_speculative_up_to_crossover() -> None:
     assert run("spillover", snap([4], [0]))[0] == Decision(
         "baseline", "http://baseline0", "above_crossover"
     )
+
+
+def test_with_no_crossover_measured_the_rest_goes_by_load_not_all_to_the_baseline() -> None:
+    # no crossover up to 4: speculation up to 4 per engine, as with a crossover of 4
+    d, _ = run("spillover", snap([3], [0], no_crossover=True))
+    assert d == Decision("speculative", "http://speculative0", "below_crossover")
+    # past it, the least loaded backend of either pool (a tie stays speculative)
+    assert run("spillover", snap([4], [0], no_crossover=True))[0] == Decision(
+        "baseline", "http://baseline0", "beyond_measured"
+    )
+    assert run("spillover", snap([4], [4], no_crossover=True))[0] == Decision(
+        "speculative", "http://speculative0", "beyond_measured"
+    )
+    assert run("spillover", snap([6], [5], no_crossover=True))[0].pool == "baseline"
+    assert run("spillover", snap([6], [7], no_crossover=True))[0].pool == "speculative"
+    # with a crossover of 4 the same load goes to the baseline whatever its load
+    assert run("spillover", snap([6], [7]))[0] == Decision(
+        "baseline", "http://baseline0", "above_crossover"
+    )
+
+
+def test_by_load_fails_over_when_a_pool_has_no_usable_backend() -> None:
+    down = BackendView("http://baseline0", 0, usable=False)
+    d, _ = run("spillover", snap([9], [down], no_crossover=True))
+    assert d == Decision("speculative", "http://speculative0", "beyond_measured")
+
+
+def test_the_crossover_policy_places_by_load_past_the_level_measured() -> None:
+    d, state = run("crossover", snap([2], [2], crossover=4, no_crossover=True))
+    assert d.reason == "beyond_measured" and state.above and d.pool == "speculative"
+    d, _ = run("crossover", snap([3], [2], crossover=4, no_crossover=True, state=state))
+    assert (d.pool, d.reason) == ("baseline", "beyond_measured")
 
 
 def test_spillover_crossover_is_per_speculative_replica() -> None:

@@ -123,7 +123,9 @@ def router_registry() -> CollectorRegistry:
     from router.settings import Settings
 
     settings = Settings(
-        speculative_urls=["http://127.0.0.1:30001"], baseline_urls=["http://127.0.0.1:30002"]
+        speculative_urls=["http://127.0.0.1:30001"],
+        baseline_urls=["http://127.0.0.1:30002"],
+        planner="advisory",  # (its gauges: the Fleet plan row, SpecRouterFleetOffPlan)
     )
     return RouterApp(settings).registry
 

@@ -24,7 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
+from router.gateway.endpoints import EndpointError, check_configured
 from router.gateway.messages import EXT_PROC_SERVICE
+from router.origin import Origin
+from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import CONFIG_ENV, load_settings
 from tests.deploy.queries import DEPLOY
 
@@ -167,3 +170,47 @@ def test_the_config_map_is_a_router_configuration_for_several_replicas(
     # ALS records may all reach one replica: several replicas route on the engines' gauges
     assert deployment["spec"]["replicas"] > 1 and settings.load_signal == "engine"
     assert not settings.speculative_model_map and not settings.baseline_model_map
+    # the EPP starts on these names: it resolves them (as the EPP's start-up checks)
+    urls: dict[Pool, list[str]] = {
+        SPECULATIVE: settings.speculative_urls,
+        BASELINE: settings.baseline_urls,
+    }
+    assert settings.discovery == "dns"
+    check_configured(urls, settings.discovery)
+    with pytest.raises(EndpointError, match="SPEC_ROUTER_DISCOVERY=dns"):
+        check_configured(urls, "static")
+
+
+def test_the_epp_and_the_gateway_see_the_same_engine_pods() -> None:
+    """Each pool's URL names the headless Service of deploy/k8s/sglang-*.yaml whose pods its
+    InferencePool selects, at the port the pool targets: the EPP names only pods the gateway
+    routes to."""
+    (config_map,) = of_kind("ConfigMap")
+    config = tomllib.loads(config_map["data"]["config.toml"])["spec_router"]
+    pools = {p["metadata"]["name"]: p["spec"] for p in of_kind("InferencePool")}
+    engines = [
+        d
+        for name in ("sglang-eagle3.yaml", "sglang-baseline.yaml")
+        for d in yaml.safe_load_all((DEPLOY / "k8s" / name).read_text())
+        if d
+    ]
+    services = {d["metadata"]["name"]: d for d in engines if d["kind"] == "Service"}
+    pods = [
+        d["spec"]["template"]["metadata"]["labels"] for d in engines if d["kind"] == "Deployment"
+    ]
+    for pool in POOLS:
+        (url,) = config[f"{pool}_urls"]
+        origin = Origin.parse(url)
+        service = services[origin.host]
+        assert service["spec"]["clusterIP"] == "None"  # headless: one address per pod
+        spec = pools[f"spec-router-{pool}"]
+        assert spec["targetPorts"] == [{"number": origin.port}]
+        assert [p["port"] for p in service["spec"]["ports"]] == [origin.port]
+
+        def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+            return all(labels.get(k) == v for k, v in selector.items())
+
+        by_service = [labels for labels in pods if selects(service["spec"]["selector"], labels)]
+        by_pool = [labels for labels in pods if selects(spec["selector"]["matchLabels"], labels)]
+        assert by_service == by_pool and len(by_pool) == 1
+        assert by_pool[0]["pool"] == pool

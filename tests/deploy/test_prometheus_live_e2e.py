@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from router.decide import table as tables
 from tests.deploy import prometheus as prom_mod
 from tests.deploy.load import drive
 from tests.deploy.prometheus import Prometheus, finite, local_config
@@ -44,6 +45,7 @@ from tests.deploy.queries import (
 )
 from tests.deploy.stack import Stack, start_sim_profile
 from tests.support.http import router_ready, wait_for
+from tests.support.tables import model_table
 
 _MISSING = prom_mod.missing_reason("prometheus")
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
@@ -54,6 +56,8 @@ ROUTER_OVERLAY = {
     "SPEC_ROUTER_EJECT_BASE": "0.1",
     "SPEC_ROUTER_EJECT_MAX": "0.5",
     "SPEC_ROUTER_LOG_LEVEL": "warning",
+    # the planner (advisory in the stack) plans every 1.2 s, so its Fleet plan row has data
+    "SPEC_ROUTER_PLAN_TIME_SCALE": "0.02",
 }
 # Errors and retries are labelled with the pool where they happened: one pool may have none.
 ONE_POOL_OK = ("spec_router_upstream_errors_total", "spec_router_retries_total")
@@ -70,12 +74,18 @@ INDUCED = {
 }
 NOT_INDUCED = {
     "SpecRouterSpecAcceptLengthDropped": "compares with the previous hour: promtool unit tests",
+    "SpecRouterFleetOffPlan": "30 minutes off the plan: promtool unit tests",
 }
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus, Stack]]:
-    with start_sim_profile(COMPOSE_VARIABLES, ROUTER_OVERLAY) as stack:
+    # the planner's curves: a table of the sims' model at the stack's time scale (the stack
+    # itself starts from none and learns)
+    table = tmp_path_factory.mktemp("table") / "table.json"
+    tables.save(model_table(256, 64, time_scale=float(COMPOSE_VARIABLES["SIM_TIME_SCALE"])), table)
+    overlay = {**ROUTER_OVERLAY, "SPEC_ROUTER_TABLE_PATH": str(table)}
+    with start_sim_profile(COMPOSE_VARIABLES, overlay) as stack:
         workdir: Path = tmp_path_factory.mktemp("prometheus")
         with prom_mod.running(local_config(stack.addresses), workdir) as prom:
             wait_for(lambda: router_ready(stack.router.url))

@@ -42,6 +42,7 @@ class Tuning:
     """What the decider reads from the keeper, as plain values the test sets."""
 
     crossover: int = 4
+    no_crossover: bool = False
     gain: Gain | None = None
     models: Mapping[Pool, PoolModel] | None = None
     traffic: Traffic = Traffic()

@@ -91,7 +91,7 @@ async def app(sims: dict[str, Proc]) -> AsyncIterator[RouterApp]:
     )
     router_app = RouterApp(settings)
     async with router_app.running():
-        await await_for(lambda: _true(any(router_app.usable_pools().values())))
+        await await_for(lambda: _true(all(router_app.usable_pools().values())))
         yield router_app
     assert router_app.tracker.total == 0
 
@@ -236,7 +236,7 @@ async def test_shutdown_with_streams_in_flight(sims: dict[str, Proc]) -> None:
     router_app = RouterApp(settings)
     clients = [Client(body(stream=True), "2.3") for _ in range(3)]
     async with router_app.running():
-        await await_for(lambda: _true(any(router_app.usable_pools().values())))
+        await await_for(lambda: _true(all(router_app.usable_pools().values())))
         tasks = [asyncio.create_task(router_app(c.scope(), c.receive, c.send)) for c in clients]
         await await_for(lambda: _true(all(c.body_chunks >= 1 for c in clients)))
     # leaving `running()` closed every upstream connection: each handler ends its stream

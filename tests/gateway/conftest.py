@@ -7,7 +7,7 @@ returns once Envoy's health check sees the EPP serving. Everything is stopped by
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,13 +26,21 @@ def endpoint(url: str) -> str:
 
 
 def start_epp(
-    spec_url: str, base_url: str, grpc_port: int, drain: float = 0.0, **settings: str
+    spec_url: str,
+    base_url: str,
+    grpc_port: int,
+    settings: Mapping[str, str],
+    drain: float = 0.0,
+    lease_max_age: float | None = None,
 ) -> Proc:
-    """``drain``: seconds it serves on, NOT_SERVING, once told to stop (0: tests stop at once;
-    the default of ``spec-router epp`` is 3)."""
+    """``settings``: the router's (``router_env``); ``drain``: seconds it serves on,
+    NOT_SERVING, once told to stop (0: tests stop at once; the default of ``spec-router epp``
+    is 3); ``lease_max_age``: its ``--lease-max-age`` (None: the default)."""
     env = router_env(spec_url, base_url, **settings)
     args = ["-m", "router", "epp", "--port", "0", "--grpc-port", str(grpc_port)]
     args += ["--drain", str(drain)]
+    if lease_max_age is not None:
+        args += ["--lease-max-age", str(lease_max_age)]
     proc = spawn(args, env=env)
     try:
         wait_for(lambda: router_ready(proc.url))
@@ -75,7 +83,7 @@ class Gateway:
         """The EPP again, on the same gRPC port (Envoy's EPP cluster is static)."""
         self.stopped.append(self.epp)
         self.epp = start_epp(
-            self.spec_url, self.base_url, self.grpc_port, self.drain, **self.settings
+            self.spec_url, self.base_url, self.grpc_port, self.settings, self.drain
         )
 
     def stop(self) -> None:
@@ -103,7 +111,7 @@ def start_gateway(sims: dict[str, Proc]) -> Iterator[GatewayFactory]:
         spec = spec_url or sims["speculative"].url
         base = base_url or sims["baseline"].url
         grpc_port = free_port()
-        epp = start_epp(spec, base, grpc_port, drain, **settings)
+        epp = start_epp(spec, base, grpc_port, settings, drain)
         try:
             envoy = start_envoy(
                 configured(

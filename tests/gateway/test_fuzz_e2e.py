@@ -44,7 +44,7 @@ def gateway() -> Iterator[Gateway]:
     base = spawn(sim_args("baseline", *fast))
     grpc_port = free_port()
     settings_ = {"max_body_bytes": "262144", "policy": "spillover", "crossover": "2"}
-    epp = start_epp(spec.url, base.url, grpc_port, 0.0, **settings_)
+    epp = start_epp(spec.url, base.url, grpc_port, settings_)
     envoy = start_envoy(
         configured(RECOMMENDED, f"127.0.0.1:{grpc_port}", [endpoint(spec.url), endpoint(base.url)])
     )

@@ -27,3 +27,17 @@ def test_one_id_twice_ends_oldest_first_and_expiry_takes_the_old_ones() -> None:
     assert len(book) == 1 and book.close("same") is None
     assert book.expired(2.5) == []
     assert book.close("other") is other and len(book) == 0
+
+
+def test_taken_out_by_backend_or_by_the_connection_that_asked() -> None:
+    tracker = InflightTracker([(SPECULATIVE, "http://a"), (SPECULATIVE, "http://b")])
+    book = LeaseBook()
+    on_a = Held(tracker.acquire("http://a"), Outcome(path="/v1/x", started=0.0), 0.0, "one")
+    on_b = Held(tracker.acquire("http://b"), Outcome(path="/v1/x", started=0.0), 0.0, "one")
+    other = Held(tracker.acquire("http://a"), Outcome(path="/v1/x", started=0.0), 0.0, "two")
+    book.open("same", on_a)
+    book.open("same", on_b)
+    book.open("x", other)
+    assert book.on_backend("http://b") == [on_b] and len(book) == 2
+    assert book.from_source("one") == [on_a] and len(book) == 1
+    assert book.from_source("one") == [] and book.close("x") is other and len(book) == 0

@@ -17,8 +17,10 @@ from router.account.outcome import Outcome
 from router.decide import table as tables
 from router.health.poller import EngineLoad
 from router.learn.keeper import CrossoverKeeper
+from router.learn.learner import Held
 from router.pools import BASELINE, SPECULATIVE
 from router.settings import DEFAULT_CROSSOVER, Settings
+from router.sim.model import PRESETS
 from router.upstream.stream import Usage
 from tests.support.tables import model_table
 
@@ -206,7 +208,7 @@ def test_a_collapse_in_acceptance_walks_the_crossover_down_in_bounded_steps(
         assert moved == keeper.crossover and keeper.source == "learned"
         seen.append(moved)
         assert len(seen) < 100
-    assert keeper.learner.target() == 2 and seen[-1] == 2
+    assert keeper.learner.target() == Held(2) and seen[-1] == 2
     steps = [a - b for a, b in zip(seen, seen[1:], strict=False)]
     assert steps[0] == max_step and all(0 < s <= max_step for s in steps)
 
@@ -281,3 +283,44 @@ def test_persist_without_a_path_or_to_an_unwritable_one_does_not_fail(tmp_path: 
     keeper = make(table_path=blocker / "t.json")  # its directory cannot be created
     keeper.persist()
     assert blocker.read_text() == ""
+
+
+# -- no crossover measured ------------------------------------------------------------------------
+
+
+def chain_table() -> tables.Table:
+    return model_table(1024, 256, spec_preset=PRESETS["eagle3-chain"])
+
+
+def test_a_table_without_a_crossover_holds_speculation_to_the_level_measured(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.json"
+    keeper = make(chain_table(), loads={S1: accepting(2.79)}, table_path=path)
+    assert (keeper.crossover, keeper.no_crossover, keeper.source) == (32, True, "calibrated")
+    status = keeper.no_crossover_status(speculative_engines=2, baseline_engines=1)
+    assert status is not None and status["measured_up_to"] == 32
+    assert status["message"] == "no crossover measured up to 32"
+    assert "3 speculative engines rather than 2 + 1" in status["advice"]
+    assert status["margin"] > 1.1 and status["speculative_limit"] == 32
+    assert keeper.status()["target"] is None
+    assert keeper.status()["target_no_crossover_up_to"] == 32
+    # learning from it never invents a crossover, and what it writes back says null
+    for _ in range(3):
+        assert keeper.update() is None
+    keeper.persist()
+    saved = tables.load(path)
+    assert saved.crossover is None and saved.measured_up_to == 32 and saved.source == "calibrated"
+    again = make(saved)
+    assert (again.crossover, again.no_crossover) == (32, True)
+
+
+def test_a_pin_or_a_table_with_a_crossover_ends_no_crossover() -> None:
+    keeper = make(chain_table())
+    keeper.pin(6)
+    assert (keeper.crossover, keeper.no_crossover) == (6, False)
+    assert keeper.no_crossover_status() is None
+    keeper.replace(tables.to_json(chain_table()))
+    assert (keeper.crossover, keeper.no_crossover, keeper.pinned) == (32, True, False)
+    keeper.replace(tables.to_json(model_table(1024, 256, crossover=12)))
+    assert (keeper.crossover, keeper.no_crossover) == (12, False)

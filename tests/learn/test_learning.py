@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import pytest
 
+from router.decide import table as tables
 from router.decide.table import Point, PoolCurve, Prefill, Table, Workload, fit_points
-from router.learn.learner import LearnConfig, Learner, marginal_gain
+from router.learn.learner import Held, LearnConfig, Learner, marginal_gain
 from router.pools import Pool
-from router.sim.model import BASELINE, EAGLE3, Preset, closed_loop, crossover
+from router.sim.model import BASELINE, EAGLE3, PRESETS, Preset, closed_loop, crossover
 from tests.support.tables import model_table
 
 PROMPT, OUTPUT = 1024, 2048
@@ -42,7 +43,8 @@ def test_learns_the_crossover_from_served_requests() -> None:
     feed(learner, "speculative", range(1, 9))
     feed(learner, "baseline", range(4, 33))
     target = learner.target()
-    assert target is not None and abs(target - analytic()) <= 1
+    assert target is not None and not target.no_crossover
+    assert abs(target.value - analytic()) <= 1
 
 
 def test_acceptance_collapse_moves_the_target_before_any_slow_request() -> None:
@@ -54,7 +56,7 @@ def test_acceptance_collapse_moves_the_target_before_any_slow_request() -> None:
     learner.observe_accept(2.2)
     after = learner.target()
     assert before is not None and after is not None
-    assert abs(after - analytic(2.2)) <= 1 and after < before
+    assert abs(after.value - analytic(2.2)) <= 1 and after.value < before.value
     learner.observe_accept(2.8)
     assert learner.target() == before
 
@@ -64,12 +66,12 @@ def test_moves_are_bounded_and_need_samples() -> None:
     learner.observe_accept(2.8)
     feed(learner, "speculative", range(1, 9), rounds=1)
     feed(learner, "baseline", range(4, 33), rounds=1)
-    assert learner.step(20, tau_changed=False) is None  # too few speculative samples yet
-    assert learner.step(20, tau_changed=True) == 19  # acceptance news may move it, one step
+    assert learner.step(Held(20), tau_changed=False) is None  # too few speculative samples
+    assert learner.step(Held(20), tau_changed=True) == Held(19)  # acceptance news: one step
     feed(learner, "speculative", range(1, 9), rounds=10)
-    assert learner.step(20, tau_changed=False) is None  # baseline: 29 of 50 samples
+    assert learner.step(Held(20), tau_changed=False) is None  # baseline: 29 of 50 samples
     feed(learner, "baseline", range(4, 33), rounds=1)
-    assert learner.step(20, tau_changed=False) == 19
+    assert learner.step(Held(20), tau_changed=False) == Held(19)
 
 
 def test_calibrated_prior_gives_a_slope_to_a_pool_seen_at_one_concurrency() -> None:
@@ -89,7 +91,7 @@ def test_calibrated_prior_gives_a_slope_to_a_pool_seen_at_one_concurrency() -> N
     learner = Learner(LearnConfig(), table)
     assert learner.ref_tau == 2.8
     target = learner.target()
-    assert target is not None and abs(target - analytic()) <= 1
+    assert target is not None and abs(target.value - analytic()) <= 1
     # a quiet period: every speculative sample at concurrency 1 keeps the slope from the prior
     for _ in range(300):
         learner.record("speculative", 1.0, spt(EAGLE3, 1), 0.1, 10.0)
@@ -163,7 +165,7 @@ def test_a_table_without_an_acceptance_length_is_rescaled_by_the_first_reading()
         assert unknown["speculative"].spt(n) == pytest.approx(spt(EAGLE3, n))
         assert late["speculative"].spt(n) == pytest.approx(spt(EAGLE3, n))
     # the table it writes back carries the reference: read again, nothing is rescaled twice
-    saved = early.table(8, "learned", "2026-12-04T00:00:00Z")
+    saved = early.table(Held(8), "learned", "2026-12-04T00:00:00Z")
     again = Learner(LearnConfig(), saved)
     again.observe_accept(EAGLE3.tau)
     curves = again.curves()
@@ -192,8 +194,43 @@ def test_the_learned_table_keeps_what_serving_does_not_measure() -> None:
     learner = Learner(LearnConfig(), table)
     for _ in range(30):
         learner.record("speculative", 3.0, 0.03, 0.2, 3.0)
-    learned = learner.table(4, "learned", "now")
+    learned = learner.table(Held(4), "learned", "now")
     assert (learned.speculative.cap, learned.baseline.cap) == (48, 256)
     assert learned.speculative.prefill == Prefill(0.03, 0.0004)
     assert learned.baseline.prefill == Prefill(0.02, 0.0003)
     assert learned.speculative.fit is not None and learned.speculative.fit.tau_sampling == 2.0
+
+
+def test_the_target_is_never_a_crossing_of_curves_extended_past_what_was_measured() -> None:
+    # the seed pair crosses near 7; with the speculative pool seen only up to 5 nothing
+    # measured says where: "none up to 5", not the extended curves' crossing
+    learner = Learner(LearnConfig(min_samples=10), None)
+    learner.observe_accept(2.8)
+    feed(learner, "speculative", range(1, 6))
+    feed(learner, "baseline", range(1, 33))
+    assert learner.measured_up_to() == 5
+    assert learner.target() == Held(5, no_crossover=True)
+    found = learner.crossing()
+    assert found is not None and found.crossover is None and found.margin is not None
+    assert found.margin > 1.0 and "no crossover measured up to 5" in found.reason
+    # once it is seen at 8 too, the crossing is inside what was measured
+    feed(learner, "speculative", range(6, 9))
+    target = learner.target()
+    assert target is not None and not target.no_crossover
+    assert abs(target.value - analytic()) <= 1
+
+
+def test_a_chain_table_stays_without_a_crossover_and_is_written_back_so() -> None:
+    table = model_table(1024, 256, levels=[1, 2, 4, 8, 16, 32], spec_preset=PRESETS["eagle3-chain"])
+    assert table.crossover is None and table.measured_up_to == 32
+    learner = Learner(LearnConfig(min_samples=10), table)
+    learner.observe_accept(PRESETS["eagle3-chain"].tau)
+    assert learner.target() == Held(32, no_crossover=True)
+    # a step from a crossover of 7 turns it into "none" at once, moving one request a step
+    assert learner.step(Held(7), tau_changed=True) == Held(8, no_crossover=True)
+    saved = learner.table(Held(32, no_crossover=True), "learned", "now")
+    assert saved.crossover is None and saved.measured_up_to == 32 and saved.limit == 32
+    # (the learned curve's margin: the calibrated one, as nothing was served since)
+    assert saved.margin == pytest.approx(table.margin, rel=1e-3) and "learned" in saved.reason
+    assert saved.margin is not None and saved.margin > 1.1
+    assert tables.from_json(tables.to_json(saved)) == saved

@@ -6,7 +6,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.planning.fleet import MemberView, Switch, census, follow, running, targets
+from router.planning.fleet import (
+    MemberView,
+    Switch,
+    census,
+    follow,
+    free_slots,
+    running,
+    started,
+    targets,
+)
 from router.pools import BASELINE, SPECULATIVE, Pool
 
 
@@ -138,3 +147,36 @@ def test_a_switch_never_asks_for_more_engines_than_there_are_gpus(
     counts = running(members)
     assert counts[into] == (spec if into == SPECULATIVE else base) + 1
     assert counts[source] == (spec if source == SPECULATIVE else base) - 1
+
+
+def test_gpus_no_engine_holds_are_engines_that_are_down_and_starting_one_raises_its_pool() -> None:
+    members = [up("a", SPECULATIVE), up("b", BASELINE)]
+    fleet = census(members, None, restart, 0.0)
+    assert free_slots(fleet, None) == [] and free_slots(fleet, 2) == []
+    slots = free_slots(fleet, 4)
+    assert [(e.name, e.status) for e in slots] == [("gpu-slot-1", "down"), ("gpu-slot-2", "down")]
+    sw = started("gpu-slot-1", SPECULATIVE, 10.0, id=3)
+    assert sw.phase == "restarting"
+    assert targets(members, sw) == {SPECULATIVE: 2, BASELINE: 1}  # raised at once
+    # counted as loading, so no second slot is offered for it
+    fleet = census(members, sw, restart, 20.0)
+    assert [(e.name, e.status, e.eta) for e in fleet if e.status == "loading"] == [
+        ("gpu-slot-1", "loading", 90.0)
+    ]
+    assert len(free_slots(fleet, 4)) == 1
+    # a new engine joins the speculative pool: it lands there
+    members.append(MemberView("c", SPECULATIVE, True, "starting", 30.0, 30.0, True))
+    got, _ = follow(sw, members, 31.0)
+    assert got is not None and got.landed == "c"
+    members[-1] = members[-1]._replace(health="healthy", since=95.0)
+    done, landing = follow(got, members, 96.0)
+    assert done is None and landing is not None and landing.seconds == 85.0
+
+
+def test_an_engine_that_was_down_and_is_started_in_place_lands_when_healthy() -> None:
+    members = [MemberView("a", BASELINE, True, "unhealthy", 0.0, 0.0, False)]
+    sw = started("a", BASELINE, 5.0, id=1)
+    assert [e.status for e in census(members, sw, restart, 6.0)] == ["down"]
+    members[0] = members[0]._replace(health="healthy", since=50.0)
+    done, landing = follow(sw, members, 51.0)
+    assert done is None and landing is not None and landing.mode == BASELINE

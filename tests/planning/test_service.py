@@ -247,3 +247,31 @@ def test_durations_are_wall_seconds_at_the_time_scale(scale: float) -> None:
     assert p.interval == INTERVAL * scale
     assert p.restart(SPECULATIVE) == 500.0 * scale
     assert p.params.dwell_to_speculative == 1800.0 * scale
+
+
+def test_a_gpu_of_the_budget_no_engine_holds_is_started_and_its_pool_raised_at_once() -> None:
+    world = World()
+    for i in range(3):
+        world.join(BASELINE, f"http://b{i}")
+    p = planner(world, gpu_budget=4)
+    minutes(world, p, 1, 3.0)
+    assert [(e["engine"], e["status"]) for e in p.document()["fleet"]][-1] == (
+        "gpu-slot-1", "down"
+    )  # fmt: skip
+    minutes(world, p, 7, 3.0)
+    doc = p.document()
+    sw = doc["switch"]
+    assert sw is not None and (sw["engine"], sw["phase"]) == ("gpu-slot-1", "restarting")
+    assert doc["targets"][sw["into"]] == doc["running"][sw["into"]] + 1
+    assert sum(doc["targets"].values()) == 4  # (the budget, not more)
+    # a new pod joins that pool: the start lands once it is healthy
+    world.now += 10
+    world.join(sw["into"], "http://new", healthy=False)
+    p.look()
+    assert p.document()["switch"]["landed"] == "http://new"
+    world.now += 300
+    world.healthy("http://new")
+    p.look()
+    doc = p.document()
+    assert doc["switch"] is None and sum(doc["running"].values()) == 4
+    assert "gpu-slot-1" not in {e["engine"] for e in doc["fleet"]}

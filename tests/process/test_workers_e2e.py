@@ -303,3 +303,25 @@ async def test_many_concurrent_requests_over_two_workers_all_answer_and_leave_no
     wait_for(lambda: (engine_running(spec), engine_running(base)) == (0, 0))
     text = httpx.get(f"{router.url}/metrics").text
     assert metric_value(text, "spec_router_requests_total", code="200") == 200
+
+
+def test_every_worker_serves_the_leaders_plan(start_router: RouterFactory, tmp_path: Path) -> None:
+    """Only the leader plans; each worker serves its document and its gauges."""
+    path = tmp_path / "table.json"
+    tables.save(model_table(32, 64, time_scale=0.1), path)
+    router = start_router(table_path=str(path), planner="advisory", plan_time_scale="0.02",
+                          serve_args=WORKERS)  # fmt: skip
+
+    def planned() -> dict[int, Any] | None:
+        docs = each_worker(router.url, "/router/plan")
+        ats = {d.get("at") for d in docs.values()}
+        return docs if None not in ats else None
+
+    docs = wait_for(planned, timeout=20)
+    assert docs is not None
+    for doc in docs.values():
+        assert doc["planner"] == "advisory"
+        assert doc["running"] == {"speculative": 1, "baseline": 1}
+    for _ in range(10):  # (new connections: both workers answer)
+        text = httpx.get(f"{router.url}/metrics", timeout=5).text
+        assert 'spec_router_plan_running_engines{pool="speculative"} 1.0' in text

@@ -27,8 +27,8 @@ def test_calibrate_finds_a_crossover_on_llamacpp(calibration: Calibration) -> No
         table.speculative.points, table.baseline.points, table.objective
     )
     # from 2 on at the earliest (the baseline may still be slower per request at 16: the
-    # table then says 17, "beyond the levels measured")
-    assert table.crossover > 1
+    # table then says none, "no crossover measured up to 16")
+    assert table.crossover is None or table.crossover > 1
     assert all(p.errors == 0 and p.samples >= 8 for p in (*spec.values(), *base.values()))
 
 

@@ -87,6 +87,42 @@ def configured(
     return config
 
 
+def engines_by_dns(
+    config: dict[str, Any], names: list[str], port: int, dns_server: str, refresh: float = 0.2
+) -> dict[str, Any]:
+    """``config`` with its engines' cluster resolved from DNS names, as docs/gateway.md shows
+    for engines behind headless Services: Envoy's DNS cluster (strict: every A record of each
+    name is one host, at ``port``), asking ``dns_server`` (``host:port``) every ``refresh``
+    seconds. Envoy then knows every address the EPP, discovering from the same names, may
+    name."""
+    config = copy.deepcopy(config)
+    host, dns_port = dns_server.rsplit(":", 1)
+    (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == ENGINES_CLUSTER]
+    del cluster["type"]
+    cluster["cluster_type"] = {
+        "name": "envoy.clusters.dns",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.clusters.dns.v3.DnsCluster",
+            "dns_refresh_rate": f"{refresh}s",
+            "respect_dns_ttl": False,
+            "dns_lookup_family": "V4_ONLY",
+            "typed_dns_resolver_config": {
+                "name": "envoy.network.dns_resolver.cares",
+                "typed_config": {
+                    "@type": "type.googleapis.com/"
+                    "envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig",
+                    "resolvers": [_address(f"{host}:{dns_port}")],
+                    "dns_resolver_options": {"no_default_search_domain": True},
+                },
+            },
+        },
+    }
+    cluster["load_assignment"]["endpoints"] = [
+        {"lb_endpoints": [{"endpoint": {"address": _address(f"{n}:{port}")}} for n in names]}
+    ]
+    return config
+
+
 def subset_from_header(header: str = "x-test-subset") -> dict[str, Any]:
     """A data plane's subset hint, from a request header (as a comma-separated string)."""
     return {
@@ -157,6 +193,12 @@ class Envoy:
 
     def log(self) -> str:
         return Path(self.workdir, "envoy.log").read_text(errors="replace")
+
+    def kill(self) -> None:
+        """Gone at once, as a crashed gateway: no record of what was in flight."""
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
 
     def stop(self) -> None:
         if self.popen.poll() is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from router.decide.table import Point, PoolCurve, Table, Workload, crossover_from_points, fit_points
+from router.decide.table import Point, PoolCurve, Table, Workload, crossing, fit_points
 from router.sim.model import BASELINE, EAGLE3, Preset, closed_loop
 
 
@@ -26,19 +26,24 @@ def model_table(
     crossover: int | None = None,
     time_scale: float = 1.0,
     tau_sampling: float | None = None,
+    spec_preset: Preset = EAGLE3,
 ) -> Table:
     levels = levels or [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
-    spec = model_points(EAGLE3, levels, prompt, output)
+    spec = model_points(spec_preset, levels, prompt, output)
     base = model_points(BASELINE, levels, prompt, output)
-    value = crossover_from_points(spec, base) if crossover is None else crossover
+    found = crossing(spec, base)
+    value = found.crossover if crossover is None else crossover
     assert not math.isnan(spec[0].decode_tps_p50)
     return Table(
         crossover=value,
+        measured_up_to=found.measured_up_to,
+        margin=found.margin,
+        reason=found.reason if value is None else "",
         source="calibrated",
         measured_at="2026-12-02T00:00:00+00:00",
         workload=Workload(prompt, output),
         speculative=PoolCurve(
-            spec, replace(fit_points(spec, tau=EAGLE3.tau), tau_sampling=tau_sampling)
+            spec, replace(fit_points(spec, tau=spec_preset.tau), tau_sampling=tau_sampling)
         ),
         baseline=PoolCurve(base, fit_points(base)),
         notes="from the analytic model of the simulated presets",

@@ -16,6 +16,7 @@ import socket
 import threading
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -23,7 +24,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Error, Page
 
 from router.calibrate.loadgen import run_closed_loop
-from router.decide.table import to_json
+from router.decide.table import save, to_json
 from tests.conftest import TIME_SCALE, RouterFactory
 from tests.support.http import router_status, wait_for
 from tests.support.processes import Proc
@@ -210,6 +211,7 @@ def test_the_page_follows_the_router_through_a_load_ramp(router: Proc, browser: 
     wait_for(lambda: page_state(page)["seq"] >= 1)
     assert page_state(page)["conn"] == "live"
     assert router_status(url)["ui"]["feed_connections"] == 1
+    assert page.evaluate("document.getElementById('plan').hidden")  # (the planner is off)
 
     # 1. A closed-loop ramp through the router: the curves fill in, TTFT/TPOT appear.
     with ramp(url, (1, 2, 4, 8), 0.6):
@@ -301,3 +303,82 @@ def test_with_api_keys_the_page_takes_the_key_once(
     finally:
         context.close()
     wait_for(lambda: router_status(proc.url)["ui"]["feed_connections"] == 0)
+
+
+READ_PLAN = """() => {
+  const el = (id) => document.getElementById(id);
+  return {
+    hidden: el("plan").hidden,
+    mode: el("plan-mode").textContent,
+    status: el("plan-status").textContent,
+    current: el("plan-current").textContent,
+    targets: el("plan-targets").textContent,
+    reason: el("plan-reason").textContent,
+    history: el("plan-history").children.length,
+  };
+}"""
+
+
+def test_the_page_shows_the_fleet_plan(
+    start_router: RouterFactory, browser: Browser, tmp_path: Path
+) -> None:
+    table = tmp_path / "table.json"
+    save(model_table(16, 24, time_scale=float(TIME_SCALE)), table)
+    proc = start_router(table_path=str(table), planner="advisory", plan_time_scale="0.02",
+                        ui_interval="0.5")  # fmt: skip
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    problems = watched(page)
+    try:
+        page.goto(f"{proc.url}/router/ui")
+
+        def plan_shown() -> dict[str, Any] | None:
+            seen: dict[str, Any] = page.evaluate(READ_PLAN)
+            return None if seen["hidden"] else seen
+
+        shown = wait_for(plan_shown)
+        assert shown is not None
+        assert shown["mode"] == "advisory"
+        assert shown["targets"] == "1 speculative + 1 baseline"
+        batch = run_closed_loop(
+            f"{proc.url}/v1", concurrency=2, prompt_tokens=16, output_tokens=8, requests=16
+        )
+        assert all(r.ok for r in in_thread(batch))
+
+        def same_reason() -> dict[str, Any] | None:
+            plan = httpx.get(f"{proc.url}/router/plan", timeout=5).json()
+            seen = page.evaluate(READ_PLAN)
+            ok = plan.get("reason") and seen["reason"] == plan["reason"]
+            return seen if ok else None
+
+        seen = wait_for(same_reason, timeout=20)
+        assert seen is not None and seen["status"] == ""  # planning
+        assert seen["current"] == "1 speculative + 1 baseline"
+        assert seen["history"] >= 1
+        assert problems == []
+    finally:
+        page.close()
+
+
+def test_no_crossover_shows_the_level_and_the_advice(
+    start_router: RouterFactory, browser: Browser
+) -> None:
+    from router.sim.model import PRESETS
+
+    proc = start_router(admin_token=TOKEN, ui_interval="0.5")
+    chain = model_table(16, 24, time_scale=float(TIME_SCALE), spec_preset=PRESETS["eagle3-chain"])
+    assert chain.crossover is None and chain.measured_up_to == 32
+    put = httpx.put(f"{proc.url}/router/table", json=to_json(chain),
+                    headers={"authorization": f"Bearer {TOKEN}"}, timeout=10)  # fmt: skip
+    put.raise_for_status()
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    problems = watched(page)
+    page.goto(f"{proc.url}/router/ui")
+    wait_for(lambda: page_state(page)["crossover"] == "none up to 32")
+    advice = page.locator("#advice")
+    assert advice.is_visible()
+    text = advice.text_content() or ""
+    assert "No crossover measured up to 32" in text and "More engines should speculate" in text
+    assert "2 speculative engines rather than 1 + 1" in text
+    wait_for(lambda: page_state(page)["capacity"] == "32")  # 32 x one usable engine
+    assert problems == []
+    page.close()

@@ -108,7 +108,8 @@
     ctx.stroke();
     ctx.fillStyle = COLOR.capacity;
     ctx.font = 12 * devicePixelRatio + "px sans-serif";
-    ctx.fillText(" crossover " + crossoverMark.value + " (" + crossoverMark.source + ")", x, u.bbox.top + 14 * devicePixelRatio);
+    const what = crossoverMark.none ? " no crossover up to " : " crossover ";
+    ctx.fillText(what + crossoverMark.value + " (" + crossoverMark.source + ")", x, u.bbox.top + 14 * devicePixelRatio);
     ctx.restore();
   }
 
@@ -141,9 +142,14 @@
     const spec = s.pools[SPEC], base = s.pools[BASE];
     text("policy", s.policy);
     text("load-signal", s.load_signal);
-    text("crossover", s.crossover);
-    $("crossover").dataset.value = s.crossover;
+    // null: none measured (the baseline never caught up within the levels measured)
+    const none = s.no_crossover;
+    text("crossover", none ? "none up to " + none.measured_up_to : s.crossover);
+    $("crossover").dataset.value = none ? "" : s.crossover;
+    $("crossover").title = none ? none.reason : "";
     text("crossover-source", s.crossover_source);
+    text("advice", none ? none.advice : "");
+    $("advice").hidden = !none;
     const l = s.learning || {};
     text("learning", !l.enabled ? "off" : l.pinned ? "pinned" : "on");
     text("slo", s.slo ? "SLO TTFT " + s.slo.ttft_ms + " ms · TPOT " + s.slo.tpot_ms + " ms" : "");
@@ -219,13 +225,41 @@
     });
     charts.share.setData([series.t, series[SPEC], series[BASE], shares]);
     const c = s.curves;
-    crossoverMark = { value: c.crossover, source: s.crossover_source };
+    crossoverMark = { value: c.crossover, source: s.crossover_source, none: !!none };
     charts.curves.setData(curveData(c));
     text("start-label", c.start ? "starting (" + c.start_source + ")" : "starting (none loaded)");
     text("curve-units", c.time_scale !== 1 ? "· tok/s in model time (engines run at time scale " + c.time_scale + ")" : "");
 
+    renderPlan(s.plan);
+
     text("updated", "updated " + new Date().toLocaleTimeString() + " · #" + s.seq);
     document.body.dataset.seq = s.seq;
+  }
+
+  // -- the fleet plan (GET /router/plan, when the planner is on) -----------------------------------
+  const split = (x) => (x ? x[SPEC] + " speculative + " + x[BASE] + " baseline" : "–");
+  const points = (v) => (v === null || v === undefined ? "–" : (v >= 0 ? "+" : "") + (100 * v).toFixed(2) + " pt");
+
+  function renderPlan(p) {
+    $("plan").hidden = !p;
+    if (!p) return;
+    text("plan-mode", p.planner);
+    text("plan-status", p.status === "planning" ? "" : p.status);
+    text("plan-current", split(p.current || p.running));
+    text("plan-desired", split(p.desired));
+    text("plan-targets", split(p.targets));
+    const sw = p.switch;
+    text("plan-switch", sw ? "#" + sw.id + " " + sw.engine + " " + sw.from + " → " + sw.into + " (" + sw.phase + ")" : "none");
+    text("plan-rate", p.rate === null || p.rate === undefined ? "–" : p.rate.toFixed(2) + " req/s");
+    text("plan-forecast", p.forecast ? p.forecast.point.toFixed(2) + " (upper " + p.forecast.upper.toFixed(2) + ")" : "–");
+    const n = p.next_switch;
+    text("plan-next", n ? "→ " + n.into + ": gain " + points(n.gain) + ", cost " + points(n.cost) + (n.blocked ? " · " + n.blocked : "") : "–");
+    text("plan-reason", p.reason || "");
+    $("plan-history").replaceChildren(...(p.history || []).map((d) => {
+      const li = document.createElement("li");
+      li.textContent = new Date(d.at * 1000).toLocaleTimeString() + " · " + d.reason;
+      return li;
+    }));
   }
 
   // -- the feed ----------------------------------------------------------------------------------
