@@ -16,7 +16,7 @@ from router.decide.table import (
     Prefill,
     Table,
     Workload,
-    crossover_from_points,
+    crossing,
     fit_points,
 )
 from router.sim.model import Preset, closed_loop
@@ -52,8 +52,11 @@ def model_table(
     ``time_scale``."""
     prompt, output = max(1, prompt), max(2, output)
     s, b = curve(spec, prompt, output), curve(base, prompt, output)
+    c = crossing(s.points, b.points)  # (no crossover within the levels: eagle3-chain)
     return Table(
-        crossover=crossover_from_points(s.points, b.points),
+        crossover=c.crossover,
+        measured_up_to=c.measured_up_to,
+        margin=c.margin,
         source="calibrated",
         workload=Workload(prompt, output),
         speculative=s,
