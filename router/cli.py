@@ -19,6 +19,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "calibrate": ("router.calibrate", "measure both pools and write a crossover table"),
     "replay": ("router.tools.replay", "replay a trace or synthetic traffic open-loop; goodput"),
+    "fleet": (
+        "router.tools.fleet.cli",
+        "N sims that switch mode, a router, its planner and a day of traffic; goodput per hour",
+    ),
     "doctor": (
         "router.tools.doctor",
         "check the engines' settings against what makes speculation lose or the router misjudge",
