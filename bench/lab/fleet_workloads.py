@@ -27,7 +27,8 @@ from pathlib import Path
 
 from fleet_engine import Req
 
-from router.sim.model import Preset, prefill_time, step_time
+from router.sim.model import Preset
+from router.tools.fleet.workload import engine_slo_capacity as slo_capacity_at
 from router.tools.traffic import load_trace
 
 TRACES = Path("/work/shared/traces")
@@ -109,19 +110,6 @@ def mean_lengths(kind: str) -> tuple[float, float]:
 
 def engine_slo_capacity(p: Preset, kind: str, hot: float, tpot: float = 0.05) -> float:
     """Requests per second one engine serves with its mean time per output token within
-    ``tpot`` (the relaxed target), in its steady state (see the module's docstring)."""
-    prompt, output = mean_lengths(kind)
-    tau = 1.0 / (hot / p.tau_sampling + (1 - hot) / p.tau)
-    stall = prefill_time(p, prompt)
-    context = prompt + output / 2
-    best = 0.0
-    for b in range(1, p.max_running + 1):
-        per_token = step_time(p, b, b * context) / tau
-        rate = b / (stall + output * per_token)
-        for _ in range(8):  # the stalls stretch the life, which lowers the rate: a fixed point
-            stretched = per_token / (1 - min(0.95, rate * stall))
-            rate = b / (stall + output * stretched)
-        if per_token / (1 - min(0.95, rate * stall)) > tpot:
-            break
-        best = max(best, rate)
-    return best
+    ``tpot`` (the relaxed target), in its steady state, at the ``kind`` trace's mean lengths
+    (``router.tools.fleet.workload.engine_slo_capacity``; see the module's docstring)."""
+    return slo_capacity_at(p, *mean_lengths(kind), hot, tpot)
