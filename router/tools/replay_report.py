@@ -50,14 +50,17 @@ class Progress:
     def draw(self, state: Sent) -> None:
         filled = self.WIDTH * state.sent // max(1, state.total)
         bar = "#" * filled + "." * (self.WIDTH - filled)
-        wall = time.monotonic() - self.began
-        line = (
+        line = self.line(state, bar, time.monotonic() - self.began)
+        self.stream.write(f"\r\x1b[2K{line}" if self.tty else line + "\n")
+        self.stream.flush()
+
+    def line(self, state: Sent, bar: str, wall: float) -> str:
+        """The progress line at ``wall`` seconds since the start."""
+        return (
             f"replay {bar} sent {state.sent}/{state.total}  done {state.done}  "
             f"in flight {state.sent - state.done}  worst send lag {state.worst_late * 1000:.0f} ms"
             f"  {wall / self.time_scale:.0f} s model ({wall:.0f} s wall)"
         )
-        self.stream.write(f"\r\x1b[2K{line}" if self.tty else line + "\n")
-        self.stream.flush()
 
     def done(self, summary: Summary) -> None:
         shares = "  ".join(f"goodput {k} {v:.1%}" for k, v in summary.goodput.items())

@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         run_fleet(cfg, engine_arrivals, progress.watch, Path(ns.keep) if ns.keep else None)
     )
     summary = summarize(run.results, run.timeline.outages, day_seconds, ns.compress)
-    progress.done(summary)
+    progress.finished(summary)
     meta: dict[str, Any] = {
         "command": shlex.join(["spec-router", "fleet", *args]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(began)),

@@ -7,50 +7,37 @@ out of service for a switch) and goodput per hour in both tiers.
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from router.tools.replay_report import Progress as ReplayProgress
 from router.tools.replay_report import Sent
 
 HOUR = 3600.0
 
 
-class Progress:
-    """A bar redrawn in place on a terminal; a plain line every ``every`` seconds otherwise."""
+class Progress(ReplayProgress):
+    """The replay's bar (redrawn in place on a terminal, a plain line every ``every`` seconds
+    otherwise), on the day's clock."""
 
     WIDTH = 28
 
     def __init__(
         self, stream: TextIO, time_scale: float, compress: float, total: int, every: float = 10.0
     ) -> None:
-        self.stream, self.time_scale, self.compress = stream, time_scale, compress
-        self.total = total
-        self.every = every
-        self.tty = stream.isatty()
-        self.began = time.monotonic()
+        super().__init__(stream, time_scale, every)
+        self.compress, self.total = compress, total
 
-    async def watch(self, state: Sent) -> None:
-        while True:
-            self.draw(state)
-            await asyncio.sleep(0.2 if self.tty else self.every)
-
-    def draw(self, state: Sent) -> None:
-        filled = self.WIDTH * state.sent // max(1, state.total)
-        bar = "#" * filled + "." * (self.WIDTH - filled)
-        wall = time.monotonic() - self.began
+    def line(self, state: Sent, bar: str, wall: float) -> str:
         day_h = wall / self.time_scale * self.compress / HOUR
-        line = (
+        return (
             f"fleet {bar} day {day_h:5.2f} h  sent {state.sent}/{state.total}  "
             f"in flight {state.sent - state.done}  ({wall:.0f} s wall)"
         )
-        self.stream.write(f"\r\x1b[2K{line}" if self.tty else line + "\n")
-        self.stream.flush()
 
-    def done(self, summary: dict[str, Any]) -> None:
+    def finished(self, summary: dict[str, Any]) -> None:
         line = (
             f"fleet: {summary['requests']} requests, {summary['ok']} ok; goodput strict "
             f"{pct(summary['goodput_strict'])}, relaxed {pct(summary['goodput_relaxed'])}; "
