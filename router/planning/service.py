@@ -36,6 +36,7 @@ from typing import Any, NamedTuple, Protocol
 
 from router.health.engines import EngineSample
 from router.health.state import BackendHealth
+from router.learn.keeper import Tokens
 from router.members.member import Member
 from router.plan import (
     EngineState,
@@ -79,13 +80,6 @@ RESTART_SAMPLES = 5
 # A switch that has not landed within this many restarts (plus the drain timeout) is given up.
 SWITCH_PATIENCE = 3.0
 STATE_FORMAT = 1
-
-
-class Tokens(Protocol):
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def completion_tokens(self) -> int: ...
 
 
 class Finished(Protocol):
