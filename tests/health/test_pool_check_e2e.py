@@ -28,12 +28,19 @@ def plain() -> Iterator[Proc]:
     proc.stop()
 
 
+def all_reported(status: dict[str, Any]) -> bool:
+    return all(b["reports"] is not None for p in status["pools"].values() for b in p["backends"])
+
+
 def warnings(url: str, count: int = 1) -> list[dict[str, Any]]:
-    """The status's warnings once there are ``count`` (the engines answer after start-up)."""
+    """The status's warnings once every backend has described itself (the engines answer
+    after start-up, one at a time: before both have, a finding about one pool alone is right)
+    and there are ``count``."""
 
     def enough() -> list[dict[str, Any]] | None:
-        found: list[dict[str, Any]] = router_status(url)["warnings"]
-        return found if len(found) >= count else None
+        status = router_status(url)
+        found: list[dict[str, Any]] = status["warnings"]
+        return found if all_reported(status) and len(found) >= count else None
 
     result = wait_for(enough)
     assert result is not None
@@ -75,13 +82,7 @@ def test_a_healthy_pair_has_no_warnings(
     start_router: RouterFactory, chain: Proc, plain: Proc
 ) -> None:
     router = start_router(chain.url, plain.url)
-    wait_for(
-        lambda: all(
-            b["reports"] is not None
-            for pool in router_status(router.url)["pools"].values()
-            for b in pool["backends"]
-        )
-    )
+    wait_for(lambda: all_reported(router_status(router.url)))
     assert router_status(router.url)["warnings"] == []
     assert not logged(router, "pools:")
 
