@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from router.settings import sim_time_env
-from tests.support.http import router_ready, wait_for
+from tests.support.http import every_worker_ready, router_ready, wait_for
 from tests.support.processes import Proc, running, sim_args, spawn
 
 
@@ -207,8 +207,9 @@ RouterFactory = Callable[..., Proc]
 def start_router(sims: dict[str, Proc]) -> Iterator[RouterFactory]:
     """Start a router process in front of the session's sims (or other URLs); waits until both
     pools are usable (``one_pool=True``: until ``/ready``, one pool; ``ready=False``: not at
-    all). (``/ready`` alone let a test start while the other pool's first probe was still out,
-    and a retry or a route to that pool then found nothing usable.)"""
+    all), under ``--workers`` in every worker. (``/ready`` alone let a test start while the
+    other pool's first probe, or another worker's, was still out, and a request there then
+    found nothing usable: a 503.)"""
     started: list[Proc] = []
 
     def start(
@@ -226,6 +227,8 @@ def start_router(sims: dict[str, Proc]) -> Iterator[RouterFactory]:
         started.append(proc)
         if ready:
             wait_for(lambda: router_ready(proc.url, every_pool=not one_pool))
+            if "--workers" in serve_args:  # (each worker polls the pools itself)
+                wait_for(every_worker_ready(proc.url, every_pool=not one_pool))
         return proc
 
     yield start

@@ -69,6 +69,25 @@ def router_ready(url: str, every_pool: bool = False) -> bool:
     return r.status_code == 200 and (not every_pool or all(r.json()["pools"].values()))
 
 
+def every_worker_ready(url: str, every_pool: bool = True) -> Callable[[], bool]:
+    """A ``wait_for`` check for ``serve --workers N``: each worker runs its own health poller,
+    so ``/ready`` from one says nothing of the others. Asks on new connections (the kernel
+    hands each to some worker) until every worker has said its pools are usable."""
+    seen: set[int] = set()
+
+    def check() -> bool:
+        try:
+            status = httpx.get(f"{url}/router/status", timeout=5).json()
+        except httpx.HTTPError:
+            return False
+        pools = [p["usable"] for p in status["pools"].values()]
+        if all(pools) if every_pool else any(pools):
+            seen.add(status["workers"]["this"])
+        return len(seen) == status["workers"]["count"]
+
+    return check
+
+
 def metric_value(text: str, name: str, **labels: str) -> float:
     """Sum of the samples of ``name`` whose labels include ``labels``."""
     from prometheus_client.parser import text_string_to_metric_families
