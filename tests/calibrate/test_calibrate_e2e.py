@@ -17,8 +17,8 @@ from router.sim.model import BASELINE, EAGLE3, crossover
 from tests.support.processes import Proc, free_port, sim_args, spawn
 
 SCALE = "0.1"
-# Requests of 16 tokens or more: a request's decode speed needs two bursts of tokens, and at this
-# time scale eagle3's ~3 decode steps for 8 tokens (about 2.5 ms apart) could reach a loaded client
+# Requests of 48 tokens or more: a request's decode speed needs two bursts of tokens, and at this
+# time scale eagle3's ~6 decode steps for 16 tokens (about 2.5 ms apart) reached a loaded client
 # in one read; with 8 requests needed at each level, one such request refused the sweep.
 
 
@@ -127,7 +127,7 @@ def test_dataset_against_both_endpoints(pools: dict[str, str], tmp_path: Path) -
     dataset.write_text(
         json.dumps({"messages": [{"role": "user", "content": "a b c"}], "temperature": 0})
         + "\n"
-        + json.dumps({"prompt": "once upon a time", "max_tokens": 12, "temperature": 0})
+        + json.dumps({"prompt": "once upon a time", "max_tokens": 48, "temperature": 0})
         + "\n"
     )
     out = tmp_path / "table.json"
@@ -136,7 +136,7 @@ def test_dataset_against_both_endpoints(pools: dict[str, str], tmp_path: Path) -
         "--baseline", pools["baseline"],
         "--concurrency", "1,2",
         "--dataset", str(dataset),
-        "--output-tokens", "16",
+        "--output-tokens", "64",
         "--requests-per-level", "8",
         "--time-scale", SCALE,
         "--interleave",
@@ -144,7 +144,7 @@ def test_dataset_against_both_endpoints(pools: dict[str, str], tmp_path: Path) -
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     table = from_json(json.loads(out.read_text()))
-    assert table.workload.dataset == "mix.jsonl" and table.workload.output_tokens == 14
+    assert table.workload.dataset == "mix.jsonl" and table.workload.output_tokens == 56
     # --interleave: level by level, the pools in turn (a level measured again, when two
     # neighbours' noise made decode speed rise with concurrency, is marked and left out)
     order = [
@@ -173,7 +173,7 @@ def test_refuses_a_sweep_with_errors(pools: dict[str, str], tmp_path: Path) -> N
             "--baseline", base.url,
             "--concurrency", "2",
             "--prompt-tokens", "8",
-            "--output-tokens", "16",
+            "--output-tokens", "64",
             "--requests-per-level", "8",
             "--out", str(out),
         )  # fmt: skip

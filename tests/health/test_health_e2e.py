@@ -155,7 +155,12 @@ async def test_speculative_engine_killed_under_load(
     after = [r for r in results if r.started > killed]
     assert len(after) >= 12
     assert all(r.status == 200 and r.error is None for r in after), after
-    assert all(r.pool == "baseline" and r.reason == "failover" for r in after)
+    # all on the baseline: failed over, or sent there at once while the speculative pool still
+    # counted the streams the crash cut (at the crossover) -- which comes first is the
+    # machine's timing, not the router's choice
+    assert all(r.pool == "baseline" for r in after), after
+    assert {r.reason for r in after} <= {"failover", "above_crossover"}, after
+    assert any(r.reason == "failover" for r in after), after
     # at most one failed attempt for each request that was still before its first byte
     retries = metric_value(metrics(router.url), "spec_router_retries_total")
     assert 0 < retries <= 6
