@@ -24,6 +24,7 @@ from router.plan import (
 from router.plan.planner import Status
 from router.pools import BASELINE, SPECULATIVE, Pool
 from tests.plan.fixtures import CHAINED, MIX, SEED, fleet
+from tests.plan.steps import within
 
 PROPERTY = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 # a shorter horizon keeps each call cheap; the rule is the same. The scenarios below were
@@ -178,6 +179,34 @@ def test_the_rule_holds_for_any_fleet(engines: tuple[EngineState, ...],
     margin = PARAMS.margin_speculative if p.action.mode == SPECULATIVE else PARAMS.margin_baseline
     assert chosen.gain > margin
     assert p.state.switched == now and p.state.direction == p.action.mode
+
+
+# a short horizon (the work grows with it, not with the load) and no warmup, so every call plans
+SPIKY = Params(horizon=600.0, tail=120.0, warmup=1, forecast=Params().forecast._replace(season=0))
+# lines run in router/plan by the cold first plans of a series (about 6 million measured);
+# a spike of 10^9 arrivals once took a line per arrival
+PLAN_STEPS = 30_000_000
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
+@given(
+    counts=st.lists(st.integers(0, 600) | st.integers(0, 10**12), min_size=2, max_size=5),
+    k=st.integers(0, 4),
+)
+def test_a_plan_is_produced_in_bounded_steps_for_any_forecast(counts: list[int], k: int) -> None:
+    """Arrivals per minute from none to 10^12 (a spike, a counter glitch): every call returns a
+    plan, in work that does not grow with the forecast's level."""
+
+    def series() -> Plan:
+        state = PlanState()
+        for i, c in enumerate(counts):
+            p = plan(Observation(60.0 * i, c, 60.0, MIX), SEED, fleet(k, 4 - k), state, SPIKY)
+            state = p.state
+        return p
+
+    p, _ = within(PLAN_STEPS, series)
+    assert 0 <= p.desired <= 4
+    assert all(math.isfinite(x) and x >= 0 for x in p.forecast.point)
 
 
 @settings(max_examples=8, deadline=None, derandomize=True, database=None)
