@@ -178,6 +178,11 @@ def test_the_rule_holds_for_any_fleet(engines: tuple[EngineState, ...],
     # and it must pay: past the margin of its direction
     margin = PARAMS.margin_speculative if p.action.mode == SPECULATIVE else PARAMS.margin_baseline
     assert chosen.gain > margin
+    # and not on the point alone: the band's adverse edge agrees
+    if p.action.mode == SPECULATIVE:
+        assert chosen.gain_upper > 0
+    elif not chosen.short:
+        assert chosen.gain_lower > 0
     assert p.state.switched == now and p.state.direction == p.action.mode
 
 
