@@ -667,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the main day, eagle3 only")
     ap.add_argument("--strict-weight", type=float, default=None)
     ap.add_argument("--overload-charge", type=float, default=None)
+    ap.add_argument("--seasonal-prior", type=float, default=None)
     ap.add_argument("--workloads", default="", help="held-out days whose name has one of these "
                     "(comma-separated); default: all")  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
@@ -678,6 +679,9 @@ def main(argv: list[str] | None = None) -> int:
         params = params._replace(strict_weight=args.strict_weight)
     if args.overload_charge is not None:
         params = params._replace(overload_charge=args.overload_charge)
+    if args.seasonal_prior is not None:
+        fp = params.forecast._replace(seasonal_prior=args.seasonal_prior)
+        params = params._replace(forecast=fp)
     picks = [x for x in args.workloads.split(",") if x]
     held_out = [w for w in HELD_OUT if not picks or any(x in w.name for x in picks)]
     regimes = ["eagle3"] if args.quick else args.regimes.split(",")
