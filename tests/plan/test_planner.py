@@ -56,12 +56,22 @@ def test_nothing_is_advised_while_warming_up() -> None:
 
 
 def test_a_rising_load_on_all_speculative_is_told_to_move_towards_baseline() -> None:
-    state = warm(1.4, rise=0.02)
-    p = call(1.42, fleet(4, 0), state)
+    state = warm(1.6, rise=0.03)
+    p = call(1.63, fleet(4, 0), state)
     assert p.desired < 4
     assert p.action is not None and p.action.mode == BASELINE
     assert p.action.engine in {"e0", "e1", "e2", "e3"}
     assert "expected" in p.reason and "upper forecast" in p.reason
+
+
+def test_a_move_towards_baseline_only_the_point_forecast_wants_is_held() -> None:
+    # a gentler rise: at the point the schedule gains a point by moving now, at the band's
+    # lower edge staying all speculative is better (a point forecast at a cliff would tip it)
+    p = call(1.42, fleet(4, 0), warm(1.4, rise=0.02))
+    towards = next(o for o in p.options if o.action.mode == BASELINE)
+    assert towards.gain > PARAMS.margin_baseline and towards.gain_upper > 0
+    assert towards.gain_lower <= 0 and "lower band" in towards.blocked
+    assert p.action is None
 
 
 def test_a_quiet_all_baseline_fleet_is_told_to_move_towards_speculation() -> None:
@@ -75,7 +85,7 @@ def test_a_quiet_all_baseline_fleet_is_told_to_move_towards_speculation() -> Non
 
 def test_the_least_loaded_engine_is_the_one_switched() -> None:
     engines = tuple(e._replace(inflight=n) for e, n in zip(fleet(4, 0), (5, 2, 7, 3), strict=True))
-    p = call(1.42, engines, warm(1.4, rise=0.02))
+    p = call(1.63, engines, warm(1.6, rise=0.03))
     assert p.action is not None and p.action.engine == "e1"
 
 
