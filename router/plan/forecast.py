@@ -8,7 +8,9 @@ The band is about the *rate*, not about the next count: a count over ``t`` secon
 stream at rate ``r`` has variance ``r / t`` of pure noise, which says nothing of where the rate
 is going. So the band's variance is the residuals' variance less that noise (never below
 ``cv_floor`` of the level, squared), grown with the steps ahead as a smoothed level's errors
-grow (``1 + (h - 1) * alpha**2``). Holt's own formula adds the trend's uncertainty, which
+grow (``1 + (h - 1) * alpha**2``), plus the level's own error (a smoothed mean of those
+counts: ``noise * alpha / (2 - alpha)``, not grown; with few arrivals an interval it is most of
+the band). Holt's own formula adds the trend's uncertainty, which
 compounds: three hours out it made the band ten times the level, a band no plan can use; the
 trend's damping bounds how far it drifts instead. A surge makes the residuals, and the band,
 jump at once; a steady load keeps them near the floor.
@@ -123,6 +125,9 @@ def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) 
     # alpha) of it): what is left is the rate's own movement
     noise = state.noise * (1.0 + p.alpha / (2.0 - p.alpha))
     process = max(state.var - noise, (p.cv_floor * state.level) ** 2)
+    # the level itself is known only to a smoothed Poisson mean's error, which the steps ahead
+    # do not grow (with a few arrivals an interval it is most of the band)
+    known = state.noise * p.alpha / (2.0 - p.alpha)
     shape = _season(state, p)
     if shape:
         prior = p.seasonal_prior * sum(state.history) / len(state.history)
@@ -131,10 +136,12 @@ def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) 
         damp *= p.damping
         drift += damp * state.trend
         if shape:
-            mean = now * shape[min(i, len(shape) - 1)] / base
+            ratio = shape[min(i, len(shape) - 1)] / base
+            mean = now * ratio
+            sd = math.sqrt(process * grow + known * ratio * ratio)  # the level scales the day
         else:
             mean = max(0.0, state.level + drift)
-        sd = math.sqrt(process * grow)
+            sd = math.sqrt(process * grow + known)
         grow += p.alpha**2
         point.append(mean)
         upper.append(max(mean, mean + p.z * sd))

@@ -88,6 +88,16 @@ def test_a_prior_keeps_a_higher_floor_from_multiplying_the_day() -> None:
     assert peaks[1.0] == pytest.approx(1.3, rel=0.15)
 
 
+def test_few_arrivals_an_interval_widen_the_band_by_the_levels_own_error() -> None:
+    """Two arrivals a minute: the level is a smoothed mean of counts of about two, known to
+    about a third of itself, and the band says so (not the 3% floor of a steady rate)."""
+    state = feed([2 / 60] * 60, P)
+    fc = forecast(state, 10, 60.0, P)
+    assert fc.upper[0] - fc.point[0] >= 2 * 0.25 * fc.point[0]
+    busy = forecast(feed([200 / 60] * 60, P), 10, 60.0, P)
+    assert busy.upper[0] - busy.point[0] < 0.1 * busy.point[0]
+
+
 def test_observations_are_checked() -> None:
     with pytest.raises(ValueError):
         observe(None, -1.0, 60.0, P)
