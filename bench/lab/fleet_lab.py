@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import shlex
 import statistics
 import sys
 import time
@@ -708,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
     if "forecast" in only:
         results["forecast"] = forecast_report(params)
     results["minutes"] = (time.time() - t0) / 60
-    command = "python bench/lab/fleet_lab.py " + " ".join(
+    command = "python bench/lab/fleet_lab.py " + shlex.join(
         argv if argv is not None else sys.argv[1:]
     )
     out = Path(args.out)
