@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import shlex
 import statistics
 import sys
 import time
@@ -78,7 +79,7 @@ class Workload:
     name: str
     kind: str = "conv"
     hot: float = 0.8
-    env: Envelope = field(default_factory=lambda: Envelope(surge_at=SURGE_AT))
+    env: Envelope = field(default_factory=lambda: Envelope("surge", surge_at=SURGE_AT))
     seed: int = 1
     held_out: bool = False
     oracle: bool = True
@@ -90,10 +91,15 @@ HELD_OUT = (
     Workload("code trace day", kind="code", held_out=True),
     Workload("day, seed 3", seed=3, held_out=True),
     Workload(
-        "day, seed 4, surge at 5.5 h", seed=4, env=Envelope(surge_at=5.5 * HOUR), held_out=True
+        "day, seed 4, surge at 5.5 h",
+        seed=4,
+        env=Envelope("surge", surge_at=5.5 * HOUR),
+        held_out=True,
     ),
-    Workload("low day 10-80%", env=Envelope(hi=0.8, surge_at=SURGE_AT), held_out=True),
-    Workload("high day 30-130%", env=Envelope(lo=0.3, hi=1.3, surge_at=SURGE_AT), held_out=True),
+    Workload("low day 10-80%", env=Envelope("surge", hi=0.8, surge_at=SURGE_AT), held_out=True),
+    Workload(
+        "high day 30-130%", env=Envelope("surge", lo=0.3, hi=1.3, surge_at=SURGE_AT), held_out=True
+    ),
     Workload("all greedy (T=0)", hot=0.0, held_out=True),
     Workload("half at T=1", hot=0.5, held_out=True),
     Workload("all at T=1", hot=1.0, held_out=True),
@@ -146,8 +152,7 @@ def _peak_rate(reqs: Sequence[Req], start: float, end: float, window: float = 60
 def _yesterday(wl: Workload, capacity: float, interval: float) -> list[int]:
     """The day before, as the planner saw it: the usual day (10-110%, no surge) of the same
     length and traffic with another seed (a flat load: the same flat load)."""
-    env = wl.env if wl.env.kind == "flat" else Envelope(hours=wl.env.hours)
-    env = replace(env, surge_at=None)
+    env = wl.env if wl.env.shape == "flat" else Envelope(hours=wl.env.hours)
     reqs = arrivals(env, capacity, wl.kind, wl.hot, wl.seed + 1000)
     counts = [0] * max(1, round(env.duration / interval))
     for r in reqs:
@@ -663,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the main day, eagle3 only")
     ap.add_argument("--strict-weight", type=float, default=None)
     ap.add_argument("--overload-charge", type=float, default=None)
+    ap.add_argument("--seasonal-prior", type=float, default=None)
     ap.add_argument("--workloads", default="", help="held-out days whose name has one of these "
                     "(comma-separated); default: all")  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
@@ -674,6 +680,9 @@ def main(argv: list[str] | None = None) -> int:
         params = params._replace(strict_weight=args.strict_weight)
     if args.overload_charge is not None:
         params = params._replace(overload_charge=args.overload_charge)
+    if args.seasonal_prior is not None:
+        fp = params.forecast._replace(seasonal_prior=args.seasonal_prior)
+        params = params._replace(forecast=fp)
     picks = [x for x in args.workloads.split(",") if x]
     held_out = [w for w in HELD_OUT if not picks or any(x in w.name for x in picks)]
     regimes = ["eagle3"] if args.quick else args.regimes.split(",")
@@ -700,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
     if "forecast" in only:
         results["forecast"] = forecast_report(params)
     results["minutes"] = (time.time() - t0) / 60
-    command = "python bench/lab/fleet_lab.py " + " ".join(
+    command = "python bench/lab/fleet_lab.py " + shlex.join(
         argv if argv is not None else sys.argv[1:]
     )
     out = Path(args.out)

@@ -2,12 +2,9 @@
 
 Lengths are (prompt, output) pairs drawn at random from an Azure LLM 2023 trace (conversation
 or code), so their joint distribution is the trace's. Arrivals are an inhomogeneous Poisson
-process (thinning) under an envelope given as shares of a fleet's SLO capacity:
-
-- ``diurnal``: ``lo + (hi - lo) * (1 - cos(2 pi t / day)) / 2``: a compressed day that starts
-  at its trough, peaks half way and comes back (default 8 h, 10% to 110%);
-- ``surge``: the envelope times ``factor`` for ``length`` seconds from ``at``;
-- ``flat``: a constant share.
+process (thinning) under an envelope given as shares of a fleet's SLO capacity: the
+``spec-router fleet`` tool's ``Envelope`` (``router.tools.fleet.workload``: diurnal, diurnal
+with a surge, or flat), so the lab and the tool run the same days.
 
 Capacity is what the issue asks for: the all-baseline fleet's SLO capacity from the engines'
 performance model (``router.sim.model``): per engine, the most requests per second whose
@@ -18,16 +15,15 @@ the router's own notion of what an engine "serves within the SLO" (``router.deci
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from fleet_engine import Req
 
 from router.sim.model import Preset
+from router.tools.fleet.workload import Envelope as Envelope
 from router.tools.fleet.workload import engine_slo_capacity as slo_capacity_at
 from router.tools.traffic import load_trace
 
@@ -40,47 +36,6 @@ def trace_lengths(kind: str) -> tuple[tuple[int, int], ...]:
     """Every (prompt, output) pair of the Azure 2023 ``kind`` trace (conv or code)."""
     return tuple((a.prompt_tokens, a.output_tokens)
                  for a in load_trace(TRACES / f"azure-llm-2023-{kind}.csv"))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Envelope:
-    """Shares of capacity over time (see the module's docstring)."""
-
-    kind: str = "diurnal"  # diurnal | flat
-    hours: float = 8.0
-    lo: float = 0.10
-    hi: float = 1.10
-    surge_at: float | None = None  # seconds
-    surge_length: float = 600.0
-    surge_factor: float = 3.0
-
-    @property
-    def duration(self) -> float:
-        return self.hours * HOUR
-
-    def share(self, t: float) -> float:
-        if self.kind == "flat":
-            s = self.hi
-        elif self.kind == "diurnal":
-            s = self.lo + (self.hi - self.lo) * (1 - math.cos(2 * math.pi * t / self.duration)) / 2
-        else:
-            raise ValueError(f"unknown envelope {self.kind!r}")
-        if self.surge_at is not None and self.surge_at <= t < self.surge_at + self.surge_length:
-            s *= self.surge_factor
-        return s
-
-    def peak(self) -> float:
-        return max(self.lo, self.hi) * (self.surge_factor if self.surge_at is not None else 1.0)
-
-    def label(self) -> str:
-        if self.kind == "flat":
-            text = f"flat {100 * self.hi:.0f}% for {self.hours:g} h"
-        else:
-            text = f"diurnal {100 * self.lo:.0f}-{100 * self.hi:.0f}% over {self.hours:g} h"
-        if self.surge_at is not None:
-            text += (f", x{self.surge_factor:g} surge for {self.surge_length / 60:.0f} min at "
-                     f"{self.surge_at / HOUR:.2f} h")  # fmt: skip
-        return text
 
 
 def arrivals(env: Envelope, capacity: float, kind: str, hot: float, seed: int) -> list[Req]:

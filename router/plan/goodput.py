@@ -150,7 +150,7 @@ def spill_threshold(spec: Curve, base: Curve, mix: Mix, slo: Slo) -> int:
 
 
 def _poisson_terms(mean: float, top: int) -> list[float]:
-    """P(X = i) for i in 0..top, X ~ Poisson(mean)."""
+    """P(X = i) for i in 0..top, X ~ Poisson(mean) (0 where it underflows)."""
     term = math.exp(-mean)
     out = [term]
     for i in range(1, top + 1):
@@ -161,7 +161,17 @@ def _poisson_terms(mean: float, top: int) -> list[float]:
 
 def _poisson_below(mean: float, k: int) -> float:
     """P(X < k), X ~ Poisson(mean)."""
+    if mean > 700.0:  # exp(-mean) underflows: from logs
+        return _poisson_window(mean, 0, k - 1)[1]
     return sum(_poisson_terms(mean, k - 1))
+
+
+def _poisson_window(mean: float, lo: int, hi: int) -> tuple[list[float], float]:
+    """P(X = i) for i in lo..hi, X ~ Poisson(mean), from logs (no underflow at the mean), and
+    their sum."""
+    log_mean = math.log(mean)
+    terms = [math.exp(-mean + i * log_mean - math.lgamma(i + 1.0)) for i in range(lo, hi + 1)]
+    return terms, sum(terms)
 
 
 def _lognormal_cdf(h: float, mean: float, sd: float) -> float:
@@ -205,20 +215,27 @@ def stall_cdf(h: float, count: float, mean: float, var: float, engines: int = 1,
 
 def joined_within(window: float, rate: float, engines: int) -> float:
     """Expected arrivals an engine of ``engines`` takes within ``window`` after taking one
-    (see ``stall_cdf``): the sum over j of P(the pool has >= j * engines arrivals)."""
+    (see ``stall_cdf``): the sum over j of P(the pool has >= j * engines arrivals), which is
+    ``E[N // engines] = (E[N] - E[N mod engines]) / engines`` for the pool's count ``N``.
+
+    In bounded steps for any rate: ``N mod engines`` is summed over the count's likely values
+    only (eight standard deviations either side), and where the count is spread over many
+    multiples of ``engines`` it is uniform (its periodic part falls as
+    ``exp(-2 pi^2 mean / engines^2)``)."""
     pool = rate * engines * window
-    if pool <= 0:
+    if not pool > 0:
         return 0.0
-    top = int(pool + 6.0 * math.sqrt(pool) + engines + 2)
-    terms = _poisson_terms(pool, top)
-    tail = 1.0 - sum(terms[:engines])
-    total = 0.0
-    j = 1
-    while tail > 1e-9 and j * engines <= top:
-        total += tail
-        tail -= sum(terms[j * engines : (j + 1) * engines])
-        j += 1
-    return total
+    k = max(1, engines)
+    if k == 1 or not math.isfinite(pool):
+        return pool / k
+    if pool > 4.0 * k * k + 400.0:
+        return (pool - (k - 1) / 2.0) / k
+    sd = math.sqrt(pool)
+    lo = max(0, math.floor(pool - 8.0 * sd))
+    hi = math.ceil(pool + 8.0 * sd) + k
+    terms, total = _poisson_window(pool, lo, hi)
+    remainder = sum(p * ((lo + i) % k) for i, p in enumerate(terms)) / total
+    return max(0.0, (pool - remainder) / k)
 
 
 def _uniform_cdf(x: float, width: float) -> float:

@@ -29,6 +29,11 @@ The rule (issue 37's, with the lessons of others' failures):
   kept adding more). While any engine is draining or loading, nothing more is advised.
 - **Towards baseline faster**: a smaller margin; towards speculation the upper band must
   agree, and a reversal towards speculation waits longer than one towards baseline.
+- **Not on the point alone**: a switch towards baseline must not lose under the band's lower
+  edge either (unless the split up is short already). Where a split sits at its cliff (all
+  speculative engines at the day's peak), a point forecast a few percent high tips the choice
+  and the floor then holds the fleet in it for hours; a switch both edges of the band agree on
+  does not flicker so.
 - **The GPU budget** (dynamo #12428: two pools over one budget left pods Pending): a switch
   moves an engine between modes on its own GPU; an engine that is down is started only while
   up + draining + loading stays within the budget.
@@ -105,6 +110,7 @@ class Option(NamedTuple):
     have: float  # what the engines staying up serve within the SLO (floor_share)
     short: bool  # the split up now serves less than ``need`` already
     blocked: str  # why it may not go ahead now ("" if it may)
+    gain_lower: float = 0.0  # the gain under the lower band (the point less the band's width)
 
 
 class Decision(NamedTuple):
@@ -200,7 +206,8 @@ def plan(
                   "one at a time")  # fmt: skip
     else:
         upper = _Schedule(model, census.up, fc.upper)
-        options = _options(obs, setting, fleet, census, model, dp, upper, state, params)
+        lower = _Schedule(model, census.up, _lower(fc))
+        options = _options(obs, setting, fleet, census, model, dp, upper, lower, state, params)
         allowed = [o for o in options if not o.blocked]
         if allowed:
             best = max(allowed, key=lambda o: o.gain)
@@ -368,6 +375,11 @@ class _Schedule:
         return out
 
 
+def _lower(fc: Forecast) -> tuple[float, ...]:
+    """The band's bottom: the point less the band's width above it."""
+    return tuple(max(0.0, 2.0 * p - u) for p, u in zip(fc.point, fc.upper, strict=True))
+
+
 def _prefix(xs: Sequence[float]) -> list[float]:
     out = [0.0]
     for x in xs:
@@ -383,6 +395,7 @@ def _options(
     model: _Model,
     dp: _Schedule,
     upper: _Schedule,
+    lower: _Schedule,
     state: PlanState,
     params: Params,
 ) -> list[Option]:
@@ -398,7 +411,7 @@ def _options(
         if (up_s if source == SPECULATIVE else up_b) == 0:
             continue
         gains = []
-        for sched in (dp, upper):
+        for sched in (dp, upper, lower):
             now = sched.switch_value(0, up_s, mode, check=False)
             assert now is not None
             stay = sum(sched.v[(up_s, up_b)])
@@ -409,13 +422,14 @@ def _options(
         need = model.fc.peak(setting.restart(mode), upper=True)
         have = model.capacity(during)
         short = model.capacity((up_s, up_b)) < need
-        blocked = _blocked(mode, gains[0], gains[1], need, have, short, since, state, params)
+        blocked = _blocked(mode, gains[0], gains[1], gains[2], need, have, short, since, state,
+                           params)  # fmt: skip
         if not blocked and dp.choice[0][up_s] != mode:
             when = [t for t, m, _ in dp.follow((up_s, up_b)) if m == mode]
             blocked = (f"not yet: the best schedule starts it in {when[0]} min" if when
                        else "the best schedule does not start it")  # fmt: skip
         out.append(Option(Action(_pick(fleet, source), mode), during, gains[0], gains[1], cost,
-                          need, have, short, blocked))  # fmt: skip
+                          need, have, short, blocked, gains[2]))  # fmt: skip
     out.extend(_starts(census, setting, model, params))
     return out
 
@@ -458,6 +472,7 @@ def _blocked(
     mode: Pool,
     gain: float,
     gain_upper: float,
+    gain_lower: float,
     need: float,
     have: float,
     short: bool,
@@ -469,6 +484,8 @@ def _blocked(
     if mode == BASELINE:
         if gain <= params.margin_baseline:
             return f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_baseline:.2f}"
+        if gain_lower <= 0 and not short:
+            return f"gain {100 * gain_lower:+.2f} pt at the lower band"
         wait = params.dwell_to_baseline
     else:
         if gain <= params.margin_speculative:

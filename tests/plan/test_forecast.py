@@ -71,6 +71,33 @@ def test_a_day_seen_gives_the_shape_of_the_next() -> None:
         assert fc.point[h - 1] == pytest.approx(expect, rel=0.08)
 
 
+def test_a_prior_keeps_a_higher_floor_from_multiplying_the_day() -> None:
+    """Yesterday 0.1 to 1.1, today 0.3 to 1.3 (the lab's high day): at the trough the plain
+    ratio reads today as three times yesterday; with the season's mean as a prior the peak
+    forecast stays near the truth."""
+    day = 240
+    wave = [(1 - math.cos(2 * math.pi * i / day)) / 2 for i in range(day)]
+    yesterday = [0.1 + x for x in wave]
+    today = [0.3 + x for x in wave]
+    peaks = {}
+    for w in (0.0, 1.0):
+        p = ForecastParams(season=day, seasonal_prior=w)
+        state = feed(yesterday + today[:10], p)
+        peaks[w] = max(forecast(state, 120, 60.0, p).point)
+    assert peaks[0.0] > 2 * 1.3
+    assert peaks[1.0] == pytest.approx(1.3, rel=0.15)
+
+
+def test_few_arrivals_an_interval_widen_the_band_by_the_levels_own_error() -> None:
+    """Two arrivals a minute: the level is a smoothed mean of counts of about two, known to
+    about a third of itself, and the band says so (not the 3% floor of a steady rate)."""
+    state = feed([2 / 60] * 60, P)
+    fc = forecast(state, 10, 60.0, P)
+    assert fc.upper[0] - fc.point[0] >= 2 * 0.25 * fc.point[0]
+    busy = forecast(feed([200 / 60] * 60, P), 10, 60.0, P)
+    assert busy.upper[0] - busy.point[0] < 0.1 * busy.point[0]
+
+
 def test_observations_are_checked() -> None:
     with pytest.raises(ValueError):
         observe(None, -1.0, 60.0, P)
