@@ -321,10 +321,10 @@ async def keep_learning(keeper: CrossoverKeeper, decider: Decider | None = None)
 
 async def in_slices(steps: Steps[T], budget: float = SLICE) -> T:
     """Run ``steps`` on the event loop, giving the loop a turn after each ``budget`` seconds
-    of them. Not a thread: under uvloop every I/O callback of the loop takes the GIL again, and
-    while another thread computes, each such take waits for the interpreter's switch interval
-    (5 ms): tens of milliseconds of arithmetic in a thread stalled every request in flight
-    for as long (bench/results/tail-default.md)."""
+    of them. Not a thread: the router has one core, and under uvloop every I/O callback takes
+    the GIL again, each take able to wait the interpreter's switch interval (5 ms) while another
+    thread computes; the surfaces' tens of milliseconds in a thread showed as a tail under load
+    (bench/results/tail-default.md)."""
     clock = time.perf_counter
     end = clock() + budget
     while True:
