@@ -25,11 +25,12 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from router.account.inflight import InflightTracker
 from router.account.outcome import Outcome
 from router.asgi import Receive, Send
+from router.decide.capacity import Steps
 from router.fastpath.busypoll import SHARE_PERIOD, BusyPoll, ShareWatch
 from router.forward.admission import Admission
 from router.forward.decider import Decider
@@ -57,6 +58,10 @@ tuning_log = logging.getLogger("spec_router.tuning")
 # the rare cycle (bench/results/overhead.md).
 GC_YOUNG_THRESHOLD = 50_000
 
+
+# Longest the event loop runs the decision surfaces' arithmetic before it serves I/O again.
+SLICE = 0.0005  # seconds
+T = TypeVar("T")
 
 # The event loop's thread alone where the OS can tell (Linux), else the whole process.
 _RUSAGE: int = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
@@ -297,9 +302,9 @@ async def keep_discovering(membership: Membership) -> None:
 
 async def keep_learning(keeper: CrossoverKeeper, decider: Decider | None = None) -> None:
     """The keeper's timer: one learning step every ``LEARN_INTERVAL`` seconds, then the
-    ``decider``'s surfaces for the slo policy, computed in a thread (pure arithmetic over plain
-    values that takes milliseconds: off the event loop), and the table written when
-    ``PERSIST_INTERVAL`` has passed since it last was."""
+    ``decider``'s surfaces for the slo policy, computed in slices between requests
+    (``in_slices``), and the table written when ``PERSIST_INTERVAL`` has passed since it last
+    was."""
     interval = keeper.settings.learn_interval
     while True:
         await asyncio.sleep(interval)
@@ -307,11 +312,30 @@ async def keep_learning(keeper: CrossoverKeeper, decider: Decider | None = None)
             keeper.update()
             job = None if decider is None else decider.pending()
             if decider is not None and job is not None:
-                decider.install(job, await asyncio.to_thread(job.compute))
+                decider.install(job, await in_slices(job.steps()))
             if keeper.persist_due():
                 keeper.persist()
         except Exception:
             tuning_log.exception("crossover update failed")
+
+
+async def in_slices(steps: Steps[T], budget: float = SLICE) -> T:
+    """Run ``steps`` on the event loop, giving the loop a turn after each ``budget`` seconds
+    of them. Not a thread: the router has one core, and under uvloop every I/O callback takes
+    the GIL again, each take able to wait the interpreter's switch interval (5 ms) while another
+    thread computes; the surfaces' tens of milliseconds in a thread showed as a tail under load
+    (bench/results/tail-default.md)."""
+    clock = time.perf_counter
+    end = clock() + budget
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        if clock() >= end:
+            await asyncio.sleep(0)
+            end = clock() + budget
 
 
 def _waited_for_core() -> float | None:

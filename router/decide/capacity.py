@@ -19,13 +19,16 @@ sustained overload).
 
 Computed off the hot path, when the models or the mix change (the keeper's timer); a decision
 reads it with a few comparisons. Pure arithmetic over plain values, in the engines' model seconds.
+A surface takes tens of milliseconds, so it is also offered in steps (``surface_steps``: a
+generator that yields between loads), for a caller that interleaves it with other work (the
+router's event loop: ``router.lifecycle.keep_learning``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import NamedTuple
+from collections.abc import Generator, Mapping
+from typing import NamedTuple, TypeVar
 
 from router.decide.params import Params
 from router.decide.predict import PoolModel
@@ -144,9 +147,30 @@ def poisson_cdf(k: float, mean: float) -> float:
     return total  # (not reached)
 
 
+T = TypeVar("T")
+Steps = Generator[None, None, T]  # yields between pieces of work, returns the result
+
+
+def finish(steps: Steps[T]) -> T:
+    """Run ``steps`` to the end, at once."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+
 def capacity(
     model: PoolModel, mix: Mix, slo: Slo, params: Params, arriving: float | None = None
 ) -> Capacity:
+    """``capacity_steps``, at once."""
+    return finish(capacity_steps(model, mix, slo, params, arriving))
+
+
+def capacity_steps(
+    model: PoolModel, mix: Mix, slo: Slo, params: Params, arriving: float | None = None
+) -> Steps[Capacity]:
     """``model``'s engines against ``slo`` for traffic like ``mix`` (see the module).
 
     With ``n`` running, a request of the mix's size decodes for ``D`` seconds unstalled while
@@ -156,7 +180,8 @@ def capacity(
     a target ``T`` per token if at most ``(T (L - 1) - D) / P`` of them land in its decode, a
     Poisson count, over the quantiles of the output lengths: the share of requests that meet
     it. An engine's capacity is the most it runs with at least ``MEET_SHARE`` of them
-    meeting it; its rate, the requests per second it serves there in the steady state."""
+    meeting it; its rate, the requests per second it serves there in the steady state. Yields
+    after each load it tries."""
     h = min(1.0, max(0.0, mix.sampling))
     greedy, sampling = model.tau(False), model.tau(True)
     tau_mix = 1.0 / (h / sampling + (1.0 - h) / greedy)
@@ -203,23 +228,30 @@ def capacity(
             share += poisson_cdf((bound - per_token) * length / prefill, exposure)
         return share / len(lengths)
 
-    def most(tau: float, bound: float, lately: bool = True) -> int:
+    def most(tau: float, bound: float, lately: bool = True) -> Steps[int]:
         k = 0
         for n in range(1, top + 1):
+            yield
             if meets(tau, n, bound, lately) < MEET_SHARE:
                 break
             k = n
         return k
 
     relax = target * RELAXED_TPOT
-    strict_mix, relaxed_mix = most(tau_mix, target), most(tau_mix, relax)
-    strict = tuple(min(strict_mix, most(tau, target)) for tau in (greedy, sampling))
-    relaxed = tuple(min(relaxed_mix, most(tau, relax)) for tau in (greedy, sampling))
+    strict_mix = yield from most(tau_mix, target)
+    relaxed_mix = yield from most(tau_mix, relax)
+    strict, relaxed = [], []
+    for tau in (greedy, sampling):
+        strict.append(min(strict_mix, (yield from most(tau, target))))
+    for tau in (greedy, sampling):
+        relaxed.append(min(relaxed_mix, (yield from most(tau, relax))))
+    strict_steady = yield from most(tau_mix, target, False)
+    relaxed_steady = yield from most(tau_mix, relax, False)
     return Capacity(
         (strict[0], strict[1]),
         (relaxed[0], relaxed[1]),
-        steady[most(tau_mix, target, False)],
-        steady[most(tau_mix, relax, False)],
+        steady[strict_steady],
+        steady[relaxed_steady],
         (tpot[0], tpot[1]),
         tuple(spi),
         model.prefill_base,
@@ -239,10 +271,21 @@ def surface(
     params: Params,
     arriving: float | None = None,
 ) -> Surface:
+    """``surface_steps``, at once."""
+    return finish(surface_steps(models, mix, slo, params, arriving))
+
+
+def surface_steps(
+    models: Mapping[Pool, PoolModel],
+    mix: Mix,
+    slo: Slo,
+    params: Params,
+    arriving: float | None = None,
+) -> Steps[Surface]:
     """Both pools' capacities for ``mix`` with ``arriving`` requests per second reaching each
-    engine lately (None: as many as keep it at each load)."""
-    spec = capacity(models[SPECULATIVE], mix, slo, params, arriving)
-    base = capacity(models[BASELINE], mix, slo, params, arriving)
+    engine lately (None: as many as keep it at each load), in steps (``capacity_steps``)."""
+    spec = yield from capacity_steps(models[SPECULATIVE], mix, slo, params, arriving)
+    base = yield from capacity_steps(models[BASELINE], mix, slo, params, arriving)
     pools: dict[Pool, Capacity] = {SPECULATIVE: spec, BASELINE: base}
     most: Pool = (
         SPECULATIVE if models[SPECULATIVE].capacity() > models[BASELINE].capacity() else BASELINE

@@ -33,7 +33,16 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from router.account.inflight import InflightTracker
-from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT, Mix, Slo, Surface, surface
+from router.decide.capacity import (
+    RELAXED_TPOT,
+    RELAXED_TTFT,
+    Mix,
+    Slo,
+    Steps,
+    Surface,
+    finish,
+    surface_steps,
+)
 from router.decide.params import DEFAULT, Params
 from router.decide.policy import (
     BackendView,
@@ -72,7 +81,7 @@ PER_REFRESH = 3
 
 class SurfaceJob(NamedTuple):
     """Surfaces to compute, and everything they are computed from (plain values: computing
-    them touches nothing of the decider, so it may run in another thread)."""
+    them touches nothing of the decider, so it may run while decisions go on)."""
 
     models: Mapping[Pool, PoolModel]
     mix: Mix
@@ -81,11 +90,16 @@ class SurfaceJob(NamedTuple):
     buckets: tuple[int | None, ...]
 
     def compute(self) -> dict[int | None, Surface]:
-        return {
-            b: surface(self.models, self.mix, self.slo, self.params,
-                       None if b is None else RATE_STEP**b)
-            for b in self.buckets
-        }  # fmt: skip
+        return finish(self.steps())
+
+    def steps(self) -> Steps[dict[int | None, Surface]]:
+        """``compute`` in steps (``router.decide.capacity.surface_steps``)."""
+        found: dict[int | None, Surface] = {}
+        for b in self.buckets:
+            found[b] = yield from surface_steps(
+                self.models, self.mix, self.slo, self.params, None if b is None else RATE_STEP**b
+            )
+        return found
 
 
 class _Backends:
@@ -234,7 +248,8 @@ class Decider:
     def refresh(self) -> None:
         """Take the keeper's models and the mix of the requests routed so far, and compute the
         slo policy's surfaces that decisions will want (``pending``) here and now (the lab's
-        timer; the router's computes them in a thread: ``router.lifecycle.keep_learning``)."""
+        timer; the router's computes them in steps between requests:
+        ``router.lifecycle.keep_learning``)."""
         job = self.pending()
         if job is not None:
             self.install(job, job.compute())
@@ -253,6 +268,13 @@ class Decider:
         now = self.clock()
         current = self._bucket(now, self._usable_engines(now))
         shape = self._mix_now(models)
+        if models is not self._surface_from and (self._surfaces or self._stale):
+            # the keeper's timer moved the models: until this job's surfaces are installed,
+            # decisions take the nearest one of the models before (stale), not one computed
+            # on the hot path
+            self._stale = {**self._stale, **self._surfaces}
+            self._surfaces = {}
+            self._surface_from, self._shape = models, shape
         fresh = models is self._surface_from and shape == self._shape
         asked = sorted(
             (b for b in self._wanted if not (fresh and b in self._surfaces)),

@@ -341,13 +341,13 @@ def test_surfaces_are_computed_on_the_timer_not_per_decision(
     from router.forward import decider as decider_module
 
     computed: list[float | None] = []
-    real = decider_module.surface  # type: ignore[attr-defined]
+    real = decider_module.surface_steps  # type: ignore[attr-defined]
 
     def counted(*args: object, **kw: object) -> object:
         computed.append(args[4] if len(args) > 4 else kw.get("arriving"))  # type: ignore[arg-type]
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(decider_module, "surface", counted)
+    monkeypatch.setattr(decider_module, "surface_steps", counted)
     w = slo_world()
     req = Request(400.0, 200.0, False, 1.0, 0.025)
     # before any tick: the first decision with curves computes its own (nothing else known)
@@ -361,6 +361,64 @@ def test_surfaces_are_computed_on_the_timer_not_per_decision(
     # the next tick computes the current one and the ones asked for, at most PER_REFRESH
     w.decider.refresh()
     assert done < len(computed) <= done + decider_module.PER_REFRESH
+
+
+def slower(models: Mapping[Pool, PoolModel] | None) -> dict[Pool, PoolModel]:
+    """``models`` with prefills three times as long (new models, a different surface)."""
+    assert models is not None
+    return {pool: m._replace(prefill_base=m.prefill_base * 3) for pool, m in models.items()}
+
+
+def test_models_moved_by_the_timer_are_not_computed_on_the_hot_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A keeper tick that moved the models: until that tick's surfaces are in, decisions take
+    the nearest one of the models before, and none computes its own (the router's loop would
+    stall for the tens of milliseconds a surface takes)."""
+    from router.forward import decider as decider_module
+
+    computed: list[object] = []
+    real = decider_module.surface_steps  # type: ignore[attr-defined]
+
+    def counted(*args: object, **kw: object) -> object:
+        computed.append(args[0])
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decider_module, "surface_steps", counted)
+    w = slo_world()
+    req = Request(400.0, 200.0, False, 1.0, 0.025)
+    route(w, req, 20, every=0.05)
+    w.decider.refresh()
+    before = w.decider.surface()
+    assert before is not None
+    done = len(computed)
+    # the timer: new (slower) models, then the job for them, computed later
+    moved = slower(w.tuning.models)
+    w.tuning.models = moved
+    job = w.decider.pending()
+    assert job is not None and job.models is moved
+    route(w, req, 20, every=0.05)
+    assert len(computed) == done  # (decisions took the old models' surface meanwhile)
+    assert w.decider.surface() == before
+    w.decider.install(job, job.compute())
+    after = w.decider.surface()
+    assert after is not None and after != before
+    assert all(models is moved for models in computed[done:])
+
+
+def test_models_replaced_off_the_timer_are_computed_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """New models with no tick between (an operator's PUT of a table): the next decision
+    computes the surface of the new models, not an old one's."""
+    w = slo_world()
+    req = Request(400.0, 200.0, False, 1.0, 0.025)
+    route(w, req, 20, every=0.05)
+    w.decider.refresh()
+    before = w.decider.surface()
+    w.tuning.models = slower(w.tuning.models)
+    after = w.decider.surface()
+    assert after is not None and after != before
 
 
 def test_status_says_the_rule_and_the_capacities() -> None:
