@@ -203,22 +203,23 @@ def capacity(
             share += poisson_cdf((bound - per_token) * length / prefill, exposure)
         return share / len(lengths)
 
-    def most(tau: float, bound: float, lately: bool = True) -> int:
+    def most(tau: float, bound: float, lately: bool = True, share: float = MEET_SHARE) -> int:
         k = 0
         for n in range(1, top + 1):
-            if meets(tau, n, bound, lately) < MEET_SHARE:
+            if meets(tau, n, bound, lately) < share:
                 break
             k = n
         return k
 
     relax = target * RELAXED_TPOT
-    strict_mix, relaxed_mix = most(tau_mix, target), most(tau_mix, relax)
-    strict = tuple(min(strict_mix, most(tau, target)) for tau in (greedy, sampling))
+    keep = params.strict_share
+    strict_mix, relaxed_mix = most(tau_mix, target, share=keep), most(tau_mix, relax)
+    strict = tuple(min(strict_mix, most(tau, target, share=keep)) for tau in (greedy, sampling))
     relaxed = tuple(min(relaxed_mix, most(tau, relax)) for tau in (greedy, sampling))
     return Capacity(
         (strict[0], strict[1]),
         (relaxed[0], relaxed[1]),
-        steady[most(tau_mix, target, False)],
+        steady[most(tau_mix, target, False, keep)],
         steady[most(tau_mix, relax, False)],
         (tpot[0], tpot[1]),
         tuple(spi),

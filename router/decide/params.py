@@ -36,6 +36,12 @@ class Params:
         "a plateau 0.375-0.6; policy-family.md",
     )
 
+    # EXPERIMENT (s3): how step 2 and step 3 pick among engines
+    strict_share: float = _tunable(0.5, "experiment")
+    reserve_ratio: float = _tunable(0.0, "experiment")
+    relaxed_pick: str = _tunable("fill", "experiment")
+    overflow_pick: str = _tunable("most", "experiment")
+
     def provenance(self) -> dict[str, tuple[float, str]]:
         """Each tunable's value and where it came from (for /router/status and the report)."""
         return {f.name: (getattr(self, f.name), f.metadata["provenance"]) for f in fields(self)}

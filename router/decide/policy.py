@@ -257,6 +257,35 @@ def _tpot_at(cap: Capacity, c: int, n: int) -> float:
     return table[n] if n < len(table) else table[-1]
 
 
+def _keeps(cap: Capacity, c: int, n: int) -> int:
+    """1 if the engine now runs requests within its strict capacity that one more would push
+    past it (0: idle, or already past it)."""
+    return 1 if 0 < n - 1 <= cap.strict[c] else 0
+
+
+def _reserved(pools: Mapping[Pool, Capacity], c: int, ratio: float) -> Pool | None:
+    """The pool kept within the strict SLO: the one with the larger strict capacity, if at
+    least ``ratio`` times the other's."""
+    s, b = pools[SPECULATIVE].strict[c], pools[BASELINE].strict[c]
+    if s >= b * ratio and s > b:
+        return SPECULATIVE
+    if b >= s * ratio and b > s:
+        return BASELINE
+    return None
+
+
+def _kept(pools: Mapping[Pool, Capacity], usable: Mapping[Pool, int]) -> Pool:
+    """Under overload, the pool kept within the SLO (the excess goes to the other): the one
+    that serves the most requests within it, counting those within the strict SLO twice (they
+    count in both goodputs)."""
+
+    def worth(p: Pool) -> float:
+        cap = pools[p]
+        return max(2 * cap.strict_rate, cap.relaxed_rate) * usable.get(p, 0)
+
+    return SPECULATIVE if worth(SPECULATIVE) >= worth(BASELINE) else BASELINE
+
+
 def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     """Each request within the SLO where there is room, by the pools' capacities
     (``router.decide.capacity``: computed from the curves off the hot path), in three steps:
@@ -330,12 +359,15 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     if best is None:
         # 2. room within the relaxed SLO
         reason = "within_relaxed"
+        keep = _reserved(pools, c, params.reserve_ratio)
         fits = [
             p
             for p, (own, first), harm in zip(picks, seen, harms, strict=True)
             if p[2] <= pools[p[0].name].relaxed[c]
-            and own + harm <= tpot * RELAXED_TPOT
-            and first <= ttft * RELAXED_TTFT
+            and (
+                (params.relaxed_pick == "reserve_cap" and p[0].name != keep)
+                or (own + harm <= tpot * RELAXED_TPOT and first <= ttft * RELAXED_TTFT)
+            )
         ]
         if fits:
             if all(p[2] < pools[p[0].name].lowest for p in fits):
@@ -343,6 +375,12 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
                 # below their lowest point, which says nothing of how they compare there): by
                 # its own time per token, as with room under the strict capacity
                 best = min(fits, key=lambda p: seen[picks.index(p)][0])
+            elif params.relaxed_pick in ("reserve", "reserve_cap") and keep is not None:
+                best = min(fits, key=lambda p: (p[0].name == keep,
+                                                p[2] / max(1, pools[p[0].name].relaxed[c])))
+            elif params.relaxed_pick == "keep_strict":
+                best = min(fits, key=lambda p: (_keeps(pools[p[0].name], c, p[2]),
+                                                p[2] / max(1, pools[p[0].name].relaxed[c])))
             else:
                 best = min(fits, key=lambda p: p[2] / max(1, pools[p[0].name].relaxed[c]))
     if best is None:
@@ -354,7 +392,28 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
             for v, _, _ in picks
         )
         reason = "overflow" if alone else "beyond_slo"
-        if overloaded:
+        reserved = _reserved(pools, c, params.reserve_ratio)
+        if params.overflow_pick == "away" and overloaded and reserved is not None:
+            best = min(picks, key=lambda p: (p[0].name == reserved,
+                                             p[2] / max(1, pools[p[0].name].relaxed[c])))
+        elif params.overflow_pick == "keep_r" and overloaded and reserved is not None:
+            keep = _kept(pools, usable)
+            best = min(picks, key=lambda p: (p[0].name == keep,
+                                             p[2] / max(1, pools[p[0].name].relaxed[c])))
+        elif params.overflow_pick in ("keep", "keep_all") and (
+            overloaded or params.overflow_pick == "keep_all"
+        ):
+            keep = _kept(pools, usable)
+            best = min(picks, key=lambda p: (p[0].name == keep,
+                                             p[2] / max(1, pools[p[0].name].relaxed[c])))
+        elif params.overflow_pick == "reserve" and reserved is not None:
+            keep = reserved
+            best = min(picks, key=lambda p: (p[0].name == keep,
+                                             p[2] / max(1, pools[p[0].name].relaxed[c])))
+        elif params.overflow_pick == "keep_strict":
+            best = min(picks, key=lambda p: (_keeps(pools[p[0].name], c, p[2]),
+                                             p[2] / max(1, pools[p[0].name].relaxed[c])))
+        elif overloaded:
             best = next((p for p in picks if p[0].name == surf.most), picks[0])
         else:
             best = min(picks, key=lambda p: p[2] / max(1, pools[p[0].name].relaxed[c]))
