@@ -257,35 +257,6 @@ def _tpot_at(cap: Capacity, c: int, n: int) -> float:
     return table[n] if n < len(table) else table[-1]
 
 
-def _keeps(cap: Capacity, c: int, n: int) -> int:
-    """1 if the engine now runs requests within its strict capacity that one more would push
-    past it (0: idle, or already past it)."""
-    return 1 if 0 < n - 1 <= cap.strict[c] else 0
-
-
-def _reserved(pools: Mapping[Pool, Capacity], c: int, ratio: float) -> Pool | None:
-    """The pool kept within the strict SLO: the one with the larger strict capacity, if at
-    least ``ratio`` times the other's."""
-    s, b = pools[SPECULATIVE].strict[c], pools[BASELINE].strict[c]
-    if s >= b * ratio and s > b:
-        return SPECULATIVE
-    if b >= s * ratio and b > s:
-        return BASELINE
-    return None
-
-
-def _kept(pools: Mapping[Pool, Capacity], usable: Mapping[Pool, int]) -> Pool:
-    """Under overload, the pool kept within the SLO (the excess goes to the other): the one
-    that serves the most requests within it, counting those within the strict SLO twice (they
-    count in both goodputs)."""
-
-    def worth(p: Pool) -> float:
-        cap = pools[p]
-        return max(2 * cap.strict_rate, cap.relaxed_rate) * usable.get(p, 0)
-
-    return SPECULATIVE if worth(SPECULATIVE) >= worth(BASELINE) else BASELINE
-
-
 def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     """Each request within the SLO where there is room, by the pools' capacities
     (``router.decide.capacity``: computed from the curves off the hot path), in three steps:
@@ -293,13 +264,17 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     1. an engine with room under its strict capacity for this request's class (and where its own
        time to first token and per token meet the strict targets): the one where its time per
        token is lowest (``within_slo``); quiet, that is speculation;
-    2. else an engine with room under its relaxed capacity (``within_relaxed``);
+    2. else an engine with room under its relaxed capacity (``within_relaxed``): the other
+       pool's before the strict pool's (``surf.strict_pool``: a pool whose strict capacity
+       clearly exceeds the other's, which so keeps serving within the strict SLO), then the one
+       filled least against its relaxed capacity;
     3. else it overflows (``overflow``: the router's queue, when on, holds it until an engine
        has room). While requests arrive faster than ``params.overload`` times what the engines
-       serve within the relaxed SLO (``snap.offered``: sustained overload), it goes to the pool
-       with the most throughput, so that the other keeps serving within it; short of that (a
-       burst) to the engine filled least against its relaxed capacity. A request that would
-       miss the relaxed targets even alone is placed the same way, unqueued (``beyond_slo``).
+       serve within the relaxed SLO (``snap.offered``: sustained overload), it goes away from
+       the strict pool, or with none to the pool with the most throughput, so that the other
+       keeps serving within the SLO; short of that (a burst) to the engine filled least against
+       its relaxed capacity. A request that would miss the relaxed targets even alone is placed
+       the same way, unqueued (``beyond_slo``).
 
     Without curves (no surface yet): as ``spillover``."""
     req, surf = snap.request, snap.surface
@@ -354,20 +329,18 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         if n <= cap.strict[c] and own + harm <= tpot and cost < best_cost and first <= ttft:
             best, best_cost = (view, b, n), cost
     reason: Reason = "within_slo"
+    keep = surf.strict_pool[c]
     served = sum(pools[p].relaxed_rate * k for p, k in usable.items())
     overloaded = snap.offered is not None and snap.offered > served * params.overload
     if best is None:
         # 2. room within the relaxed SLO
         reason = "within_relaxed"
-        keep = _reserved(pools, c, params.reserve_ratio)
         fits = [
             p
             for p, (own, first), harm in zip(picks, seen, harms, strict=True)
             if p[2] <= pools[p[0].name].relaxed[c]
-            and (
-                (params.relaxed_pick == "reserve_cap" and p[0].name != keep)
-                or (own + harm <= tpot * RELAXED_TPOT and first <= ttft * RELAXED_TTFT)
-            )
+            and own + harm <= tpot * RELAXED_TPOT
+            and first <= ttft * RELAXED_TTFT
         ]
         if fits:
             if all(p[2] < pools[p[0].name].lowest for p in fits):
@@ -375,14 +348,16 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
                 # below their lowest point, which says nothing of how they compare there): by
                 # its own time per token, as with room under the strict capacity
                 best = min(fits, key=lambda p: seen[picks.index(p)][0])
-            elif params.relaxed_pick in ("reserve", "reserve_cap") and keep is not None:
-                best = min(fits, key=lambda p: (p[0].name == keep,
-                                                p[2] / max(1, pools[p[0].name].relaxed[c])))
-            elif params.relaxed_pick == "keep_strict":
-                best = min(fits, key=lambda p: (_keeps(pools[p[0].name], c, p[2]),
-                                                p[2] / max(1, pools[p[0].name].relaxed[c])))
             else:
-                best = min(fits, key=lambda p: p[2] / max(1, pools[p[0].name].relaxed[c]))
+                # the other pool before the strict pool (which keeps its requests within the
+                # strict SLO), then the engine filled least against its relaxed capacity
+                best = min(
+                    fits,
+                    key=lambda p: (
+                        p[0].name == keep,
+                        p[2] / max(1, pools[p[0].name].relaxed[c]),
+                    ),
+                )
     if best is None:
         # 3. no engine has room for it within the relaxed SLO: it overflows (the router's
         # queue, when on, holds it until one has), unless it would miss that SLO even alone
@@ -392,27 +367,12 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
             for v, _, _ in picks
         )
         reason = "overflow" if alone else "beyond_slo"
-        reserved = _reserved(pools, c, params.reserve_ratio)
-        if params.overflow_pick == "away" and overloaded and reserved is not None:
-            best = min(picks, key=lambda p: (p[0].name == reserved,
-                                             p[2] / max(1, pools[p[0].name].relaxed[c])))
-        elif params.overflow_pick == "keep_r" and overloaded and reserved is not None:
-            keep = _kept(pools, usable)
-            best = min(picks, key=lambda p: (p[0].name == keep,
-                                             p[2] / max(1, pools[p[0].name].relaxed[c])))
-        elif params.overflow_pick in ("keep", "keep_all") and (
-            overloaded or params.overflow_pick == "keep_all"
-        ):
-            keep = _kept(pools, usable)
-            best = min(picks, key=lambda p: (p[0].name == keep,
-                                             p[2] / max(1, pools[p[0].name].relaxed[c])))
-        elif params.overflow_pick == "reserve" and reserved is not None:
-            keep = reserved
-            best = min(picks, key=lambda p: (p[0].name == keep,
-                                             p[2] / max(1, pools[p[0].name].relaxed[c])))
-        elif params.overflow_pick == "keep_strict":
-            best = min(picks, key=lambda p: (_keeps(pools[p[0].name], c, p[2]),
-                                             p[2] / max(1, pools[p[0].name].relaxed[c])))
+        if overloaded and keep is not None:
+            # away from the strict pool, so that it keeps serving within the strict SLO
+            best = min(
+                picks,
+                key=lambda p: (p[0].name == keep, p[2] / max(1, pools[p[0].name].relaxed[c])),
+            )
         elif overloaded:
             best = next((p for p in picks if p[0].name == surf.most), picks[0])
         else:
