@@ -13,9 +13,10 @@ two numbers the policy routes by:
 - ``strict``: the most requests one engine runs with them meeting the strict TPOT target;
 - ``relaxed``: the same for the relaxed target (``RELAXED_TPOT`` times it),
 
-with the requests per second one engine serves at each (``strict_rate``, ``relaxed_rate``), and
-the pool whose engines give the most tokens per second (``most``: where the excess goes under
-sustained overload).
+with the requests per second one engine serves at each (``strict_rate``, ``relaxed_rate``), the
+pool whose engines give the most tokens per second (``most``), and the strict pool
+(``reserved``: one whose strict capacity clearly exceeds the other's, kept within the strict
+SLO).
 
 Computed off the hot path, when the models or the mix change (the keeper's timer); a decision
 reads it with a few comparisons. Pure arithmetic over plain values, in the engines' model seconds.
@@ -115,6 +116,21 @@ class Surface(NamedTuple):
     most: Pool = BASELINE  # the pool whose engines give the most tokens per second
     params: Params = Params()
     arriving: float | None = None  # requests/s reaching one engine it was computed for
+    # [sampling]: the pool kept within the strict SLO (``reserved``), or None
+    strict_pool: tuple[Pool | None, Pool | None] = (None, None)
+
+
+def reserved(spec: Capacity, base: Capacity, c: int, ratio: float) -> Pool | None:
+    """The strict pool for requests of class ``c``: the pool whose strict capacity is at least
+    ``ratio`` times the other's (None: neither). It is where the strict SLO is served: a
+    request that only fits within the relaxed SLO goes to the other pool while that has room,
+    and under sustained overload the excess goes to the other pool too."""
+    s, b = spec.strict[c], base.strict[c]
+    if s > b and s >= ratio * b:
+        return SPECULATIVE
+    if b > s and b >= ratio * s:
+        return BASELINE
+    return None
 
 
 def stall_share(n: float, prefill: float, decode: float) -> float:
@@ -290,4 +306,8 @@ def surface_steps(
     most: Pool = (
         SPECULATIVE if models[SPECULATIVE].capacity() > models[BASELINE].capacity() else BASELINE
     )
-    return Surface(pools, mix, slo, models[SPECULATIVE].scale, most, params, arriving)
+    strict_pool = (
+        reserved(spec, base, 0, params.reserve),
+        reserved(spec, base, 1, params.reserve),
+    )
+    return Surface(pools, mix, slo, models[SPECULATIVE].scale, most, params, arriving, strict_pool)

@@ -264,13 +264,17 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     1. an engine with room under its strict capacity for this request's class (and where its own
        time to first token and per token meet the strict targets): the one where its time per
        token is lowest (``within_slo``); quiet, that is speculation;
-    2. else an engine with room under its relaxed capacity (``within_relaxed``);
+    2. else an engine with room under its relaxed capacity (``within_relaxed``): the other
+       pool's before the strict pool's (``surf.strict_pool``: a pool whose strict capacity
+       clearly exceeds the other's, which so keeps serving within the strict SLO), then the one
+       filled least against its relaxed capacity;
     3. else it overflows (``overflow``: the router's queue, when on, holds it until an engine
        has room). While requests arrive faster than ``params.overload`` times what the engines
-       serve within the relaxed SLO (``snap.offered``: sustained overload), it goes to the pool
-       with the most throughput, so that the other keeps serving within it; short of that (a
-       burst) to the engine filled least against its relaxed capacity. A request that would
-       miss the relaxed targets even alone is placed the same way, unqueued (``beyond_slo``).
+       serve within the relaxed SLO (``snap.offered``: sustained overload), it goes away from
+       the strict pool, or with none to the pool with the most throughput, so that the other
+       keeps serving within the SLO; short of that (a burst) to the engine filled least against
+       its relaxed capacity. A request that would miss the relaxed targets even alone is placed
+       the same way, unqueued (``beyond_slo``).
 
     Without curves (no surface yet): as ``spillover``."""
     req, surf = snap.request, snap.surface
@@ -325,6 +329,7 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         if n <= cap.strict[c] and own + harm <= tpot and cost < best_cost and first <= ttft:
             best, best_cost = (view, b, n), cost
     reason: Reason = "within_slo"
+    keep = surf.strict_pool[c]
     served = sum(pools[p].relaxed_rate * k for p, k in usable.items())
     overloaded = snap.offered is not None and snap.offered > served * params.overload
     if best is None:
@@ -344,7 +349,15 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
                 # its own time per token, as with room under the strict capacity
                 best = min(fits, key=lambda p: seen[picks.index(p)][0])
             else:
-                best = min(fits, key=lambda p: p[2] / max(1, pools[p[0].name].relaxed[c]))
+                # the other pool before the strict pool (which keeps its requests within the
+                # strict SLO), then the engine filled least against its relaxed capacity
+                best = min(
+                    fits,
+                    key=lambda p: (
+                        p[0].name == keep,
+                        p[2] / max(1, pools[p[0].name].relaxed[c]),
+                    ),
+                )
     if best is None:
         # 3. no engine has room for it within the relaxed SLO: it overflows (the router's
         # queue, when on, holds it until one has), unless it would miss that SLO even alone
@@ -354,7 +367,13 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
             for v, _, _ in picks
         )
         reason = "overflow" if alone else "beyond_slo"
-        if overloaded:
+        if overloaded and keep is not None:
+            # away from the strict pool, so that it keeps serving within the strict SLO
+            best = min(
+                picks,
+                key=lambda p: (p[0].name == keep, p[2] / max(1, pools[p[0].name].relaxed[c])),
+            )
+        elif overloaded:
             best = next((p for p in picks if p[0].name == surf.most), picks[0])
         else:
             best = min(picks, key=lambda p: p[2] / max(1, pools[p[0].name].relaxed[c]))

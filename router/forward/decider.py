@@ -509,8 +509,10 @@ class Decider:
             "served_within_relaxed_per_s": round(served / scale, 3),
             "threshold": self.params.overload,
             "sustained": offered is not None and offered > served * self.params.overload,
-            "excess_to": surf.most,
+            "excess_to": _excess_to(surf),
         }
+        # the strict pool by class: kept within the strict SLO (steps 2 and 3 of the rule)
+        out["strict_pool"] = {"greedy": surf.strict_pool[0], "sampling": surf.strict_pool[1]}
         out["mix"] = {
             "prompt_tokens": round(surf.mix.prompt, 1),
             "output_tokens": round(surf.mix.output, 1),
@@ -527,11 +529,24 @@ class Decider:
 RULE = (
     "1. each request to the engine with room under its strict capacity (pools.*."
     "strict_capacity) where its time per token is lowest; 2. when every engine is at its strict "
-    "capacity, to the engine filled least against its relaxed capacity; 3. when every engine is "
-    "at its relaxed capacity: under sustained overload (overload.sustained: requests arriving "
-    "faster than overload.threshold times what the engines serve within the relaxed SLO) to "
-    "the pool with the most throughput (overload.excess_to), so that the other keeps serving "
-    "within the relaxed SLO; short of that (a burst) to the engine filled least against its "
+    "capacity, to an engine with room under its relaxed capacity: the other pool's before the "
+    "strict pool's (strict_pool: the pool whose strict capacity is at least params.reserve "
+    "times the other's, kept within the strict SLO), then the one filled least against it; "
+    "3. when every engine is at its relaxed capacity: under sustained overload "
+    "(overload.sustained: requests arriving faster than overload.threshold times what the "
+    "engines serve within the relaxed SLO) to overload.excess_to (the pool other than the "
+    "strict pool; with none, the pool with the most throughput), so that the other keeps "
+    "serving within the SLO; short of that (a burst) to the engine filled least against its "
     "relaxed capacity; in both cases the router's queue, when on, holds it first"
 )
+
+
+def _excess_to(surf: Surface) -> str:
+    """Where step 3 sends the excess under sustained overload (a greedy request's)."""
+    keep = surf.strict_pool[0]
+    if keep is None:
+        return surf.most
+    return BASELINE if keep == SPECULATIVE else SPECULATIVE
+
+
 NO_CURVES = "no curves yet: deciding as spillover on the crossover"

@@ -14,7 +14,7 @@ from router.decide.predict import PoolModel, Request
 from router.decide.snapshot import RecentRate
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.sim.model import BASELINE as BASE_PRESET
-from router.sim.model import EAGLE3
+from router.sim.model import EAGLE3, EAGLE3_CHAIN
 from tests.support.models import preset_model
 
 SPEC = preset_model(EAGLE3)
@@ -108,6 +108,59 @@ def test_past_both_strict_capacities_the_relaxed_room_is_shared_by_share_of_it()
         BASELINE: (base_at + 1) / relaxed(BASELINE),
     }
     assert d.pool == min(fill, key=lambda name: fill[name])
+
+
+# A pair whose speculative engine holds more than twice the baseline's requests within the
+# strict target (the chain-draft regime): the speculative pool is the strict pool.
+CHAIN = surf(models={SPECULATIVE: preset_model(EAGLE3_CHAIN), BASELINE: BASE})
+
+
+def chain_cap(name: Pool, tier: str) -> int:
+    cap = CHAIN.pools[name]
+    return (cap.strict if tier == "strict" else cap.relaxed)[0]
+
+
+def test_a_pool_with_a_clearly_larger_strict_capacity_is_the_strict_pool() -> None:
+    spec, base = chain_cap(SPECULATIVE, "strict"), chain_cap(BASELINE, "strict")
+    assert spec >= DEFAULT.reserve * base
+    assert CHAIN.strict_pool == (SPECULATIVE, SPECULATIVE)
+    # EAGLE-3 with the default cap holds about as many as the baseline: no strict pool
+    assert SURFACE.pools[SPECULATIVE].strict[0] < DEFAULT.reserve * strict(BASELINE)
+    assert SURFACE.strict_pool == (None, None)
+
+
+def test_the_strict_pool_stays_within_the_strict_slo_while_the_other_has_relaxed_room() -> None:
+    r = req(prompt=1)
+    spec_at = chain_cap(SPECULATIVE, "strict")
+    base_at = chain_cap(BASELINE, "strict") + 5
+    fill = {
+        SPECULATIVE: (spec_at + 1) / chain_cap(SPECULATIVE, "relaxed"),
+        BASELINE: (base_at + 1) / chain_cap(BASELINE, "relaxed"),
+    }
+    assert fill[SPECULATIVE] < fill[BASELINE]  # (filled less, yet not chosen)
+    d = choose("slo", snap(spec_at, base_at, r, s=CHAIN))[0]
+    assert d is not None and (d.pool, d.reason) == (BASELINE, "within_relaxed")
+    # without a strict pool the same loads go by fill
+    none = CHAIN._replace(strict_pool=(None, None))
+    d = choose("slo", snap(spec_at, base_at, r, s=none))[0]
+    assert d is not None and (d.pool, d.reason) == (SPECULATIVE, "within_relaxed")
+    # the baseline at its relaxed capacity: the strict pool takes it
+    d = choose("slo", snap(spec_at, chain_cap(BASELINE, "relaxed"), r, s=CHAIN))[0]
+    assert d is not None and (d.pool, d.reason) == (SPECULATIVE, "within_relaxed")
+
+
+def test_under_sustained_overload_the_excess_goes_away_from_the_strict_pool() -> None:
+    pools = CHAIN.pools
+    served = pools[SPECULATIVE].relaxed_rate + pools[BASELINE].relaxed_rate
+    spec_at, base_at = chain_cap(SPECULATIVE, "relaxed"), chain_cap(BASELINE, "relaxed")
+    for loads in ((spec_at, base_at), (spec_at, base_at + 20)):
+        over = snap(*loads, s=CHAIN, offered=served * DEFAULT.overload * 1.5)
+        d = choose("slo", over)[0]
+        assert d is not None and (d.pool, d.reason) == (BASELINE, "overflow")
+    assert CHAIN.most == SPECULATIVE  # (not the rule without a strict pool)
+    # short of sustained overload (a burst), spread by fill as before
+    d = choose("slo", snap(spec_at, base_at + 20, s=CHAIN, offered=0.0))[0]
+    assert d is not None and (d.pool, d.reason) == (SPECULATIVE, "overflow")
 
 
 def test_a_request_whose_first_token_cannot_come_in_time_is_not_within_slo() -> None:

@@ -438,6 +438,10 @@ def test_status_says_the_rule_and_the_capacities() -> None:
         assert shown["usable_engines"] == len(POOL_URLS[pool])
     # the overload rule's inputs: 2 requests a second is far from what 3 engines serve
     overload = status["overload"]
+    # (a world whose pools hold about as many within the strict SLO: no strict pool, so the
+    # excess goes to the pool with the most throughput)
+    assert status["strict_pool"] == {"greedy": None, "sampling": None}
+    assert surf.strict_pool == (None, None)
     assert overload["excess_to"] == surf.most
     assert overload["threshold"] == w.decider.params.overload
     assert overload["offered_per_s"] == pytest.approx(2.0 * 10 / 30, rel=0.5)
