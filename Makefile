@@ -30,10 +30,14 @@ envoy:
 # TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
+# The suite starts hundreds of Python processes (sims, routers, tools). With
+# PYTHONDONTWRITEBYTECODE set (some machines set it for every process), each would compile
+# router/ from source again, and each pytest worker rewrite every test module: bytecode is
+# written here (.gitignore'd) so that only the first does.
 test: $(STAMP) envoy
 	bash scripts/ensure-prometheus.sh
 	bash scripts/ensure-chromium.sh
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # Only the gateway's end-to-end tests (a real Envoy before `spec-router epp` and simulated
 # engines, ~2 min one at a time; `make test` runs them too).
