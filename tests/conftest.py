@@ -91,6 +91,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "tests that start servers belong in a *_e2e.py module: " + ", ".join(misplaced)
         )
+    slow_first(items)
+
+
+def slow_first(items: list[pytest.Item]) -> None:
+    """Modules with a test marked ``slow`` run first, each module's tests still together and in
+    order: pytest-xdist hands out the rest as workers free up, so a long test at the end of
+    the list leaves the other worker idle while it runs."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)  # (stable: the order is kept otherwise)
 
 
 @pytest.fixture(scope="session")
