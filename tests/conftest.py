@@ -13,7 +13,7 @@ import pytest
 
 from router.settings import sim_time_env
 from tests.support.http import every_worker_ready, router_ready, wait_for
-from tests.support.processes import Proc, running, sim_args, spawn
+from tests.support.processes import Proc, running, sim_args, spawn, stop_all
 
 
 def _one_tls_context_per_setting() -> None:
@@ -115,8 +115,7 @@ def sims() -> Iterator[dict[str, Proc]]:
     try:
         yield procs
     finally:
-        for proc in procs.values():
-            proc.stop()
+        stop_all(procs.values())
 
 
 @pytest.fixture(scope="session")
@@ -126,8 +125,7 @@ def vllm_sims() -> Iterator[dict[str, Proc]]:
     try:
         yield procs
     finally:
-        for proc in procs.values():
-            proc.stop()
+        stop_all(procs.values())
 
 
 @pytest.fixture(params=ENGINES)
@@ -151,8 +149,7 @@ def engine_pair(engine: str) -> Iterator[dict[str, Proc]]:
     try:
         yield procs
     finally:
-        for proc in procs.values():
-            proc.stop()
+        stop_all(procs.values())
 
 
 @pytest.fixture
@@ -162,8 +159,7 @@ def own_sims() -> Iterator[dict[str, Proc]]:
     try:
         yield procs
     finally:
-        for proc in procs.values():
-            proc.stop()
+        stop_all(procs.values())
 
 
 # The single sims below (tests/sim, the load generator's tests): fast enough for tests, slow
@@ -241,5 +237,4 @@ def start_router(sims: dict[str, Proc]) -> Iterator[RouterFactory]:
         return proc
 
     yield start
-    for proc in started:
-        proc.stop()
+    stop_all(started)
