@@ -33,7 +33,7 @@ envoy:
 
 # pytest-xdist workers: each runs its own session fixtures (sims) on ports of its own.
 # TEST_WORKERS=0 runs the suite in one process. Three on 2 cores: most tests wait on the servers
-# they started (their timers, the sims' scaled time), and two workers kept the cores ~45% busy.
+# they started (their timers, the sims' scaled time): two workers kept the cores under half busy.
 TEST_WORKERS ?= 3
 
 # The suite starts hundreds of Python processes (sims, routers, tools). With
