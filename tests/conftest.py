@@ -13,7 +13,7 @@ import pytest
 
 from router.settings import sim_time_env
 from tests.support.http import every_worker_ready, router_ready, wait_for
-from tests.support.processes import Proc, running, sim_args, spawn
+from tests.support.processes import Proc, running, sim_args, spawn, stop_all
 
 
 def _one_tls_context_per_setting() -> None:
@@ -91,6 +91,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "tests that start servers belong in a *_e2e.py module: " + ", ".join(misplaced)
         )
+    slow_first(items)
+
+
+def slow_first(items: list[pytest.Item]) -> None:
+    """Modules with a test marked ``slow`` run first, each module's tests still together and in
+    order: pytest-xdist hands out the rest as workers free up, so a long test at the end of
+    the list leaves the other worker idle while it runs."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)  # (stable: the order is kept otherwise)
 
 
 @pytest.fixture(scope="session")
@@ -106,8 +115,7 @@ def sims() -> Iterator[dict[str, Proc]]:
     try:
         yield procs
     finally:
-        for proc in procs.values():
-            proc.stop()
+        stop_all(procs.values())
 
 
 @pytest.fixture(scope="session")
@@ -117,8 +125,7 @@ def vllm_sims() -> Iterator[dict[str, Proc]]:
     try:
         yield procs
     finally:
-        for proc in procs.values():
-            proc.stop()
+        stop_all(procs.values())
 
 
 @pytest.fixture(params=ENGINES)
@@ -142,8 +149,7 @@ def engine_pair(engine: str) -> Iterator[dict[str, Proc]]:
     try:
         yield procs
     finally:
-        for proc in procs.values():
-            proc.stop()
+        stop_all(procs.values())
 
 
 @pytest.fixture
@@ -153,8 +159,7 @@ def own_sims() -> Iterator[dict[str, Proc]]:
     try:
         yield procs
     finally:
-        for proc in procs.values():
-            proc.stop()
+        stop_all(procs.values())
 
 
 # The single sims below (tests/sim, the load generator's tests): fast enough for tests, slow
@@ -232,5 +237,4 @@ def start_router(sims: dict[str, Proc]) -> Iterator[RouterFactory]:
         return proc
 
     yield start
-    for proc in started:
-        proc.stop()
+    stop_all(started)

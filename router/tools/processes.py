@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -28,6 +28,13 @@ class Proc:
     url: str
     output: list[str] = field(default_factory=list)
     pump: threading.Thread | None = None
+    terminated: bool = False  # SIGTERM sent by ``terminate``
+
+    def terminate(self) -> None:
+        """SIGTERM, without waiting (``stop`` waits): lets several processes stop side by side."""
+        if self.popen.poll() is None and not self.terminated:
+            os.kill(self.popen.pid, signal.SIGTERM)
+            self.terminated = True
 
     @property
     def pid(self) -> int:
@@ -42,7 +49,8 @@ class Proc:
 
     def stop(self, timeout: float = 10.0) -> int | None:
         if self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGTERM)
+            if not self.terminated:
+                os.kill(self.popen.pid, signal.SIGTERM)
             try:
                 self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -56,6 +64,15 @@ class Proc:
             self.pump.join(timeout=5)
         if self.popen.stdout is not None and (self.pump is None or not self.pump.is_alive()):
             self.popen.stdout.close()
+
+
+def stop_all(procs: Iterable[Proc]) -> None:
+    """``stop`` each, their shutdowns side by side (SIGTERM to all, then wait for each)."""
+    procs = list(procs)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.stop()
 
 
 def pinned(core: int | None) -> list[str]:

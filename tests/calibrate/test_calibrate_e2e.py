@@ -45,6 +45,7 @@ def calibrate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[s
     )
 
 
+@pytest.mark.slow
 def test_finds_the_analytic_crossover(pools: dict[str, str], tmp_path: Path) -> None:
     # Short prompts and outputs keep it quick; the levels bracket the crossing, where the
     # curves differ by 4-9% a level, so the speculative pool's noise (about 2% here) cannot
@@ -87,6 +88,7 @@ def test_finds_the_analytic_crossover(pools: dict[str, str], tmp_path: Path) -> 
     assert f"crossover: {table.crossover}" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_chain_pair_gets_no_crossover_with_the_reason(tmp_path: Path) -> None:
     # EAGLE-3 as its paper measured it on SGLang (docs/regimes.md): the baseline never catches
     # up per request; here about x1.6 at 8 in the model, far outside the noise of 16 requests
@@ -252,6 +254,7 @@ def test_acceptance_over_the_sweep_from_the_engines_counters(
     assert source in table.notes
 
 
+@pytest.mark.slow
 def test_probes_measure_prefill_and_sampled_acceptance(
     pools: dict[str, str], tmp_path: Path
 ) -> None:

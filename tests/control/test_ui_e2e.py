@@ -104,6 +104,8 @@ async def test_the_recent_window_counts_what_the_router_served(
     )
     assert all(r.ok for r in results)
     served = {pool: sum(r.pool == pool for r in results) for pool in ("speculative", "baseline")}
+    # (each request is counted as the router releases it, once its client has the last byte)
+    wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0)
     recent = router_status(router.url)["recent"]
     assert recent["requests"] == {pool: n for pool, n in served.items() if n}
     assert recent["share_speculative"] == round(served["speculative"] / 40, 3)

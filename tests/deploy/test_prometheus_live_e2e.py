@@ -143,6 +143,7 @@ def query_problems(prom: Prometheus) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 def test_every_dashboard_and_rule_query_returns_data(live: tuple[Prometheus, Stack]) -> None:
     prom, stack = live
     # rate() sees only what a series gained after Prometheus first scraped it: let the error

@@ -111,6 +111,7 @@ def test_the_epp_killed_mid_traffic_and_restarted(start_gateway: GatewayFactory)
     )
 
 
+@pytest.mark.slow
 def test_a_stopping_epp_drains_before_it_closes(start_gateway: GatewayFactory) -> None:
     """SIGTERM (a rolling update): the EPP reports NOT_SERVING and serves on for its drain, so
     Envoy's health check takes it out before the port closes: no request fails."""

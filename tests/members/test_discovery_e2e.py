@@ -405,6 +405,7 @@ def listed(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {b["url"]: b for b in status["pools"]["speculative"]["backends"]}
 
 
+@pytest.mark.slow
 async def test_under_two_workers_every_worker_routes_over_the_same_set(
     dns: DnsServer, procs: list[Proc]
 ) -> None:

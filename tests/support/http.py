@@ -80,10 +80,11 @@ def every_worker_ready(url: str, every_pool: bool = True) -> Callable[[], bool]:
             status = httpx.get(f"{url}/router/status", timeout=5).json()
         except httpx.HTTPError:
             return False
-        pools = [p["usable"] for p in status["pools"].values()]
+        pools = [bool(p["usable"]) for p in status["pools"].values()]
         if all(pools) if every_pool else any(pools):
-            seen.add(status["workers"]["this"])
-        return len(seen) == status["workers"]["count"]
+            seen.add(int(status["workers"]["this"]))
+        count = int(status["workers"]["count"])
+        return len(seen) == count
 
     return check
 

@@ -6,9 +6,9 @@ import socket
 import threading
 import time
 
-from router.tools.processes import Proc, running, spawn
+from router.tools.processes import Proc, running, spawn, stop_all
 
-__all__ = ["Background", "Proc", "free_port", "running", "sim_args", "sim_on", "spawn"]
+__all__ = ["Background", "Proc", "free_port", "running", "sim_args", "sim_on", "spawn", "stop_all"]
 
 
 def sim_args(preset: str, *extra: str) -> list[str]:
