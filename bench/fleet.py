@@ -64,6 +64,8 @@ def run(ns: argparse.Namespace) -> int:
     else:
         name = f"{ns.regime}.{row_name(ns.split)}"
         args = [*COMMON, *DAY, "--split", ns.split, "--compress", COMPRESS]
+    if ns.tag:
+        name += f".{ns.tag}"
     if ns.repeat > 1:
         name += f".r{ns.repeat}"
     out = RUNS / f"{name}.json"
@@ -312,7 +314,10 @@ def switches(doc: Doc) -> list[str]:
 
 
 def flat_section(all_runs: dict[str, Doc]) -> list[str]:
-    flats = sorted(n for n in all_runs if ".flat" in n)
+    flats = sorted(
+        (n for n in all_runs if ".flat" in n),
+        key=lambda n: (n.replace(".before", ""), not n.endswith(".before")),
+    )
     if not flats:
         return []
     lines = [
@@ -326,21 +331,37 @@ def flat_section(all_runs: dict[str, Doc]) -> list[str]:
         "intervals holding 50 arrivals, at most 10 planner minutes, with a Poisson band; the "
         "token means over 400 requests).",
         "",
+        "The rates are wall requests per second (what the router sees: the day "
+        f"{COMPRESS}x faster than engines at time scale {TIME_SCALE}); *true* is the level's, "
+        "*given* the last plan's window with its band, *forecast* the planner's next point "
+        "and upper band.",
+        "",
         "| regime | level | start | edge | requests / ok | strict % | relaxed % | switches "
-        "| plans read | in flight after |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| plans read | true /s | given /s [band] | forecast /s (upper) | in flight after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for name in flats:
         d = all_runs[name]
         m, s = d["meta"], d["summary"]
-        level = re.search(r"flat([\d.]+)", name)
+        level = re.search(r"flat(\d+(?:\.\d+)?)", name)
         edge = "before" if name.endswith(".before") else "after"
+        true = float(level[1]) * m["capacity_rps"] / m["time_scale"] if level else None
+        lp = d.get("last_plan") or {}
+        est = lp.get("estimate")
+        given = "—"
+        if est is not None:
+            given = f"{est['rate']:.2f} [{est['lower']:.2f}-{est['upper']:.2f}]"
+        elif lp.get("traffic"):
+            given = f"{lp['traffic']['rate']:.2f} (one interval)"
+        fc = lp.get("forecast")
+        ahead = "—" if not fc else f"{fc['point'][0]:.2f} ({fc['upper'][0]:.2f})"
         lines.append(
             f"| {m['regime']} | {level[1] if level else '?'} | {m['start_speculative']} | "
             f"{edge} | {s['requests']} / {s['ok']} | {pct(s['goodput_strict'])} | "
             f"{pct(s['goodput_relaxed'])} | {len(d.get('advice') or [])} | "
-            f"{m.get('plans_seen', '—')} | {m['in_flight_after']} |"
+            f"{m.get('plans_seen', '—')} | {'—' if true is None else f'{true:.2f}'} | {given} | "
+            f"{ahead} | {m['in_flight_after']} |"
         )
         for a in d.get("advice") or []:
             m2 = re.search(r"\(towards (\d+) speculative\): ([+-][\d.]+) pt.*costing ([\d.]+) pt"
@@ -474,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--trace", help="replay this trace's first --hours instead of the day")
     r.add_argument("--hours", type=float, default=0.1, help="with --trace")
     r.add_argument("--repeat", type=int, default=1, help="the run's number (2, 3, ...)")
+    r.add_argument("--tag", help="added to the run's name (another start of a flat run)")
     sub.add_parser("report")
     ns = p.parse_args(argv)
     return run(ns) if ns.cmd == "run" else report()

@@ -46,7 +46,7 @@ def summary(strict: float, relaxed: float, hours: list[tuple[float, float]]) -> 
 def put(mod: ModuleType, name: str, split: str, s: dict[str, Any], **extra: Any) -> None:
     meta = {"split": split, "start_speculative": 4, "in_flight_after": 0, "plans_seen": 10,
             "workload": "the day", "capacity_rps": 3.0, "restart_s": 530, "regime": "eagle3",
-            "command": "spec-router fleet ...", "wall_s": 60.0}  # fmt: skip
+            "command": "spec-router fleet ...", "wall_s": 60.0, "time_scale": 0.3}  # fmt: skip
     doc = {"meta": meta, "summary": s, "results": [{}, {}], **extra}
     (mod.RUNS / f"{name}.json").write_text(json.dumps(doc))
 
@@ -63,7 +63,9 @@ def test_the_report_is_written_whole_from_the_runs(bench: ModuleType) -> None:
             "horizon, its restart costing 0.09 pt; 3+0 up meanwhile serve 11.32/s >= upper "
             "forecast 5.82/s; rate now 5.40/s"}]}  # fmt: skip
     put(bench, "eagle3.flat0.5.before", "planner", summary(0.5, 0.99, [(0.5, 0.99)]), **flat)
-    put(bench, "eagle3.flat0.5", "planner", summary(0.5, 0.99, [(0.5, 0.99)]))
+    given = {"estimate": {"rate": 5.5, "lower": 2.9, "upper": 9.6},
+             "forecast": {"point": [6.3], "upper": [6.7]}}  # fmt: skip
+    put(bench, "eagle3.flat0.5", "planner", summary(0.5, 0.99, [(0.5, 0.99)]), last_plan=given)
     assert bench.report() == 0
     md = (bench.RESULTS / "fleet.md").read_text()
     # the best static by the planner's objective (0.2 strict + 0.8 relaxed): static 2
@@ -77,6 +79,8 @@ def test_the_report_is_written_whole_from_the_runs(bench: ModuleType) -> None:
     assert "Hours within 3 points of the better pure fleet in both tiers: 1 of 2" in md
     # the flat section: before and after, and the switch's own numbers
     assert "Switches advised: before 1 in 1 runs; after 0 in 1 runs." in md
+    # what the planner was given against the level's true rate (0.5 x 3.0 / time scale 0.3)
+    assert "| 0 | 10 | 5.00 | 5.50 [2.90-9.60] | 6.30 (6.70) | 0 |" in md
     assert "at 0.10 h into speculative (towards 4): +1.59 pt expected" in md
     # what was not run is said
     assert "- eagle3-chain: static 0" not in md  # (all-baseline is every regime's)
