@@ -6,9 +6,11 @@ Two timers (``router.lifecycle``): ``look`` every second or so follows the engin
 
 - both modes' curves: the keeper's models (the calibrated table, then what the router learned:
   ``router.learn``), in wall seconds;
-- the interval's arrivals from the engines' counters (the router's own count where an engine
-  keeps none), and the mix: lengths and the share at temperature > 0 of the last requests this
-  router saw, their means set to what the engines counted;
+- the arrivals from the engines' counters (the router's own count where an engine keeps
+  none) over the latest intervals that hold enough of them (``traffic.Window``: one interval
+  at a production load, several when few requests arrive, as on a compressed day), and the
+  mix: lengths and the share at temperature > 0 of the last requests this router saw, their
+  means set to what the engines counted over enough requests;
 - each mode's restart time: the median of the last switches the router saw land (an engine
   that left one pool until it was healthy in the other), else ``RESTART_S``;
 - the engines (``fleet.census``) and the GPU budget.
@@ -66,7 +68,16 @@ from router.planning.fleet import (
     started,
     targets,
 )
-from router.planning.traffic import CounterWatch, Reading, Traffic, traffic
+from router.planning.traffic import (
+    CounterWatch,
+    Estimate,
+    Reading,
+    Traffic,
+    Window,
+    WindowParams,
+    count_of,
+    traffic,
+)
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings
 
@@ -136,6 +147,14 @@ def params_of(s: Settings, base: Params | None = None) -> Params:
     )
 
 
+def window_params(s: Settings, base: WindowParams | None = None) -> WindowParams:
+    """The window's spans in wall seconds (``PLAN_TIME_SCALE``), its band the forecast's."""
+    p = base if base is not None else WindowParams()
+    ts = s.plan_time_scale
+    return p._replace(rate_span=p.rate_span * ts, means_span=p.means_span * ts,
+                      z=Params().forecast.z)  # fmt: skip
+
+
 def reading_of(sample: EngineSample) -> Reading:
     return Reading(
         sample.requests_total,
@@ -175,6 +194,7 @@ class Round(NamedTuple):
     setting: Setting | None
     state: PlanState
     params: Params
+    estimate: Estimate  # the rate and token means over the window
 
 
 Outcome = tuple[str, Plan | None, PlanState]  # status, the plan (if one was made), next state
@@ -192,11 +212,11 @@ def decide(r: Round) -> Outcome:
     elif not r.fleet:
         status = "no engines"
     else:
-        obs = Observation(r.now, r.traffic.arrivals, r.seconds, r.mix)
+        est = r.estimate
+        obs = Observation(r.now, est.arrivals, est.seconds, r.mix)
         p = plan(obs, r.setting, r.fleet, r.state, r.params)
         return "planning", p, p.state
-    rate = r.traffic.arrivals / r.seconds
-    holt = observe(r.state.holt, rate, r.seconds, r.params.forecast)
+    holt = observe(r.state.holt, r.estimate.rate, r.estimate.seconds, r.params.forecast)
     return status, None, r.state._replace(holt=holt)
 
 
@@ -229,6 +249,8 @@ class FleetPlanner:
         self.slo = Slo(settings.slo_ttft_ms / 1000, settings.slo_tpot_ms / 1000)
         self.state = PlanState(holt=self._load_holt())
         self.watch = CounterWatch()
+        self.window = Window(window_params(settings))
+        self.last_estimate: Estimate | None = None
         self.recent: deque[tuple[int, int, bool]] = deque(maxlen=MIX_WINDOW)
         self.switch: Switch | None = None
         self.loading: dict[str, float] = {}  # members seen loading: since when
@@ -360,13 +382,17 @@ class FleetPlanner:
         now = self.clock()
         seconds = max(1e-9, now - self.last_tick)
         self.last_tick = now
-        tr = traffic(self.watch.take(), seconds, self.own)
+        tally = self.watch.take()
+        tr = traffic(tally, seconds, self.own)
         self.own = 0.0
         self.last_traffic = tr
+        self.window.add(count_of(tally, tr))
+        est = self.last_estimate = self.window.estimate()
         fleet = census(self.views(), self.switch, self.restart, now)
         fleet += free_slots(fleet, self.settings.gpu_budget)
-        mix = scaled_mix(self.recent, tr.prompt_mean, tr.output_mean)
-        return Round(now, seconds, tr, fleet, mix, self.setting(), self.state, self.params)
+        mix = scaled_mix(self.recent, est.prompt_mean, est.output_mean)
+        return Round(now, seconds, tr, fleet, mix, self.setting(), self.state, self.params,
+                     est)  # fmt: skip
 
     def publish(self, r: Round, out: Outcome, took: float) -> None:
         """Take the decision's plan and state, advise, and publish the document."""
@@ -464,7 +490,7 @@ class FleetPlanner:
         }
 
     def _document(self, members: list[MemberView], now: float) -> dict[str, Any]:
-        p, tr, sw = self.last_plan, self.last_traffic, self.switch
+        p, tr, sw, est = self.last_plan, self.last_traffic, self.switch, self.last_estimate
         when = self._when(now)
         doc: dict[str, Any] = {
             "planner": self.mode,
@@ -485,6 +511,17 @@ class FleetPlanner:
                 "prompt_mean": tr.prompt_mean,
                 "output_mean": tr.output_mean,
                 "mix_requests": len(self.recent),
+            }
+        if est is not None:
+            doc["estimate"] = {
+                "arrivals": est.arrivals,
+                "seconds": round(est.seconds, 3),
+                "rate": est.rate,
+                "lower": est.lower,
+                "upper": est.upper,
+                "prompt_mean": est.prompt_mean,
+                "output_mean": est.output_mean,
+                "means_over": est.ended,
             }
         if p is None:
             return doc

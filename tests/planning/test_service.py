@@ -144,6 +144,12 @@ def test_a_quiet_baseline_fleet_is_advised_a_switch_followed_to_its_landing() ->
         "seconds": 60.0, "arrivals": 60, "rate": 1.0, "source": "engines",
         "prompt_mean": PROMPT, "output_mean": OUTPUT, "mix_requests": 200,
     }  # fmt: skip
+    # what the planner was given: 60 arrivals a minute are enough on their own (the window is
+    # the interval), the token means over every request counted so far (fewer than 400)
+    est = doc["estimate"]
+    assert (est["arrivals"], est["seconds"], est["rate"]) == (60, 60.0, 1.0)
+    assert est["lower"] < 1.0 < est["upper"] and est["means_over"] == 6 * 60
+    assert (est["prompt_mean"], est["output_mean"]) == (PROMPT, OUTPUT)
     sw = doc["switch"]
     assert sw is not None and doc["action"] is not None, doc["reason"]
     # the least loaded baseline engine, into speculative; the baseline pool lowered first
