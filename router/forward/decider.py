@@ -209,7 +209,8 @@ class Decider:
             return [self.backend_load(url) for url in urls]
         by = tracker.by_backend
         if not tracker.lingered:
-            return [by[url] for url in urls]
+            # (the hot path: one pass over the pool's backends, in C rather than Python)
+            return list(map(by.__getitem__, urls))
         return [by[url] + tracker.lingering(url, now) for url in urls]
 
     def _view(self, name: Pool, now: float) -> PoolView:

@@ -6,13 +6,14 @@ Real ``InflightTracker`` and ``HealthRegistry``, a plain stand-in for the keeper
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pytest
 
 from router.account.inflight import InflightTracker, Lease
-from router.decide.policy import Decision
+from router.decide.policy import Decision, PoolView, choose
 from router.decide.predict import Gain, PoolModel, Request
 from router.decide.snapshot import Traffic
 from router.forward.decider import Decider
@@ -474,3 +475,31 @@ def test_deciding_as_says_which_policy_decides_without_curves() -> None:
     others: list[PolicyName] = ["spillover", "crossover", "round_robin"]
     for policy in others:
         assert world(policy=policy).decider.deciding_as == policy
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_kept_views_follow_the_tracker_on_random_leases(seed: int) -> None:
+    """The decider keeps each pool's view between decisions and patches only the loads that
+    moved: after any series of leases taken and released, the view it hands the policy is the
+    tracker's counts, and the decision is the one over a view built from scratch."""
+    rng = random.Random(seed)
+    w = world()
+    held: list[Lease] = []
+    for _ in range(300):
+        if held and rng.random() < 0.45:
+            held.pop(rng.randrange(len(held))).release()
+        else:
+            held.append(w.tracker.acquire(rng.choice([S1, S2, B1])))
+        snap = w.decider.snapshot()
+        for pool in (snap.speculative, snap.baseline):
+            urls = POOL_URLS[pool.name]
+            assert [b.url for b in pool.backends] == urls
+            assert [b.load for b in pool.backends] == [w.tracker.by_backend[u] for u in urls]
+            assert pool.load == sum(w.tracker.by_backend[u] for u in urls)
+        plain = snap._replace(
+            speculative=PoolView(SPECULATIVE, snap.speculative.backends),
+            baseline=PoolView(BASELINE, snap.baseline.backends),
+        )
+        assert choose("spillover", snap) == choose("spillover", plain)
+    for lease in held:
+        lease.release()
