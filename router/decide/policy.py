@@ -333,6 +333,11 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
             best, best_cost = (view, b, n), cost
     reason: Reason = "within_slo"
     keep = surf.strict_pool[c]
+
+    def fill(p: tuple[PoolView, BackendView, int]) -> float:
+        """How full the engine is against its relaxed capacity."""
+        return p[2] / max(1, pools[p[0].name].relaxed[c])
+
     served = sum(pools[p].relaxed_rate * k for p, k in usable.items())
     overloaded = snap.offered is not None and snap.offered > served * params.overload
     if best is None:
@@ -354,13 +359,7 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
             else:
                 # the other pool before the strict pool (which keeps its requests within the
                 # strict SLO), then the engine filled least against its relaxed capacity
-                best = min(
-                    fits,
-                    key=lambda p: (
-                        p[0].name == keep,
-                        p[2] / max(1, pools[p[0].name].relaxed[c]),
-                    ),
-                )
+                best = min(fits, key=lambda p: (p[0].name == keep, fill(p)))
     if best is None:
         # 3. no engine has room for it within the relaxed SLO: it overflows (the router's
         # queue, when on, holds it until one has), unless it would miss that SLO even alone
@@ -372,14 +371,11 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         reason = "overflow" if alone else "beyond_slo"
         if overloaded and keep is not None:
             # away from the strict pool, so that it keeps serving within the strict SLO
-            best = min(
-                picks,
-                key=lambda p: (p[0].name == keep, p[2] / max(1, pools[p[0].name].relaxed[c])),
-            )
+            best = min(picks, key=lambda p: (p[0].name == keep, fill(p)))
         elif overloaded:
             best = next((p for p in picks if p[0].name == surf.most), picks[0])
         else:
-            best = min(picks, key=lambda p: p[2] / max(1, pools[p[0].name].relaxed[c]))
+            best = min(picks, key=fill)
     view, b, n = best
     cap = pools[view.name]
     decision = Decision(

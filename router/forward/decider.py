@@ -59,7 +59,7 @@ from router.decide.snapshot import LATELY, OFFERED_WINDOW, RecentMix, RecentRate
 from router.forward.request import RequestInfo
 from router.health.poller import EngineLoad
 from router.health.state import HealthRegistry
-from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
+from router.pools import BASELINE, POOLS, SPECULATIVE, Pool, other
 from router.settings import LoadSignal, PolicyName
 
 # The arrival rates the surfaces are computed for: powers of this (25% apart), from MIN_RATE
@@ -545,9 +545,7 @@ RULE = (
 def _excess_to(surf: Surface) -> str:
     """Where step 3 sends the excess under sustained overload (a greedy request's)."""
     keep = surf.strict_pool[0]
-    if keep is None:
-        return surf.most
-    return BASELINE if keep == SPECULATIVE else SPECULATIVE
+    return surf.most if keep is None else other(keep)
 
 
 NO_CURVES = "no curves yet: deciding as spillover on the crossover"

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from router.plan import EngineState
-from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
+from router.pools import BASELINE, POOLS, Pool
 
 
 class MemberView(NamedTuple):
@@ -71,10 +71,6 @@ class Landing(NamedTuple):
 
     mode: Pool
     seconds: float
-
-
-def other(pool: Pool) -> Pool:
-    return BASELINE if pool == SPECULATIVE else SPECULATIVE
 
 
 def follow(
