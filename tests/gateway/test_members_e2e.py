@@ -132,16 +132,15 @@ async def test_engines_join_and_leave_by_dns_through_envoy(
         },
     )
     procs.append(epp)
-    envoy = start_envoy(
+    envoy = gateway_to(
+        procs,
         engines_by_dns(
             configured(RECOMMENDED, f"127.0.0.1:{grpc_port}", []),
             [SPEC_NAME, BASE_NAME],
             port,
             dns.address,
-        )
+        ),
     )
-    procs.append(envoy)
-    wait_for(envoy.epp_healthy, timeout=15)
     gateway = envoy.url()
     assert router_status(epp.url)["gateway"]["endpoints"] == {
         url(A, port): f"{A}:{port}",
@@ -196,11 +195,9 @@ async def test_the_admin_api_on_the_epp(procs: list[Proc | Envoy]) -> None:
     grpc_port = free_port()
     epp = start_epp(url(A, port), url(C, port), grpc_port, SETTINGS)
     procs.append(epp)
-    envoy = start_envoy(
-        configured(ORIGINAL_DST, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
+    envoy = gateway_to(
+        procs, configured(ORIGINAL_DST, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
     )
-    procs.append(envoy)
-    wait_for(envoy.epp_healthy, timeout=15)
     gateway, api = envoy.url(), f"{epp.url}/router/pools"
     new = {"url": url(B, port)}
     assert httpx.post(f"{api}/speculative/backends", json=new).status_code == 401
@@ -246,6 +243,15 @@ def in_flight(epp: Proc) -> dict[str, int]:
     return {b["url"]: b["in_flight"] for p in pools.values() for b in p["backends"]}
 
 
+def gateway_to(procs: list[Proc | Envoy], config: dict[str, Any]) -> Envoy:
+    """Envoy on ``config``, stopped with the test's processes, once the EPP answers its
+    health checks."""
+    envoy = start_envoy(config)
+    procs.append(envoy)
+    wait_for(envoy.epp_healthy, timeout=15)
+    return envoy
+
+
 def engine_running(engine: Proc) -> int:
     n: int = httpx.get(f"{engine.url}/sim/config", timeout=5).json()["engine"]["running"]
     return n
@@ -260,11 +266,9 @@ async def test_a_drain_that_times_out_lets_go_while_envoy_carries_on(
     grpc_port = free_port()
     epp = start_epp(url(A, port), url(C, port), grpc_port, {**SETTINGS, "drain_timeout": "1"})
     procs.append(epp)
-    envoy = start_envoy(
-        configured(RECOMMENDED, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
+    envoy = gateway_to(
+        procs, configured(RECOMMENDED, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
     )
-    procs.append(envoy)
-    wait_for(envoy.epp_healthy, timeout=15)
     api = f"{epp.url}/router/pools/speculative/backends"
 
     async with contextlib.AsyncExitStack() as stack:
@@ -310,12 +314,8 @@ async def test_leases_are_let_go_when_envoy_goes_away_mid_stream(
     procs.append(epp)
 
     def gateway() -> Envoy:
-        envoy = start_envoy(
-            configured(RECOMMENDED, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
-        )
-        procs.append(envoy)
-        wait_for(envoy.epp_healthy, timeout=15)
-        return envoy
+        config = configured(RECOMMENDED, f"127.0.0.1:{grpc_port}", [f"{A}:{port}", f"{C}:{port}"])
+        return gateway_to(procs, config)
 
     envoy = gateway()
     # one request to the end first: Envoy's access-log stream to the EPP is open
