@@ -13,10 +13,11 @@ lab's best?) is what its decisions are worth.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fleet_control import setting_for  # noqa: E402
 from fleet_regimes import REGIMES, regime  # noqa: E402
+from fleet_router import DeciderRouter  # noqa: E402
 from fleet_score import score  # noqa: E402
 from fleet_sim import run  # noqa: E402
 from fleet_workloads import (  # noqa: E402
@@ -57,7 +59,7 @@ def workload_mix(kind: str, hot: float, seed: int = 0) -> Mix:
 
 
 def calibrate(reg: str, kind: str, hot: float, n: int, loads: Sequence[float], hours: float,
-              seed: int) -> list[Row]:  # fmt: skip
+              seed: int, router: str = "slo") -> list[Row]:  # fmt: skip
     spec, base = regime(reg)
     capacity = n * engine_slo_capacity(base, kind, hot)
     prompt, output = mean_lengths(kind)
@@ -68,7 +70,8 @@ def calibrate(reg: str, kind: str, hot: float, n: int, loads: Sequence[float], h
     for load in loads:
         reqs = arrivals(Envelope("flat", hours=hours, hi=load), capacity, kind, hot, seed)
         for k in range(n + 1):
-            res = run(reqs, spec, base, n, k, theta, seed=seed)
+            rt = None if router == "spillover" else DeciderRouter(spec, base, prompt, output)
+            res = run(reqs, spec, base, n, k, theta, seed=seed, router=rt)
             s = score(res.requests, WARMUP, hours * 3600)
             g = split_goodput(setting.speculative, setting.baseline, mix, Slo(), k, n - k,
                               load * capacity)  # fmt: skip
@@ -112,13 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--router", default="slo", choices=("slo", "spillover"))
+    ap.add_argument("--dump", default="", help="write the rows here (JSON)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     rows: list[Row] = []
     for reg in args.regimes.split(","):
         for w in args.workloads.split(","):
             kind, hot = w.split(":")
-            got = calibrate(reg, kind, float(hot), args.engines, LOADS, args.hours, args.seed)
+            got = calibrate(reg, kind, float(hot), args.engines, LOADS, args.hours, args.seed,
+                            args.router)  # fmt: skip
             rows += got
             s = summary(got)
             print(f"{reg:13s} {w:9s} " + " ".join(f"{k} {v:.2f}" for k, v in s.items()),
@@ -127,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                 for r in got:
                     print(f"   k={r.k} load {r.load:.2f} lab {r.lab[0]:.3f} {r.lab[1]:.3f} "
                           f"model {r.model[0]:.3f} {r.model[1]:.3f}")  # fmt: skip
+    if args.dump:
+        Path(args.dump).write_text(json.dumps([asdict(r) for r in rows]))
     s = summary(rows)
     print("all " + " ".join(f"{k} {v:.2f}" for k, v in s.items()))
     return 0

@@ -45,6 +45,7 @@ from fleet_control import PlannerController, Schedule, setting_for  # noqa: E402
 from fleet_engine import Req  # noqa: E402
 from fleet_oracle import oracle  # noqa: E402
 from fleet_regimes import REGIMES, regime  # noqa: E402
+from fleet_router import DeciderRouter  # noqa: E402
 from fleet_score import Score, buckets, meets, per_bucket_good, score  # noqa: E402
 from fleet_sim import Result, run  # noqa: E402
 from fleet_workloads import (  # noqa: E402
@@ -160,8 +161,9 @@ def _yesterday(wl: Workload, capacity: float, interval: float) -> list[int]:
     return counts
 
 
-def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
-    """Every row for one regime and workload."""
+def evaluate(reg: str, wl: Workload, params: Params, router: str = "slo") -> dict[str, Any]:
+    """Every row for one regime and workload, behind ``router``: "slo" (the router users run,
+    ``fleet_router``) or "spillover" at the crossover."""
     t0 = time.time()
     spec, base = regime(reg)
     n = ENGINES
@@ -174,10 +176,16 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
         setting.speculative, setting.baseline, workload_mix(wl.kind, wl.hot), Slo()
     )
     w = params.strict_weight
+    if router == "spillover":
+        params = params._replace(model=params.model._replace(router="spillover"))
+
+    def rt() -> DeciderRouter | None:
+        return DeciderRouter(spec, base, prompt, output) if router == "slo" else None
+
     rows: dict[str, dict[str, Any]] = {}
     full = {}
     for k in range(n + 1):
-        res = run(reqs, spec, base, n, k, theta, seed=wl.seed)
+        res = run(reqs, spec, base, n, k, theta, seed=wl.seed, router=rt())
         rows[f"static {k}"] = _row(res, duration, w)
         full[k] = per_bucket_good(res.requests, duration, BUCKET)
     first = [r for r in reqs if r.at < params.interval]
@@ -192,9 +200,8 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
     params = params._replace(forecast=params.forecast._replace(season=len(yesterday)))
     ctl = PlannerController(setting, params)
     ctl.warm(yesterday, params.interval)
-    res = run(
-        reqs, spec, base, n, start, theta, seed=wl.seed, controller=ctl, interval=params.interval
-    )
+    res = run(reqs, spec, base, n, start, theta, seed=wl.seed, controller=ctl,
+              interval=params.interval, router=rt())  # fmt: skip
     rows["planner"] = _row(res, duration, w)
     rows["planner"]["start"] = start
     floors = []
@@ -215,7 +222,7 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
     if wl.oracle:
         short = {}
         for k in range(n):
-            r2 = run(reqs, spec, base, n - 1, k, theta, seed=wl.seed)
+            r2 = run(reqs, spec, base, n - 1, k, theta, seed=wl.seed, router=rt())
             short[k] = per_bucket_good(r2.requests, duration, BUCKET)
         restarts = {"speculative": spec.startup, "baseline": base.startup}
         o = oracle(full, short, n, BUCKET, restarts, w)
@@ -237,6 +244,7 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
             seed=wl.seed,
             controller=Schedule(list(o.moves)),
             interval=BUCKET,
+            router=rt(),
         )
         rows["oracle replayed"] = _row(replay, duration, w)
     statics = [rows[f"static {k}"] for k in range(n + 1)]
@@ -251,6 +259,7 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
         "held_out": wl.held_out,
         "capacity": capacity,
         "threshold": theta,
+        "router": router,
         "requests": len(reqs),
         "best_static": best,
         "rows": rows,
@@ -640,9 +649,9 @@ def _rounded(x: Any) -> Any:
     return x
 
 
-def _task(args: tuple[str, Workload, Params, str]) -> tuple[str, dict[str, Any]]:
-    reg, wl, params, section = args
-    ev = evaluate(reg, wl, params)
+def _task(args: tuple[str, Workload, Params, str, str]) -> tuple[str, dict[str, Any]]:
+    reg, wl, params, section, router = args
+    ev = evaluate(reg, wl, params, router)
     ev["checks"] = checks(ev, params.strict_weight)
     print(f"  {section:8s} {reg:13s} {wl.name:40s} {ev['seconds']:.0f} s", flush=True)
     return section, ev
@@ -671,6 +680,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seasonal-prior", type=float, default=None)
     ap.add_argument("--workloads", default="", help="held-out days whose name has one of these "
                     "(comma-separated); default: all")  # fmt: skip
+    ap.add_argument("--router", default="slo", choices=("slo", "spillover"),
+                    help="the router in front: its default policy, or spillover")  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "fleet-lab"))
     args = ap.parse_args(argv)
@@ -690,11 +701,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     tasks = []
     if "main" in only:
-        tasks += [(reg, wl, params, "main") for reg in regimes for wl in TUNING[:1]]
+        tasks += [(reg, wl, params, "main", args.router) for reg in regimes for wl in TUNING[:1]]
     if "held_out" in only:
-        tasks += [(reg, wl, params, "held_out") for reg in regimes for wl in held_out]
+        tasks += [(reg, wl, params, "held_out", args.router) for reg in regimes for wl in held_out]
     if "flat" in only:
-        tasks += [(reg, wl, params, "flat") for reg in regimes for wl in FLAT]
+        tasks += [(reg, wl, params, "flat", args.router) for reg in regimes for wl in FLAT]
     results: dict[str, Any] = {"strict_weight": params.strict_weight, "params": params._asdict()}
     with multiprocessing.Pool(args.jobs) as pool:
         for section, ev in pool.imap(_task, tasks):
