@@ -632,4 +632,3 @@ def slo_capacity(
         else:
             hi = mid
     return GRID_LOW * mp.grid_step**lo
-
