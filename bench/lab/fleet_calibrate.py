@@ -35,7 +35,16 @@ from fleet_workloads import (  # noqa: E402
     mean_lengths,
 )
 
-from router.plan import Mix, Slo, mix_of, spill_threshold, split_goodput  # noqa: E402
+from router.plan import (  # noqa: E402
+    Mix,
+    ModelParams,
+    Slo,
+    mix_of,
+    spill_threshold,
+    split_goodput,
+)
+
+SPILLOVER = ModelParams(router="spillover")
 
 WARMUP = 300.0
 LOADS = (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.15)
@@ -49,7 +58,8 @@ class Row:
     k: int
     load: float
     lab: tuple[float, float]
-    model: tuple[float, float]
+    model: tuple[float, float]  # the planner's model (the slo router: its best threshold)
+    spill_model: tuple[float, float] = (0.0, 0.0)  # the model of spillover at the crossover
 
 
 def workload_mix(kind: str, hot: float, seed: int = 0) -> Mix:
@@ -75,25 +85,34 @@ def calibrate(reg: str, kind: str, hot: float, n: int, loads: Sequence[float], h
             s = score(res.requests, WARMUP, hours * 3600)
             g = split_goodput(setting.speculative, setting.baseline, mix, Slo(), k, n - k,
                               load * capacity)  # fmt: skip
-            rows.append(Row(reg, kind, hot, k, load, (s.strict, s.relaxed), (g.strict, g.relaxed)))
+            sg = split_goodput(setting.speculative, setting.baseline, mix, Slo(), k, n - k,
+                               load * capacity, SPILLOVER)  # fmt: skip
+            rows.append(Row(reg, kind, hot, k, load, (s.strict, s.relaxed), (g.strict, g.relaxed),
+                            (sg.strict, sg.relaxed)))  # fmt: skip
     return rows
 
 
-def summary(rows: Sequence[Row], weight: float = 0.5) -> dict[str, float]:
+def summary(rows: Sequence[Row], weight: float = 0.2, which: str = "model") -> dict[str, float]:
     """Mean absolute errors (points) and how often, and by how much, the model's best split
-    under the objective misses the lab's best."""
-    strict = [abs(r.lab[0] - r.model[0]) for r in rows]
-    relaxed = [abs(r.lab[1] - r.model[1]) for r in rows]
+    under the objective (the planner's: ``weight`` on strict) misses the lab's best;
+    ``which``: the planner's model ("model") or spillover's ("spill_model")."""
+
+    def model(r: Row) -> tuple[float, float]:
+        got: tuple[float, float] = getattr(r, which)
+        return got
+
+    def obj(x: tuple[float, float]) -> float:
+        return weight * x[0] + (1 - weight) * x[1]
+
+    strict = [abs(r.lab[0] - model(r)[0]) for r in rows]
+    relaxed = [abs(r.lab[1] - model(r)[1]) for r in rows]
+    objective = [abs(obj(r.lab) - obj(model(r))) for r in rows]
     groups: dict[tuple[str, str, float, float], list[Row]] = {}
     for r in rows:
         groups.setdefault((r.regime, r.kind, r.hot, r.load), []).append(r)
     regret = []
     for g in groups.values():
-
-        def obj(x: tuple[float, float]) -> float:
-            return weight * x[0] + (1 - weight) * x[1]
-
-        chosen = max(g, key=lambda r: obj(r.model))
+        chosen = max(g, key=lambda r: obj(model(r)))
         best = max(obj(r.lab) for r in g)
         regret.append(best - obj(chosen.lab))
     return {
@@ -101,6 +120,8 @@ def summary(rows: Sequence[Row], weight: float = 0.5) -> dict[str, float]:
         "relaxed_mae": 100 * statistics.fmean(relaxed),
         "strict_max": 100 * max(strict),
         "relaxed_max": 100 * max(relaxed),
+        "objective_mae": 100 * statistics.fmean(objective),
+        "objective_max": 100 * max(objective),
         "regret_mean": 100 * statistics.fmean(regret),
         "regret_max": 100 * max(regret),
         "regret_over_1pt": sum(x > 0.01 for x in regret) / len(regret),
