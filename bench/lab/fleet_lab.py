@@ -59,12 +59,16 @@ from fleet_workloads import (  # noqa: E402
 
 from router.plan import (  # noqa: E402
     ForecastParams,
+    Mix,
+    ModelParams,
     Params,
+    Setting,
     Slo,
     forecast,
     mix_of,
     observe,
     spill_threshold,
+    split_goodput,
     steady_split,
 )
 from router.tools.traffic import load_trace  # noqa: E402
@@ -159,6 +163,31 @@ def _yesterday(wl: Workload, capacity: float, interval: float) -> list[int]:
     for r in reqs:
         counts[min(len(counts) - 1, int(r.at // interval))] += 1
     return counts
+
+
+def model_day(setting: Setting, mix: Mix, env: Envelope, capacity: float, n: int,
+              weight: float) -> dict[str, dict[str, list[float]]]:  # fmt: skip
+    """Each static split's goodput over the day as the planner's model expects it (minute by
+    minute at the envelope's rate, weighted by arrivals), pricing the slo router (its best
+    threshold) and spillover at the crossover."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for name, mp in (("slo", ModelParams(strict_weight=weight)),
+                     ("spillover", ModelParams(router="spillover"))):  # fmt: skip
+        per: dict[str, list[float]] = {}
+        for k in range(n + 1):
+            strict = relaxed = total = 0.0
+            t = 30.0
+            while t < env.duration:
+                rate = env.share(t) * capacity
+                g = split_goodput(setting.speculative, setting.baseline, mix, setting.slo, k,
+                                  n - k, rate, mp)  # fmt: skip
+                strict += rate * g.strict
+                relaxed += rate * g.relaxed
+                total += rate
+                t += 60.0
+            per[str(k)] = [strict / total, relaxed / total]
+        out[name] = per
+    return out
 
 
 def evaluate(reg: str, wl: Workload, params: Params, router: str = "slo") -> dict[str, Any]:
@@ -260,6 +289,9 @@ def evaluate(reg: str, wl: Workload, params: Params, router: str = "slo") -> dic
         "capacity": capacity,
         "threshold": theta,
         "router": router,
+        "model_day": model_day(setting, workload_mix(wl.kind, wl.hot), wl.env, capacity, n, w)
+        if wl.kind == "conv" and wl.env.shape != "flat"
+        else None,
         "requests": len(reqs),
         "best_static": best,
         "rows": rows,
@@ -483,6 +515,62 @@ def summary_table(results: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _sockets(reg: str, k: int) -> tuple[float, float] | None:
+    """The static split's row over sockets (``bench/results/fleet/``), if run."""
+    path = RESULTS / "fleet" / f"{reg}.static{k}.json"
+    if not path.exists() and k == 0:
+        path = RESULTS / "fleet" / "eagle3.static0.json"
+    if not path.exists():
+        return None
+    s = json.loads(path.read_text())["summary"]
+    return (s["goodput_strict"], s["goodput_relaxed"])
+
+
+def model_day_table(results: dict[str, Any]) -> list[str]:
+    """The model's day per static split against the lab and the sockets."""
+    evs = [ev for ev in results.get("main", []) if ev.get("model_day")]
+    if not evs:
+        return []
+    w = results["strict_weight"]
+    lines = [
+        "## The planner's model of the main day against the lab and the sockets",
+        "",
+        "Each static split over the main day: what the planner's goodput model expects "
+        "(minute by minute at the envelope's rate), pricing the `slo` router as its best spill "
+        "threshold (now) or spillover at the crossover (before), against the lab's run behind "
+        "the lab's router and the run over sockets (`bench/results/fleet.md`, the day "
+        "compressed 48x: transients weigh more there). strict / relaxed %, and the model's "
+        "error on the objective in points.",
+        "",
+        "| regime | split | model (slo) | model (spillover) | lab | sockets | error slo model "
+        "vs lab / sockets | error spillover model vs lab / sockets |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def obj(x: Sequence[float]) -> float:
+        return w * x[0] + (1 - w) * x[1]
+
+    def two(x: Sequence[float] | None) -> str:
+        return "—" if x is None else f"{_pct(x[0])} / {_pct(x[1])}"
+
+    def err(m: Sequence[float], x: Sequence[float] | None) -> str:
+        return "—" if x is None else f"{100 * (obj(m) - obj(x)):+.1f}"
+
+    for ev in evs:
+        md = ev["model_day"]
+        for k in range(ENGINES + 1):
+            lab = ev["rows"][f"static {k}"]
+            labv = (lab["strict"], lab["relaxed"])
+            sock = _sockets(ev["regime"], k)
+            ms, mp = md["slo"][str(k)], md["spillover"][str(k)]
+            lines.append(
+                f"| {ev['regime']} | {k} | {two(ms)} | {two(mp)} | {two(labv)} | {two(sock)} | "
+                f"{err(ms, labv)} / {err(ms, sock)} | {err(mp, labv)} / {err(mp, sock)} |"
+            )
+    lines.append("")
+    return lines
+
+
 def _router_text(results: dict[str, Any]) -> str:
     if results.get("router", "slo") == "spillover":
         return "spillover at the crossover (see `bench/lab/fleet_sim.py`)"
@@ -601,6 +689,7 @@ def report(results: dict[str, Any], command: str) -> str:
                         f"{f['actual_peak']:.2f} |"
                     )
             lines.append("")
+    lines += model_day_table(results)
     if "calibration" in results:
         lines += [
             "## The planner's goodput model against the lab",

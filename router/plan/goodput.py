@@ -60,7 +60,7 @@ class ModelParams(NamedTuple):
     # The router in front: "slo" (the router's default policy) is modelled as spillover at the
     # threshold with the best objective for the split and rate (``best_spill``); "spillover"
     # at the crossover (``spill_threshold``). Against the lab's slo router (flat loads, every
-    # split, three regimes; fleet-lab.md's model table) the best threshold is within 1.1-1.5
+    # split, three regimes; fleet-lab.md's model table) the best threshold is within 1.3-1.5
     # points of the objective on average, the crossover 2.3-2.9 with mixed splits' relaxed
     # goodput 10-20 points low past 85% load.
     router: str = "slo"
@@ -538,10 +538,6 @@ def _split_at(spec: Curve, base: Curve, mix: Mix, slo: Slo, k: int, m: int, inde
     return best_spill(spec, base, mix, slo, k, m, index, mp)[1]
 
 
-# Thresholds ``best_spill`` tries first (then it climbs from the best by single steps).
-COARSE = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-
-
 def best_spill(spec: Curve, base: Curve, mix: Mix, slo: Slo, k: int, m: int, index: int,
                mp: ModelParams) -> tuple[int, Goodput]:  # fmt: skip
     """The slo policy (the router's default) as the spill threshold with the best objective
@@ -549,42 +545,54 @@ def best_spill(spec: Curve, base: Curve, mix: Mix, slo: Slo, k: int, m: int, ind
 
     The slo policy fills the speculative engines while they keep the strict SLO, then spreads
     by each engine's fill against its relaxed capacity, and under sustained overload sends the
-    excess to one pool: per load, it ends up near the spillover that suits that load (quiet:
-    deep into speculation; busy: shallower or deeper as the pools' capacities compare). The
-    threshold is searched over ``COARSE`` up to the speculative engines' cap and the
-    crossover (``spill_threshold``: so it never does worse than spillover there), then by
-    single steps from the best."""
-    top = spec.limit
+    excess to one pool: per load, it ends up near the spillover that suits that load. The
+    search starts at the crossover (``spill_threshold``) and climbs by single steps while the
+    objective improves, up to the batch at which a speculative engine misses the relaxed TPOT
+    on average (``slow_batch``; past it the speculative engines only add misses). It judges
+    the baseline pool fed the overflow as fed Poisson arrivals (one cached pool per rate,
+    shared by every threshold and split); the threshold found and the crossover are then
+    valued with the overflow's peakedness, and the better kept (so it never does worse than
+    spillover at the crossover)."""
+    top = max(1, min(spec.limit, slow_batch(spec, mix, slo.tpot * slo.relaxed_tpot, mp)))
+    cross = spill_threshold(spec, base, mix, slo)
+    tried: dict[int, float] = {}
 
-    def value(t: int) -> tuple[float, Goodput]:
-        g = _spill_at(spec, base, mix, slo, k, m, index, t, mp)
-        return g.value(mp.strict_weight), g
+    def value(t: int) -> float:
+        if t not in tried:
+            g = _spill_at(spec, base, mix, slo, k, m, index, t, mp, bursts=False)
+            tried[t] = g.value(mp.strict_weight)
+        return tried[t]
 
-    first = {t for t in COARSE if t <= top} | {spill_threshold(spec, base, mix, slo), top}
-    tried = {t: value(t) for t in sorted(first)}
-    best = max(tried, key=lambda t: tried[t][0])
-    for step in (-1, 1):
+    best = min(cross, top)
+    for step in (1, -1):
         t = best + step
-        while 1 <= t <= top:
-            if t not in tried:
-                tried[t] = value(t)
-            if tried[t][0] <= tried[best][0]:
-                break
+        while 1 <= t <= top and value(t) > value(best):
             best = t
             t += step
-    return best, tried[best][1]
+    at_cross = _spill_at(spec, base, mix, slo, k, m, index, cross, mp)
+    if best == cross:
+        return cross, at_cross
+    found = _spill_at(spec, base, mix, slo, k, m, index, best, mp)
+    w = mp.strict_weight
+    return (best, found) if found.value(w) > at_cross.value(w) else (cross, at_cross)
 
 
 def _spill_at(spec: Curve, base: Curve, mix: Mix, slo: Slo, k: int, m: int, index: int,
-              theta: int, mp: ModelParams) -> Goodput:  # fmt: skip
-    """Spillover at ``theta`` (see the module's docstring) with both pools up."""
+              theta: int, mp: ModelParams, bursts: bool = True) -> Goodput:  # fmt: skip
+    """Spillover at ``theta`` (see the module's docstring) with both pools up; ``bursts``:
+    the overflow's peakedness counted (else the baseline pool as fed Poisson arrivals, on the
+    grid)."""
     rate = GRID_LOW * mp.grid_step**index
     s = _pool_at(spec, mix, slo, k, index, theta, mp)
     over = rate * s.blocked
     if over <= GRID_LOW:
         return Goodput(s.strict, s.relaxed)
-    z = overflow_peakedness(law(spec, mix).departures[theta] / theta, k * theta, rate, s.blocked)
-    b = pool_result(base, mix, slo, m, over, None, mp, z)  # (this split point is cached)
+    if bursts:
+        z = overflow_peakedness(law(spec, mix).departures[theta] / theta, k * theta, rate,
+                                s.blocked)  # fmt: skip
+        b = pool_result(base, mix, slo, m, over, None, mp, z)  # (this split point is cached)
+    else:
+        b = pool_on_grid(base, mix, slo, m, over, None, mp)
     return Goodput(s.strict + s.blocked * b.strict, s.relaxed + s.blocked * b.relaxed)
 
 

@@ -166,8 +166,9 @@ def test_the_slo_router_does_at_least_what_spillover_at_the_crossover_does(
 @pytest.mark.parametrize("k", [1, 2, 3])
 @pytest.mark.parametrize("rate", [0.4, 1.5, 2.6])
 def test_the_best_threshold_is_found_among_all_thresholds(k: int, rate: float) -> None:
-    """The coarse search and the climb land within a tenth of a point of the best of every
-    threshold (the objective is smooth in the threshold on these curves)."""
+    """The search (a climb from the crossover, the overflow judged as Poisson) lands within
+    half a point of the best of every threshold valued with the overflow's bursts (the
+    model's own accuracy against the lab is a point or so)."""
     mp = ModelParams()
     index = round(grid_index(rate, mp.grid_step))
     _, found = best_spill(EAGLE3, BASE, MIX, SLO, k, 4 - k, index, mp)
@@ -175,7 +176,7 @@ def test_the_best_threshold_is_found_among_all_thresholds(k: int, rate: float) -
         _spill_at(EAGLE3, BASE, MIX, SLO, k, 4 - k, index, t, mp).value(mp.strict_weight)
         for t in range(1, EAGLE3.limit + 1)
     )
-    assert found.value(mp.strict_weight) >= every - 0.001
+    assert found.value(mp.strict_weight) >= every - 0.005
 
 
 def test_single_mode_fleets_have_no_threshold_to_choose() -> None:
