@@ -6,13 +6,13 @@ termination grace period does; the lab drops nothing), then is out of service fo
 mode's restart time (its preset's ``startup``), then comes up empty in the new mode. The drain
 and the restart are counted apart.
 
-The router (one policy for every row, so rows differ by their split only): **spillover** as
-the real router runs it at its best: a request goes to the least loaded speculative engine
-while that one has fewer than ``threshold`` in flight, else to the least loaded baseline engine;
-with one pool empty the other takes all; ties rotate. ``threshold`` is the crossover from the
-curves at the workload's mix (``router.plan.spill_threshold``: the first batch where baseline is
-as fast per token, never past what a speculative engine serves within the relaxed SLO), fixed
-for the run as a calibrated table would be.
+The router (one for every row, so rows differ by their split only): the one users run
+(``fleet_router.DeciderRouter``: the router's own decision shell with its default ``slo``
+policy; engines join and leave it as discovery would tell it), or, without one, **spillover**:
+a request goes to the least loaded speculative engine while that one has fewer than
+``threshold`` in flight, else to the least loaded baseline engine; with one pool empty the
+other takes all; ties rotate. ``threshold`` is the crossover from the curves at the workload's
+mix (``router.plan.spill_threshold``), fixed for the run as a calibrated table would be.
 
 A controller is called every ``interval`` seconds with what the lab's router could observe
 (the arrivals counted in the interval, the recent lengths and temperature share, every engine's
