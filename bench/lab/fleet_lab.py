@@ -548,7 +548,7 @@ def model_day_table(results: dict[str, Any]) -> list[str]:
     ]
 
     def obj(x: Sequence[float]) -> float:
-        return w * x[0] + (1 - w) * x[1]
+        return float(w * x[0] + (1 - w) * x[1])
 
     def two(x: Sequence[float] | None) -> str:
         return "—" if x is None else f"{_pct(x[0])} / {_pct(x[1])}"
