@@ -129,6 +129,42 @@ def summary(rows: Sequence[Row], weight: float = 0.2, which: str = "model") -> d
     }
 
 
+def markdown(rows: Sequence[Row], args: argparse.Namespace, argv: list[str] | None) -> str:
+    """The planner's model and spillover's against the lab, per regime and workload."""
+    command = " ".join(argv if argv is not None else sys.argv[1:])
+    lines = [
+        "# The planner's goodput model against the fleet lab",
+        "",
+        f"    python bench/lab/fleet_calibrate.py {command}",
+        "",
+        f"Static splits of {args.engines} engines at flat Poisson loads ("
+        + ", ".join(f"{int(100 * x)}%" for x in LOADS)
+        + f" of the all-baseline SLO capacity, {args.hours:g} h each, the first "
+        f"{WARMUP:.0f} s unscored) behind the lab's router ({args.router}), against "
+        "`router.plan.split_goodput`: the planner's model (the slo router as its best spill "
+        "threshold) and the model of spillover at the crossover (the planner's model before "
+        "session 4). Points of goodput; objective 0.2 strict + 0.8 relaxed; regret: the lab's "
+        "objective of the lab's best split minus that of the split the model prefers.",
+        "",
+        "| regime | workload | model | strict MAE | relaxed MAE | objective MAE | objective "
+        "max | regret mean | regret max | loads with regret over 1 pt |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple[str, str, float], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.regime, r.kind, r.hot), []).append(r)
+    for (reg, kind, hot), got in groups.items():
+        for label, which in (("best threshold", "model"), ("crossover", "spill_model")):
+            s = summary(got, which=which)
+            lines.append(
+                f"| {reg} | {kind}, {int(100 * hot)}% at T=1 | {label} | {s['strict_mae']:.1f} "
+                f"| {s['relaxed_mae']:.1f} | {s['objective_mae']:.1f} | "
+                f"{s['objective_max']:.1f} | {s['regret_mean']:.2f} | {s['regret_max']:.1f} | "
+                f"{s['regret_over_1pt'] * s['cells']:.0f} of {s['cells']:.0f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--regimes", default=",".join(REGIMES))
@@ -138,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--router", default="slo", choices=("slo", "spillover"))
     ap.add_argument("--dump", default="", help="write the rows here (JSON)")
+    ap.add_argument("--md", default="", help="write the summary table here (markdown)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     rows: list[Row] = []
@@ -156,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"model {r.model[0]:.3f} {r.model[1]:.3f}")  # fmt: skip
     if args.dump:
         Path(args.dump).write_text(json.dumps([asdict(r) for r in rows]))
+    if args.md:
+        Path(args.md).write_text(markdown(rows, args, argv))
     s = summary(rows)
     print("all " + " ".join(f"{k} {v:.2f}" for k, v in s.items()))
     return 0
