@@ -9,6 +9,7 @@ import asyncio
 import logging
 
 from router.asgi import Receive, Send
+from router.fastpath.priority import Priority
 from router.fastpath.responder import PlainResponder, Responder
 from router.fastpath.uvicorn import direct_send, why_not_direct
 
@@ -23,15 +24,16 @@ class Responders:
     ``/router/status``, and says once in the log why a request went the plain way (``--http
     h11``, another server, a uvicorn whose internals are not the ones this was written for)."""
 
-    __slots__ = ("_loop", "direct", "plain")
+    __slots__ = ("_loop", "direct", "plain", "priority")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, priority: Priority | None = None) -> None:
         self._loop = loop
         self.direct = 0
         self.plain = 0
+        self.priority = priority
 
     def __call__(self, receive: Receive, send: Send) -> Responder:
-        direct = direct_send(send)
+        direct = direct_send(send, self.priority)
         if direct is not None:
             self.direct += 1
             return direct
