@@ -15,7 +15,9 @@ from router.fastpath.uvicorn import direct_send, why_not_direct
 
 log = logging.getLogger("spec_router.fastpath")
 
-STATUS_KEYS = ("direct_responses", "plain_responses")
+# responses by responder; chunks kept back while requests started, and the writes that sent
+# them (router.fastpath.priority)
+STATUS_KEYS = ("direct_responses", "plain_responses", "held_chunks", "held_writes")
 
 
 class Responders:
@@ -47,9 +49,11 @@ class Responders:
         return PlainResponder(receive, send, self._loop)
 
     def status(self) -> dict[str, int]:
-        return fast_path_status((self.direct, self.plain))
+        priority = self.priority
+        held = (priority.kept, priority.writes) if priority is not None else (0, 0)
+        return fast_path_status((self.direct, self.plain, *held))
 
 
-def fast_path_status(counts: tuple[int, int] = (0, 0)) -> dict[str, int]:
+def fast_path_status(counts: tuple[int, int, int, int] = (0, 0, 0, 0)) -> dict[str, int]:
     """``/router/status``'s ``fast_path``: responses by responder (``STATUS_KEYS``)."""
     return dict(zip(STATUS_KEYS, counts, strict=True))

@@ -45,12 +45,14 @@ class Held:
 class Priority:
     """Counts the requests on their way to a first byte and holds chunk writes meanwhile."""
 
-    __slots__ = ("_loop", "delay", "starting", "_held", "_timer")
+    __slots__ = ("_loop", "delay", "starting", "kept", "writes", "_held", "_timer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
         self._loop = loop
         self.delay = delay
         self.starting = 0
+        self.kept = 0  # chunks kept back, in all (for /router/status)
+        self.writes = 0  # the writes of the flushes that sent them
         self._held: list[Held] = []
         self._timer: asyncio.TimerHandle | None = None
 
@@ -65,6 +67,7 @@ class Priority:
     def hold(self, held: Held, data: bytes) -> None:
         """Keep ``data`` for ``held``'s stream until the next flush."""
         held.parts.append(data)
+        self.kept += 1
         if not held.queued:
             held.queued = True
             self._held.append(held)
@@ -79,4 +82,6 @@ class Priority:
         held, self._held = self._held, []
         for one in held:
             one.queued = False
-            one.flush()
+            if one.parts:
+                self.writes += 1
+                one.flush()
