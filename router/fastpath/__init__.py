@@ -1,7 +1,8 @@
 """The router's hot-path shortcut under uvicorn's httptools server: ``DirectSend``
 (``uvicorn.py``, the only code that knows uvicorn's internals), behind the ``Responder``
-interface with a plain-ASGI twin for every other server (``responder.py``); and the request
-deadline and head limits of ``spec-router serve``'s protocol (``protocol.py``)."""
+interface with a plain-ASGI twin for every other server (``responder.py``); the chunks of
+running streams held back while new requests start (``priority.py``); and the request deadline
+and head limits of ``spec-router serve``'s protocol (``protocol.py``)."""
 
 from __future__ import annotations
 
