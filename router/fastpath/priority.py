@@ -1,5 +1,5 @@
 """New requests before the chunks of running streams: the writes of diverted chunks wait,
-for at most ``delay``, while a request is on its way to its first byte.
+for at most ``delay``, while the router starts a request (from its arrival until it is decided).
 
 Under waves of new connections (clients that reconnect per stream and start together) a
 request's first byte waits behind everything the loop does in its turns, most of which is
@@ -43,7 +43,7 @@ class Held:
 
 
 class Priority:
-    """Counts the requests on their way to a first byte and holds chunk writes meanwhile."""
+    """Counts the requests the router is starting and holds chunk writes meanwhile."""
 
     __slots__ = ("_loop", "delay", "starting", "kept", "writes", "_held", "_timer")
 

@@ -35,8 +35,8 @@ def chunk_sink(
     while the client can take it (``flow`` not paused for a slow client, ``cycle`` not
     disconnected, the transport not closing). The ready check and the framing are inlined: it
     runs for every chunk of every stream (``bench/lab/chunk_path.py`` times it). With
-    ``priority`` (and ``held``, the stream's kept chunks) a chunk waits while a request is on
-    its way to its first byte (``router.fastpath.priority``)."""
+    ``priority`` (and ``held``, the stream's kept chunks) a chunk waits while the router
+    starts a request (``router.fastpath.priority``)."""
     write, closing = transport.write, transport.is_closing
 
     def sink(data: bytes) -> bool:

@@ -74,7 +74,7 @@ USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 class _Flags:
     done: bool = False
     client_gone: bool = False
-    starting: bool = False  # counted in ``Priority.starting`` until its first byte is out
+    starting: bool = False  # counted in ``Priority.starting`` until it is decided
 
 
 class Proxy:
@@ -192,6 +192,11 @@ class Proxy:
         conn: Connection | None = None
         lease: Lease | None = None
         left = False
+        # The router's own work to start this request is done (what is left, the engine's
+        # head and first token, is the engine's): it stops holding other streams' chunks back.
+        # Not at the first byte: with a real engine that is a prefill and a queue away (SGLang
+        # sends its head with the first token), and every running stream would wait meanwhile.
+        self._started(flags)
         try:
             if decision.reason == "overflow" and self.admission.enabled:
                 decision = await self._queue(request, out)
@@ -470,7 +475,6 @@ class Proxy:
             if not conn.has_body:
                 await _send_all(responder, [start])
                 pending = None
-                self._started(flags)
                 self._divert(conn, responder, tap, lease, out)
             while True:
                 data = await read()
@@ -487,7 +491,6 @@ class Proxy:
                     chunk = {"type": "http.response.body", "body": data, "more_body": True}
                     await _send_all(responder, [*pending, chunk] if data else pending)
                     pending = None
-                    self._started(flags)
                     self._divert(conn, responder, tap, lease, out)
                 elif data:
                     responder.flush()
@@ -513,7 +516,7 @@ class Proxy:
             out.counted(tap.usage)
 
     def _started(self, flags: _Flags) -> None:
-        """The response's first bytes are out: the request no longer holds chunks back."""
+        """The request is decided: it no longer holds other streams' chunks back."""
         if flags.starting:
             flags.starting = False
             self.priority.end()  # type: ignore[union-attr]
