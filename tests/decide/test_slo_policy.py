@@ -180,9 +180,9 @@ def test_past_the_relaxed_capacities_a_burst_is_spread() -> None:
     assert d is not None and (d.pool, d.reason) == (BASELINE, "overflow")
 
 
-def test_only_a_request_short_of_a_place_by_count_overflows_into_the_queue() -> None:
+def test_only_a_request_short_of_a_place_by_load_overflows_into_the_queue() -> None:
     # a long prompt, both engines one request below their relaxed capacity: there is a place
-    # by count, but its prefill's harm to those running there misses the relaxed target; a
+    # by load, but its prefill's harm to those running there misses the relaxed target; a
     # release would not bring that room, so it is not held (``beyond_slo``), and it is placed
     # as an overflow would be
     long = req(prompt=4000)
