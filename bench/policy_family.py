@@ -18,6 +18,7 @@ default policy (``slo``) is set against the best of ``spillover``, ``round_robin
     python bench/policy_family.py --workloads 80 --variant overload=0.75 --set overload=0.75
     python bench/policy_family.py --workloads 240 --variant queue --set queue=64,1
     python bench/policy_family.py --workloads 240 --summary-only   # from the cache, no runs
+    python bench/policy_family.py --workloads 240 --variant "sim seed 1" --sim-seed 1  # noise
 
 Results are cached by workload and variant in ``--cache`` (a JSON lines file), so that a
 change to the default policy re-runs only its own cells (``--fresh`` runs everything again).
@@ -172,6 +173,9 @@ class Variant:
     params: Params = DEFAULT
     queue: tuple[int, float] | None = None
     lifo: bool = False
+    # another draw of the engines' randomness (the arrivals and lengths kept): 0 is the
+    # family's; the spread over a few is the default's run-to-run noise (``--sim-seed``)
+    sim_seed: int = 0
 
 
 def layout(w: Workload) -> tuple[list[Preset], list[Pool]]:
@@ -196,7 +200,12 @@ def run_one(w: Workload, policy: str, variant: Variant) -> dict[str, Any]:
 
     started = time.process_time()
     reqs: list[Req] = run(
-        a, make, seed=1000 * w.seed + 7, presets=presets, pools=pools, drain=DRAIN
+        a,
+        make,
+        seed=1000 * w.seed + 7 + 100_000 * variant.sim_seed,
+        presets=presets,
+        pools=pools,
+        drain=DRAIN,
     )
     s = score(reqs, a, WARMUP, DRAIN)
     return {
@@ -382,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         "--cache", type=Path, default=ROOT / "bench" / "results" / "policy-family-runs.jsonl"
     )
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--sim-seed", type=int, default=0,
+                    help="another draw of the engines' randomness (noise)")  # fmt: skip
     ap.add_argument("--fresh", action="store_true")
     ap.add_argument("--only", help="only these workloads' seeds, N,N,...")
     ap.add_argument("--regimes", help="only workloads of these regimes, R,R,...")
@@ -389,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summary-only", action="store_true", help="summarize the cache, run nothing")
     args = ap.parse_args(argv)
     params, queue, lifo = parse_set(args.set)
-    variant = Variant(args.variant, params, queue, lifo)
+    variant = Variant(args.variant, params, queue, lifo, args.sim_seed)
     seeds = range(args.first, args.first + args.workloads)
     if args.only:
         seeds = [int(x) for x in args.only.split(",")]  # type: ignore[assignment]

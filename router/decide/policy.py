@@ -276,8 +276,11 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
        serve within the relaxed SLO (``snap.offered``: sustained overload), it goes away from
        the strict pool, or with none to the pool with the most throughput, so that the other
        keeps serving within the SLO; short of that (a burst) to the engine filled least against
-       its relaxed capacity. A request that would miss the relaxed targets even alone is placed
-       the same way, unqueued (``beyond_slo``).
+       its relaxed capacity. A request that would miss the relaxed targets even alone, or that
+       some engine has a place for by its load (within its relaxed capacity and the request's
+       relaxed time per token there) but not within the targets (its prefill's harm, the
+       prefills sent there lately: a release would not bring that), is placed the same way,
+       unqueued (``beyond_slo``).
 
     Without curves (no surface yet): as ``spillover``."""
     req, surf = snap.request, snap.surface
@@ -368,7 +371,16 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
             and pools[v.name].own_tpot(c, 1, 0.0) <= tpot * RELAXED_TPOT
             for v, _, _ in picks
         )
-        reason = "overflow" if alone else "beyond_slo"
+        # what a queued request waits for is a place: an engine whose load keeps it within
+        # the relaxed targets; with one left (it missed on its own prefill's harm or the
+        # prefills sent there lately), a release would not bring the room it lacks, so it is
+        # not held either
+        place = any(
+            p[2] <= pools[p[0].name].relaxed[c]
+            and _tpot_at(pools[p[0].name], c, p[2]) <= tpot * RELAXED_TPOT
+            for p in picks
+        )
+        reason = "overflow" if alone and not place else "beyond_slo"
         if overloaded and keep is not None:
             # away from the strict pool, so that it keeps serving within the strict SLO
             best = min(picks, key=lambda p: (p[0].name == keep, fill(p)))

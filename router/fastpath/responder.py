@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from router.asgi import Receive, Send
+from router.fastpath.priority import Held, Priority
 
 # Takes body bytes from the upstream's socket callback. Returns True once it has written them
 # (what its ``feed`` made of them) to the client, or False, having consumed nothing, when the
@@ -27,11 +28,15 @@ def chunk_sink(
     transport: Any,
     feed: Callable[[bytes], bytes] | None,
     first: Callable[[], None] | None,
+    priority: Priority | None = None,
+    held: Held | None = None,
 ) -> Sink:
     """A ``Sink`` writing each call's bytes as one chunk of a chunked body to ``transport``,
     while the client can take it (``flow`` not paused for a slow client, ``cycle`` not
     disconnected, the transport not closing). The ready check and the framing are inlined: it
-    runs for every chunk of every stream (``bench/lab/chunk_path.py`` times it)."""
+    runs for every chunk of every stream (``bench/lab/chunk_path.py`` times it). With
+    ``priority`` (and ``held``, the stream's kept chunks) a chunk waits while the router
+    starts a request (``router.fastpath.priority``)."""
     write, closing = transport.write, transport.is_closing
 
     def sink(data: bytes) -> bool:
@@ -44,7 +49,11 @@ def chunk_sink(
         if feed is not None:
             data = feed(data)
         if data:
-            write(b"%x\r\n%b\r\n" % (len(data), data))
+            if priority is not None and priority.starting:
+                # (none is kept once no request is starting: ``Priority.end`` wrote them)
+                priority.hold(held, b"%x\r\n%b\r\n" % (len(data), data))  # type: ignore[arg-type]
+            else:
+                write(b"%x\r\n%b\r\n" % (len(data), data))
         return True
 
     return sink
@@ -58,6 +67,10 @@ class Responder(Protocol):
         The request body must have been read."""
 
     def unwatch(self) -> None: ...
+
+    def flush(self) -> None:
+        """Write the body chunks the sink kept back (``router.fastpath.priority``), before
+        anything else is written to the client."""
 
     def body_sink(
         self, feed: Callable[[bytes], bytes] | None, first: Callable[[], None] | None
@@ -89,6 +102,9 @@ class PlainResponder:
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
+
+    def flush(self) -> None:
+        pass
 
     def body_sink(
         self, feed: Callable[[bytes], bytes] | None, first: Callable[[], None] | None

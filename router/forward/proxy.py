@@ -38,6 +38,7 @@ from router.errors import (
     sse_error_event,
 )
 from router.fastpath import Responders
+from router.fastpath.priority import Priority
 from router.fastpath.protocol import REQUEST_EXPIRED, REQUEST_STARTED
 from router.fastpath.responder import Responder
 from router.fastpath.uvicorn import body_in
@@ -73,6 +74,7 @@ USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 class _Flags:
     done: bool = False
     client_gone: bool = False
+    starting: bool = False  # counted in ``Priority.starting`` until it is decided
 
 
 class Proxy:
@@ -102,7 +104,10 @@ class Proxy:
         # Made in the serving loop. Passed explicitly: asyncio's loop lookup calls getpid()
         # on Python 3.11, a system call per request.
         self.loop = asyncio.get_running_loop()
-        self.responders = Responders(self.loop)
+        # the chunks of running streams wait while a request starts (router.fastpath.priority)
+        start_first = settings.start_first_ms / 1000
+        self.priority = Priority(self.loop, start_first) if start_first > 0 else None
+        self.responders = Responders(self.loop, self.priority)
         self.admission = admission if admission is not None else Admission(0)
         # how long an engine goes on running a request after its client left (and the
         # router closed the upstream connection): 0 for vLLM, 2-4 s for SGLang
@@ -128,9 +133,17 @@ class Proxy:
         poke = self.poke
         if poke is not None:
             poke()
+        flags = _Flags()
+        priority = self.priority
+        if priority is not None:
+            priority.begin()
+            flags.starting = True
         try:
-            await self._handle(scope, receive, send, out)
+            await self._handle(scope, receive, send, out, flags)
         finally:
+            if flags.starting:
+                flags.starting = False
+                priority.end()  # type: ignore[union-attr]
             out.finish(self.clock())
             if poke is not None:
                 poke()
@@ -140,7 +153,9 @@ class Proxy:
                 except Exception:  # an observer must never break the proxy
                     log.exception("observer failed")
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send, out: Outcome) -> None:
+    async def _handle(
+        self, scope: Scope, receive: Receive, send: Send, out: Outcome, flags: _Flags
+    ) -> None:
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         try:
             self._authorize(headers)
@@ -172,12 +187,16 @@ class Proxy:
             return
         task = asyncio.current_task(self.loop)
         assert task is not None
-        flags = _Flags()
         responder = self.responders(receive, send)
         responder.watch(lambda: _client_left(task, flags))
         conn: Connection | None = None
         lease: Lease | None = None
         left = False
+        # The router's own work to start this request is done (what is left, the engine's
+        # head and first token, is the engine's): it stops holding other streams' chunks back.
+        # Not at the first byte: with a real engine that is a prefill and a queue away (SGLang
+        # sends its head with the first token), and every running stream would wait meanwhile.
+        self._started(flags)
         try:
             if decision.reason == "overflow" and self.admission.enabled:
                 decision = await self._queue(request, out)
@@ -474,6 +493,7 @@ class Proxy:
                     pending = None
                     self._divert(conn, responder, tap, lease, out)
                 elif data:
+                    responder.flush()
                     await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:
             out.broke(exc.kind)
@@ -482,6 +502,7 @@ class Proxy:
                 if exc.kind in verdicts.SLOW_KINDS:
                     raise UpstreamTimeout(f"upstream did not answer within {exc}") from None
                 raise UpstreamUnavailable(f"upstream failed: {exc}") from None
+            responder.flush()
             await self._break_stream(send, exc, is_sse)
             return
         except OSError as exc:  # ASGI spec 2.4: the client is gone
@@ -493,6 +514,12 @@ class Proxy:
         await _send_all(responder, [*pending, end] if pending else [end])
         if tap is not None:
             out.counted(tap.usage)
+
+    def _started(self, flags: _Flags) -> None:
+        """The request is decided: it no longer holds other streams' chunks back."""
+        if flags.starting:
+            flags.starting = False
+            self.priority.end()  # type: ignore[union-attr]
 
     def _divert(
         self,

@@ -180,6 +180,24 @@ def test_past_the_relaxed_capacities_a_burst_is_spread() -> None:
     assert d is not None and (d.pool, d.reason) == (BASELINE, "overflow")
 
 
+def test_only_a_request_short_of_a_place_by_load_overflows_into_the_queue() -> None:
+    # a long prompt, both engines one request below their relaxed capacity: there is a place
+    # by load, but its prefill's harm to those running there misses the relaxed target; a
+    # release would not bring that room, so it is not held (``beyond_slo``), and it is placed
+    # as an overflow would be
+    long = req(prompt=4000)
+    assert SURFACE.pools[SPECULATIVE].ttft(4000, 1) <= 3 * 1.0  # (it fits alone)
+    spec_at, base_at = relaxed(SPECULATIVE) - 1, relaxed(BASELINE) - 1
+    d = choose("slo", snap(spec_at, base_at, r=long, offered=0.0))[0]
+    assert d is not None and d.reason == "beyond_slo"
+    # a short prompt at the same loads fits within the relaxed SLO
+    d = choose("slo", snap(spec_at, base_at, offered=0.0))[0]
+    assert d is not None and d.reason == "within_relaxed"
+    # at their relaxed capacities it waits for a place: an overflow (queued when the queue is on)
+    d = choose("slo", snap(spec_at + 1, base_at + 1, r=long, offered=0.0))[0]
+    assert d is not None and d.reason == "overflow"
+
+
 def test_under_sustained_overload_the_excess_goes_to_the_pool_with_the_most_throughput() -> None:
     # requests arriving faster than both engines serve within the relaxed SLO
     served = SURFACE.pools[SPECULATIVE].relaxed_rate + SURFACE.pools[BASELINE].relaxed_rate
