@@ -173,8 +173,11 @@ def intro(meta: Doc) -> list[str]:
         "would per planner minute. "
         "Strict: TTFT <= 1 s and TPOT <= 25 ms; relaxed: 3 s and 50 ms (model time); shares of "
         "every request. Router: the default policy (`slo`) on the table the presets' model "
-        "gives. The lab column is `bench/results/fleet-lab.md`'s same row (spillover router, "
-        "the day uncompressed); the oracle only exists there. Best static: the static split run "
+        "gives. The lab column is `bench/results/fleet-lab.md`'s same row (the lab's router: "
+        "the same Decider with the `slo` policy, the day uncompressed); the oracle only exists "
+        "there. *planner*: its goodput model prices the `slo` router (each split at its best "
+        "spill threshold); *spillover model*: the runs before, whose model priced spillover at "
+        "the crossover (it undervalued mixed splits). Best static: the static split run "
         f"over sockets with the best objective ({STRICT_WEIGHT:g} strict + "
         f"{1 - STRICT_WEIGHT:g} relaxed, the planner's).",
         "",
@@ -224,6 +227,19 @@ def regime_section(all_runs: dict[str, Doc], regime: str, lab: Doc) -> list[str]
         )
     else:
         lines.append(f"| **planner** | not run | | | | | | {labs} |")
+    spill = repeats(all_runs, regime, "planner.spillmodel")
+    if spill:
+        n = len(spill)
+        objs = [objective(d["summary"]) for d in spill]
+        obj = pct(sum(objs) / n) + (f" ({pct(min(objs))}-{pct(max(objs))})" if n > 1 else "")
+        sw = "/".join(str(d["summary"]["switches"]) for d in spill)
+        eng = "/".join(f"{d['summary']['restart_engine_s']:.0f}" for d in spill)
+        tok = sum(d["summary"]["tok_s"] for d in spill) / n
+        lines.append(
+            f"| planner, spillover model{f' ({n} runs)' if n > 1 else ''} | "
+            f"{spread(spill, 'goodput_strict')} | {spread(spill, 'goodput_relaxed')} | {obj} | "
+            f"{tok:.0f} | {sw} | {eng} | |"
+        )
     old = all_runs.get(f"{regime}.planner.before")
     if old is not None:
         s = old["summary"]
@@ -321,9 +337,15 @@ def switches(doc: Doc) -> list[str]:
 
 
 def flat_section(all_runs: dict[str, Doc]) -> list[str]:
+    def edge_of(name: str) -> str:
+        if name.endswith(".before"):
+            return "before"
+        return "window, spillover model" if name.endswith(".spillmodel") else "window, slo model"
+
+    order = {"before": 0, "window, spillover model": 1, "window, slo model": 2}
     flats = sorted(
         (n for n in all_runs if ".flat" in n),
-        key=lambda n: (n.replace(".before", ""), not n.endswith(".before")),
+        key=lambda n: (re.sub(r"\.(before|spillmodel)$", "", n), order[edge_of(n)]),
     )
     if not flats:
         return []
@@ -336,7 +358,8 @@ def flat_section(all_runs: dict[str, Doc]) -> list[str]:
         "arrivals and a mix scaled to that interval's token means (commit 0387fbe); *after*: "
         "given the window's (`router.planning.traffic.Window`: the rate over the latest "
         "intervals holding 50 arrivals, at most 10 planner minutes, with a Poisson band; the "
-        "token means over 400 requests).",
+        "token means over 400 requests); *spillover model* / *slo model*: the goodput model "
+        "pricing spillover at the crossover (before) or the `slo` router (now).",
         "",
         "The rates are wall requests per second (what the router sees: the day "
         f"{COMPRESS}x faster than engines at time scale {TIME_SCALE}); *true* is the level's, "
@@ -352,7 +375,7 @@ def flat_section(all_runs: dict[str, Doc]) -> list[str]:
         d = all_runs[name]
         m, s = d["meta"], d["summary"]
         level = re.search(r"flat(\d+(?:\.\d+)?)", name)
-        edge = "before" if name.endswith(".before") else "after"
+        edge = edge_of(name)
         true = float(level[1]) * m["capacity_rps"] / m["time_scale"] if level else None
         lp = d.get("last_plan") or {}
         est = lp.get("estimate")
@@ -378,12 +401,13 @@ def flat_section(all_runs: dict[str, Doc]) -> list[str]:
                              f"{a['switch']['into']} (towards {m2[1]}): {m2[2]} pt expected "
                              f"against a restart cost of {m2[3]} pt, rate then {m2[4]}/s "
                              "(wall)")  # fmt: skip
-    before = sum(len(all_runs[n].get("advice") or []) for n in flats if n.endswith(".before"))
-    after = [n for n in flats if not n.endswith(".before")]
-    after_sw = sum(len(all_runs[n].get("advice") or []) for n in after)
-    lines += ["", f"Switches advised: before {before} in "
-                  f"{sum(n.endswith('.before') for n in flats)} runs; after {after_sw} in "
-                  f"{len(after)} runs.", ""]  # fmt: skip
+    counts = []
+    for edge in order:
+        named = [n for n in flats if edge_of(n) == edge]
+        if named:
+            sw = sum(len(all_runs[n].get("advice") or []) for n in named)
+            counts.append(f"{edge} {sw} in {len(named)} runs")
+    lines += ["", f"Switches advised: {'; '.join(counts)}.", ""]
     if notes:
         lines += ["Each switch, from the advice the actuator acted on:", "", *notes, ""]
     return lines

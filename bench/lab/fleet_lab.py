@@ -45,6 +45,7 @@ from fleet_control import PlannerController, Schedule, setting_for  # noqa: E402
 from fleet_engine import Req  # noqa: E402
 from fleet_oracle import oracle  # noqa: E402
 from fleet_regimes import REGIMES, regime  # noqa: E402
+from fleet_router import DeciderRouter  # noqa: E402
 from fleet_score import Score, buckets, meets, per_bucket_good, score  # noqa: E402
 from fleet_sim import Result, run  # noqa: E402
 from fleet_workloads import (  # noqa: E402
@@ -58,12 +59,16 @@ from fleet_workloads import (  # noqa: E402
 
 from router.plan import (  # noqa: E402
     ForecastParams,
+    Mix,
+    ModelParams,
     Params,
+    Setting,
     Slo,
     forecast,
     mix_of,
     observe,
     spill_threshold,
+    split_goodput,
     steady_split,
 )
 from router.tools.traffic import load_trace  # noqa: E402
@@ -160,8 +165,34 @@ def _yesterday(wl: Workload, capacity: float, interval: float) -> list[int]:
     return counts
 
 
-def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
-    """Every row for one regime and workload."""
+def model_day(setting: Setting, mix: Mix, env: Envelope, capacity: float, n: int,
+              weight: float) -> dict[str, dict[str, list[float]]]:  # fmt: skip
+    """Each static split's goodput over the day as the planner's model expects it (minute by
+    minute at the envelope's rate, weighted by arrivals), pricing the slo router (its best
+    threshold) and spillover at the crossover."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for name, mp in (("slo", ModelParams(strict_weight=weight)),
+                     ("spillover", ModelParams(router="spillover"))):  # fmt: skip
+        per: dict[str, list[float]] = {}
+        for k in range(n + 1):
+            strict = relaxed = total = 0.0
+            t = 30.0
+            while t < env.duration:
+                rate = env.share(t) * capacity
+                g = split_goodput(setting.speculative, setting.baseline, mix, setting.slo, k,
+                                  n - k, rate, mp)  # fmt: skip
+                strict += rate * g.strict
+                relaxed += rate * g.relaxed
+                total += rate
+                t += 60.0
+            per[str(k)] = [strict / total, relaxed / total]
+        out[name] = per
+    return out
+
+
+def evaluate(reg: str, wl: Workload, params: Params, router: str = "slo") -> dict[str, Any]:
+    """Every row for one regime and workload, behind ``router``: "slo" (the router users run,
+    ``fleet_router``) or "spillover" at the crossover."""
     t0 = time.time()
     spec, base = regime(reg)
     n = ENGINES
@@ -174,10 +205,16 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
         setting.speculative, setting.baseline, workload_mix(wl.kind, wl.hot), Slo()
     )
     w = params.strict_weight
+    if router == "spillover":
+        params = params._replace(model=params.model._replace(router="spillover"))
+
+    def rt() -> DeciderRouter | None:
+        return DeciderRouter(spec, base, prompt, output) if router == "slo" else None
+
     rows: dict[str, dict[str, Any]] = {}
     full = {}
     for k in range(n + 1):
-        res = run(reqs, spec, base, n, k, theta, seed=wl.seed)
+        res = run(reqs, spec, base, n, k, theta, seed=wl.seed, router=rt())
         rows[f"static {k}"] = _row(res, duration, w)
         full[k] = per_bucket_good(res.requests, duration, BUCKET)
     first = [r for r in reqs if r.at < params.interval]
@@ -192,9 +229,8 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
     params = params._replace(forecast=params.forecast._replace(season=len(yesterday)))
     ctl = PlannerController(setting, params)
     ctl.warm(yesterday, params.interval)
-    res = run(
-        reqs, spec, base, n, start, theta, seed=wl.seed, controller=ctl, interval=params.interval
-    )
+    res = run(reqs, spec, base, n, start, theta, seed=wl.seed, controller=ctl,
+              interval=params.interval, router=rt())  # fmt: skip
     rows["planner"] = _row(res, duration, w)
     rows["planner"]["start"] = start
     floors = []
@@ -215,7 +251,7 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
     if wl.oracle:
         short = {}
         for k in range(n):
-            r2 = run(reqs, spec, base, n - 1, k, theta, seed=wl.seed)
+            r2 = run(reqs, spec, base, n - 1, k, theta, seed=wl.seed, router=rt())
             short[k] = per_bucket_good(r2.requests, duration, BUCKET)
         restarts = {"speculative": spec.startup, "baseline": base.startup}
         o = oracle(full, short, n, BUCKET, restarts, w)
@@ -237,6 +273,7 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
             seed=wl.seed,
             controller=Schedule(list(o.moves)),
             interval=BUCKET,
+            router=rt(),
         )
         rows["oracle replayed"] = _row(replay, duration, w)
     statics = [rows[f"static {k}"] for k in range(n + 1)]
@@ -251,6 +288,10 @@ def evaluate(reg: str, wl: Workload, params: Params) -> dict[str, Any]:
         "held_out": wl.held_out,
         "capacity": capacity,
         "threshold": theta,
+        "router": router,
+        "model_day": model_day(setting, workload_mix(wl.kind, wl.hot), wl.env, capacity, n, w)
+        if wl.kind == "conv" and wl.env.shape != "flat"
+        else None,
         "requests": len(reqs),
         "best_static": best,
         "rows": rows,
@@ -474,6 +515,72 @@ def summary_table(results: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _sockets(reg: str, k: int) -> tuple[float, float] | None:
+    """The static split's row over sockets (``bench/results/fleet/``), if run."""
+    path = RESULTS / "fleet" / f"{reg}.static{k}.json"
+    if not path.exists() and k == 0:
+        path = RESULTS / "fleet" / "eagle3.static0.json"
+    if not path.exists():
+        return None
+    s = json.loads(path.read_text())["summary"]
+    return (s["goodput_strict"], s["goodput_relaxed"])
+
+
+def model_day_table(results: dict[str, Any]) -> list[str]:
+    """The model's day per static split against the lab and the sockets."""
+    evs = [ev for ev in results.get("main", []) if ev.get("model_day")]
+    if not evs:
+        return []
+    w = results["strict_weight"]
+    lines = [
+        "## The planner's model of the main day against the lab and the sockets",
+        "",
+        "Each static split over the main day: what the planner's goodput model expects "
+        "(minute by minute at the envelope's rate), pricing the `slo` router as its best spill "
+        "threshold (now) or spillover at the crossover (before), against the lab's run behind "
+        "the lab's router and the run over sockets (`bench/results/fleet.md`, the day "
+        "compressed 48x: transients weigh more there). strict / relaxed %, and the model's "
+        "error on the objective in points.",
+        "",
+        "| regime | split | model (slo) | model (spillover) | lab | sockets | error slo model "
+        "vs lab / sockets | error spillover model vs lab / sockets |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def obj(x: Sequence[float]) -> float:
+        return float(w * x[0] + (1 - w) * x[1])
+
+    def two(x: Sequence[float] | None) -> str:
+        return "—" if x is None else f"{_pct(x[0])} / {_pct(x[1])}"
+
+    def err(m: Sequence[float], x: Sequence[float] | None) -> str:
+        return "—" if x is None else f"{100 * (obj(m) - obj(x)):+.1f}"
+
+    for ev in evs:
+        md = ev["model_day"]
+        for k in range(ENGINES + 1):
+            lab = ev["rows"][f"static {k}"]
+            labv = (lab["strict"], lab["relaxed"])
+            sock = _sockets(ev["regime"], k)
+            ms, mp = md["slo"][str(k)], md["spillover"][str(k)]
+            lines.append(
+                f"| {ev['regime']} | {k} | {two(ms)} | {two(mp)} | {two(labv)} | {two(sock)} | "
+                f"{err(ms, labv)} / {err(ms, sock)} | {err(mp, labv)} / {err(mp, sock)} |"
+            )
+    lines.append("")
+    return lines
+
+
+def _router_text(results: dict[str, Any]) -> str:
+    if results.get("router", "slo") == "spillover":
+        return "spillover at the crossover (see `bench/lab/fleet_sim.py`)"
+    return (
+        "the one users run: `spec-router serve`'s decision shell with its default policy "
+        "`slo` (`bench/lab/fleet_router.py`: the router's own Decider on the fleet's model "
+        "table, learning off)"
+    )
+
+
 def report(results: dict[str, Any], command: str) -> str:
     w = results["strict_weight"]
     lines = [
@@ -482,7 +589,7 @@ def report(results: dict[str, Any], command: str) -> str:
         f"    {command}",
         "",
         f"Generated by `bench/lab/fleet_lab.py` ({results['minutes']:.1f} min on this machine). "
-        f"N = {ENGINES} engines; the router is spillover (see `bench/lab/fleet_sim.py`); "
+        f"N = {ENGINES} engines; the router is {_router_text(results)}; "
         f"the objective is {w:g} x strict + {1 - w:g} x relaxed goodput. Strict: TTFT <= 1 s "
         "and TPOT <= 25 ms; relaxed: 3 s and 50 ms. Shares are of every request that arrived; "
         "good tok/s counts the output tokens of requests within the relaxed SLO. Restart "
@@ -582,6 +689,7 @@ def report(results: dict[str, Any], command: str) -> str:
                         f"{f['actual_peak']:.2f} |"
                     )
             lines.append("")
+    lines += model_day_table(results)
     if "calibration" in results:
         lines += [
             "## The planner's goodput model against the lab",
@@ -589,22 +697,28 @@ def report(results: dict[str, Any], command: str) -> str:
             "Static splits at flat Poisson loads (1 h each, "
             + ", ".join(f"{int(100 * x)}%" for x in LOADS)
             + " of the all-baseline capacity), every "
-            "split of 4 engines; mean and worst absolute error in points, and the regret "
-            "of choosing the split the model prefers (lab objective of the lab's best split "
-            "minus that of the model's choice).",
+            "split of 4 engines, behind the lab's router "
+            f"({results.get('router', 'slo')}); mean and worst absolute error in points, "
+            "and the regret of choosing the split the model prefers (lab objective of the "
+            "lab's best split minus that of the model's choice), for the planner's model "
+            "(the slo router as its best spill threshold, `router.plan.goodput.best_spill`) "
+            "and for the model of spillover at the crossover (the planner's model before).",
             "",
-            "| regime | workload | strict MAE | relaxed MAE | strict max | relaxed max | "
-            "regret mean | regret max | cells over 1 pt |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| regime | workload | model | strict MAE | relaxed MAE | objective MAE | "
+            "objective max | regret mean | regret max | cells over 1 pt |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c in results["calibration"]:
-            s = c["summary"]
-            lines.append(
-                f"| {c['regime']} | {c['workload']} | {s['strict_mae']:.1f} | "
-                f"{s['relaxed_mae']:.1f} | {s['strict_max']:.1f} | {s['relaxed_max']:.1f} "
-                f"| {s['regret_mean']:.2f} | {s['regret_max']:.2f} | "
-                f"{100 * s['regret_over_1pt']:.0f}% |"
-            )
+            for label, key in (("best threshold", "summary"), ("crossover", "spill_summary")):
+                s = c.get(key)
+                if s is None:
+                    continue
+                lines.append(
+                    f"| {c['regime']} | {c['workload']} | {label} | {s['strict_mae']:.1f} | "
+                    f"{s['relaxed_mae']:.1f} | {s.get('objective_mae', math.nan):.1f} | "
+                    f"{s.get('objective_max', math.nan):.1f} | {s['regret_mean']:.2f} | "
+                    f"{s['regret_max']:.2f} | {100 * s['regret_over_1pt']:.0f}% |"
+                )
         lines.append("")
     if "forecast" in results:
         lines += [
@@ -640,21 +754,22 @@ def _rounded(x: Any) -> Any:
     return x
 
 
-def _task(args: tuple[str, Workload, Params, str]) -> tuple[str, dict[str, Any]]:
-    reg, wl, params, section = args
-    ev = evaluate(reg, wl, params)
+def _task(args: tuple[str, Workload, Params, str, str]) -> tuple[str, dict[str, Any]]:
+    reg, wl, params, section, router = args
+    ev = evaluate(reg, wl, params, router)
     ev["checks"] = checks(ev, params.strict_weight)
     print(f"  {section:8s} {reg:13s} {wl.name:40s} {ev['seconds']:.0f} s", flush=True)
     return section, ev
 
 
-def _calibration_task(args: tuple[str, str, float]) -> dict[str, Any]:
-    reg, kind, hot = args
-    rows = calibrate(reg, kind, hot, ENGINES, LOADS, 1.0, 1)
+def _calibration_task(args: tuple[str, str, float, str]) -> dict[str, Any]:
+    reg, kind, hot, router = args
+    rows = calibrate(reg, kind, hot, ENGINES, LOADS, 1.0, 1, router)
     return {
         "regime": reg,
         "workload": f"{kind}, {int(100 * hot)}% at T=1",
         "summary": summary(rows),
+        "spill_summary": summary(rows, which="spill_model"),
         "rows": [asdict(r) for r in rows],
     }
 
@@ -671,6 +786,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seasonal-prior", type=float, default=None)
     ap.add_argument("--workloads", default="", help="held-out days whose name has one of these "
                     "(comma-separated); default: all")  # fmt: skip
+    ap.add_argument("--router", default="slo", choices=("slo", "spillover"),
+                    help="the router in front: its default policy, or spillover")  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "fleet-lab"))
     args = ap.parse_args(argv)
@@ -690,18 +807,22 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     tasks = []
     if "main" in only:
-        tasks += [(reg, wl, params, "main") for reg in regimes for wl in TUNING[:1]]
+        tasks += [(reg, wl, params, "main", args.router) for reg in regimes for wl in TUNING[:1]]
     if "held_out" in only:
-        tasks += [(reg, wl, params, "held_out") for reg in regimes for wl in held_out]
+        tasks += [(reg, wl, params, "held_out", args.router) for reg in regimes for wl in held_out]
     if "flat" in only:
-        tasks += [(reg, wl, params, "flat") for reg in regimes for wl in FLAT]
-    results: dict[str, Any] = {"strict_weight": params.strict_weight, "params": params._asdict()}
+        tasks += [(reg, wl, params, "flat", args.router) for reg in regimes for wl in FLAT]
+    results: dict[str, Any] = {
+        "strict_weight": params.strict_weight,
+        "params": params._asdict(),
+        "router": args.router,
+    }
     with multiprocessing.Pool(args.jobs) as pool:
         for section, ev in pool.imap(_task, tasks):
             results.setdefault(section, []).append(ev)
         if "calibration" in only:
             cal = [
-                (reg, kind, hot)
+                (reg, kind, hot, args.router)
                 for reg in regimes
                 for kind, hot in (("conv", 0.8), ("conv", 0.0), ("conv", 1.0), ("code", 0.8))
             ]

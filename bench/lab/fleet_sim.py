@@ -6,13 +6,13 @@ termination grace period does; the lab drops nothing), then is out of service fo
 mode's restart time (its preset's ``startup``), then comes up empty in the new mode. The drain
 and the restart are counted apart.
 
-The router (one policy for every row, so rows differ by their split only): **spillover** as
-the real router runs it at its best: a request goes to the least loaded speculative engine
-while that one has fewer than ``threshold`` in flight, else to the least loaded baseline engine;
-with one pool empty the other takes all; ties rotate. ``threshold`` is the crossover from the
-curves at the workload's mix (``router.plan.spill_threshold``: the first batch where baseline is
-as fast per token, never past what a speculative engine serves within the relaxed SLO), fixed
-for the run as a calibrated table would be.
+The router (one for every row, so rows differ by their split only): the one users run
+(``fleet_router.DeciderRouter``: the router's own decision shell with its default ``slo``
+policy; engines join and leave it as discovery would tell it), or, without one, **spillover**:
+a request goes to the least loaded speculative engine while that one has fewer than
+``threshold`` in flight, else to the least loaded baseline engine; with one pool empty the
+other takes all; ties rotate. ``threshold`` is the crossover from the curves at the workload's
+mix (``router.plan.spill_threshold``), fixed for the run as a calibrated table would be.
 
 A controller is called every ``interval`` seconds with what the lab's router could observe
 (the arrivals counted in the interval, the recent lengths and temperature share, every engine's
@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fleet_engine import Engine, Req
+from fleet_router import DeciderRouter
 
 from router.plan import Action, EngineState
 from router.pools import BASELINE, SPECULATIVE, Pool
@@ -47,6 +48,7 @@ class Slot:
     engine: Engine | None = None
     ready: float = 0.0  # loading: when it comes up
     drained: float = 0.0  # draining: when it began
+    url: str = ""  # the engine's address as the router knows it (a new one per start)
 
 
 @dataclass
@@ -92,17 +94,21 @@ class Result:
 
 class Fleet:
     def __init__(self, spec: Preset, base: Preset, n: int, speculative: int, seed: int,
-                 threshold: int) -> None:  # fmt: skip
+                 threshold: int, router: DeciderRouter | None = None) -> None:  # fmt: skip
         if not 0 <= speculative <= n:
             raise ValueError("need 0 <= speculative engines <= n")
         self.presets: dict[Pool, Preset] = {SPECULATIVE: spec, BASELINE: base}
         self.seed = seed
         self.threshold = threshold
+        self.router = router
         self.slots = [Slot(f"e{i}", SPECULATIVE if i < speculative else BASELINE)
                       for i in range(n)]  # fmt: skip
         self.started = 0
         for s in self.slots:
             s.engine = self._engine(s, 0.0)
+            if router is not None:
+                router.join(s.url, s.mode, 0.0)
+        self.by_url = {s.url: s for s in self.slots}
         self.rr = 0
         self.done: list[Req] = []
         self.switches: list[Switch] = []
@@ -111,6 +117,7 @@ class Fleet:
 
     def _engine(self, slot: Slot, at: float) -> Engine:
         self.started += 1
+        slot.url = f"http://{slot.name}.{self.started}"
         e = Engine(self.presets[slot.mode], self.seed * 1000 + self.started,
                    int(slot.name[1:]))  # fmt: skip
         e.t0 = at
@@ -127,6 +134,9 @@ class Fleet:
             if s.engine is not None:
                 before = len(self.done)
                 s.engine.advance(t, self.done)
+                if self.router is not None:
+                    for r in self.done[before:]:
+                        self.router.finished(r)
                 if s.status == "draining" and s.engine.load == 0:
                     last = max((r.last for r in self.done[before:]), default=s.drained)
                     end = max(last, s.drained)
@@ -138,6 +148,9 @@ class Fleet:
             if s.status == "loading" and s.ready <= t:
                 s.status = "up"
                 s.engine = self._engine(s, s.ready)
+                self.by_url[s.url] = s
+                if self.router is not None:
+                    self.router.join(s.url, s.mode, s.ready)
                 self._switch(s).up = s.ready
                 changed = True
         if changed:
@@ -147,6 +160,16 @@ class Fleet:
         return next(w for w in reversed(self.switches) if w.engine == s.name)
 
     def route(self, r: Req, t: float) -> None:
+        if self.router is not None:
+            url = self.router.route(r, t)
+            if url is None:
+                r.dropped = True
+                self.done.append(r)
+                return
+            slot = self.by_url[url]
+            assert slot.status == "up" and slot.engine is not None
+            slot.engine.submit(r, t)
+            return
         ups = [s for s in self.slots if s.status == "up" and s.engine is not None]
         if not ups:
             r.dropped = True
@@ -185,6 +208,8 @@ class Fleet:
             self.restart_s += self.presets[action.mode].startup
             w.drained = t
         else:
+            if self.router is not None:
+                self.router.leave(slot.url, t)
             slot.mode, slot.status, slot.drained = action.mode, "draining", t
         self.timeline.append((t, *self.up_counts()))
 
@@ -213,11 +238,14 @@ def run(
     controller: Controller | None = None,
     interval: float = 60.0,
     duration: float | None = None,
+    router: DeciderRouter | None = None,
 ) -> Result:
     """Every request routed onto a fleet of ``n`` engines (``speculative`` of them speculative
-    at the start), with ``controller`` called every ``interval`` seconds; until all finish."""
+    at the start), with ``controller`` called every ``interval`` seconds; until all finish.
+    ``router``: the router users run (``fleet_router``, fresh for this run); None: spillover
+    at ``threshold``."""
     reqs = [Req(r.at, r.prompt, r.output, r.hot, r.index) for r in requests]
-    fleet = Fleet(spec, base, n, speculative, seed, threshold)
+    fleet = Fleet(spec, base, n, speculative, seed, threshold, router)
     end = duration if duration is not None else (reqs[-1].at if reqs else 0.0)
     notes: list[dict[str, float]] = []
     recent: deque[Req] = deque(maxlen=MIX_WINDOW)

@@ -241,6 +241,8 @@ class _Model:
         self.mix = mix
         self.p = params
         self.fc = fc
+        # the model judges the slo router's threshold by the planner's own objective
+        self.mp = params.model._replace(strict_weight=params.strict_weight)
         self._caps: dict[Split, float] = {}
         self._memo: dict[tuple[Split, int], float] = {}
 
@@ -260,7 +262,7 @@ class _Model:
         if got is None:
             rate = grid_rate(index, self.p.model.grid_step)
             g = split_goodput(self.s.speculative, self.s.baseline, self.mix, self.s.slo,
-                              split[0], split[1], rate, self.p.model)  # fmt: skip
+                              split[0], split[1], rate, self.mp)  # fmt: skip
             got = self._memo[key] = g.value(self.p.strict_weight)
         return got
 
@@ -274,7 +276,7 @@ class _Model:
         if split not in self._caps:
             self._caps[split] = slo_capacity(self.s.speculative, self.s.baseline, self.mix,
                                              self.s.slo, split[0], split[1],
-                                             self.p.floor_share, self.p.model)  # fmt: skip
+                                             self.p.floor_share, self.mp)  # fmt: skip
         return self._caps[split]
 
     def restart_steps(self, mode: Pool) -> int:

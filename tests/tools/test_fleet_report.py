@@ -66,6 +66,9 @@ def test_the_report_is_written_whole_from_the_runs(bench: ModuleType) -> None:
     given = {"estimate": {"rate": 5.5, "lower": 2.9, "upper": 9.6},
              "forecast": {"point": [6.3], "upper": [6.7]}}  # fmt: skip
     put(bench, "eagle3.flat0.5", "planner", summary(0.5, 0.99, [(0.5, 0.99)]), last_plan=given)
+    # a planner run before its model priced the slo router: its own row
+    put(bench, "eagle3.planner.spillmodel", "planner",
+        summary(0.2, 0.7, [(0.6, 0.9), (0.2, 0.5)]))  # fmt: skip
     assert bench.report() == 0
     md = (bench.RESULTS / "fleet.md").read_text()
     # the best static by the planner's objective (0.2 strict + 0.8 relaxed): static 2
@@ -77,8 +80,9 @@ def test_the_report_is_written_whole_from_the_runs(bench: ModuleType) -> None:
     # hour 1-2: the better pure fleet's relaxed is all-baseline's 90: the planner's 80 misses
     assert "| 1-2 | 50 | 20.0 / 80.0 | 20.0 / 40.0 | 10.0 / 90.0 | 0 | relaxed -7.0 |" in md
     assert "Hours within 3 points of the better pure fleet in both tiers: 1 of 2" in md
+    assert "| planner, spillover model | 20.0 | 70.0 | 60.0 |" in md
     # the flat section: before and after, and the switch's own numbers
-    assert "Switches advised: before 1 in 1 runs; after 0 in 1 runs." in md
+    assert "Switches advised: before 1 in 1 runs; window, slo model 0 in 1 runs." in md
     # what the planner was given against the level's true rate (0.5 x 3.0 / time scale 0.3)
     assert "| 0 | 10 | 5.00 | 5.50 [2.90-9.60] | 6.30 (6.70) | 0 |" in md
     assert "at 0.10 h into speculative (towards 4): +1.59 pt expected" in md
