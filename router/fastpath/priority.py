@@ -1,5 +1,6 @@
 """New requests before the chunks of running streams: the writes of diverted chunks wait,
-for at most ``delay``, while the router starts a request (from its arrival until it is decided).
+for at most ``delay``, while the router starts a request (from its body being in until it is
+decided).
 
 Under waves of new connections (clients that reconnect per stream and start together) a
 request's first byte waits behind everything the loop does in its turns, most of which is

@@ -43,13 +43,14 @@ def chunk_sink(
         nonlocal first
         if flow.write_paused or cycle.disconnected or closing():
             return False
+        started = first is None  # a stream's first bytes never wait
         if first is not None:
             first()
             first = None
         if feed is not None:
             data = feed(data)
         if data:
-            if priority is not None and priority.starting:
+            if priority is not None and priority.starting and started:
                 # (none is kept once no request is starting: ``Priority.end`` wrote them)
                 priority.hold(held, b"%x\r\n%b\r\n" % (len(data), data))  # type: ignore[arg-type]
             else:

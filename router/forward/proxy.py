@@ -135,7 +135,7 @@ class Proxy:
             poke()
         flags = _Flags()
         priority = self.priority
-        if priority is not None:
+        if priority is not None and body_in(send):  # (else: once its body is in, _handle)
             priority.begin()
             flags.starting = True
         try:
@@ -161,6 +161,11 @@ class Proxy:
             self._authorize(headers)
             check_path(scope["path"])
             body = await self._read_body(scope, headers, receive, send)
+            if self.priority is not None and not flags.starting:
+                # a body still on its way is the client's time, not the router's work: the
+                # request holds other streams' chunks only once it is in
+                self.priority.begin()
+                flags.starting = True
             content_type = next((v for k, v in headers if k == b"content-type"), None)
             info = inspect(scope["path"], body, content_type)
         except RouterError as exc:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from router.plan.values import Curve, Mix, Slo
 
@@ -63,7 +63,7 @@ class ModelParams(NamedTuple):
     # split, three regimes; fleet-lab.md's model table) the best threshold is within 1.3-1.5
     # points of the objective on average, the crossover 2.3-2.9 with mixed splits' relaxed
     # goodput 10-20 points low past 85% load.
-    router: str = "slo"
+    router: Literal["slo", "spillover"] = "slo"
     # The objective the best threshold is chosen for (the planner's ``strict_weight``).
     strict_weight: float = 0.2
 
@@ -546,13 +546,13 @@ def best_spill(spec: Curve, base: Curve, mix: Mix, slo: Slo, k: int, m: int, ind
     The slo policy fills the speculative engines while they keep the strict SLO, then spreads
     by each engine's fill against its relaxed capacity, and under sustained overload sends the
     excess to one pool: per load, it ends up near the spillover that suits that load. The
-    search starts at the crossover (``spill_threshold``) and climbs by single steps while the
-    objective improves, up to the batch at which a speculative engine misses the relaxed TPOT
-    on average (``slow_batch``; past it the speculative engines only add misses). It judges
-    the baseline pool fed the overflow as fed Poisson arrivals (one cached pool per rate,
-    shared by every threshold and split); the threshold found and the crossover are then
-    valued with the overflow's peakedness, and the better kept (so it never does worse than
-    spillover at the crossover)."""
+    search starts at the crossover (``spill_threshold``) and moves by single steps, up then
+    down, while the objective improves, from 1 up to the batch at which a speculative engine
+    misses the relaxed TPOT on average (``slow_batch``; past it the speculative engines only
+    add misses). It judges the baseline pool fed the overflow as fed Poisson arrivals (one
+    cached pool per rate, shared by every threshold and split); the threshold found and the
+    crossover are then valued with the overflow's peakedness, and the better kept (so it never
+    does worse than spillover at the crossover)."""
     top = max(1, min(spec.limit, slow_batch(spec, mix, slo.tpot * slo.relaxed_tpot, mp)))
     cross = spill_threshold(spec, base, mix, slo)
     tried: dict[int, float] = {}

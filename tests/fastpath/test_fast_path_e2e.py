@@ -383,3 +383,28 @@ def read_until_data(sock: socket.socket) -> bytes:
         assert data, "closed before the stream's first event"
         seen += data
     return seen
+
+
+def test_a_body_still_on_its_way_holds_no_other_streams_chunks(
+    start_router: RouterFactory,
+) -> None:
+    """A request whose body is still uploading is the client's time, not the router's work:
+    it does not count as starting (``router.fastpath.priority``), so a stream running
+    meanwhile gets its chunks at once, none kept back; once its body is in, it is answered."""
+    router = start_router()
+    host, port = router.url.removeprefix("http://").split(":")
+    body = b'{"model": "sim", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}'
+    request = post("/v1/chat/completions", body)
+    client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+    with socket.create_connection((host, int(port))) as slow:
+        slow.sendall(request[:-10])  # the head and all of the body but its last bytes
+        stream = client.chat.completions.create(
+            model="sim", messages=MESSAGES, max_tokens=64, stream=True
+        )
+        assert sum(1 for _ in stream) > 1
+        assert router_status(router.url)["fast_path"]["held_chunks"] == 0
+        slow.sendall(request[-10:])
+        response = read_response(slow)
+    assert response.status == 200
+    assert json.loads(bytes(response.body))["usage"]["completion_tokens"] == 4
+    wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0, timeout=2)

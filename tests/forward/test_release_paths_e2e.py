@@ -122,7 +122,7 @@ async def assert_released(app: RouterApp, sims: dict[str, Proc]) -> None:
     assert app.tracker.total == 0
     assert app.tracker.by_pool == {"speculative": 0, "baseline": 0}
     assert flights(app) == 0
-    # no request counts as on its way to a first byte (chunks would wait for nothing)
+    # no request counts as being started (chunks would wait for nothing)
     assert app.proxy is not None and app.proxy.priority is not None
     assert app.proxy.priority.starting == 0
     assert busy_connections(app) == 0
