@@ -134,16 +134,10 @@ class Proxy:
         if poke is not None:
             poke()
         flags = _Flags()
-        priority = self.priority
-        if priority is not None and body_in(send):  # (else: once its body is in, _handle)
-            priority.begin()
-            flags.starting = True
         try:
             await self._handle(scope, receive, send, out, flags)
         finally:
-            if flags.starting:
-                flags.starting = False
-                priority.end()  # type: ignore[union-attr]
+            self._started(flags)
             out.finish(self.clock())
             if poke is not None:
                 poke()
@@ -161,9 +155,9 @@ class Proxy:
             self._authorize(headers)
             check_path(scope["path"])
             body = await self._read_body(scope, headers, receive, send)
-            if self.priority is not None and not flags.starting:
-                # a body still on its way is the client's time, not the router's work: the
-                # request holds other streams' chunks only once it is in
+            if self.priority is not None:
+                # counted from here: a body still on its way is the client's time, not the
+                # router's work (and one already in is read without a turn of the loop)
                 self.priority.begin()
                 flags.starting = True
             content_type = next((v for k, v in headers if k == b"content-type"), None)
@@ -521,7 +515,7 @@ class Proxy:
             out.counted(tap.usage)
 
     def _started(self, flags: _Flags) -> None:
-        """The request is decided: it no longer holds other streams' chunks back."""
+        """The request is decided (or over): it no longer holds other streams' chunks back."""
         if flags.starting:
             flags.starting = False
             self.priority.end()  # type: ignore[union-attr]
