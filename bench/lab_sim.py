@@ -208,6 +208,48 @@ class Clock:
         return self.now
 
 
+def lab_settings(urls: dict[Pool, list[str]], policy: PolicyName, learn: bool) -> Settings:
+    """The router's settings in the lab: its pools and policy, the lab's SLO, no table file."""
+    return Settings(
+        speculative_urls=urls[SPECULATIVE],
+        baseline_urls=urls[BASELINE],
+        policy=policy,
+        learn=learn,
+        table_path=None,
+        slo_ttft_ms=SLO[0] * 1000,
+        slo_tpot_ms=SLO[1] * 1000,
+    )
+
+
+def lab_decider(
+    settings: Settings,
+    urls: dict[Pool, list[str]],
+    tracker: InflightTracker,
+    health: HealthRegistry,
+    tuning: Any,
+    clock: Clock,
+    explore_share: float,
+    params: Params,
+) -> Decider:
+    """``spec-router serve``'s decider over the lab's pools, on the lab's clock and SLO."""
+    return Decider(
+        urls,
+        tracker,
+        health,
+        tuning,
+        {},
+        policy=settings.policy,
+        hysteresis=settings.hysteresis,
+        load_signal=settings.load_signal,
+        clock=clock,
+        explore_share=explore_share,
+        explore_band=settings.explore_band,
+        slo_ttft=SLO[0],
+        slo_tpot=SLO[1],
+        params=params,
+    )
+
+
 @dataclass
 class Router:
     """The router around a policy: its Decider, tracker, health and keeper, on the lab's clock.
@@ -230,15 +272,7 @@ class Router:
     def __post_init__(self) -> None:
         clock = self.clock
         backends = [(pool, url) for pool, urls in self.urls.items() for url in urls]
-        settings = Settings(
-            speculative_urls=self.urls[SPECULATIVE],
-            baseline_urls=self.urls[BASELINE],
-            policy=self.policy,
-            learn=self.learn,
-            table_path=None,
-            slo_ttft_ms=SLO[0] * 1000,
-            slo_tpot_ms=SLO[1] * 1000,
-        )
+        settings = lab_settings(self.urls, self.policy, self.learn)
         table = dataclasses.replace(tables.load(self.table), time_scale=1.0)
         self.tracker = InflightTracker(backends, clock)
         self.health = HealthRegistry([u for _, u in backends], HealthConfig(), clock())
@@ -249,21 +283,9 @@ class Router:
         self.keeper = CrossoverKeeper(settings, self.tracker, self.seen, table, clock)
         share = settings.explore_share if self.learn else 0.0
         tuning: Any = self.keeper if self.truth is None else _Told(self.keeper, self.truth)
-        self.decider = Decider(
-            self.urls,
-            self.tracker,
-            self.health,
-            tuning,
-            {},
-            policy=self.policy,
-            hysteresis=settings.hysteresis,
-            load_signal=settings.load_signal,
-            clock=clock,
-            explore_share=share if self.explore_share is None else self.explore_share,
-            explore_band=settings.explore_band,
-            slo_ttft=SLO[0],
-            slo_tpot=SLO[1],
-            params=self.params,
+        share = share if self.explore_share is None else self.explore_share
+        self.decider = lab_decider(
+            settings, self.urls, self.tracker, self.health, tuning, clock, share, self.params
         )
         self.next_update = LEARN_INTERVAL
         self.waiting: deque[tuple[Req, Any]] = deque()

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lab_sim (fleet_router's decider)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fleet_control import setting_for  # noqa: E402

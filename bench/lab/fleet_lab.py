@@ -38,6 +38,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # lab_sim (fleet_router's decider)
 sys.path.insert(0, str(ROOT))
 
 from fleet_calibrate import LOADS, calibrate, summary, workload_mix  # noqa: E402

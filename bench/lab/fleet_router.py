@@ -16,30 +16,21 @@ towards), exploration (off with learning), the router-side queue (off by default
 from __future__ import annotations
 
 from fleet_engine import Req
+from lab_sim import LEARN_INTERVAL, Clock, lab_decider, lab_settings
 
 from router.account.inflight import InflightTracker, Lease
 from router.decide.params import DEFAULT, Params
-from router.forward.decider import Decider
 from router.forward.request import RequestInfo
 from router.health.state import HealthConfig, HealthRegistry
 from router.learn.keeper import CrossoverKeeper
 from router.pools import BASELINE, SPECULATIVE, Pool
-from router.settings import PolicyName, Settings
+from router.settings import PolicyName
 from router.sim.model import Preset
 from router.tools.fleet.table import model_table
 
 # Model seconds between the keeper's timer ticks (the surfaces for the rate lately): the
-# router's 5 s wall at the sims' time scale 0.25 (``bench/lab_sim.py``'s LEARN_INTERVAL).
-TICK = 20.0
-SLO = (1.0, 0.025)  # strict TTFT and TPOT, model seconds (the lab's and the fleet's)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+# router's 5 s wall at the sims' time scale 0.25, as in ``bench/lab_sim.py``.
+TICK = LEARN_INTERVAL
 
 
 class DeciderRouter:
@@ -56,34 +47,18 @@ class DeciderRouter:
     ) -> None:
         self.clock = Clock()
         self.pools: dict[Pool, list[str]] = {SPECULATIVE: [], BASELINE: []}
-        settings = Settings(
-            speculative_urls=["http://spec.lab"],
-            baseline_urls=["http://base.lab"],
-            policy=policy,
-            learn=False,
-            table_path=None,
-            slo_ttft_ms=SLO[0] * 1000,
-            slo_tpot_ms=SLO[1] * 1000,
-        )
+        # (the settings need a URL per pool; the pools start empty and fill as engines join)
+        named: dict[Pool, list[str]] = {
+            SPECULATIVE: ["http://spec.lab"],
+            BASELINE: ["http://base.lab"],
+        }
+        settings = lab_settings(named, policy, learn=False)
         table = model_table(spec, base, round(prompt), round(output), 1.0)
         self.tracker = InflightTracker([], self.clock)
         self.health = HealthRegistry([], HealthConfig(), 0.0)
         self.keeper = CrossoverKeeper(settings, self.tracker, {}, table, self.clock)
-        self.decider = Decider(
-            self.pools,
-            self.tracker,
-            self.health,
-            self.keeper,
-            {},
-            policy=policy,
-            hysteresis=settings.hysteresis,
-            load_signal=settings.load_signal,
-            clock=self.clock,
-            explore_share=0.0,
-            explore_band=settings.explore_band,
-            slo_ttft=SLO[0],
-            slo_tpot=SLO[1],
-            params=params,
+        self.decider = lab_decider(
+            settings, self.pools, self.tracker, self.health, self.keeper, self.clock, 0.0, params
         )
         self.keeper.update()
         self.leases: dict[int, Lease] = {}
