@@ -140,3 +140,18 @@ def test_a_zero_delay_gives_the_plain_sink() -> None:
     priority.begin()
     assert sink(b"now") and transport.written == [b"3\r\nnow\r\n"]
     assert timers.due == []
+
+
+def test_a_streams_first_chunk_never_waits() -> None:
+    # its first-byte time is taken as the sink takes it (``first``): it goes out then
+    priority, _ = gate()
+    transport = KeptTransport()
+    firsts: list[bool] = []
+    sink = DirectSend(None, cycle(transport), priority).body_sink(None, lambda: firsts.append(True))
+    assert sink is not None
+    priority.begin()
+    assert sink(b"f1") and sink(b"f2")
+    assert firsts == [True]
+    assert transport.written == [b"2\r\nf1\r\n"]  # the first at once, the next kept
+    priority.end()
+    assert transport.written == [b"2\r\nf1\r\n", b"2\r\nf2\r\n"]
