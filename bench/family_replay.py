@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import policy_family as family  # noqa: E402
 import traffic as bench_traffic  # noqa: E402
+from lab_sim import TABLES  # noqa: E402
 from policy_lab import DRAIN, WARMUP  # noqa: E402
 
 from router.tools import goodput  # noqa: E402
@@ -64,7 +65,7 @@ def run_policy(
     presets, _ = family.layout(w)
     scale = ["--time-scale", f"{ns.time_scale:g}"]
     table = tmp / f"{w.seed}-{policy}.table.json"
-    doc = json.loads(family.TABLES[w.regime].read_text())
+    doc = json.loads(TABLES[w.regime].read_text())
     doc["time_scale"] = ns.time_scale  # as bench/traffic.py: the table is in model time
     table.write_text(json.dumps(doc))
     deployment = bench_traffic.Deployment(
