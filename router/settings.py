@@ -201,10 +201,8 @@ class Settings(BaseSettings):
     # A router-side queue (0: none) for requests the slo policy finds no backend can serve
     # within even the relaxed SLO: they wait here up to QUEUE_TIMEOUT seconds for a request in
     # flight to end, then get 503; a full queue answers 429. Both with Retry-After.
-    # On by default, 64 x 1 s: it raised goodput under overload in the lab (policy-family.md)
-    # and over sockets (traffic.md, session 5); a 5 s deadline lost in the lab.
-    queue_size: int = Field(default=64, ge=0)
-    queue_timeout: Seconds = Field(default=1.0, gt=0)
+    queue_size: int = Field(default=0, ge=0)
+    queue_timeout: Seconds = Field(default=5.0, gt=0)
 
     # -- upstream client ----------------------------------------------------------------------
     connect_timeout: Seconds = Field(default=5.0, gt=0)

@@ -1,7 +1,6 @@
-"""A bounded router-side queue for requests no backend can serve within their SLO.
+"""An optional, bounded router-side queue for requests no backend can serve within their SLO.
 
-On by default (``QUEUE_SIZE`` 64, ``QUEUE_TIMEOUT`` 1 s; ``QUEUE_SIZE=0`` turns it off). A
-request the ``slo`` policy routes as ``overflow``
+Off by default (``QUEUE_SIZE=0``). When on, a request the ``slo`` policy routes as ``overflow``
 (it cannot meet even the relaxed SLO anywhere) waits here instead of adding to an engine's
 batch, until a request in flight ends and a new decision admits it, or its deadline
 (``QUEUE_TIMEOUT``) passes: then 503 with ``Retry-After``. A full queue answers 429 at once.

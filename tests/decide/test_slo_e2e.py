@@ -63,9 +63,6 @@ async def test_a_lone_request_speculates_and_load_moves_requests_past_the_capaci
         ramp_seconds="0",
         slo_ttft_ms=str(SLO_TTFT * 1000),
         slo_tpot_ms=str(SLO_TPOT * 1000),
-        # the decision itself, not the queue (on by default; tests/forward/test_queue_e2e.py):
-        # with it on, an overflowing request here would wait for a release that never comes
-        queue_size="0",
     )
     async with AsyncExitStack() as stack:
         direct = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
