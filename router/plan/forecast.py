@@ -44,7 +44,11 @@ class ForecastParams(NamedTuple):
     alpha: float = 0.3  # level smoothing
     beta: float = 0.1  # trend smoothing
     damping: float = 0.99  # trend damping per step
-    gamma: float = 0.2  # residual variance smoothing
+    # Residual variance (and count noise) smoothing: about twenty observations. Surges have
+    # their own term (burst), so the variance need not follow within minutes; at 0.2 (five
+    # observations) its noise, grown x6-x17 over a three-hour horizon, set the band at the
+    # lab's peak anywhere from +15% to +50% of the point, and so the split planned for it.
+    gamma: float = 0.05
     z: float = 2.0  # band width in standard deviations
     cv_floor: float = 0.03  # the band's standard deviation is at least this share of the level
     clip: float = 3.0  # level and trend learn from errors clipped to this many deviations

@@ -24,6 +24,10 @@ The rule (issue 37's, with the lessons of others' failures):
   shortfall. So a split that will need several switches must start them while the floor still
   lets it, which the schedule sees: it charges every request the upper band puts past a split's
   capacity, all over the horizon.
+- **Ties go to fewer switches.** Every switch in a schedule is charged ``switch_charge`` of
+  the horizon's requests besides what its restart loses, so of schedules the model cannot
+  tell apart (within its noise) the one with fewer switches wins, staying put most of all,
+  and a round trip (a move and the move back) must pay for both.
 - **One switch in flight at a time**, and engines loading count as capacity on its way in the
   mode they load into (inference-sim #1109: loading instances counted as absent, so the scaler
   kept adding more). While any engine is draining or loading, nothing more is advised.
@@ -318,6 +322,8 @@ class _Schedule:
             ]
         self.prefix = {s: _prefix(v) for s, v in self.v.items()}
         self.volume = max(sum(rates) * dt, 1e-9)  # requests expected over the horizon
+        # hysteresis: every switch in a schedule pays this besides its restart's loss
+        self.charge = p.switch_charge * self.volume
         self.restart = {m: model.restart_steps(m) for m in MODES}
         # ok[mode][k][t]: a switch of one engine into ``mode`` from k speculative may start at t
         self.ok: dict[Pool, list[list[bool]]] = {}
@@ -360,7 +366,7 @@ class _Schedule:
         after = k - 1 if mode == BASELINE else k + 1
         end = min(self.steps, t + r)
         pre = self.prefix[during]
-        return pre[end] - pre[t] + self.value[end][after]
+        return pre[end] - pre[t] + self.value[end][after] - self.charge
 
     def follow(self, start: Split) -> list[tuple[int, Pool, Split]]:
         """The best schedule's switches from ``start``: (step, mode, split after)."""
