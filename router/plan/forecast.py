@@ -56,6 +56,11 @@ class ForecastParams(NamedTuple):
     # A surge's excess over the clip widens the band in a term of its own, fading by this
     # factor a step (observed and ahead): a surge of minutes is a near risk, not an hour's.
     burst_decay: float = 0.7
+    # Observations before a surge is told apart from the rate's own noise: the clip's scale
+    # and the variance mean little before about 1 / scale_gamma of them (a cold start whose
+    # first minutes held no arrival had a clip of nothing, and every arrival after was a
+    # "surge" that froze what the forecast learns). Until then every error teaches it all.
+    settle: int = 20
     # Observations per season (a day of one-minute intervals); 0: none. With a whole season
     # seen, the point forecast is today's level times the ratio of yesterday's smoothed rate
     # then to yesterday's now.
@@ -119,8 +124,11 @@ def observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams =
     # are the surge's, not the rate's movement), and the level may fall back unclipped: when
     # the surge ends, the forecast is where it was before within minutes, its band too.
     limit = p.clip * max(1.25 * state.scale, math.sqrt(state.noise), 1e-6)
-    burst = max(p.burst_decay * state.burst, max(0.0, err - limit) ** 2)
+    settled = state.seen >= p.settle
+    burst = max(p.burst_decay * state.burst, max(0.0, err - limit) ** 2) if settled else 0.0
     surge = burst > state.var
+    # the averages learn at least as fast as a plain mean of what has been seen
+    gamma = max(p.gamma, 1.0 / (state.seen + 1))
     step = max(-math.inf if surge else -limit, min(limit, err))
     level = expected + p.alpha * step
     var, scale = state.var, state.scale
@@ -129,9 +137,9 @@ def observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams =
         trend = level - state.level
     elif not surge:
         trend = p.beta * (level - state.level) + (1.0 - p.beta) * trend
-        var = (1.0 - p.gamma) * state.var + p.gamma * err * err
+        var = (1.0 - gamma) * state.var + gamma * err * err
         scale = (1.0 - p.scale_gamma) * state.scale + p.scale_gamma * abs(step)
-    noise = (1.0 - p.gamma) * state.noise + p.gamma * noise
+    noise = (1.0 - gamma) * state.noise + gamma * noise
     history = (state.history + (rate,))[-keep:] if keep else ()
     return Holt(level, trend, var, noise, state.seen + 1, scale, history, burst)
 

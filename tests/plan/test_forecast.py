@@ -134,3 +134,12 @@ def test_peak_and_at_read_the_right_steps() -> None:
     assert fc.peak(600.0, upper=False) == max(fc.point[:10])
     assert fc.peak(1.0) == fc.upper[0]
     assert fc.at(600.0) == fc.point[9]
+
+
+def test_a_cold_start_from_an_empty_minute_follows_the_rate() -> None:
+    """The first minute held no arrival: its clip is nothing, so the arrivals after it are
+    past it; before the forecast has settled they are the rate's noise, not a surge, and the
+    level gets to the rate as a plain robust Holt does."""
+    state = feed([0.0] + [0.04] * 10)
+    assert state.level == pytest.approx(0.04, rel=0.15)
+    assert state.burst == 0.0
