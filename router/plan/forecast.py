@@ -127,8 +127,6 @@ def observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams =
     settled = state.seen >= p.settle
     burst = max(p.burst_decay * state.burst, max(0.0, err - limit) ** 2) if settled else 0.0
     surge = burst > state.var
-    # the averages learn at least as fast as a plain mean of what has been seen
-    gamma = max(p.gamma, 1.0 / (state.seen + 1))
     step = max(-math.inf if surge else -limit, min(limit, err))
     level = expected + p.alpha * step
     var, scale = state.var, state.scale
@@ -137,9 +135,9 @@ def observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams =
         trend = level - state.level
     elif not surge:
         trend = p.beta * (level - state.level) + (1.0 - p.beta) * trend
-        var = (1.0 - gamma) * state.var + gamma * err * err
+        var = (1.0 - p.gamma) * state.var + p.gamma * err * err
         scale = (1.0 - p.scale_gamma) * state.scale + p.scale_gamma * abs(step)
-    noise = (1.0 - gamma) * state.noise + gamma * noise
+    noise = (1.0 - p.gamma) * state.noise + p.gamma * noise
     history = (state.history + (rate,))[-keep:] if keep else ()
     return Holt(level, trend, var, noise, state.seen + 1, scale, history, burst)
 

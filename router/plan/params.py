@@ -47,7 +47,9 @@ class Params(NamedTuple):
     # restart's loss, so schedules tied within the model's noise resolve to fewer switches
     # (the current split first) and a round trip pays twice. A quarter point: about the
     # model's mean regret in choosing between splits at flat loads (0.04-0.11 pt, at most 0.7:
-    # bench/results/fleet-model.md), and under the margins, which still judge the first switch.
+    # bench/results/fleet-model.md). It only picks the schedule: the margins judge the gain
+    # without it (charged, the gain of a two-switch path fell under margin_speculative in
+    # tests/tools/test_fleet_e2e.py's chain fleet, which the model values at +1.06 pt).
     switch_charge: float = 0.0025
     # The objective: strict_weight * strict goodput + (1 - strict_weight) * relaxed. Relaxed
     # first (the promise: speculative latency when quiet, baseline throughput when
