@@ -12,13 +12,18 @@ grow (``1 + (h - 1) * alpha**2``), plus the level's own error (a smoothed mean o
 counts: ``noise * alpha / (2 - alpha)``, not grown; with few arrivals an interval it is most of
 the band). Holt's own formula adds the trend's uncertainty, which
 compounds: three hours out it made the band ten times the level, a band no plan can use; the
-trend's damping bounds how far it drifts instead. A surge makes the residuals, and the band,
-jump at once; a steady load keeps them near the floor.
+trend's damping bounds how far it drifts instead. A steady load keeps the band near the floor.
 
-The level and trend learn from each error clipped to ``clip`` typical errors (a robust Holt;
-the typical error is itself learnt slowly from clipped errors): a ten-minute surge widens the
-band at once (the variance sees the whole error) but moves the level only step by step, so it
-does not set the trend for the hour after. A lasting shift is followed within tens of minutes.
+Surges (the error above ``clip`` typical errors; the typical error is learnt slowly from
+clipped errors): the level learns from each error clipped to that, so a ten-minute surge moves
+it only step by step, and the excess goes to a term of its own (``burst``) that widens the band
+at once and fades by ``burst_decay`` a step, as observations come in and over the steps ahead.
+While it lasts (above the residuals' variance) the errors teach neither the trend, the variance
+nor the scale, and the level may fall back unclipped: ten minutes after a surge ends the
+forecast and its band are about where they were before it, not a third wider for hours (the
+lab's eagle3-chain day moved an engine to baseline, and back, on such a band). A lasting shift
+is still followed within tens of minutes: the level keeps stepping towards it, and once the
+residuals catch up the burst is over.
 
 Why Holt: one level and one trend follow a diurnal ramp with no season to fit, and the damped
 trend keeps a ramp's end from being extrapolated far. But a ramp does not say where it ends,
@@ -39,11 +44,23 @@ class ForecastParams(NamedTuple):
     alpha: float = 0.3  # level smoothing
     beta: float = 0.1  # trend smoothing
     damping: float = 0.99  # trend damping per step
-    gamma: float = 0.2  # residual variance smoothing
+    # Residual variance (and count noise) smoothing: about twenty observations. Surges have
+    # their own term (burst), so the variance need not follow within minutes; at 0.2 (five
+    # observations) its noise, grown x6-x17 over a three-hour horizon, set the band at the
+    # lab's peak anywhere from +15% to +50% of the point, and so the split planned for it.
+    gamma: float = 0.05
     z: float = 2.0  # band width in standard deviations
     cv_floor: float = 0.03  # the band's standard deviation is at least this share of the level
     clip: float = 3.0  # level and trend learn from errors clipped to this many deviations
     scale_gamma: float = 0.05  # how fast the clipping scale learns (about 20 observations)
+    # A surge's excess over the clip widens the band in a term of its own, fading by this
+    # factor a step (observed and ahead): a surge of minutes is a near risk, not an hour's.
+    burst_decay: float = 0.7
+    # Observations before a surge is told apart from the rate's own noise: the clip's scale
+    # and the variance mean little before about 1 / scale_gamma of them (a cold start whose
+    # first minutes held no arrival had a clip of nothing, and every arrival after was a
+    # "surge" that froze what the forecast learns). Until then every error teaches it all.
+    settle: int = 20
     # Observations per season (a day of one-minute intervals); 0: none. With a whole season
     # seen, the point forecast is today's level times the ratio of yesterday's smoothed rate
     # then to yesterday's now.
@@ -70,6 +87,7 @@ class Holt(NamedTuple):
     seen: int  # observations so far
     scale: float = 0.0  # smoothed absolute residual, itself clipped (what errors are clipped to)
     history: tuple[float, ...] = ()  # the last season + 1 observations, oldest first
+    burst: float = 0.0  # squared excess of recent errors above the clip, fading (a surge's)
 
 
 class Forecast(NamedTuple):
@@ -99,20 +117,29 @@ def observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams =
         return Holt(rate, 0.0, noise, noise, 1, math.sqrt(noise), (rate,)[:keep])
     expected = state.level + p.damping * state.trend
     err = rate - expected
-    # the level and trend learn from the error clipped to ``clip`` standard deviations (a
-    # surge of minutes does not set the trend for the next hour); the variance from all of it
-    # (the scale learns slowly and from clipped errors too, so a surge cannot widen it at once)
+    # the level learns from the error clipped to ``clip`` typical errors (a surge of minutes
+    # moves it step by step); what a rise has beyond the clip goes to ``burst``, which widens
+    # the band at once and fades. While a surge lasts (its burst above the residuals'
+    # variance) its errors teach neither the trend, the variance nor the clip's scale (they
+    # are the surge's, not the rate's movement), and the level may fall back unclipped: when
+    # the surge ends, the forecast is where it was before within minutes, its band too.
     limit = p.clip * max(1.25 * state.scale, math.sqrt(state.noise), 1e-6)
-    step = max(-limit, min(limit, err))
+    settled = state.seen >= p.settle
+    burst = max(p.burst_decay * state.burst, max(0.0, err - limit) ** 2) if settled else 0.0
+    surge = burst > state.var
+    step = max(-math.inf if surge else -limit, min(limit, err))
     level = expected + p.alpha * step
-    trend = p.beta * (level - state.level) + (1.0 - p.beta) * p.damping * state.trend
+    var, scale = state.var, state.scale
+    trend = p.damping * state.trend
     if state.seen == 1:
         trend = level - state.level
-    var = (1.0 - p.gamma) * state.var + p.gamma * err * err
+    elif not surge:
+        trend = p.beta * (level - state.level) + (1.0 - p.beta) * trend
+        var = (1.0 - p.gamma) * state.var + p.gamma * err * err
+        scale = (1.0 - p.scale_gamma) * state.scale + p.scale_gamma * abs(step)
     noise = (1.0 - p.gamma) * state.noise + p.gamma * noise
-    scale = (1.0 - p.scale_gamma) * state.scale + p.scale_gamma * abs(step)
     history = (state.history + (rate,))[-keep:] if keep else ()
-    return Holt(level, trend, var, noise, state.seen + 1, scale, history)
+    return Holt(level, trend, var, noise, state.seen + 1, scale, history, burst)
 
 
 def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) -> Forecast:
@@ -132,16 +159,20 @@ def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) 
     if shape:
         prior = p.seasonal_prior * sum(state.history) / len(state.history)
         now, base = state.level + prior, max(shape[0] + prior, 1e-9)
+    burst = state.burst
     for i in range(1, steps + 1):
+        burst *= p.burst_decay
         damp *= p.damping
         drift += damp * state.trend
         if shape:
             ratio = shape[min(i, len(shape) - 1)] / base
             mean = now * ratio
-            sd = math.sqrt(process * grow + known * ratio * ratio)  # the level scales the day
+            sd = math.sqrt(
+                process * grow + known * ratio * ratio + burst
+            )  # the level scales the day
         else:
             mean = max(0.0, state.level + drift)
-            sd = math.sqrt(process * grow + known)
+            sd = math.sqrt(process * grow + known + burst)
         grow += p.alpha**2
         point.append(mean)
         upper.append(max(mean, mean + p.z * sd))

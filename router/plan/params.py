@@ -43,6 +43,14 @@ class Params(NamedTuple):
     # flat loads) so a flat load never switches; larger towards speculation (the asymmetry).
     margin_baseline: float = 0.005
     margin_speculative: float = 0.01
+    # Hysteresis, in the same points: what each switch of a schedule is charged besides its
+    # restart's loss, so schedules tied within the model's noise resolve to fewer switches
+    # (the current split first) and a round trip pays twice. A quarter point: about the
+    # model's mean regret in choosing between splits at flat loads (0.04-0.11 pt, at most 0.7:
+    # bench/results/fleet-model.md). It only picks the schedule: the margins judge the gain
+    # without it (charged, the gain of a two-switch path fell under margin_speculative in
+    # tests/tools/test_fleet_e2e.py's chain fleet, which the model values at +1.06 pt).
+    switch_charge: float = 0.0025
     # The objective: strict_weight * strict goodput + (1 - strict_weight) * relaxed. Relaxed
     # first (the promise: speculative latency when quiet, baseline throughput when
     # busy): at 0.2 a split that keeps strict latency is preferred only while it costs under a

@@ -24,6 +24,11 @@ The rule (issue 37's, with the lessons of others' failures):
   shortfall. So a split that will need several switches must start them while the floor still
   lets it, which the schedule sees: it charges every request the upper band puts past a split's
   capacity, all over the horizon.
+- **Ties go to fewer switches.** Every switch in a schedule is charged ``switch_charge`` of
+  the horizon's requests besides what its restart loses, so of schedules the model cannot
+  tell apart (within its noise) the one with fewer switches wins, staying put most of all,
+  and a round trip (a move and the move back) must pay for both. The charge only picks the
+  schedule: the gain judged against the margins is the schedule's expected worth.
 - **One switch in flight at a time**, and engines loading count as capacity on its way in the
   mode they load into (inference-sim #1109: loading instances counted as absent, so the scaler
   kept adding more). While any engine is draining or loading, nothing more is advised.
@@ -318,6 +323,8 @@ class _Schedule:
             ]
         self.prefix = {s: _prefix(v) for s, v in self.v.items()}
         self.volume = max(sum(rates) * dt, 1e-9)  # requests expected over the horizon
+        # hysteresis: every switch in a schedule pays this besides its restart's loss
+        self.charge = p.switch_charge * self.volume
         self.restart = {m: model.restart_steps(m) for m in MODES}
         # ok[mode][k][t]: a switch of one engine into ``mode`` from k speculative may start at t
         self.ok: dict[Pool, list[list[bool]]] = {}
@@ -360,7 +367,20 @@ class _Schedule:
         after = k - 1 if mode == BASELINE else k + 1
         end = min(self.steps, t + r)
         pre = self.prefix[during]
-        return pre[end] - pre[t] + self.value[end][after]
+        return pre[end] - pre[t] + self.value[end][after] - self.charge
+
+    def switches_from(self, t: int, k: int) -> int:
+        """How many switches the best schedule makes from split k (stable) at step t."""
+        n = 0
+        while t < self.horizon:
+            mode = self.choice[t][k]
+            if mode is None:
+                t += 1
+                continue
+            k = k - 1 if mode == BASELINE else k + 1
+            t += self.restart[mode]
+            n += 1
+        return n
 
     def follow(self, start: Split) -> list[tuple[int, Pool, Split]]:
         """The best schedule's switches from ``start``: (step, mode, split after)."""
@@ -417,7 +437,11 @@ def _options(
             now = sched.switch_value(0, up_s, mode, check=False)
             assert now is not None
             stay = sum(sched.v[(up_s, up_b)])
-            gains.append((now - stay) / sched.volume)
+            # the charges steer which schedule wins (ties); the gain judged against the
+            # margins is what the schedule is worth, as the model expects it
+            after = up_s - 1 if mode == BASELINE else up_s + 1
+            charged = 1 + sched.switches_from(sched.restart[mode], after)
+            gains.append((now + charged * sched.charge - stay) / sched.volume)
         during = (up_s - 1, up_b) if mode == BASELINE else (up_s, up_b - 1)
         r = dp.restart[mode]
         cost = (sum(dp.v[(up_s, up_b)][:r]) - sum(dp.v[during][:r])) / dp.volume

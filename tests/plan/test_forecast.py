@@ -58,6 +58,30 @@ def test_a_surge_widens_the_band_at_once_and_moves_the_level_step_by_step() -> N
     assert abs(forecast(after, 60, 60.0, P).point[59] - 1.0) < 0.3
 
 
+def test_after_a_surge_the_forecast_and_its_band_are_back_within_minutes() -> None:
+    """A ten-minute x3 surge on a steady load: ten minutes after it ends the point and the
+    whole band, three hours out, are about where they were before it (they must not hold the
+    surge's width for hours: the planner prices the band over its whole horizon)."""
+    calm = poisson_minutes(1.5, 90, 1)
+    before = forecast(feed(calm), 180, 60.0, P)
+    during = forecast(feed(calm + poisson_minutes(4.5, 3, 2)), 180, 60.0, P)
+    assert during.upper[0] > 4.0  # the floor sees the surge at once
+    after = forecast(feed(calm + poisson_minutes(4.5, 10, 2) + poisson_minutes(1.5, 10, 3)),
+                     180, 60.0, P)  # fmt: skip
+    assert after.point[0] == pytest.approx(before.point[0], rel=0.15)
+    for i in (0, 9, 59, 179):
+        assert after.upper[i] - after.point[i] <= 1.5 * (before.upper[i] - before.point[i]) + 0.1
+
+
+def test_a_lasting_shift_is_followed_within_tens_of_minutes() -> None:
+    """A rise that stays is not a surge: the level gets there and the burst ends."""
+    state = feed(poisson_minutes(1.0, 60, 4) + poisson_minutes(3.0, 40, 5))
+    fc = forecast(state, 30, 60.0, P)
+    assert fc.point[0] == pytest.approx(3.0, rel=0.15)
+    assert state.burst < state.var + 1e-9
+    assert fc.upper[0] < 3.0 * 1.5
+
+
 def test_a_day_seen_gives_the_shape_of_the_next() -> None:
     day = 240
     shape = [1.5 + math.sin(2 * math.pi * i / day) for i in range(day)]
@@ -110,3 +134,12 @@ def test_peak_and_at_read_the_right_steps() -> None:
     assert fc.peak(600.0, upper=False) == max(fc.point[:10])
     assert fc.peak(1.0) == fc.upper[0]
     assert fc.at(600.0) == fc.point[9]
+
+
+def test_a_cold_start_from_an_empty_minute_follows_the_rate() -> None:
+    """The first minute held no arrival: its clip is nothing, so the arrivals after it are
+    past it; before the forecast has settled they are the rate's noise, not a surge, and the
+    level gets to the rate as a plain robust Holt does."""
+    state = feed([0.0] + [0.04] * 10)
+    assert state.level == pytest.approx(0.04, rel=0.15)
+    assert state.burst == 0.0
