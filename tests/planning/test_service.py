@@ -283,3 +283,35 @@ def test_a_gpu_of_the_budget_no_engine_holds_is_started_and_its_pool_raised_at_o
     doc = p.document()
     assert doc["switch"] is None and sum(doc["running"].values()) == 4
     assert "gpu-slot-1" not in {e["engine"] for e in doc["fleet"]}
+
+
+class StubWorker(NamedTuple):
+    pid: int | None = 4242
+    restarts: int = 1
+    failures: int = 1
+    last_failure: str | None = "the plan worker died (exit -9)"
+
+
+def test_a_lost_round_leaves_the_last_plan_marked_stale_until_the_next() -> None:
+    world = World()
+    for i in range(2):
+        world.join(BASELINE, f"http://b{i}")
+    p = planner(world)
+    minutes(world, p, 2, 1.0)
+    made = p.document()
+    assert made["status"] == "planning" and made["stale"] is False
+    world.now += INTERVAL
+    world.serve(60)
+    p.failed(p.gather(), "the plan worker died (exit -9)", StubWorker())
+    doc = p.document()
+    assert doc["stale"] is True and doc["status"].startswith("stale: the plan worker died")
+    assert doc["desired"] == made["desired"] and doc["reason"] == made["reason"]
+    assert doc["worker"] == {"pid": 4242, "restarts": 1, "failures": 1,
+                             "last_failure": "the plan worker died (exit -9)"}  # fmt: skip
+    reg = gauges(p)
+    assert reg.get_sample_value("spec_router_plan_stale") == 1
+    assert reg.get_sample_value("spec_router_plan_worker_restarts_total") == 1
+    minutes(world, p, 1, 1.0)
+    assert (
+        p.document()["stale"] is False and gauges(p).get_sample_value("spec_router_plan_stale") == 0
+    )
