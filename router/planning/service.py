@@ -92,12 +92,16 @@ RESTART_SAMPLES = 5
 # A switch that has not landed within this many restarts (plus the drain timeout) is given up.
 SWITCH_PATIENCE = 3.0
 STATE_FORMAT = 1
-# The curves a plan is made on are replaced by the keeper's latest only once one of their
-# numbers has moved by more than this (relative): learning moves them a little with every
-# request, and each move left the goodput model's caches cold (keyed on the curves' values): a
-# plan of seconds instead of tenths, on every plan. 2% is well inside the model's own error
-# (bench/results/fleet-model.md: objective MAE 1.3-1.5 points).
+# The curves a plan is made on are replaced by the keeper's latest at most once per
+# CURVE_REFRESH planner seconds, and only once one of their numbers has moved by more than
+# CURVE_TOLERANCE (relative): learning moves them with every request (a bin at a batch seldom
+# seen by several percent), and each move left the goodput model's caches cold (keyed on the
+# curves' values): a plan of seconds instead of tenths, on every plan (over sockets, 24
+# replacements in one compressed day at 2% alone). Learning follows drift over hours; half an
+# hour late is within the model's own error (bench/results/fleet-model.md: objective MAE
+# 1.3-1.5 points).
 CURVE_TOLERANCE = 0.02
+CURVE_REFRESH = 1800.0
 # Least wall seconds a plan may take (``FleetPlanner.plan_timeout``).
 PLAN_TIMEOUT = 60.0
 
@@ -285,6 +289,7 @@ class FleetPlanner:
         self.took = 0.0  # seconds the last decision took
         self.stale: str | None = None  # why the plan shown is not this interval's
         self.curves: dict[Pool, Curve] = {}  # the curves plans are made on (CURVE_TOLERANCE)
+        self.curves_at = -math.inf  # when they were last replaced
         self.curve_updates = 0  # times they were replaced by the keeper's (after the first)
         self.worker: Worker | None = None  # the process that plans (router.planning.worker)
         self.last_traffic: Traffic | None = None
@@ -393,15 +398,18 @@ class FleetPlanner:
         models = self.keeper.models
         if models is None:
             return None
+        now = self.clock()
+        due = now - self.curves_at >= CURVE_REFRESH * self.settings.plan_time_scale
         for pool in POOLS:
             new = curve_of(models[pool])
             held = self.curves.get(pool)
             drift = curve_drift(held, new)
-            if drift > CURVE_TOLERANCE:
+            if held is None or math.isinf(drift) or (due and drift > CURVE_TOLERANCE):
                 if held is not None:
                     log.info("the %s curve moved %.1f%%: the plan takes the new one", pool,
                              100 * drift)  # fmt: skip
                 self.curves[pool] = new
+                self.curves_at = now
                 self.curve_updates += held is not None
         return Setting(
             self.curves[SPECULATIVE],

@@ -5,6 +5,7 @@ document and the gauges). The planner in a real router over real sockets: test_p
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -15,9 +16,9 @@ from prometheus_client import CollectorRegistry
 from router.health.engines import EngineSample
 from router.health.state import BackendHealth, State
 from router.members.member import Member
-from router.plan.values import CurveLike
+from router.plan.values import Curve, CurveLike
 from router.planning.metrics import PlanCollector
-from router.planning.service import FleetPlanner, holt_document
+from router.planning.service import CURVE_REFRESH, FleetPlanner, curve_drift, holt_document
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
 from tests.plan.fixtures import BASE, EAGLE3, MIX
@@ -315,3 +316,46 @@ def test_a_lost_round_leaves_the_last_plan_marked_stale_until_the_next() -> None
     assert (
         p.document()["stale"] is False and gauges(p).get_sample_value("spec_router_plan_stale") == 0
     )
+
+
+def scaled(curve: Curve, by: float) -> Curve:
+    return curve._replace(spi=tuple(x * by for x in curve.spi))
+
+
+def test_plans_hold_their_curves_until_they_move_and_a_refresh_is_due() -> None:
+    world = World()
+    world.join(BASELINE, "http://b0")
+    p = planner(world)
+    first = p.setting()
+    assert first is not None and first.speculative == EAGLE3 and p.curve_updates == 0
+    # learning moves them a little: the plan keeps what it had (its model's caches stay warm)
+    world.models = {SPECULATIVE: scaled(EAGLE3, 1.01), BASELINE: BASE}
+    world.now += CURVE_REFRESH + 1
+    held = p.setting()
+    assert held is not None and held.speculative == EAGLE3
+    # more than the tolerance, but the last replacement is recent: still held
+    world.models = {SPECULATIVE: scaled(EAGLE3, 1.05), BASELINE: BASE}
+    p.setting()  # (replaced now: a refresh was due)
+    assert p.curve_updates == 1
+    world.models = {SPECULATIVE: scaled(EAGLE3, 1.10), BASELINE: BASE}
+    world.now += CURVE_REFRESH / 2
+    mid = p.setting()
+    assert mid is not None and mid.speculative == scaled(EAGLE3, 1.05)
+    world.now += CURVE_REFRESH / 2
+    due = p.setting()
+    assert due is not None and due.speculative == scaled(EAGLE3, 1.10) and p.curve_updates == 2
+    # a new shape (another running cap) is taken at once
+    world.models = {SPECULATIVE: EAGLE3._replace(cap=32), BASELINE: BASE}
+    world.now += 1
+    new = p.setting()
+    assert new is not None and new.speculative.cap == 32 and p.curve_updates == 3
+
+
+def test_drift_is_the_largest_relative_move_of_any_number() -> None:
+    assert curve_drift(None, EAGLE3) == math.inf
+    assert curve_drift(EAGLE3, EAGLE3) == 0.0
+    assert curve_drift(EAGLE3, scaled(EAGLE3, 1.03)) == pytest.approx(0.03 / 1.03)
+    assert curve_drift(EAGLE3, EAGLE3._replace(tau_sampling=EAGLE3.tau_sampling * 0.9)) == (
+        pytest.approx(0.1)
+    )
+    assert curve_drift(EAGLE3, EAGLE3._replace(cap=16)) == math.inf
