@@ -46,6 +46,7 @@ Doc = dict[str, Any]
 EARLIER = (
     ("spillmodel", "spillover model"),
     ("thread", "plan in the router's thread"),
+    ("held", "plan in its worker, curves replaced on every 2% move"),
 )
 
 
