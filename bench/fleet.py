@@ -183,7 +183,9 @@ def intro(meta: Doc) -> list[str]:
         "the same Decider with the `slo` policy, the day uncompressed); the oracle only exists "
         "there. *planner*: its goodput model prices the `slo` router (each split at its best "
         "spill threshold), the plan computed in the router's worker process "
-        "(`router.planning.worker`) on curves held within 2%; *plan in the router's thread*: "
+        "(`router.planning.worker`) on curves it refreshes at most every 30 planner minutes; "
+        "*plan in its worker, curves replaced on every 2% move*: the first such run; "
+        "*plan in the router's thread*: "
         "the runs before (session 4), the same model computed in a thread of the router's "
         "process on the curves of the moment (every plan cold); *spillover model*: the runs "
         "before those, whose model priced spillover at the crossover (it undervalued mixed "
@@ -380,7 +382,8 @@ def flat_section(all_runs: dict[str, Doc]) -> list[str]:
         "token means over 400 requests); *spillover model* / *slo model*: the goodput model "
         "pricing spillover at the crossover (before) or the `slo` router (now); *plan in "
         "thread*: the plan computed in a thread of the router's process (session 4), every "
-        "other row: in its worker process, on curves held within 2%.",
+        "other row: in its worker process, on curves refreshed at most every 30 planner "
+        "minutes.",
         "",
         "The rates are wall requests per second (what the router sees: the day "
         f"{COMPRESS}x faster than engines at time scale {TIME_SCALE}); *true* is the level's, "
