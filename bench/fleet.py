@@ -42,6 +42,12 @@ STRICT_WEIGHT = 0.2  # the planner's objective (router.plan.params.Params.strict
 PER_HOUR_SLACK = 0.03  # the must-show: every hour >= the better pure fleet minus 3 points
 
 Doc = dict[str, Any]
+# Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
+EARLIER = (
+    ("spillmodel", "spillover model"),
+    ("thread", "plan in the router's thread"),
+    ("held", "plan in its worker, curves replaced on every 2% move"),
+)
 
 
 def row_name(split: str) -> str:
@@ -176,8 +182,14 @@ def intro(meta: Doc) -> list[str]:
         "gives. The lab column is `bench/results/fleet-lab.md`'s same row (the lab's router: "
         "the same Decider with the `slo` policy, the day uncompressed); the oracle only exists "
         "there. *planner*: its goodput model prices the `slo` router (each split at its best "
-        "spill threshold); *spillover model*: the runs before, whose model priced spillover at "
-        "the crossover (it undervalued mixed splits). Best static: the static split run "
+        "spill threshold), the plan computed in the router's worker process "
+        "(`router.planning.worker`) on curves it refreshes at most every 30 planner minutes; "
+        "*plan in its worker, curves replaced on every 2% move*: the first such run; "
+        "*plan in the router's thread*: "
+        "the runs before (session 4), the same model computed in a thread of the router's "
+        "process on the curves of the moment (every plan cold); *spillover model*: the runs "
+        "before those, whose model priced spillover at the crossover (it undervalued mixed "
+        "splits). Best static: the static split run "
         f"over sockets with the best objective ({STRICT_WEIGHT:g} strict + "
         f"{1 - STRICT_WEIGHT:g} relaxed, the planner's).",
         "",
@@ -227,17 +239,19 @@ def regime_section(all_runs: dict[str, Doc], regime: str, lab: Doc) -> list[str]
         )
     else:
         lines.append(f"| **planner** | not run | | | | | | {labs} |")
-    spill = repeats(all_runs, regime, "planner.spillmodel")
-    if spill:
-        n = len(spill)
-        objs = [objective(d["summary"]) for d in spill]
+    for tag, what in EARLIER:
+        runs = repeats(all_runs, regime, f"planner.{tag}")
+        if not runs:
+            continue
+        n = len(runs)
+        objs = [objective(d["summary"]) for d in runs]
         obj = pct(sum(objs) / n) + (f" ({pct(min(objs))}-{pct(max(objs))})" if n > 1 else "")
-        sw = "/".join(str(d["summary"]["switches"]) for d in spill)
-        eng = "/".join(f"{d['summary']['restart_engine_s']:.0f}" for d in spill)
-        tok = sum(d["summary"]["tok_s"] for d in spill) / n
+        sw = "/".join(str(d["summary"]["switches"]) for d in runs)
+        eng = "/".join(f"{d['summary']['restart_engine_s']:.0f}" for d in runs)
+        tok = sum(d["summary"]["tok_s"] for d in runs) / n
         lines.append(
-            f"| planner, spillover model{f' ({n} runs)' if n > 1 else ''} | "
-            f"{spread(spill, 'goodput_strict')} | {spread(spill, 'goodput_relaxed')} | {obj} | "
+            f"| planner, {what}{f' ({n} runs)' if n > 1 else ''} | "
+            f"{spread(runs, 'goodput_strict')} | {spread(runs, 'goodput_relaxed')} | {obj} | "
             f"{tok:.0f} | {sw} | {eng} | |"
         )
     old = all_runs.get(f"{regime}.planner.before")
@@ -331,21 +345,28 @@ def switches(doc: Doc) -> list[str]:
         if m:
             lines.append(f"- floor at {a['t_day'] / 3600:.2f} h: those up serve {m[1]}/s, the "
                          f"upper forecast over the restart needs {m[2]}/s")  # fmt: skip
+    lp = doc.get("last_plan") or {}
+    worker = ""
+    if "worker" in lp:
+        worker = (f" The last plan took {lp['took_s']:.2f} s in the worker process; the curves "
+                  f"were replaced {lp.get('curve_updates', 0)} times, the worker restarted "
+                  f"{lp['worker']['restarts']} times.")  # fmt: skip
     lines += ["", f"Plans read: {doc['meta'].get('plans_seen', '—')}; requests the router held "
-                  f"after the replay: {doc['meta']['in_flight_after']}.", ""]  # fmt: skip
+                  f"after the replay: {doc['meta']['in_flight_after']}.{worker}", ""]  # fmt: skip
     return lines
 
 
 def flat_section(all_runs: dict[str, Doc]) -> list[str]:
-    def edge_of(name: str) -> str:
-        if name.endswith(".before"):
-            return "before"
-        return "window, spillover model" if name.endswith(".spillmodel") else "window, slo model"
+    edges = {".before": "before", ".spillmodel": "window, spillover model",
+             ".thread": "window, slo model, plan in thread"}  # fmt: skip
 
-    order = {"before": 0, "window, spillover model": 1, "window, slo model": 2}
+    def edge_of(name: str) -> str:
+        return next((e for t, e in edges.items() if name.endswith(t)), "window, slo model")
+
+    order = {e: i for i, e in enumerate([*edges.values(), "window, slo model"])}
     flats = sorted(
         (n for n in all_runs if ".flat" in n),
-        key=lambda n: (re.sub(r"\.(before|spillmodel)$", "", n), order[edge_of(n)]),
+        key=lambda n: (re.sub(r"\.(before|spillmodel|thread)$", "", n), order[edge_of(n)]),
     )
     if not flats:
         return []
@@ -359,7 +380,10 @@ def flat_section(all_runs: dict[str, Doc]) -> list[str]:
         "given the window's (`router.planning.traffic.Window`: the rate over the latest "
         "intervals holding 50 arrivals, at most 10 planner minutes, with a Poisson band; the "
         "token means over 400 requests); *spillover model* / *slo model*: the goodput model "
-        "pricing spillover at the crossover (before) or the `slo` router (now).",
+        "pricing spillover at the crossover (before) or the `slo` router (now); *plan in "
+        "thread*: the plan computed in a thread of the router's process (session 4), every "
+        "other row: in its worker process, on curves refreshed at most every 30 planner "
+        "minutes.",
         "",
         "The rates are wall requests per second (what the router sees: the day "
         f"{COMPRESS}x faster than engines at time scale {TIME_SCALE}); *true* is the level's, "

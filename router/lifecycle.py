@@ -41,7 +41,8 @@ from router.learn.keeper import CrossoverKeeper
 from router.membership import TICK as MEMBERS_TICK
 from router.membership import Membership
 from router.origin import Origin
-from router.planning.service import FleetPlanner, decide
+from router.planning.service import FleetPlanner
+from router.planning.worker import PlanWorker, WorkerFailed
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
 from router.upstream.client import OriginPool
@@ -264,28 +265,44 @@ async def keep_members(membership: Membership) -> None:
             log.exception("membership tick failed")
 
 
-async def keep_planning(planner: FleetPlanner) -> None:
+async def keep_planning(planner: FleetPlanner, worker: PlanWorker | None = None) -> None:
     """The fleet planner's timers: a look at the engines every ``look_interval`` (their
     counters, the switch in progress), a plan every ``PLAN_INTERVAL``. The plan itself runs in
-    a thread (it can take seconds of CPU when its model's cache is cold), and the looks go on
-    meanwhile: the event loop only gathers its inputs and publishes its result."""
+    a child process (``router.planning.worker``: it can take seconds of CPU when its model's
+    cache is cold, which in this process would hold the GIL the proxy needs), and the looks go
+    on meanwhile: the event loop only gathers its inputs and publishes its result. The child is
+    stopped when this task ends, however it ends."""
+    worker = worker if worker is not None else PlanWorker()
     log.info("fleet planner: %s, a plan every %gs", planner.mode, planner.interval)
-    while True:
-        await asyncio.sleep(planner.look_interval)
-        try:
-            if planner.clock() - planner.last_tick < planner.interval:
-                planner.look()
-                continue
-            r = planner.gather()
-            t0 = time.perf_counter()
-            job = asyncio.ensure_future(asyncio.to_thread(decide, r))
-            while not job.done():
-                await asyncio.wait({job}, timeout=planner.look_interval)
-                if not job.done():
+    try:
+        while True:
+            await asyncio.sleep(planner.look_interval)
+            try:
+                if planner.clock() - planner.last_tick < planner.interval:
                     planner.look()
-            planner.publish(r, job.result(), time.perf_counter() - t0)
-        except Exception:
-            log.exception("fleet planner round failed")
+                    continue
+                r = planner.gather()
+                t0 = time.perf_counter()
+                job = asyncio.ensure_future(worker.run(r, planner.plan_timeout))
+                try:
+                    while not job.done():
+                        await asyncio.wait({job}, timeout=planner.look_interval)
+                        if not job.done():
+                            planner.look()
+                finally:
+                    if not job.done():
+                        job.cancel()
+                        await asyncio.gather(job, return_exceptions=True)
+                try:
+                    out = job.result()
+                except WorkerFailed as exc:
+                    planner.failed(r, str(exc), worker)
+                    continue
+                planner.publish(r, out, time.perf_counter() - t0, worker)
+            except Exception:
+                log.exception("fleet planner round failed")
+    finally:
+        await worker.close()
 
 
 async def keep_discovering(membership: Membership) -> None:

@@ -145,3 +145,28 @@ class PlanCollector(Collector):
         if "switches_advised" in doc:
             advised.add_metric([], float(doc["switches_advised"]))
         yield advised
+        stale = GaugeMetricFamily(
+            "spec_router_plan_stale",
+            "1 while the plan shown is not this interval's (its worker process died or "
+            "overran and is being started afresh), else 0",
+        )
+        if "stale" in doc:
+            stale.add_metric([], 1.0 if doc["stale"] else 0.0)
+        yield stale
+        took = GaugeMetricFamily(
+            "spec_router_plan_seconds",
+            "Wall seconds the last plan took, from its inputs to its outcome (in the planner's "
+            "worker process)",
+        )
+        if "took_s" in doc:
+            took.add_metric([], float(doc["took_s"]))
+        yield took
+        worker = doc.get("worker")
+        restarts = CounterMetricFamily(
+            "spec_router_plan_worker_restarts",
+            "Times the planner's worker process was started again after it died or overran "
+            "a plan's timeout (router.planning.worker)",
+        )
+        if worker is not None:
+            restarts.add_metric([], float(worker["restarts"]))
+        yield restarts

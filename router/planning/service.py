@@ -41,6 +41,7 @@ from router.health.state import BackendHealth
 from router.learn.keeper import Tokens
 from router.members.member import Member
 from router.plan import (
+    Curve,
     EngineState,
     Holt,
     Mix,
@@ -91,6 +92,18 @@ RESTART_SAMPLES = 5
 # A switch that has not landed within this many restarts (plus the drain timeout) is given up.
 SWITCH_PATIENCE = 3.0
 STATE_FORMAT = 1
+# The curves a plan is made on are replaced by the keeper's latest at most once per
+# CURVE_REFRESH planner seconds, and only once one of their numbers has moved by more than
+# CURVE_TOLERANCE (relative): learning moves them with every request (a bin at a batch seldom
+# seen by several percent), and each move left the goodput model's caches cold (keyed on the
+# curves' values): a plan of seconds instead of tenths, on every plan (over sockets, 24
+# replacements in one compressed day at 2% alone). Learning follows drift over hours; half an
+# hour late is within the model's own error (bench/results/fleet-model.md: objective MAE
+# 1.3-1.5 points).
+CURVE_TOLERANCE = 0.02
+CURVE_REFRESH = 1800.0
+# Least wall seconds a plan may take (``FleetPlanner.plan_timeout``).
+PLAN_TIMEOUT = 60.0
 
 
 class Finished(Protocol):
@@ -106,6 +119,19 @@ class Finished(Protocol):
     def error(self) -> str | None: ...
     @property
     def client_gone(self) -> bool: ...
+
+
+class Worker(Protocol):
+    """What the document says of the plan's process (``router.planning.worker.PlanWorker``)."""
+
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def failures(self) -> int: ...
+    @property
+    def last_failure(self) -> str | None: ...
 
 
 class Members(Protocol):
@@ -203,7 +229,8 @@ Outcome = tuple[str, Plan | None, PlanState]  # status, the plan (if one was mad
 def decide(r: Round) -> Outcome:
     """The round's plan: ``router.plan.plan`` when it has what it needs, else the reason why
     not (the forecast learns all the same). Pure, and CPU-bound (up to seconds when the
-    goodput model's cache is cold): the lifecycle runs it in a thread."""
+    goodput model's cache is cold): the lifecycle runs it in a child process
+    (``router.planning.worker``)."""
     if r.setting is None:
         status = "waiting for curves: calibrate (spec-router calibrate) or let the router "
         status += "learn both pools"
@@ -260,6 +287,11 @@ class FleetPlanner:
         self.last_tick = self.born = clock()
         self.last_plan: Plan | None = None
         self.took = 0.0  # seconds the last decision took
+        self.stale: str | None = None  # why the plan shown is not this interval's
+        self.curves: dict[Pool, Curve] = {}  # the curves plans are made on (CURVE_TOLERANCE)
+        self.curves_at = -math.inf  # when they were last replaced
+        self.curve_updates = 0  # times they were replaced by the keeper's (after the first)
+        self.worker: Worker | None = None  # the process that plans (router.planning.worker)
         self.last_traffic: Traffic | None = None
         self.status = "starting: the first plan comes after one interval"
         self.advised = 0  # distinct switches advised so far (the last one's id)
@@ -280,6 +312,13 @@ class FleetPlanner:
     @property
     def look_interval(self) -> float:
         return min(1.0, self.interval / 8)
+
+    @property
+    def plan_timeout(self) -> float:
+        """Wall seconds a plan may take before its worker is stopped and started afresh: far
+        past a cold plan on a loaded machine, short enough that a stuck one does not silence
+        the planner for long."""
+        return max(PLAN_TIMEOUT, 10 * self.interval)
 
     # -- inputs --------------------------------------------------------------------------------
     def observe(self, out: Finished) -> None:
@@ -359,9 +398,22 @@ class FleetPlanner:
         models = self.keeper.models
         if models is None:
             return None
+        now = self.clock()
+        due = now - self.curves_at >= CURVE_REFRESH * self.settings.plan_time_scale
+        for pool in POOLS:
+            new = curve_of(models[pool])
+            held = self.curves.get(pool)
+            drift = curve_drift(held, new)
+            if held is None or math.isinf(drift) or (due and drift > CURVE_TOLERANCE):
+                if held is not None:
+                    log.info("the %s curve moved %.1f%%: the plan takes the new one", pool,
+                             100 * drift)  # fmt: skip
+                self.curves[pool] = new
+                self.curves_at = now
+                self.curve_updates += held is not None
         return Setting(
-            curve_of(models[SPECULATIVE]),
-            curve_of(models[BASELINE]),
+            self.curves[SPECULATIVE],
+            self.curves[BASELINE],
             self.restart(SPECULATIVE),
             self.restart(BASELINE),
             self.slo,
@@ -370,7 +422,7 @@ class FleetPlanner:
 
     def tick(self) -> None:
         """One plan in the caller's thread: gather, decide, publish (the lifecycle runs the
-        decision in a thread instead: ``gather``, ``decide``, ``publish``)."""
+        decision in its worker process instead: ``gather``, ``decide``, ``publish``)."""
         r = self.gather()
         t0 = time.perf_counter()
         out = decide(r)
@@ -394,16 +446,27 @@ class FleetPlanner:
         return Round(now, seconds, tr, fleet, mix, self.setting(), self.state, self.params,
                      est)  # fmt: skip
 
-    def publish(self, r: Round, out: Outcome, took: float) -> None:
+    def publish(self, r: Round, out: Outcome, took: float, worker: Worker | None = None) -> None:
         """Take the decision's plan and state, advise, and publish the document."""
         self.status, p, self.state = out
         self.took = took
+        self.stale = None
+        self.worker = worker
         if p is not None:
             self._advise(p, r.fleet, r.now)
         self.last_plan = p
         self.doc = self._document(self.views(), self.clock())
         self._share()
         self._save_holt()
+
+    def failed(self, r: Round, why: str, worker: Worker | None = None) -> None:
+        """The round's decision was lost (its worker died or overran): the last plan and its
+        advice stay, marked stale (``stale`` in the document, a gauge), until the next plan."""
+        self.stale = why
+        self.worker = worker
+        self.status = f"stale: {why}; the plan shown is the last one made"
+        self.doc = self._document(self.views(), self.clock())
+        self._share()
 
     def _advise(self, p: Plan, fleet: list[Any], now: float) -> None:
         sw = self.switch
@@ -500,8 +563,14 @@ class FleetPlanner:
             "time_scale": self.settings.plan_time_scale,
             "budget": self.settings.gpu_budget,
             "took_s": round(self.took, 3),
+            "stale": self.stale is not None,
+            "curve_updates": self.curve_updates,
             **self._live(members, now),
         }
+        w = self.worker
+        if w is not None:
+            doc["worker"] = {"pid": w.pid, "restarts": w.restarts, "failures": w.failures,
+                             "last_failure": w.last_failure}  # fmt: skip
         if tr is not None:
             doc["traffic"] = {
                 "seconds": round(tr.seconds, 3),
@@ -583,9 +652,16 @@ class FleetPlanner:
                 log.warning("%s: another format or interval: the forecast starts afresh", path)
                 return None
             h = raw["holt"]
-            return Holt(float(h["level"]), float(h["trend"]), float(h["var"]),
-                        float(h["noise"]), int(h["seen"]), float(h["scale"]),
-                        tuple(float(x) for x in h["history"]))  # fmt: skip
+            return Holt(
+                float(h["level"]),
+                float(h["trend"]),
+                float(h["var"]),
+                float(h["noise"]),
+                int(h["seen"]),
+                float(h["scale"]),
+                tuple(float(x) for x in h["history"]),
+                float(h.get("burst", 0.0)),
+            )  # a state written before the burst term has none
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("%s: cannot read the forecast's state (%s): it starts afresh", path, exc)
             return None
@@ -602,6 +678,18 @@ class FleetPlanner:
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("cannot keep the forecast's state at %s: %s", path, exc)
+
+
+def curve_drift(held: Curve | None, new: Curve) -> float:
+    """How far ``new`` is from ``held``: the largest relative change of any of its numbers
+    (infinite when there is none held, or its shape changed: the running cap, the table's
+    length)."""
+    if held is None or held.cap != new.cap or len(held.spi) != len(new.spi):
+        return math.inf
+    pairs = [*zip(held.spi, new.spi, strict=True), (held.tau_greedy, new.tau_greedy),
+             (held.tau_sampling, new.tau_sampling), (held.prefill_base, new.prefill_base),
+             (held.prefill_per_token, new.prefill_per_token)]  # fmt: skip
+    return max((abs(b - a) / max(abs(a), abs(b)) for a, b in pairs if a != b), default=0.0)
 
 
 def holt_document(holt: Holt, interval: float) -> dict[str, Any]:

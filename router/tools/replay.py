@@ -156,10 +156,12 @@ async def replay(
     time_scale: float = 1.0,
     drain: float = 120.0,
     watch: Callable[[Sent], Coroutine[Any, Any, None]] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> list[Result]:
     """Send every arrival at ``start + at * time_scale`` (wall clock) to ``url`` (a base URL,
     with or without ``/v1``); after the last one, wait up to ``drain`` model seconds for the
-    rest, then cancel them (recorded as unfinished)."""
+    rest, then cancel them (recorded as unfinished). Once ``stop`` is set no more are sent
+    (those are recorded as not sent), and the ones sent finish as after the last."""
     base = url.rstrip("/").removesuffix("/v1")
     target = b"/v1/chat/completions" if endpoint == "chat" else b"/v1/completions"
     head = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
@@ -182,8 +184,13 @@ async def replay(
     try:
         for i, (arrival, t) in enumerate(zip(arrivals, timings, strict=True)):
             delay = start + arrival.at * time_scale - time.monotonic()
-            if delay > 0:
+            if delay > 0 and stop is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+            elif delay > 0:
                 await asyncio.sleep(delay)
+            if stop is not None and stop.is_set():
+                break
             body = json.dumps(request_body(arrival, i, endpoint, model, nonce)).encode()
             task = asyncio.create_task(send(pool, target, body, head, t))
             task.add_done_callback(finished)

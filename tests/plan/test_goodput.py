@@ -11,6 +11,7 @@ from router.plan import (
     Goodput,
     ModelParams,
     Slo,
+    goodput,
     slo_capacity,
     spill_threshold,
     split_goodput,
@@ -99,6 +100,21 @@ def test_slo_capacity_grows_with_engines_and_shrinks_with_the_share() -> None:
     rate = caps[1]
     assert split_goodput(EAGLE3, BASE, MIX, SLO, 0, 2, rate).relaxed >= 0.5
     assert split_goodput(EAGLE3, BASE, MIX, SLO, 0, 2, rate * 1.1).relaxed < 0.5
+
+
+@pytest.mark.parametrize("split", [(0, 3), (4, 0), (2, 2)])
+@pytest.mark.parametrize("scale", [0.5, 0.97, 1.03, 2.0])
+def test_a_capacity_searched_from_the_last_one_is_the_full_bisections(
+    split: tuple[int, int], scale: float
+) -> None:
+    # the hint: this split's capacity on the fixtures' curves; then the curves move (learning)
+    k, m = split
+    slo_capacity(EAGLE3, BASE, MIX, SLO, k, m, 0.5)
+    spec = EAGLE3._replace(spi=tuple(x * scale for x in EAGLE3.spi))
+    hinted = slo_capacity(spec, BASE, MIX, SLO, k, m, 0.5)
+    goodput._CAPACITY_AT.clear()
+    slo_capacity.cache_clear()
+    assert hinted == slo_capacity(spec, BASE, MIX, SLO, k, m, 0.5)
 
 
 @PROPERTY

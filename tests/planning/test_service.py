@@ -5,6 +5,7 @@ document and the gauges). The planner in a real router over real sockets: test_p
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -15,9 +16,9 @@ from prometheus_client import CollectorRegistry
 from router.health.engines import EngineSample
 from router.health.state import BackendHealth, State
 from router.members.member import Member
-from router.plan.values import CurveLike
+from router.plan.values import Curve, CurveLike
 from router.planning.metrics import PlanCollector
-from router.planning.service import FleetPlanner, holt_document
+from router.planning.service import CURVE_REFRESH, FleetPlanner, curve_drift, holt_document
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
 from tests.plan.fixtures import BASE, EAGLE3, MIX
@@ -241,6 +242,11 @@ def test_the_forecast_is_kept_across_restarts(tmp_path: Path) -> None:
     again = planner(world, path)
     assert again.state.holt is not None and again.state.holt.seen == 3
     assert json.loads(json.dumps(holt_document(again.state.holt, INTERVAL))) == saved
+    # a surge's band term, mid-fade, is kept too
+    saved["holt"]["burst"] = 0.75
+    path.write_text(json.dumps(saved))
+    fading = planner(world, path).state.holt
+    assert fading is not None and fading.burst == 0.75
     # another interval: it starts afresh rather than misread the rates
     assert planner(world, path, plan_time_scale=0.5).state.holt is None
     path.write_text("{not json")
@@ -283,3 +289,78 @@ def test_a_gpu_of_the_budget_no_engine_holds_is_started_and_its_pool_raised_at_o
     doc = p.document()
     assert doc["switch"] is None and sum(doc["running"].values()) == 4
     assert "gpu-slot-1" not in {e["engine"] for e in doc["fleet"]}
+
+
+class StubWorker(NamedTuple):
+    pid: int | None = 4242
+    restarts: int = 1
+    failures: int = 1
+    last_failure: str | None = "the plan worker died (exit -9)"
+
+
+def test_a_lost_round_leaves_the_last_plan_marked_stale_until_the_next() -> None:
+    world = World()
+    for i in range(2):
+        world.join(BASELINE, f"http://b{i}")
+    p = planner(world)
+    minutes(world, p, 2, 1.0)
+    made = p.document()
+    assert made["status"] == "planning" and made["stale"] is False
+    world.now += INTERVAL
+    world.serve(60)
+    p.failed(p.gather(), "the plan worker died (exit -9)", StubWorker())
+    doc = p.document()
+    assert doc["stale"] is True and doc["status"].startswith("stale: the plan worker died")
+    assert doc["desired"] == made["desired"] and doc["reason"] == made["reason"]
+    assert doc["worker"] == {"pid": 4242, "restarts": 1, "failures": 1,
+                             "last_failure": "the plan worker died (exit -9)"}  # fmt: skip
+    reg = gauges(p)
+    assert reg.get_sample_value("spec_router_plan_stale") == 1
+    assert reg.get_sample_value("spec_router_plan_worker_restarts_total") == 1
+    minutes(world, p, 1, 1.0)
+    assert (
+        p.document()["stale"] is False and gauges(p).get_sample_value("spec_router_plan_stale") == 0
+    )
+
+
+def scaled(curve: Curve, by: float) -> Curve:
+    return curve._replace(spi=tuple(x * by for x in curve.spi))
+
+
+def test_plans_hold_their_curves_until_they_move_and_a_refresh_is_due() -> None:
+    world = World()
+    world.join(BASELINE, "http://b0")
+    p = planner(world)
+    first = p.setting()
+    assert first is not None and first.speculative == EAGLE3 and p.curve_updates == 0
+    # learning moves them a little: the plan keeps what it had (its model's caches stay warm)
+    world.models = {SPECULATIVE: scaled(EAGLE3, 1.01), BASELINE: BASE}
+    world.now += CURVE_REFRESH + 1
+    held = p.setting()
+    assert held is not None and held.speculative == EAGLE3
+    # more than the tolerance, but the last replacement is recent: still held
+    world.models = {SPECULATIVE: scaled(EAGLE3, 1.05), BASELINE: BASE}
+    p.setting()  # (replaced now: a refresh was due)
+    assert p.curve_updates == 1
+    world.models = {SPECULATIVE: scaled(EAGLE3, 1.10), BASELINE: BASE}
+    world.now += CURVE_REFRESH / 2
+    mid = p.setting()
+    assert mid is not None and mid.speculative == scaled(EAGLE3, 1.05)
+    world.now += CURVE_REFRESH / 2
+    due = p.setting()
+    assert due is not None and due.speculative == scaled(EAGLE3, 1.10) and p.curve_updates == 2
+    # a new shape (another running cap) is taken at once
+    world.models = {SPECULATIVE: EAGLE3._replace(cap=32), BASELINE: BASE}
+    world.now += 1
+    new = p.setting()
+    assert new is not None and new.speculative.cap == 32 and p.curve_updates == 3
+
+
+def test_drift_is_the_largest_relative_move_of_any_number() -> None:
+    assert curve_drift(None, EAGLE3) == math.inf
+    assert curve_drift(EAGLE3, EAGLE3) == 0.0
+    assert curve_drift(EAGLE3, scaled(EAGLE3, 1.03)) == pytest.approx(0.03 / 1.03)
+    assert curve_drift(EAGLE3, EAGLE3._replace(tau_sampling=EAGLE3.tau_sampling * 0.9)) == (
+        pytest.approx(0.1)
+    )
+    assert curve_drift(EAGLE3, EAGLE3._replace(cap=16)) == math.inf

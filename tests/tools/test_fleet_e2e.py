@@ -15,12 +15,14 @@ from router.tools.fleet.cli import main
 def test_the_planner_switches_an_engine_and_every_request_is_released(tmp_path: Path) -> None:
     # Two baseline engines of a regime with no crossover (eagle3-chain: speculation is faster
     # at every load): the planner moves one to speculative once it has a few intervals of
-    # traffic. The engine drains, restarts in the other mode, comes back through DNS.
+    # traffic. The engine drains, restarts in the other mode, comes back through DNS. The day
+    # ends once that switch has landed (--until-switches): its two hours (72 s of wall time)
+    # are only the bound on how long the planner may take on a loaded machine.
     out = tmp_path / "fleet.json"
     code = main([
         "--engines", "2", "--split", "planner", "--start", "0", "--regime", "eagle3-chain",
-        "--synthetic", "flat", "--hi", "0.5", "--hours", "0.25", "--compress", "20",
-        "--time-scale", "0.2", "--restart-s", "100", "--seed", "2",
+        "--synthetic", "flat", "--hi", "0.5", "--hours", "2", "--compress", "20",
+        "--time-scale", "0.2", "--restart-s", "100", "--seed", "2", "--until-switches", "1",
         "--out", str(out), "--keep", str(tmp_path / "run"),
     ])  # fmt: skip
     assert code == 0

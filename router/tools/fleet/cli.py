@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--compress", type=float, default=1.0, help="day seconds per engine second (default 1)"
     )
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--until-switches", type=int, metavar="N",
+                   help="end the day once N switches have landed (a smoke test of the "
+                        "actuation); the arrivals after that are not sent")  # fmt: skip
     p.add_argument("--no-yesterday", action="store_true", help="planner: no day before seen")
     p.add_argument("--out", help="write the run as JSON here (and .md, .png beside it)")
     p.add_argument("--keep", help="keep the run's directory (logs, table) here")
@@ -219,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         engines=ns.engines, speculative=k, planner=planner, spec=spec, base=base,
         time_scale=ns.time_scale, compress=ns.compress, restart_s=restart,
         day_seconds=day_seconds, mean_prompt=prompt, mean_output=output, yesterday=d.yesterday,
+        until_switches=ns.until_switches,
     )  # fmt: skip
     progress = Progress(sys.stderr, ns.time_scale, ns.compress, len(engine_arrivals))
     began = time.time()

@@ -70,6 +70,9 @@ class FleetConfig:
     yesterday: tuple[float, ...] = ()  # arrivals per day second, one per planner interval
     plan_interval: float = 60.0  # day seconds
     drain: float = 600.0  # engine seconds the replay waits for the last answers
+    # end the day once this many switches have landed (a smoke test of the actuation that
+    # does not hang on how soon the planner acts); the arrivals after are not sent
+    until_switches: int | None = None
 
     @property
     def plan_time_scale(self) -> float:
@@ -180,6 +183,7 @@ class Fleet:
         self.acted: set[str] = set()
         self._last_at: Any = None
         self.zero = time.monotonic()
+        self.enough = asyncio.Event()  # set once ``until_switches`` have landed
 
     # -- set-up and tear-down ----------------------------------------------------------------
     async def start(self) -> str:
@@ -266,7 +270,10 @@ class Fleet:
             acting = asyncio.create_task(self._act(client, url))
             try:
                 results = await replay(arrivals, url, time_scale=self.cfg.time_scale,
-                                       drain=self.cfg.drain, watch=watch)  # fmt: skip
+                                       drain=self.cfg.drain, watch=watch,
+                                       stop=self.enough)  # fmt: skip
+                if self.enough.is_set():  # (the day ended early: what was not sent is not in it)
+                    results = [r for r in results if r.error != "not sent"]
             finally:
                 acting.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -300,12 +307,16 @@ class Fleet:
 
     async def _act(self, client: httpx.AsyncClient, url: str) -> None:
         self._sample()
+        until = self.cfg.until_switches
         while True:
             try:
                 await self._look(client, url)
             except (httpx.HTTPError, ValueError, KeyError):
                 pass  # the next look tries again
             self._sample()
+            landed = sum(o.back is not None for o in self.timeline.outages)
+            if until is not None and landed >= until:
+                self.enough.set()
             await asyncio.sleep(LOOK)
 
     async def _look(self, client: httpx.AsyncClient, url: str) -> None:
