@@ -295,6 +295,9 @@ class FleetPlanner:
         self.last_traffic: Traffic | None = None
         self.status = "starting: the first plan comes after one interval"
         self.advised = 0  # distinct switches advised so far (the last one's id)
+        # switches that ended (landed or given up) so far, and that count when the round being
+        # planned was gathered: a plan made on a fleet a switch has since changed is not acted on
+        self.ended = self.ended_at_gather = 0
         self.doc: dict[str, Any] = {
             "planner": self.mode,
             "status": self.status,
@@ -365,10 +368,12 @@ class FleetPlanner:
             sw, landing = follow(self.switch, members, now)
             if landing is not None:
                 self._landed(landing, self.switch)
+                self.ended += 1
             elif sw is not None and self._overdue(sw, now):
                 log.warning("the switch of %s into %s did not land in time: given up",
                             sw.engine, sw.mode)  # fmt: skip
                 sw = None
+                self.ended += 1
             self.switch = sw
         healthy = {m.url: m for m in members if m.health == "healthy"}
         for url in [u for u in self.loading if u in healthy]:
@@ -431,6 +436,7 @@ class FleetPlanner:
     def gather(self) -> Round:
         """The interval's inputs as plain values (on the event loop: it reads the members)."""
         self.look()
+        self.ended_at_gather = self.ended
         now = self.clock()
         seconds = max(1e-9, now - self.last_tick)
         self.last_tick = now
@@ -452,7 +458,13 @@ class FleetPlanner:
         self.took = took
         self.stale = None
         self.worker = worker
-        if p is not None:
+        if p is not None and self.ended != self.ended_at_gather:
+            # a switch ended while this plan was made (in the worker, seconds): the fleet it
+            # was made on is gone, and acting on it could switch the engine that just landed
+            # again or a second one past the goal (one switch at a time). The next plan decides.
+            self.status += "; not acted on: a switch ended while it was made"
+            log.info("plan not acted on: a switch ended while it was made (%s)", p.reason)
+        elif p is not None:
             self._advise(p, r.fleet, r.now)
         self.last_plan = p
         self.doc = self._document(self.views(), self.clock())

@@ -18,7 +18,13 @@ from router.health.state import BackendHealth, State
 from router.members.member import Member
 from router.plan.values import Curve, CurveLike
 from router.planning.metrics import PlanCollector
-from router.planning.service import CURVE_REFRESH, FleetPlanner, curve_drift, holt_document
+from router.planning.service import (
+    CURVE_REFRESH,
+    FleetPlanner,
+    curve_drift,
+    decide,
+    holt_document,
+)
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
 from tests.plan.fixtures import BASE, EAGLE3, MIX
@@ -364,3 +370,43 @@ def test_drift_is_the_largest_relative_move_of_any_number() -> None:
         pytest.approx(0.1)
     )
     assert curve_drift(EAGLE3, EAGLE3._replace(cap=16)) == math.inf
+
+
+def test_a_plan_made_while_a_switch_landed_is_not_acted_on() -> None:
+    world = World()
+    for i in range(4):
+        world.join(BASELINE, f"http://b{i}")
+    p = planner(world, gpu_budget=4, slo_tpot_ms=18.0)  # (one engine to speculation: above)
+    minutes(world, p, 6, 1.0)
+    sw = p.document()["switch"]
+    assert sw is not None and sw["phase"] == "advised"
+    engine = sw["engine"]
+    # the next round is gathered while that switch is only advised (every engine up) ...
+    world.now += INTERVAL
+    world.serve(60)
+    r = p.gather()
+    # ... and while its plan is made (in the worker: seconds), the switch is carried out
+    world.now += 1
+    world.drain(engine)
+    p.look()
+    world.now += 5
+    world.remove(engine)
+    p.look()
+    world.join(SPECULATIVE, engine, healthy=False)
+    p.look()
+    world.now += 430.0
+    world.healthy(engine)
+    p.look()
+    assert p.switch is None
+    out = decide(r)
+    stale = out[1]
+    assert (
+        stale is not None and stale.action is not None
+    )  # made on the fleet before: that engine again
+    p.publish(r, out, 0.1)
+    doc = p.document()
+    assert doc["switch"] is None and "not acted on" in doc["status"]
+    assert doc["running"] == {SPECULATIVE: 1, BASELINE: 3}
+    # the next plan, made on the fleet as it is, is acted on again (whatever it decides)
+    minutes(world, p, 1, 1.0)
+    assert "not acted on" not in p.document()["status"]
