@@ -371,20 +371,12 @@ class _Schedule:
 
     def switches_from(self, t: int, k: int) -> int:
         """How many switches the best schedule makes from split k (stable) at step t."""
-        n = 0
-        while t < self.horizon:
-            mode = self.choice[t][k]
-            if mode is None:
-                t += 1
-                continue
-            k = k - 1 if mode == BASELINE else k + 1
-            t += self.restart[mode]
-            n += 1
-        return n
+        return len(self.follow((k, self.n - k), t))
 
-    def follow(self, start: Split) -> list[tuple[int, Pool, Split]]:
-        """The best schedule's switches from ``start``: (step, mode, split after)."""
-        k, t = start[0], 0
+    def follow(self, start: Split, t: int = 0) -> list[tuple[int, Pool, Split]]:
+        """The best schedule's switches from ``start`` (stable at step ``t``): (step, mode,
+        split after)."""
+        k = start[0]
         out = []
         while t < self.horizon:
             mode = self.choice[t][k]
