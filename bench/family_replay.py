@@ -63,36 +63,16 @@ def run_policy(
     w: family.Workload, policy: str, trace: Path, t0: float, ns: argparse.Namespace, tmp: Path
 ) -> dict[str, Any]:
     presets, _ = family.layout(w)
-    scale = ["--time-scale", f"{ns.time_scale:g}"]
-    table = tmp / f"{w.seed}-{policy}.table.json"
-    doc = json.loads(TABLES[w.regime].read_text())
-    doc["time_scale"] = ns.time_scale  # as bench/traffic.py: the table is in model time
-    table.write_text(json.dumps(doc))
+    table = bench_traffic.scaled_table(
+        TABLES[w.regime], ns.time_scale, tmp / f"{w.seed}-{policy}.table.json"
+    )
     deployment = bench_traffic.Deployment(
         policy, ("", ""), None if policy == family.DEFAULT_POLICY else policy, True, ""
     )
     out = tmp / f"{w.seed}-{policy}.json"
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
-        urls = [
-            stack.enter_context(
-                running(
-                    [
-                        "-m",
-                        "router.sim",
-                        "--port",
-                        "0",
-                        "--preset",
-                        p.name,
-                        "--seed",
-                        str(i + 1),
-                        *scale,
-                    ],
-                    prefix=bench_traffic.pinned(1),
-                )  # fmt: skip
-            ).url
-            for i, p in enumerate(presets)
-        ]
+        urls = bench_traffic.sims(stack, [p.name for p in presets], ns.time_scale)
         half = len(urls) // 2
         pair = (",".join(urls[:half]), ",".join(urls[half:]))
         env = bench_traffic.router_env(deployment, pair, table, ns.time_scale)

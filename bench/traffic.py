@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,38 +225,48 @@ def router_env(
     return env
 
 
+def scaled_table(src: Path, time_scale: float, dest: Path) -> Path:
+    """A copy of the table ``src`` at ``dest`` for sims at ``time_scale`` (the router writes
+    what it learns back there): the table is in model time, the learner divides what it
+    measures by the scale and multiplies predictions back."""
+    doc = json.loads(src.read_text())
+    doc["time_scale"] = time_scale
+    dest.write_text(json.dumps(doc))
+    return dest
+
+
+def sims(stack: contextlib.ExitStack, presets: Sequence[str], time_scale: float) -> list[str]:
+    """Fresh sims of ``presets`` (seeds 1, 2, ...) on core 1, stopped with ``stack``: URLs."""
+    scale = ["--time-scale", f"{time_scale:g}"]
+    return [
+        stack.enter_context(
+            running(
+                [
+                    "-m",
+                    "router.sim",
+                    "--port",
+                    "0",
+                    "--preset",
+                    preset,
+                    "--seed",
+                    str(i + 1),
+                    *scale,
+                ],
+                prefix=pinned(1),
+            )  # fmt: skip
+        ).url
+        for i, preset in enumerate(presets)
+    ]
+
+
 def run_one(d: Deployment, case: Case, ns: argparse.Namespace, tmp: Path, tag: str) -> Run:
-    scale = ["--time-scale", f"{ns.time_scale:g}"]
     table = None
     if d.table and ns.table:
-        table = tmp / f"{tag}.table.json"  # the router writes what it learns back here
-        # the table is in model time; these sims run at ns.time_scale (the learner divides
-        # what it measures by it, and predictions are multiplied back)
-        doc = json.loads(ns.table.read_text())
-        doc["time_scale"] = ns.time_scale
-        table.write_text(json.dumps(doc))
+        table = scaled_table(ns.table, ns.time_scale, tmp / f"{tag}.table.json")
     out = tmp / f"{tag}.json"
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
-        urls = tuple(
-            stack.enter_context(
-                running(
-                    [
-                        "-m",
-                        "router.sim",
-                        "--port",
-                        "0",
-                        "--preset",
-                        preset,
-                        "--seed",
-                        str(i + 1),
-                        *scale,
-                    ],
-                    prefix=pinned(1),
-                )
-            ).url
-            for i, preset in enumerate(d.sims)
-        )
+        urls = sims(stack, d.sims, ns.time_scale)
         assert len(urls) == 2
         env = router_env(d, (urls[0], urls[1]), table, ns.time_scale)
         router = stack.enter_context(
