@@ -22,6 +22,7 @@ from router.plan.planner import (
     Setting,
     plan,
     steady_split,
+    steps_since,
 )
 from router.plan.values import Curve, Mix, Slo, curve_of, mix_of
 
@@ -52,4 +53,5 @@ __all__ = [
     "spill_threshold",
     "split_goodput",
     "steady_split",
+    "steps_since",
 ]

@@ -107,10 +107,33 @@ class Forecast(NamedTuple):
         return series[i]
 
 
-def observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams = DEFAULT) -> Holt:
-    """The state after one more observation: ``rate`` over the last ``seconds``."""
+def observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams = DEFAULT,
+            steps: int = 1) -> Holt:  # fmt: skip
+    """The state after one more observation: ``rate`` over the last ``seconds``, standing for
+    ``steps`` planning intervals (more than one when the observation comes late: a plan that
+    took longer than its interval, a round lost). The steps it stands for are fed the rate
+    moving in a line from the level to ``rate``: the trend stays per step, and yesterday's
+    shape stays aligned with the clock. Taken as one step, a plan of 30 intervals learnt a
+    trend 30 times too steep and read the season 30 times too slowly (over sockets, the
+    compressed day's 3-hour forecast went from 3.6 to 33 requests a second, and the planner
+    moved an engine to baseline for a load that never came)."""
     if rate < 0 or seconds <= 0:
         raise ValueError("need rate >= 0 and seconds > 0")
+    if steps < 1:
+        raise ValueError("need steps >= 1")
+    n = min(steps, max(p.season, MAX_STEPS))
+    start = rate if state is None else state.level
+    for j in range(1, n + 1):
+        state = _observe(state, start + (rate - start) * j / n, seconds, p)
+    assert state is not None
+    return state
+
+
+# The most steps one observation stands for without a season (with one: a season's worth).
+MAX_STEPS = 1440
+
+
+def _observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams) -> Holt:
     noise = rate / seconds
     keep = p.season + 1 if p.season else 0
     if state is None:

@@ -133,6 +133,15 @@ class PlanState(NamedTuple):
     switched: float = -math.inf  # when a switch was last in flight (or advised)
     direction: Pool | None = None  # the mode the last switch went into
     history: tuple[Decision, ...] = ()
+    observed: float = -math.inf  # when the forecast last took an observation
+
+
+def steps_since(state: PlanState, now: float, interval: float) -> int:
+    """Planning intervals since the forecast's last observation (at least one): what the next
+    observation stands for (``forecast.observe``)."""
+    if not math.isfinite(state.observed) or interval <= 0:
+        return 1
+    return max(1, round((now - state.observed) / interval))
 
 
 class Plan(NamedTuple):
@@ -183,7 +192,8 @@ def plan(
         raise ValueError("engine names must be unique")
     if obs.seconds <= 0 or obs.arrivals < 0:
         raise ValueError("need seconds > 0 and arrivals >= 0")
-    holt = observe(state.holt, obs.arrivals / obs.seconds, obs.seconds, params.forecast)
+    steps = steps_since(state, obs.now, params.interval)
+    holt = observe(state.holt, obs.arrivals / obs.seconds, obs.seconds, params.forecast, steps)
     mix = state.mix
     if mix is None or not obs.mix.close_to(mix, params.mix_tolerance):
         mix = obs.mix
@@ -224,7 +234,7 @@ def plan(
     direction = action.mode if action is not None else state.direction
     decision = Decision(obs.now, desired, action, reason)
     history = (state.history + (decision,))[-params.history :]
-    new_state = PlanState(holt, mix, switched, direction, history)
+    new_state = PlanState(holt, mix, switched, direction, history, obs.now)
     return Plan(desired, k_now, n, action, reason, fc, values, tuple(options), schedule,
                 new_state)  # fmt: skip
 

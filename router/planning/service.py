@@ -55,6 +55,7 @@ from router.plan import (
     mix_of,
     observe,
     plan,
+    steps_since,
 )
 from router.plan.values import CurveLike
 from router.planning.fleet import (
@@ -243,8 +244,9 @@ def decide(r: Round) -> Outcome:
         obs = Observation(r.now, est.arrivals, est.seconds, r.mix)
         p = plan(obs, r.setting, r.fleet, r.state, r.params)
         return "planning", p, p.state
-    holt = observe(r.state.holt, r.estimate.rate, r.estimate.seconds, r.params.forecast)
-    return status, None, r.state._replace(holt=holt)
+    steps = steps_since(r.state, r.now, r.params.interval)
+    holt = observe(r.state.holt, r.estimate.rate, r.estimate.seconds, r.params.forecast, steps)
+    return status, None, r.state._replace(holt=holt, observed=r.now)
 
 
 class FleetPlanner:

@@ -127,19 +127,33 @@ def test_observations_are_checked() -> None:
         observe(None, -1.0, 60.0, P)
     with pytest.raises(ValueError):
         observe(None, 1.0, 0.0, P)
+    with pytest.raises(ValueError):
+        observe(None, 1.0, 60.0, P, steps=0)
 
 
-def test_peak_and_at_read_the_right_steps() -> None:
-    fc = forecast(feed([0.5 + 0.05 * i for i in range(30)]), 20, 60.0, P)
-    assert fc.peak(600.0, upper=False) == max(fc.point[:10])
-    assert fc.peak(1.0) == fc.upper[0]
-    assert fc.at(600.0) == fc.point[9]
+def test_a_late_observation_keeps_the_trend_per_step() -> None:
+    """A ramp of 0.02 a minute seen only every 30 minutes (plans that took that long): each
+    observation stands for its 30 steps, so the trend is the ramp's, not 30 times it."""
+    ramp = [0.5 + 0.02 * i for i in range(301)]
+    every = feed(ramp)
+    state = None
+    for i in range(0, 301, 30):
+        state = observe(state, ramp[i], 60.0, P, steps=1 if state is None else 30)
+    assert state is not None
+    assert state.trend == pytest.approx(every.trend, rel=0.5)
+    one_step = feed(ramp[::30])  # (each late observation taken as one step: the bug)
+    assert one_step.trend > 10 * every.trend
 
 
-def test_a_cold_start_from_an_empty_minute_follows_the_rate() -> None:
-    """The first minute held no arrival: its clip is nothing, so the arrivals after it are
-    past it; before the forecast has settled they are the rate's noise, not a surge, and the
-    level gets to the rate as a plain robust Holt does."""
-    state = feed([0.0] + [0.04] * 10)
-    assert state.level == pytest.approx(0.04, rel=0.15)
-    assert state.burst == 0.0
+def test_a_late_observation_keeps_the_season_aligned_with_the_clock() -> None:
+    day = 240
+    shape = [1.5 + math.sin(2 * math.pi * i / day) for i in range(day)]
+    p = ForecastParams(season=day)
+    # today as yesterday, seen every 30 minutes to step 90: the shape ahead is yesterday's
+    # from step 90 (taken as one step each, it was yesterday's from step 3)
+    state = feed(shape, p)
+    for i in range(0, 91, 30):
+        state = observe(state, shape[i], 60.0, p, steps=30 if i else 1)
+    fc = forecast(state, 120, 60.0, p)
+    for h in (30, 60, 119):
+        assert fc.point[h - 1] == pytest.approx(shape[(90 + h) % day], rel=0.08)

@@ -280,3 +280,16 @@ def test_splits_tied_within_the_models_noise_keep_the_current_one(rate: float, k
                      fleet(k, 4 - k), state, p)  # fmt: skip
         state = plan_.state
         assert plan_.action is None and plan_.desired == k and plan_.schedule == ()
+
+
+def test_a_late_plan_counts_the_intervals_it_missed_in_its_forecast() -> None:
+    """A plan that comes 30 intervals after the last one (the last took that long) feeds the
+    forecast 30 steps, not one: its trend and its season stay per interval."""
+    first = call(1.0, fleet(4, 0), PlanState(), now=0.0)
+    assert first.state.observed == 0.0
+    on_time = call(1.0, fleet(4, 0), first.state, now=60.0)
+    late = call(1.0, fleet(4, 0), first.state, now=30 * 60.0)
+    assert first.state.holt is not None and on_time.state.holt is not None
+    assert late.state.holt is not None
+    assert on_time.state.holt.seen == first.state.holt.seen + 1
+    assert late.state.holt.seen == first.state.holt.seen + 30
