@@ -103,6 +103,12 @@ STATE_FORMAT = 1
 # 1.3-1.5 points).
 CURVE_TOLERANCE = 0.02
 CURVE_REFRESH = 1800.0
+# ... and at most once per CURVE_REFRESH_ROUNDS rounds: at a minute's interval that is
+# CURVE_REFRESH itself, but on a compressed day (bench/fleet.py: an interval of 0.375 s wall)
+# CURVE_REFRESH is 11 s wall, less than one cold plan on the shared machine, and every plan
+# was cold (10-12 s, 30 intervals each). Counted in rounds, a replacement's cold plan is
+# amortised over as many plans at any time scale.
+CURVE_REFRESH_ROUNDS = 30
 # Least wall seconds a plan may take (``FleetPlanner.plan_timeout``).
 PLAN_TIMEOUT = 60.0
 
@@ -292,6 +298,7 @@ class FleetPlanner:
         self.stale: str | None = None  # why the plan shown is not this interval's
         self.curves: dict[Pool, Curve] = {}  # the curves plans are made on (CURVE_TOLERANCE)
         self.curves_at = -math.inf  # when they were last replaced
+        self.curves_rounds = 0  # rounds planned on them since
         self.curve_updates = 0  # times they were replaced by the keeper's (after the first)
         self.worker: Worker | None = None  # the process that plans (router.planning.worker)
         self.last_traffic: Traffic | None = None
@@ -406,7 +413,9 @@ class FleetPlanner:
         if models is None:
             return None
         now = self.clock()
-        due = now - self.curves_at >= CURVE_REFRESH * self.settings.plan_time_scale
+        self.curves_rounds += 1
+        due = (now - self.curves_at >= CURVE_REFRESH * self.settings.plan_time_scale
+               and self.curves_rounds > CURVE_REFRESH_ROUNDS)  # fmt: skip
         for pool in POOLS:
             new = curve_of(models[pool])
             held = self.curves.get(pool)
@@ -417,6 +426,7 @@ class FleetPlanner:
                              100 * drift)  # fmt: skip
                 self.curves[pool] = new
                 self.curves_at = now
+                self.curves_rounds = 0
                 self.curve_updates += held is not None
         return Setting(
             self.curves[SPECULATIVE],

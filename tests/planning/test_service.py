@@ -20,6 +20,7 @@ from router.plan.values import Curve, CurveLike
 from router.planning.metrics import PlanCollector
 from router.planning.service import (
     CURVE_REFRESH,
+    CURVE_REFRESH_ROUNDS,
     FleetPlanner,
     curve_drift,
     decide,
@@ -339,9 +340,15 @@ def test_plans_hold_their_curves_until_they_move_and_a_refresh_is_due() -> None:
     p = planner(world)
     first = p.setting()
     assert first is not None and first.speculative == EAGLE3 and p.curve_updates == 0
+
+    def rounds(n: int = CURVE_REFRESH_ROUNDS) -> None:
+        for _ in range(n):
+            p.setting()
+
     # learning moves them a little: the plan keeps what it had (its model's caches stay warm)
     world.models = {SPECULATIVE: scaled(EAGLE3, 1.01), BASELINE: BASE}
     world.now += CURVE_REFRESH + 1
+    rounds()
     held = p.setting()
     assert held is not None and held.speculative == EAGLE3
     # more than the tolerance, but the last replacement is recent: still held
@@ -350,6 +357,7 @@ def test_plans_hold_their_curves_until_they_move_and_a_refresh_is_due() -> None:
     assert p.curve_updates == 1
     world.models = {SPECULATIVE: scaled(EAGLE3, 1.10), BASELINE: BASE}
     world.now += CURVE_REFRESH / 2
+    rounds()
     mid = p.setting()
     assert mid is not None and mid.speculative == scaled(EAGLE3, 1.05)
     world.now += CURVE_REFRESH / 2
@@ -360,6 +368,19 @@ def test_plans_hold_their_curves_until_they_move_and_a_refresh_is_due() -> None:
     world.now += 1
     new = p.setting()
     assert new is not None and new.speculative.cap == 32 and p.curve_updates == 3
+
+
+def test_curves_are_replaced_at_most_once_in_so_many_rounds_at_any_time_scale() -> None:
+    """On a compressed day the refresh period passes within one plan: the rounds bound it."""
+    world = World()
+    world.join(BASELINE, "http://b0")
+    p = planner(world)
+    p.setting()
+    for i in range(1, 3 * CURVE_REFRESH_ROUNDS + 1):
+        world.models = {SPECULATIVE: scaled(EAGLE3, 1.0 + 0.05 * i), BASELINE: BASE}
+        world.now += CURVE_REFRESH + 1  # (every round: a refresh period has passed)
+        p.setting()
+    assert p.curve_updates == 2
 
 
 def test_drift_is_the_largest_relative_move_of_any_number() -> None:
