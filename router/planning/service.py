@@ -300,6 +300,8 @@ class FleetPlanner:
         self.curves_at = -math.inf  # when they were last replaced
         self.curves_rounds = 0  # rounds planned on them since
         self.curve_updates = 0  # times they were replaced by the keeper's (after the first)
+        self.mix: Mix | None = None  # the mix plans are made on (``hold_mix``)
+        self.mix_rounds = 0  # rounds planned on it since it was taken
         self.worker: Worker | None = None  # the process that plans (router.planning.worker)
         self.last_traffic: Traffic | None = None
         self.status = "starting: the first plan comes after one interval"
@@ -437,6 +439,23 @@ class FleetPlanner:
             self.settings.gpu_budget,
         )
 
+    def hold_mix(self, mix: Mix | None) -> Mix | None:
+        """The mix the plan is made on: the one it had until the observed one is past the
+        model's tolerance (``Params.mix_tolerance``, which the planner applies too) and it
+        has been planned on for CURVE_REFRESH_ROUNDS rounds, as the curves are. Each new mix
+        leaves the goodput model's caches cold; over a compressed day the token means of a
+        few hundred requests moved past 10% every few rounds (half the cold plans)."""
+        self.mix_rounds += 1
+        held = self.mix
+        moved = held is None or (
+            self.mix_rounds > CURVE_REFRESH_ROUNDS
+            and mix is not None
+            and not mix.close_to(held, self.params.mix_tolerance)
+        )
+        if mix is not None and moved:
+            self.mix, self.mix_rounds = mix, 0
+        return self.mix
+
     def tick(self) -> None:
         """One plan in the caller's thread: gather, decide, publish (the lifecycle runs the
         decision in its worker process instead: ``gather``, ``decide``, ``publish``)."""
@@ -460,7 +479,7 @@ class FleetPlanner:
         est = self.last_estimate = self.window.estimate()
         fleet = census(self.views(), self.switch, self.restart, now)
         fleet += free_slots(fleet, self.settings.gpu_budget)
-        mix = scaled_mix(self.recent, est.prompt_mean, est.output_mean)
+        mix = self.hold_mix(scaled_mix(self.recent, est.prompt_mean, est.output_mean))
         return Round(now, seconds, tr, fleet, mix, self.setting(), self.state, self.params,
                      est)  # fmt: skip
 

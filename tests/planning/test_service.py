@@ -383,6 +383,19 @@ def test_curves_are_replaced_at_most_once_in_so_many_rounds_at_any_time_scale() 
     assert p.curve_updates == 2
 
 
+def test_the_mix_is_held_like_the_curves() -> None:
+    world = World()
+    p = planner(world)
+    assert p.hold_mix(None) is None
+    assert p.hold_mix(MIX) == MIX
+    wider = MIX._replace(outputs=tuple(1.5 * x for x in MIX.outputs))
+    near = MIX._replace(outputs=tuple(1.05 * x for x in MIX.outputs))
+    taken = [p.hold_mix(wider if i % 2 else near) for i in range(3 * CURVE_REFRESH_ROUNDS)]
+    # moved past the tolerance every other round: taken once in so many rounds, not each time
+    assert sum(a != b for a, b in zip([MIX, *taken], taken, strict=False)) == 2
+    assert p.hold_mix(None) in (MIX, wider, near)  # (no request seen lately: the one held)
+
+
 def test_drift_is_the_largest_relative_move_of_any_number() -> None:
     assert curve_drift(None, EAGLE3) == math.inf
     assert curve_drift(EAGLE3, EAGLE3) == 0.0
