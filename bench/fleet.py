@@ -47,6 +47,7 @@ EARLIER = (
     ("spillmodel", "spillover model"),
     ("thread", "plan in the router's thread"),
     ("held", "plan in its worker, curves replaced on every 2% move"),
+    ("onestep", "forecast one step a plan (a late plan's missed intervals not counted)"),
 )
 
 
@@ -183,7 +184,11 @@ def intro(meta: Doc) -> list[str]:
         "the same Decider with the `slo` policy, the day uncompressed); the oracle only exists "
         "there. *planner*: its goodput model prices the `slo` router (each split at its best "
         "spill threshold), the plan computed in the router's worker process "
-        "(`router.planning.worker`) on curves it refreshes at most every 30 planner minutes; "
+        "(`router.planning.worker`) on curves and a mix it replaces at most once per 30 "
+        "plans (and 30 planner minutes), its forecast counting the intervals a late plan "
+        "missed; *forecast one step a plan*: the runs before that (a cold plan took ~30 "
+        "intervals, each taken as one step: the trend 30x too steep, the season read 30x too "
+        "slowly); "
         "*plan in its worker, curves replaced on every 2% move*: the first such run; "
         "*plan in the router's thread*: "
         "the runs before (session 4), the same model computed in a thread of the router's "
