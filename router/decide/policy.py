@@ -294,12 +294,10 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     prompt = req.prompt_tokens
     pools = surf.pools
     picks: list[tuple[PoolView, BackendView, int]] = []
-    usable: dict[Pool, int] = {}
     for view in (snap.speculative, snap.baseline):
         b = pick_backend(view, rr)
         if b is not None:
             picks.append((view, b, _effective(b)))
-            usable[view.name] = view.usable_count()
     if not picks:
         return None, state
     # each candidate: its time per token and to first token, as busy as it has been lately,
@@ -341,8 +339,6 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         """How full the engine is against its relaxed capacity."""
         return p[2] / max(1, pools[p[0].name].relaxed[c])
 
-    served = sum(pools[p].relaxed_rate * k for p, k in usable.items())
-    overloaded = snap.offered is not None and snap.offered > served * params.overload
     if best is None:
         # 2. room within the relaxed SLO
         reason = "within_relaxed"
@@ -381,6 +377,9 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
             for p in picks
         )
         reason = "overflow" if alone and not place else "beyond_slo"
+        # sustained overload: requests arrive faster than the engines serve within the relaxed SLO
+        served = sum(pools[v.name].relaxed_rate * v.usable_count() for v, _, _ in picks)
+        overloaded = snap.offered is not None and snap.offered > served * params.overload
         if overloaded and keep is not None:
             # away from the strict pool, so that it keeps serving within the strict SLO
             best = min(picks, key=lambda p: (p[0].name == keep, fill(p)))

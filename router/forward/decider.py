@@ -267,7 +267,7 @@ class Decider:
             self._surface_from, self._shape = None, None
             return None
         now = self.clock()
-        current = self._bucket(now, self._usable_engines(now))
+        current = self._bucket(self._usable_engines(now), self._offered(now))
         shape = self._mix_now(models)
         if models is not self._surface_from and (self._surfaces or self._stale):
             # the keeper's timer moved the models: until this job's surfaces are installed,
@@ -307,10 +307,10 @@ class Decider:
         shape = Mix(prompt, traffic.mean_output, mix.sampling, traffic.output_spread)
         return shape, Slo(self.slo_ttft / scale, self.slo_tpot / scale)
 
-    def _bucket(self, now: float, engines: int) -> int | None:
+    def _bucket(self, engines: int, offered: float | None) -> int | None:
         """Which surface applies: the requests reaching one engine per second lately (model
-        time), to the nearest power of ``RATE_STEP`` (None: nothing routed yet)."""
-        offered = self._offered(now)
+        time, ``offered``: ``_offered``), to the nearest power of ``RATE_STEP`` (None: nothing
+        routed yet)."""
         if offered is None:
             return None
         per_engine = max(MIN_RATE, offered / max(1, engines))
@@ -347,7 +347,7 @@ class Decider:
     def surface(self) -> Surface | None:
         """The surface the next decision would use."""
         now = self.clock()
-        return self._surface_at(self._bucket(now, self._usable_engines(now)))
+        return self._surface_at(self._bucket(self._usable_engines(now), self._offered(now)))
 
     def _usable_engines(self, now: float) -> int:
         health = self.health
@@ -359,9 +359,10 @@ class Decider:
         tuning = self.tuning
         spec, base = self._view(SPECULATIVE, now), self._view(BASELINE, now)
         surf = None
+        offered = self._offered(now)
         if request is not None:
             engines = spec.usable_count() + base.usable_count()
-            surf = self._surface_at(self._bucket(now, engines))
+            surf = self._surface_at(self._bucket(engines, offered))
         return Snapshot(
             spec,
             base,
@@ -371,7 +372,7 @@ class Decider:
             tuning.gain,
             request,
             surf,
-            self._offered(now),
+            offered,
             self._recent,
             now,
             tuning.no_crossover,
