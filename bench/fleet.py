@@ -273,6 +273,7 @@ def regime_section(all_runs: dict[str, Doc], regime: str, lab: Doc) -> list[str]
         f"{o['restart_engine_s']:.0f} | {pct(o['strict'])} / {pct(o['relaxed'])} |"
     )
     lines.append("")
+    lines += provenance(st, planners)
     old = all_runs.get(f"{regime}.planner.before")
     judged, which = (
         (planners, "Planner")
@@ -299,6 +300,19 @@ def regime_section(all_runs: dict[str, Doc], regime: str, lab: Doc) -> list[str]
         lines += per_hour(judged[0], st.get(4), st.get(0))
         lines += switches(judged[0])
     return lines
+
+
+def provenance(st: dict[int, Doc], planners: list[Doc]) -> list[str]:
+    """When and on which commit each row ran (the router's code moves between rows: a static
+    row of an older tree is not the same fleet as today's)."""
+
+    def when(d: Doc) -> str:
+        m = d["meta"]
+        return f"{m.get('commit') or 'commit not recorded'}, {m.get('started', '?')[:16]}"
+
+    cells = [f"static {k}: {when(d)}" for k, d in sorted(st.items())]
+    cells += [f"planner: {when(d)}" for d in planners]
+    return ["Run on: " + "; ".join(cells) + ".", ""] if cells else []
 
 
 def per_hour(planner: Doc, spec: Doc | None, base: Doc | None) -> list[str]:

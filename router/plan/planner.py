@@ -136,12 +136,19 @@ class PlanState(NamedTuple):
     observed: float = -math.inf  # when the forecast last took an observation
 
 
-def steps_since(state: PlanState, now: float, interval: float) -> int:
+def steps_since(state: PlanState, now: float, interval: float) -> tuple[int, float]:
     """Planning intervals since the forecast's last observation (at least one): what the next
-    observation stands for (``forecast.observe``)."""
+    observation stands for (``forecast.observe``), and the clock those steps reach (the next
+    ``PlanState.observed``). Counted in whole steps with the rest carried: rounds that come
+    every 1.1 intervals (a timer's interval plus the round's own time, as over sockets) are
+    one step each and an extra one every ten, so the forecast's season keeps to the clock."""
     if not math.isfinite(state.observed) or interval <= 0:
-        return 1
-    return max(1, round((now - state.observed) / interval))
+        return 1, now
+    steps = max(1, round((now - state.observed) / interval))
+    reached = state.observed + steps * interval
+    if abs(reached - now) > interval:  # (rounds faster than the interval: counted from now)
+        reached = now
+    return steps, reached
 
 
 class Plan(NamedTuple):
@@ -192,7 +199,7 @@ def plan(
         raise ValueError("engine names must be unique")
     if obs.seconds <= 0 or obs.arrivals < 0:
         raise ValueError("need seconds > 0 and arrivals >= 0")
-    steps = steps_since(state, obs.now, params.interval)
+    steps, observed = steps_since(state, obs.now, params.interval)
     holt = observe(state.holt, obs.arrivals / obs.seconds, obs.seconds, params.forecast, steps)
     mix = state.mix
     if mix is None or not obs.mix.close_to(mix, params.mix_tolerance):
@@ -234,7 +241,7 @@ def plan(
     direction = action.mode if action is not None else state.direction
     decision = Decision(obs.now, desired, action, reason)
     history = (state.history + (decision,))[-params.history :]
-    new_state = PlanState(holt, mix, switched, direction, history, obs.now)
+    new_state = PlanState(holt, mix, switched, direction, history, observed)
     return Plan(desired, k_now, n, action, reason, fc, values, tuple(options), schedule,
                 new_state)  # fmt: skip
 

@@ -250,9 +250,9 @@ def decide(r: Round) -> Outcome:
         obs = Observation(r.now, est.arrivals, est.seconds, r.mix)
         p = plan(obs, r.setting, r.fleet, r.state, r.params)
         return "planning", p, p.state
-    steps = steps_since(r.state, r.now, r.params.interval)
+    steps, observed = steps_since(r.state, r.now, r.params.interval)
     holt = observe(r.state.holt, r.estimate.rate, r.estimate.seconds, r.params.forecast, steps)
-    return status, None, r.state._replace(holt=holt, observed=r.now)
+    return status, None, r.state._replace(holt=holt, observed=observed)
 
 
 class FleetPlanner:

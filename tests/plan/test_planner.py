@@ -20,6 +20,7 @@ from router.plan import (
     plan,
     slo_capacity,
     steady_split,
+    steps_since,
 )
 from router.plan.planner import Status
 from router.pools import BASELINE, SPECULATIVE, Pool
@@ -293,3 +294,14 @@ def test_a_late_plan_counts_the_intervals_it_missed_in_its_forecast() -> None:
     assert late.state.holt is not None
     assert on_time.state.holt.seen == first.state.holt.seen + 1
     assert late.state.holt.seen == first.state.holt.seen + 30
+
+
+def test_rounds_a_little_late_each_keep_the_forecasts_steps_to_the_clock() -> None:
+    """Rounds every 1.1 intervals (the timer plus the round's own time) are counted as the
+    clock goes: 110 steps in 100 rounds, not 100 (a season 10% behind by the evening)."""
+    state, total = PlanState(), 0
+    for i in range(101):
+        steps, observed = steps_since(state, 66.0 * i, 60.0)
+        total += steps if i else 0
+        state = state._replace(observed=observed)
+    assert total == pytest.approx(110, abs=1)

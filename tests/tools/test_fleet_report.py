@@ -73,6 +73,8 @@ def test_the_report_is_written_whole_from_the_runs(bench: ModuleType) -> None:
     md = (bench.RESULTS / "fleet.md").read_text()
     # the best static by the planner's objective (0.2 strict + 0.8 relaxed): static 2
     assert "| static 2 **= best static** | 30.0 | 85.0 | 74.0 |" in md
+    # each row says which code ran it (here: none recorded)
+    assert "Run on: static 0: commit not recorded, ?; static 2: commit not recorded" in md
     assert "| static 1 | not run |" in md
     # the planner's two runs: mean and range; against the best static within a point
     assert "| **planner** (mean of 2 runs, range) | 31.0 (30.0-32.0) | 85.0 (84.0-86.0) |" in md
