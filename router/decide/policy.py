@@ -266,7 +266,11 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
 
     1. an engine with room under its strict capacity for this request's class (and where its own
        time to first token and per token meet the strict targets): the one where its time per
-       token is lowest (``within_slo``); quiet, that is speculation;
+       token is lowest (``within_slo``); quiet, that is speculation. Among engines with headroom
+       below the strict target (``params.headroom``) the time per token counted is what the
+       request adds in all: its own and the step it adds to each request running there (two
+       engines that both serve it within the SLO: the one where it slows the others least);
+       those closer to the target come after them;
     2. else an engine with room under its relaxed capacity (``within_relaxed``): the other
        pool's before the strict pool's (``surf.strict_pool``: a pool whose strict capacity
        clearly exceeds the other's, which so keeps serving within the strict SLO), then the one
@@ -326,13 +330,24 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         else:
             seen.append((_tpot_at(cap, c, n), cap.ttft(prompt, n)))
     # 1. room within the strict SLO, its prefill keeping those there within it too: where the
-    # time per token it sees and adds to the others is lowest
+    # time per token it sees and adds to the others is lowest; first among the engines with
+    # headroom below the target (``params.headroom``), counting the step it adds to the time per
+    # token of each request running there, then the others (without the step)
     best: tuple[PoolView, BackendView, int] | None = None
-    best_cost = math.inf
+    best_cost = (True, math.inf)
+    headroom = params.headroom * tpot
     for (view, b, n), (own, first), harm in zip(picks, seen, harms, strict=True):
         cap = pools[view.name]
-        cost = own + (n - 1) * harm
-        if n <= cap.strict[c] and own + harm <= tpot and cost < best_cost and first <= ttft:
+        if n > cap.strict[c] or own + harm > tpot or first > ttft:
+            continue
+        table = _tpot_at(cap, c, n)
+        close = max(own, table) + harm > headroom
+        if close or n == 1:
+            cost = (close, own + (n - 1) * harm)
+        else:
+            step = max(0.0, table - _tpot_at(cap, c, n - 1))
+            cost = (close, own + (n - 1) * (harm + step))
+        if cost < best_cost:
             best, best_cost = (view, b, n), cost
     reason: Reason = "within_slo"
     keep = surf.strict_pool[c]
