@@ -248,6 +248,11 @@ def predictive(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     return _place(snap, BASELINE, "predicted_gain", snap.state)
 
 
+# Added to step 1's cost of an engine without headroom below the strict target: more than any
+# time per token (seconds), so that it comes after every engine with headroom.
+CLOSE = 1e6
+
+
 def _effective(b: BackendView) -> int:
     """A backend's requests in flight with one more, counted as more while it ramps."""
     if b.weight >= 1.0:
@@ -334,19 +339,21 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     # headroom below the target (``params.headroom``), counting the step it adds to the time per
     # token of each request running there, then the others (without the step)
     best: tuple[PoolView, BackendView, int] | None = None
-    best_cost = (True, math.inf)
+    best_cost = math.inf
     headroom = params.headroom * tpot
     for (view, b, n), (own, first), harm in zip(picks, seen, harms, strict=True):
         cap = pools[view.name]
         if n > cap.strict[c] or own + harm > tpot or first > ttft:
             continue
-        table = _tpot_at(cap, c, n)
-        close = max(own, table) + harm > headroom
-        if close or n == 1:
-            cost = (close, own + (n - 1) * harm)
-        else:
-            step = max(0.0, table - _tpot_at(cap, c, n - 1))
-            cost = (close, own + (n - 1) * (harm + step))
+        row = cap.tpot[c]
+        table = row[n] if n < len(row) else row[-1]
+        cost = own + (n - 1) * harm
+        if (own if own > table else table) + harm > headroom:
+            cost += CLOSE  # (after every engine with headroom; a plain float: no allocation)
+        elif n > 1:
+            before = row[n - 1] if n - 1 < len(row) else row[-1]
+            if table > before:
+                cost += (n - 1) * (table - before)
         if cost < best_cost:
             best, best_cost = (view, b, n), cost
     reason: Reason = "within_slo"
