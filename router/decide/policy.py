@@ -248,6 +248,11 @@ def predictive(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     return _place(snap, BASELINE, "predicted_gain", snap.state)
 
 
+# Added to step 1's cost of an engine without headroom below the strict target: more than any
+# time per token (seconds), so that it comes after every engine with headroom.
+CLOSE = 1e6
+
+
 def _effective(b: BackendView) -> int:
     """A backend's requests in flight with one more, counted as more while it ramps."""
     if b.weight >= 1.0:
@@ -266,7 +271,11 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
 
     1. an engine with room under its strict capacity for this request's class (and where its own
        time to first token and per token meet the strict targets): the one where its time per
-       token is lowest (``within_slo``); quiet, that is speculation;
+       token is lowest (``within_slo``); quiet, that is speculation. Among engines with headroom
+       below the strict target (``params.headroom``) the time per token counted is what the
+       request adds in all: its own and the step it adds to each request running there (two
+       engines that both serve it within the SLO: the one where it slows the others least);
+       those closer to the target come after them;
     2. else an engine with room under its relaxed capacity (``within_relaxed``): the other
        pool's before the strict pool's (``surf.strict_pool``: a pool whose strict capacity
        clearly exceeds the other's, which so keeps serving within the strict SLO), then the one
@@ -324,13 +333,26 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         else:
             seen.append((_tpot_at(cap, c, n), cap.ttft(prompt, n)))
     # 1. room within the strict SLO, its prefill keeping those there within it too: where the
-    # time per token it sees and adds to the others is lowest
+    # time per token it sees and adds to the others is lowest; first among the engines with
+    # headroom below the target (``params.headroom``), counting the step it adds to the time per
+    # token of each request running there, then the others (without the step)
     best: tuple[PoolView, BackendView, int] | None = None
     best_cost = math.inf
+    headroom = params.headroom * tpot
     for (view, b, n), (own, first), harm in zip(picks, seen, harms, strict=True):
         cap = pools[view.name]
+        if n > cap.strict[c] or own + harm > tpot or first > ttft:
+            continue
+        row = cap.tpot[c]
+        table = row[n] if n < len(row) else row[-1]
         cost = own + (n - 1) * harm
-        if n <= cap.strict[c] and own + harm <= tpot and cost < best_cost and first <= ttft:
+        if (own if own > table else table) + harm > headroom:
+            cost += CLOSE  # (after every engine with headroom; a plain float: no allocation)
+        elif n > 1:
+            before = row[n - 1] if n - 1 < len(row) else row[-1]
+            if table > before:
+                cost += (n - 1) * (table - before)
+        if cost < best_cost:
             best, best_cost = (view, b, n), cost
     reason: Reason = "within_slo"
     keep = surf.strict_pool[c]

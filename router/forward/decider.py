@@ -530,7 +530,9 @@ class Decider:
 # What /router/status says the slo policy does (``router.decide.policy.slo``).
 RULE = (
     "1. each request to the engine with room under its strict capacity (pools.*."
-    "strict_capacity) where its time per token is lowest; 2. when every engine is at its strict "
+    "strict_capacity) where its time per token is lowest (within params.headroom of the "
+    "strict target: its own plus the step it adds to each request running there, those "
+    "engines first); 2. when every engine is at its strict "
     "capacity, to an engine with room under its relaxed capacity: the other pool's before the "
     "strict pool's (strict_pool: the pool whose strict capacity is at least params.reserve "
     "times the other's, kept within the strict SLO), then the one filled least against it; "

@@ -86,8 +86,33 @@ def test_room_within_the_strict_target_goes_where_the_request_decodes_fastest() 
     full = strict(SPECULATIVE)
     d = choose("slo", snap(full, 0, r))[0]
     assert d is not None and (d.pool, d.reason) == (BASELINE, "within_slo")
-    # one short of it: speculation still
+    # two short of it: speculation still (its own time per token and the step it adds to the
+    # one running there are less than the idle baseline's time per token)
+    d = choose("slo", snap(full - 2, 0, r))[0]
+    assert d is not None and d.pool == SPECULATIVE
+
+
+def test_with_headroom_the_request_goes_where_it_slows_the_others_least() -> None:
+    # (what the test rests on: the idle baseline and the speculative engine one short of its
+    # strict capacity both serve the request with headroom below the strict target)
+    r = req(prompt=1)
+    full = strict(SPECULATIVE)
+    spec, base = SURFACE.pools[SPECULATIVE], SURFACE.pools[BASELINE]
+    assert max(spec.tpot[0][full], base.tpot[0][1]) <= DEFAULT.headroom * SLO.tpot
+    # faster on its own on the speculative engine, but the step it adds there to each of the
+    # requests running costs more in all than the baseline's slower token: the baseline
+    assert spec.tpot[0][full] < base.tpot[0][1]
     d = choose("slo", snap(full - 1, 0, r))[0]
+    assert d is not None and (d.pool, d.reason) == (BASELINE, "within_slo")
+    # with no engine with that headroom, by its own time per token alone: speculation
+    tight = surf(dataclasses.replace(DEFAULT, headroom=0.5))
+    d = choose("slo", snap(full - 1, 0, r, s=tight))[0]
+    assert d is not None and (d.pool, d.reason) == (SPECULATIVE, "within_slo")
+    # and an engine with headroom goes before one close to the target: with the headroom
+    # between the two engines' times per token the baseline (further from it) is not chosen
+    between = (spec.tpot[0][full] + base.tpot[0][1]) / 2 / SLO.tpot
+    split = surf(dataclasses.replace(DEFAULT, headroom=between))
+    d = choose("slo", snap(full - 1, 0, r, s=split))[0]
     assert d is not None and d.pool == SPECULATIVE
 
 
@@ -270,9 +295,9 @@ def test_no_usable_backend_no_decision() -> None:
 
 
 def test_a_ramping_backend_counts_as_more_loaded() -> None:
-    # one request short of the strict capacity, at half weight it counts as past it
+    # two requests short of the strict capacity, at half weight it counts as past it
     # (a request with next to no prompt: its prefill stalls those running next to nothing)
-    at, r = strict(SPECULATIVE) - 1, req(prompt=1)
+    at, r = strict(SPECULATIVE) - 2, req(prompt=1)
     d = choose("slo", snap(pool(SPECULATIVE, at, weight=0.5), 0, r))[0]
     assert d is not None and d.pool == BASELINE
     d = choose("slo", snap(pool(SPECULATIVE, at), 0, r))[0]
