@@ -44,6 +44,7 @@ PER_HOUR_SLACK = 0.03  # the must-show: every hour >= the better pure fleet minu
 Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
+    ("plainscale", "seasonal scale not shrunk by its count noise"),
     ("spillmodel", "spillover model"),
     ("thread", "plan in the router's thread"),
     ("held", "plan in its worker, curves replaced on every 2% move"),
@@ -186,7 +187,11 @@ def intro(meta: Doc) -> list[str]:
         "spill threshold), the plan computed in the router's worker process "
         "(`router.planning.worker`) on curves and a mix it replaces at most once per 30 "
         "plans (and 30 planner minutes), its forecast counting the intervals a late plan "
-        "missed; *forecast one step a plan*: the runs before that (a cold plan took ~30 "
+        "missed, and (eagle3-chain and eagle3-tree) today's seasonal scale against yesterday "
+        "shrunk towards 1 by the count noise of the window it is read from; *seasonal scale "
+        "not shrunk*: the runs before that (a window of ~14 arrivals read the morning at "
+        "twice yesterday's and the forecast doubled the day's peak); "
+        "*forecast one step a plan*: the runs before those (a cold plan took ~30 "
         "intervals, each taken as one step: the trend 30x too steep, the season read 30x too "
         "slowly); "
         "*plan in its worker, curves replaced on every 2% move*: the first such run; "

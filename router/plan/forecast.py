@@ -31,7 +31,10 @@ and the planner must choose the split for the day's peak while the floor still l
 hours before: so once a whole season (``season``, a day) has been seen, the shape comes from
 it: today's level times yesterday's ratio between then and now (smoothed), which scales to a
 busier or quieter day and knows where the peak is. ``bench/results/fleet-lab.md``
-scores it on the lab's envelopes and the Azure traces.
+scores it on the lab's envelopes and the Azure traces. That scale is believed as far as the
+counts behind it allow (``scale_sd``): over sockets a compressed day's window held ~14
+arrivals in the morning, the level read twice yesterday's by noise alone, and the plain
+ratio forecast twice yesterday's peak.
 """
 
 from __future__ import annotations
@@ -74,6 +77,11 @@ class ForecastParams(NamedTuple):
     # but a day busier in proportion is under-forecast (bench/results/fleet-lab.md). 0 until
     # the planner's choices are judged with it in the lab.
     seasonal_prior: float = 0.0
+    # How far (standard deviation of its log) a day's scale against yesterday is expected to
+    # be from one: today's scale is shrunk towards one by its own noise, precision-weighted
+    # (a level from a few arrivals twice yesterday's says little; one from thousands says
+    # the day is busier). 0: no shrinkage, the plain ratio.
+    scale_sd: float = 0.25
 
 
 DEFAULT = ForecastParams()
@@ -88,6 +96,7 @@ class Holt(NamedTuple):
     scale: float = 0.0  # smoothed absolute residual, itself clipped (what errors are clipped to)
     history: tuple[float, ...] = ()  # the last season + 1 observations, oldest first
     burst: float = 0.0  # squared excess of recent errors above the clip, fading (a surge's)
+    overlap: float = 1.0  # intervals one observation spans (smoothed): a window's overlap
 
 
 class Forecast(NamedTuple):
@@ -108,7 +117,7 @@ class Forecast(NamedTuple):
 
 
 def observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams = DEFAULT,
-            steps: int = 1) -> Holt:  # fmt: skip
+            steps: int = 1, overlap: float = 1.0) -> Holt:  # fmt: skip
     """The state after one more observation: ``rate`` over the last ``seconds``, standing for
     ``steps`` planning intervals (more than one when the observation comes late: a plan that
     took longer than its interval, a round lost). The steps it stands for are fed the rate
@@ -116,17 +125,48 @@ def observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams =
     shape stays aligned with the clock. Taken as one step, a plan of 30 intervals learnt a
     trend 30 times too steep and read the season 30 times too slowly (over sockets, the
     compressed day's 3-hour forecast went from 3.6 to 33 requests a second, and the planner
-    moved an engine to baseline for a load that never came)."""
+    moved an engine to baseline for a load that never came).
+
+    ``overlap``: the planning intervals the observation's ``seconds`` span (a window over the
+    last ten intervals: 10). Consecutive observations then share most of their arrivals, and
+    the level is known only about as well as one of them, not as a smoothed mean of
+    independent ones (``level_noise``)."""
     if rate < 0 or seconds <= 0:
         raise ValueError("need rate >= 0 and seconds > 0")
     if steps < 1:
         raise ValueError("need steps >= 1")
+    if not overlap >= 1.0:
+        raise ValueError("need overlap >= 1")
     n = min(steps, max(p.season, MAX_STEPS))
     start = rate if state is None else state.level
     for j in range(1, n + 1):
         state = _observe(state, start + (rate - start) * j / n, seconds, p)
     assert state is not None
-    return state
+    if state.seen == 1:
+        return state._replace(overlap=float(overlap))
+    return state._replace(overlap=(1.0 - p.gamma) * state.overlap + p.gamma * overlap)
+
+
+def level_noise(state: Holt, p: ForecastParams = DEFAULT) -> float:
+    """The variance of the level from the counts' noise alone: the level smooths
+    observations each spanning ``overlap`` intervals, so it is the variance of an
+    exponentially weighted mean of moving sums (``alpha / (2 - alpha)`` of one observation's
+    noise when they do not overlap; about all of it when each spans many intervals)."""
+    k = max(1, round(state.overlap))
+    if k == 1:
+        return state.noise * p.alpha / (2.0 - p.alpha)
+    # one interval's count has k times a k-interval observation's variance; the level's
+    # weight on the interval m steps back is the EWMA's weights over the windows holding it
+    a = p.alpha
+    total, m = 0.0, 0
+    while True:
+        lo = max(0, m - k + 1)
+        w = (1.0 - a) ** lo - (1.0 - a) ** (m + 1)  # sum of a (1 - a)^j, j = lo..m
+        total += (w / k) ** 2
+        m += 1
+        if m >= k and w < 1e-6:
+            break
+    return state.noise * k * total
 
 
 # The most steps one observation stands for without a season (with one: a season's worth).
@@ -162,7 +202,7 @@ def _observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams)
         scale = (1.0 - p.scale_gamma) * state.scale + p.scale_gamma * abs(step)
     noise = (1.0 - p.gamma) * state.noise + p.gamma * noise
     history = (state.history + (rate,))[-keep:] if keep else ()
-    return Holt(level, trend, var, noise, state.seen + 1, scale, history, burst)
+    return Holt(level, trend, var, noise, state.seen + 1, scale, history, burst, state.overlap)
 
 
 def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) -> Forecast:
@@ -177,11 +217,15 @@ def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) 
     process = max(state.var - noise, (p.cv_floor * state.level) ** 2)
     # the level itself is known only to a smoothed Poisson mean's error, which the steps ahead
     # do not grow (with a few arrivals an interval it is most of the band)
-    known = state.noise * p.alpha / (2.0 - p.alpha)
+    known = level_noise(state, p)
+    shrink = 1.0
     shape = _season(state, p)
     if shape:
         prior = p.seasonal_prior * sum(state.history) / len(state.history)
         now, base = state.level + prior, max(shape[0] + prior, 1e-9)
+        shrink = _shrink(now, base, known, p)
+        if shrink < 1.0:  # today's scale shrunk towards one: the level it stands for
+            now = base * (max(now, 1e-9) / base) ** shrink
     burst = state.burst
     for i in range(1, steps + 1):
         burst *= p.burst_decay
@@ -191,8 +235,8 @@ def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) 
             ratio = shape[min(i, len(shape) - 1)] / base
             mean = now * ratio
             sd = math.sqrt(
-                process * grow + known * ratio * ratio + burst
-            )  # the level scales the day
+                process * grow + known * (ratio * shrink) ** 2 + burst
+            )  # the level scales the day (as far as it is believed)
         else:
             mean = max(0.0, state.level + drift)
             sd = math.sqrt(process * grow + known + burst)
@@ -200,6 +244,19 @@ def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) 
         point.append(mean)
         upper.append(max(mean, mean + p.z * sd))
     return Forecast(step, tuple(point), tuple(upper))
+
+
+def _shrink(now: float, base: float, known: float, p: ForecastParams) -> float:
+    """The share of today's log scale against yesterday (``now / base``) that is believed:
+    ``scale_sd**2`` over itself plus the scale's own noise, a Poisson rate's relative
+    variance for both the level (``known``) and yesterday's rate (as noisy per unit rate).
+    One where the level comes from many arrivals; towards none from a few."""
+    if p.scale_sd <= 0 or now <= 0:
+        return 1.0
+    per_rate = known / now
+    v = per_rate / now + per_rate / base
+    prior = p.scale_sd**2
+    return prior / (prior + v)
 
 
 def _season(state: Holt, p: ForecastParams) -> list[float]:

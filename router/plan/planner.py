@@ -200,7 +200,9 @@ def plan(
     if obs.seconds <= 0 or obs.arrivals < 0:
         raise ValueError("need seconds > 0 and arrivals >= 0")
     steps, observed = steps_since(state, obs.now, params.interval)
-    holt = observe(state.holt, obs.arrivals / obs.seconds, obs.seconds, params.forecast, steps)
+    overlap = max(1.0, obs.seconds / params.interval) if params.interval > 0 else 1.0
+    holt = observe(state.holt, obs.arrivals / obs.seconds, obs.seconds, params.forecast, steps,
+                   overlap)  # fmt: skip
     mix = state.mix
     if mix is None or not obs.mix.close_to(mix, params.mix_tolerance):
         mix = obs.mix

@@ -251,7 +251,9 @@ def decide(r: Round) -> Outcome:
         p = plan(obs, r.setting, r.fleet, r.state, r.params)
         return "planning", p, p.state
     steps, observed = steps_since(r.state, r.now, r.params.interval)
-    holt = observe(r.state.holt, r.estimate.rate, r.estimate.seconds, r.params.forecast, steps)
+    est, interval = r.estimate, r.params.interval
+    overlap = max(1.0, est.seconds / interval) if interval > 0 else 1.0
+    holt = observe(r.state.holt, est.rate, est.seconds, r.params.forecast, steps, overlap)
     return status, None, r.state._replace(holt=holt, observed=observed)
 
 
@@ -704,7 +706,8 @@ class FleetPlanner:
                 float(h["scale"]),
                 tuple(float(x) for x in h["history"]),
                 float(h.get("burst", 0.0)),
-            )  # a state written before the burst term has none
+                float(h.get("overlap", 1.0)),
+            )  # a state written before the burst (overlap) term has none
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("%s: cannot read the forecast's state (%s): it starts afresh", path, exc)
             return None

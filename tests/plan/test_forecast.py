@@ -9,6 +9,7 @@ import random
 import pytest
 
 from router.plan import ForecastParams, Holt, forecast, observe
+from router.plan.forecast import level_noise
 
 P = ForecastParams(season=0)
 
@@ -105,7 +106,7 @@ def test_a_prior_keeps_a_higher_floor_from_multiplying_the_day() -> None:
     today = [0.3 + x for x in wave]
     peaks = {}
     for w in (0.0, 1.0):
-        p = ForecastParams(season=day, seasonal_prior=w)
+        p = ForecastParams(season=day, seasonal_prior=w, scale_sd=0.0)  # (no shrinkage)
         state = feed(yesterday + today[:10], p)
         peaks[w] = max(forecast(state, 120, 60.0, p).point)
     assert peaks[0.0] > 2 * 1.3
@@ -157,3 +158,60 @@ def test_a_late_observation_keeps_the_season_aligned_with_the_clock() -> None:
     fc = forecast(state, 120, 60.0, p)
     for h in (30, 60, 119):
         assert fc.point[h - 1] == pytest.approx(shape[(90 + h) % day], rel=0.08)
+
+
+def _morning(today: float, seconds: float, overlap: float, p: ForecastParams) -> Holt:
+    """Yesterday's day (0.005 to 0.065 req/s), then today's morning at ``today`` times
+    yesterday's rates (the last ten intervals at ``today`` times yesterday's at this hour), each
+    observation a window of ``seconds``."""
+    day = 240
+    wave = [(1 - math.cos(2 * math.pi * i / day)) / 2 for i in range(day)]
+    shape = [0.005 + 0.06 * x for x in wave]
+    morning = [today * x for x in shape[:15]] + [today * shape[25]] * 10
+    state = None
+    for r in shape + morning:
+        state = observe(state, r, seconds, p, overlap=overlap)
+    assert state is not None
+    return state
+
+
+def test_a_level_from_a_few_arrivals_does_not_multiply_the_day() -> None:
+    """Over sockets a compressed day's window holds ~14 arrivals in the morning: a level of
+    twice yesterday's is noise as often as not. The plain ratio forecast twice yesterday's
+    peak (0.065) and more at the band; shrunk by the level's own noise, the band stays within
+    60% of it. The same doubled morning from a hundred times the arrivals is believed: the
+    day is busier."""
+    day = 240
+    plain = ForecastParams(season=day, scale_sd=0.0)
+    shrunk = ForecastParams(season=day)
+    peak = {}
+    for name, p in (("plain", plain), ("shrunk", shrunk)):
+        state = _morning(2.0, 600.0, 10.0, p)
+        assert state.level * 600.0 < 20  # (a window of few arrivals)
+        peak[name] = max(forecast(state, 240, 60.0, p).upper)
+    assert peak["plain"] > 2.5 * 0.065
+    assert peak["shrunk"] < 1.6 * 0.065
+    wave = [(1 - math.cos(2 * math.pi * i / day)) / 2 for i in range(day)]
+    shape = [0.005 + 0.06 * x for x in wave]
+    morning = [min(2.0, 1.0 + i / 20) * x for i, x in enumerate(shape[:60])]  # an hour
+    for p in (plain, shrunk):
+        state = feed(shape + morning, p, 60000.0)
+        assert max(forecast(state, 240, 60.0, p).point) == pytest.approx(2 * 0.065, rel=0.1)
+
+
+def test_overlapping_observations_leave_the_level_as_noisy_as_one_of_them() -> None:
+    """Windows of ten intervals share most of their arrivals: the level's variance is most of
+    one observation's, not ``alpha / (2 - alpha)`` of it as for independent ones."""
+    rates = [0.02] * 100
+    alone = feed(rates, P, 600.0)
+    overlapping = alone
+    state = None
+    for r in rates:
+        state = observe(state, r, 600.0, P, overlap=10.0)
+    assert state is not None
+    overlapping = state
+    assert level_noise(alone, P) == pytest.approx(alone.noise * 0.3 / 1.7)
+    assert level_noise(overlapping, P) > 3.5 * level_noise(alone, P)
+    assert level_noise(overlapping, P) < overlapping.noise
+    band = forecast(overlapping, 5, 60.0, P)
+    assert band.upper[0] - band.point[0] > forecast(alone, 5, 60.0, P).upper[0] - 0.02
