@@ -32,7 +32,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -308,6 +308,7 @@ class FleetPlanner:
         self.last_traffic: Traffic | None = None
         self.status = "starting: the first plan comes after one interval"
         self.advised = 0  # distinct switches advised so far (the last one's id)
+        self.withdrawn: Switch | None = None  # the last advice withdrawn (``_advise``)
         # switches that ended (landed or given up) so far, and that count when the round being
         # planned was gathered: a plan made on a fleet a switch has since changed is not acted on
         self.ended = self.ended_at_gather = 0
@@ -388,6 +389,8 @@ class FleetPlanner:
                 sw = None
                 self.ended += 1
             self.switch = sw
+        elif self.withdrawn is not None:
+            self._recall(members, now)
         healthy = {m.url: m for m in members if m.health == "healthy"}
         for url in [u for u in self.loading if u in healthy]:
             start = self.loading.pop(url)
@@ -397,6 +400,28 @@ class FleetPlanner:
             del self.loading[url]
         self.doc = {**self.doc, **self._live(members, now)}  # (the rest changes with a plan)
         self._share()
+
+    def _recall(self, members: Sequence[MemberView], now: float) -> None:
+        """An actuator may act on advice between two looks, after a plan withdrew it: when the
+        withdrawn switch's engine is seen moving, the switch is followed again. Without it the
+        engine leaves with no switch to count it, the census is one short, and a free GPU of
+        the budget is offered for a placeholder no engine ever fills. Forgotten after two
+        intervals unmoved (an actuator acts within a look or two of the advice)."""
+        old = self.withdrawn
+        assert old is not None
+        sw, landing = follow(old, members, now)
+        if landing is None and (sw is None or sw.phase == "advised"):
+            if now - old.advised > 2 * self.interval:
+                self.withdrawn = None
+            return
+        self.withdrawn = None
+        log.warning("the withdrawn switch of %s into %s was carried out: followed again",
+                    old.engine, old.mode)  # fmt: skip
+        if landing is not None:
+            self._landed(landing, old)
+            self.ended += 1
+        else:
+            self.switch = sw
 
     def _landed(self, landing: Landing, sw: Switch) -> None:
         self.restarts[landing.mode].append(landing.seconds)
@@ -517,7 +542,7 @@ class FleetPlanner:
         sw = self.switch
         if p.action is None:
             if sw is not None and sw.phase == "advised":
-                self.switch = None  # withdrawn before anything moved
+                self.switch, self.withdrawn = None, sw  # withdrawn: nothing seen moving yet
             return
         engine = next((e for e in fleet if e.name == p.action.engine), None)
         source: Pool = engine.mode if engine is not None else p.action.mode
@@ -527,6 +552,7 @@ class FleetPlanner:
             self.switch = sw._replace(advised=now)  # the same advice again: the same switch
             return
         self.advised += 1
+        self.withdrawn = None  # (other advice replaces it)
         if engine is not None and engine.status == "down":
             self.switch = started(engine.name, p.action.mode, now, self.advised)
         else:

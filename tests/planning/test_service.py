@@ -17,6 +17,7 @@ from router.health.engines import EngineSample
 from router.health.state import BackendHealth, State
 from router.members.member import Member
 from router.plan.values import Curve, CurveLike
+from router.planning.fleet import SLOT
 from router.planning.metrics import PlanCollector
 from router.planning.service import (
     CURVE_REFRESH,
@@ -444,3 +445,56 @@ def test_a_plan_made_while_a_switch_landed_is_not_acted_on() -> None:
     # the next plan, made on the fleet as it is, is acted on again (whatever it decides)
     minutes(world, p, 1, 1.0)
     assert "not acted on" not in p.document()["status"]
+
+
+def test_a_withdrawn_switch_the_actuator_carried_out_is_followed_again() -> None:
+    world = World()
+    for i in range(4):
+        world.join(BASELINE, f"http://b{i}")
+    p = planner(world, gpu_budget=4, slo_tpot_ms=18.0)  # (one engine to speculation: above)
+    minutes(world, p, 6, 1.0)
+    sw = p.document()["switch"]
+    assert sw is not None and sw["phase"] == "advised"
+    engine = sw["engine"]
+    # the next plan holds (here: forced), and withdraws the advice nothing was seen acting on
+    assert p.last_plan is not None
+    p._advise(p.last_plan._replace(action=None), [], world.now)
+    assert p.switch is None
+    # ... but the actuator had read it and drains that engine: followed again, not lost
+    world.now += 1
+    world.drain(engine)
+    p.look()
+    doc = p.document()
+    assert doc["switch"] is not None and doc["switch"]["id"] == sw["id"]
+    assert (doc["switch"]["phase"], doc["switch"]["draining"]) == ("draining", engine)
+    # gone from the members: counted as loading in its new mode, no free GPU is offered
+    world.now += 5
+    world.remove(engine)
+    p.look()
+    doc = p.document()
+    assert doc["switch"]["phase"] == "restarting"
+    names = [e["engine"] for e in doc["fleet"]]
+    assert engine in names and len(names) == 4, names
+    assert not any(n.startswith(SLOT) for n in names)
+    world.join(SPECULATIVE, engine, healthy=False)
+    world.now += 430.0
+    world.healthy(engine)
+    p.look()
+    assert p.switch is None and p.document()["running"] == {SPECULATIVE: 1, BASELINE: 3}
+
+
+def test_a_withdrawn_switch_nothing_carried_out_is_forgotten() -> None:
+    world = World()
+    for i in range(4):
+        world.join(BASELINE, f"http://b{i}")
+    p = planner(world, gpu_budget=4, slo_tpot_ms=18.0)
+    minutes(world, p, 6, 1.0)
+    assert p.last_plan is not None and p.switch is not None
+    p._advise(p.last_plan._replace(action=None), [], world.now)
+    world.now += 3 * INTERVAL
+    p.look()
+    assert p.withdrawn is None and p.switch is None
+    # an engine drained later for a reason of its own is not taken for that switch
+    world.drain("http://b0")
+    p.look()
+    assert p.switch is None
