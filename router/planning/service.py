@@ -390,7 +390,7 @@ class FleetPlanner:
                 self.ended += 1
             self.switch = sw
         elif self.withdrawn is not None:
-            self._recall(members, now)
+            self._recall(self.withdrawn, members, now)
         healthy = {m.url: m for m in members if m.health == "healthy"}
         for url in [u for u in self.loading if u in healthy]:
             start = self.loading.pop(url)
@@ -401,14 +401,12 @@ class FleetPlanner:
         self.doc = {**self.doc, **self._live(members, now)}  # (the rest changes with a plan)
         self._share()
 
-    def _recall(self, members: Sequence[MemberView], now: float) -> None:
+    def _recall(self, old: Switch, members: Sequence[MemberView], now: float) -> None:
         """An actuator may act on advice between two looks, after a plan withdrew it: when the
         withdrawn switch's engine is seen moving, the switch is followed again. Without it the
         engine leaves with no switch to count it, the census is one short, and a free GPU of
         the budget is offered for a placeholder no engine ever fills. Forgotten after two
         intervals unmoved (an actuator acts within a look or two of the advice)."""
-        old = self.withdrawn
-        assert old is not None
         sw, landing = follow(old, members, now)
         if landing is None and (sw is None or sw.phase == "advised"):
             if now - old.advised > 2 * self.interval:

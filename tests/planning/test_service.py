@@ -407,14 +407,21 @@ def test_drift_is_the_largest_relative_move_of_any_number() -> None:
     assert curve_drift(EAGLE3, EAGLE3._replace(cap=16)) == math.inf
 
 
-def test_a_plan_made_while_a_switch_landed_is_not_acted_on() -> None:
+def one_switch_advised() -> tuple[World, FleetPlanner, dict[str, Any]]:
+    """Four baseline engines and a strict TPOT the baseline misses: after six minutes one
+    engine is advised into speculation (as in the first test above)."""
     world = World()
     for i in range(4):
         world.join(BASELINE, f"http://b{i}")
-    p = planner(world, gpu_budget=4, slo_tpot_ms=18.0)  # (one engine to speculation: above)
+    p = planner(world, gpu_budget=4, slo_tpot_ms=18.0)
     minutes(world, p, 6, 1.0)
     sw = p.document()["switch"]
     assert sw is not None and sw["phase"] == "advised"
+    return world, p, sw
+
+
+def test_a_plan_made_while_a_switch_landed_is_not_acted_on() -> None:
+    world, p, sw = one_switch_advised()
     engine = sw["engine"]
     # the next round is gathered while that switch is only advised (every engine up) ...
     world.now += INTERVAL
@@ -448,13 +455,7 @@ def test_a_plan_made_while_a_switch_landed_is_not_acted_on() -> None:
 
 
 def test_a_withdrawn_switch_the_actuator_carried_out_is_followed_again() -> None:
-    world = World()
-    for i in range(4):
-        world.join(BASELINE, f"http://b{i}")
-    p = planner(world, gpu_budget=4, slo_tpot_ms=18.0)  # (one engine to speculation: above)
-    minutes(world, p, 6, 1.0)
-    sw = p.document()["switch"]
-    assert sw is not None and sw["phase"] == "advised"
+    world, p, sw = one_switch_advised()
     engine = sw["engine"]
     # the next plan holds (here: forced), and withdraws the advice nothing was seen acting on
     assert p.last_plan is not None
@@ -484,12 +485,8 @@ def test_a_withdrawn_switch_the_actuator_carried_out_is_followed_again() -> None
 
 
 def test_a_withdrawn_switch_nothing_carried_out_is_forgotten() -> None:
-    world = World()
-    for i in range(4):
-        world.join(BASELINE, f"http://b{i}")
-    p = planner(world, gpu_budget=4, slo_tpot_ms=18.0)
-    minutes(world, p, 6, 1.0)
-    assert p.last_plan is not None and p.switch is not None
+    world, p, _ = one_switch_advised()
+    assert p.last_plan is not None
     p._advise(p.last_plan._replace(action=None), [], world.now)
     world.now += 3 * INTERVAL
     p.look()
