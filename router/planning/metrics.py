@@ -39,6 +39,17 @@ class PlanCollector(Collector):
                     g.add_metric([pool], float(values[pool]))
             return g
 
+        def scalar(
+            kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
+            name: str,
+            help_: str,
+            value: float | None,
+        ) -> Metric:
+            m = kind(name, help_)
+            if value is not None:
+                m.add_metric([], float(value))
+            return m
+
         yield per_pool(
             "spec_router_plan_desired_engines",
             "Engines each pool should run now: the plan's next step under "
@@ -61,14 +72,13 @@ class PlanCollector(Collector):
             "Engines per pool that are up or loading, as the router's members show them",
             doc.get("running"),
         )
-        off = GaugeMetricFamily(
+        yield scalar(
+            GaugeMetricFamily,
             "spec_router_plan_off_plan_engines",
             "How far the pools are from the plan's next step: the sum over pools of "
             "|advised - running| engines (1 during a switch; the alert fires when it stays)",
+            doc.get("off_plan_engines"),
         )
-        if "off_plan_engines" in doc:
-            off.add_metric([], float(doc["off_plan_engines"]))
-        yield off
         by_state = GaugeMetricFamily(
             "spec_router_plan_engines",
             "Engines as the planner counts them, by the mode they serve or are heading for "
@@ -82,15 +92,14 @@ class PlanCollector(Collector):
                     n = sum(e["mode"] == pool and e["status"] == state for e in fleet)
                     by_state.add_metric([pool, state], float(n))
         yield by_state
-        flight = GaugeMetricFamily(
+        sw = doc.get("switch")
+        yield scalar(
+            GaugeMetricFamily,
             "spec_router_plan_switch_in_flight",
             "1 while a switch of an engine's mode is under way (draining, restarting or "
             "loading), else 0",
+            None if "switch" not in doc else float(sw is not None and sw["phase"] != "advised"),
         )
-        if "switch" in doc:
-            sw = doc["switch"]
-            flight.add_metric([], 0.0 if sw is None or sw["phase"] == "advised" else 1.0)
-        yield flight
         nxt = doc.get("next_switch")
         gain = GaugeMetricFamily(
             "spec_router_plan_expected_gain",
@@ -137,36 +146,32 @@ class PlanCollector(Collector):
         for pool, r in (doc.get("restart_s") or {}).items():
             restart.add_metric([pool, r["source"]], float(r["seconds"]))
         yield restart
-        advised = CounterMetricFamily(
+        yield scalar(
+            CounterMetricFamily,
             "spec_router_plan_switches_advised",
             "Switches of an engine's mode the planner advised (one advice repeated over "
             "several plans counts once)",
+            doc.get("switches_advised"),
         )
-        if "switches_advised" in doc:
-            advised.add_metric([], float(doc["switches_advised"]))
-        yield advised
-        stale = GaugeMetricFamily(
+        yield scalar(
+            GaugeMetricFamily,
             "spec_router_plan_stale",
             "1 while the plan shown is not this interval's (its worker process died or "
             "overran and is being started afresh), else 0",
+            None if "stale" not in doc else float(bool(doc["stale"])),
         )
-        if "stale" in doc:
-            stale.add_metric([], 1.0 if doc["stale"] else 0.0)
-        yield stale
-        took = GaugeMetricFamily(
+        yield scalar(
+            GaugeMetricFamily,
             "spec_router_plan_seconds",
             "Wall seconds the last plan took, from its inputs to its outcome (in the planner's "
             "worker process)",
+            doc.get("took_s"),
         )
-        if "took_s" in doc:
-            took.add_metric([], float(doc["took_s"]))
-        yield took
         worker = doc.get("worker")
-        restarts = CounterMetricFamily(
+        yield scalar(
+            CounterMetricFamily,
             "spec_router_plan_worker_restarts",
             "Times the planner's worker process was started again after it died or overran "
             "a plan's timeout (router.planning.worker)",
+            None if worker is None else worker["restarts"],
         )
-        if worker is not None:
-            restarts.add_metric([], float(worker["restarts"]))
-        yield restarts
