@@ -230,11 +230,6 @@ class Settings(BaseSettings):
     # Hold busy polling while the router's core looks shared with other busy processes
     # (busypoll.ShareWatch); false: spin whatever the core's neighbours do.
     busy_poll_yield: bool = True
-    # Milliseconds the chunks of running streams may wait while the router starts a request
-    # (from its body being in until it is decided), so that a burst of new requests is answered
-    # first (0: every chunk goes out at once). Their first bytes and the end of a stream never
-    # wait (fastpath/priority.py).
-    start_first_ms: Millis = Field(default=20.0, ge=0, le=1000)
 
     # -- access -------------------------------------------------------------------------------
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)

@@ -295,52 +295,52 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     req, surf = snap.request, snap.surface
     if req is None or surf is None:
         return spillover(snap)
-    params = surf.params
     state = snap.state
     rr = state.rr
     c = 1 if req.sampling else 0
-    ttft, tpot = req.slo_ttft / surf.scale, req.slo_tpot / surf.scale
+    scale = surf.scale
+    ttft, tpot = req.slo_ttft / scale, req.slo_tpot / scale
     prompt = req.prompt_tokens
     pools = surf.pools
-    picks: list[tuple[PoolView, BackendView, int]] = []
+    recent = snap.recent
+    now = snap.now
+    mix_tokens = max(1.0, surf.mix.output - 1.0)
+    # each candidate (the least loaded usable engine of each pool): its time per token and to
+    # first token, as busy as it has been lately, and what its prefill adds to the time per
+    # token of each request running there (spread over a request of the mix's length). Kept
+    # flat (one tuple each, no closures or generators): this runs for every request.
+    picks: list[_Pick] = []
     for view in (snap.speculative, snap.baseline):
         b = pick_backend(view, rr)
-        if b is not None:
-            picks.append((view, b, _effective(b)))
-    if not picks:
-        return None, state
-    # each candidate: its time per token and to first token, as busy as it has been lately,
-    # and what its prefill adds to the time per token of each request running there (spread
-    # over a request of the mix's length)
-    recent = snap.recent
-    mix_tokens = max(1.0, surf.mix.output - 1.0)
-    seen: list[tuple[float, float]] = []
-    harms: list[float] = []
-    for view, b, n in picks:
+        if b is None:
+            continue
+        n = _effective(b)
         cap = pools[view.name]
-        harms.append(
-            (cap.prefill_base + prompt * cap.prefill_per_token) / mix_tokens if n > 1 else 0.0
-        )
+        harm = (cap.prefill_base + prompt * cap.prefill_per_token) / mix_tokens if n > 1 else 0.0
+        predicted = cap.ttft(prompt, n)  # (without the prefills ahead)
         if recent is not None:
             sent = recent.get(b.url)
             if sent is None:
-                seen.append((cap.own_tpot(c, n, 0.0), cap.ttft(prompt, n)))
-                continue
-            busy = cap.busy(sent.rate(snap.now) * surf.scale)
-            # (its prefill waits for those sent there lately that have not ended yet)
-            ahead = sent.ahead(snap.now) / surf.scale
-            seen.append((cap.own_tpot(c, n, busy), cap.ttft(prompt, n) + ahead))
+                own, first = cap.own_tpot(c, n, 0.0), predicted
+            else:
+                busy = cap.busy(sent.rate(now) * scale)
+                # (its prefill waits for those sent there lately that have not ended yet)
+                own = cap.own_tpot(c, n, busy)
+                first = predicted + sent.ahead(now) / scale
         else:
-            seen.append((_tpot_at(cap, c, n), cap.ttft(prompt, n)))
+            own, first = _tpot_at(cap, c, n), predicted
+        picks.append((view, b, n, cap, own, first, harm, predicted))
+    if not picks:
+        return None, state
     # 1. room within the strict SLO, its prefill keeping those there within it too: where the
     # time per token it sees and adds to the others is lowest; first among the engines with
     # headroom below the target (``params.headroom``), counting the step it adds to the time per
     # token of each request running there, then the others (without the step)
-    best: tuple[PoolView, BackendView, int] | None = None
+    best: _Pick | None = None
     best_cost = math.inf
-    headroom = params.headroom * tpot
-    for (view, b, n), (own, first), harm in zip(picks, seen, harms, strict=True):
-        cap = pools[view.name]
+    headroom = surf.params.headroom * tpot
+    for pick in picks:
+        _, _, n, cap, own, first, harm, _ = pick
         if n > cap.strict[c] or own + harm > tpot or first > ttft:
             continue
         row = cap.tpot[c]
@@ -353,73 +353,95 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
             if table > before:
                 cost += (n - 1) * (table - before)
         if cost < best_cost:
-            best, best_cost = (view, b, n), cost
+            best, best_cost = pick, cost
     reason: Reason = "within_slo"
     keep = surf.strict_pool[c]
-
-    def fill(p: tuple[PoolView, BackendView, int]) -> float:
-        """How full the engine is against its relaxed capacity."""
-        return p[2] / max(1, pools[p[0].name].relaxed[c])
-
     if best is None:
         # 2. room within the relaxed SLO
         reason = "within_relaxed"
+        relaxed_tpot, relaxed_ttft = tpot * RELAXED_TPOT, ttft * RELAXED_TTFT
         fits = [
             p
-            for p, (own, first), harm in zip(picks, seen, harms, strict=True)
-            if p[2] <= pools[p[0].name].relaxed[c]
-            and own + harm <= tpot * RELAXED_TPOT
-            and first <= ttft * RELAXED_TTFT
+            for p in picks
+            if p[2] <= p[3].relaxed[c] and p[4] + p[6] <= relaxed_tpot and p[5] <= relaxed_ttft
         ]
         if fits:
-            if all(p[2] < pools[p[0].name].lowest for p in fits):
+            if all(p[2] < p[3].lowest for p in fits):
                 # quieter than anything measured on either pool (the curves are held flat
                 # below their lowest point, which says nothing of how they compare there): by
                 # its own time per token, as with room under the strict capacity
-                best = min(fits, key=lambda p: seen[picks.index(p)][0])
+                best = min(fits, key=_own)
             else:
                 # the other pool before the strict pool (which keeps its requests within the
                 # strict SLO), then the engine filled least against its relaxed capacity
-                best = min(fits, key=lambda p: (p[0].name == keep, fill(p)))
+                best = min(fits, key=lambda p: (p[0].name == keep, _fill(p, c)))
     if best is None:
-        # 3. no engine has room for it within the relaxed SLO: it overflows (the router's
-        # queue, when on, holds it until one has), unless it would miss that SLO even alone
-        alone = any(
-            pools[v.name].ttft(prompt, 1) <= ttft * RELAXED_TTFT
-            and pools[v.name].own_tpot(c, 1, 0.0) <= tpot * RELAXED_TPOT
-            for v, _, _ in picks
-        )
-        # what a queued request waits for is a place: an engine whose load keeps it within
-        # the relaxed targets; with one left (it missed on its own prefill's harm or the
-        # prefills sent there lately), a release would not bring the room it lacks, so it is
-        # not held either
-        place = any(
-            p[2] <= pools[p[0].name].relaxed[c]
-            and _tpot_at(pools[p[0].name], c, p[2]) <= tpot * RELAXED_TPOT
-            for p in picks
-        )
-        reason = "overflow" if alone and not place else "beyond_slo"
-        # sustained overload: requests arrive faster than the engines serve within the relaxed SLO
-        served = sum(pools[v.name].relaxed_rate * v.usable_count() for v, _, _ in picks)
-        overloaded = snap.offered is not None and snap.offered > served * params.overload
-        if overloaded and keep is not None:
-            # away from the strict pool, so that it keeps serving within the strict SLO
-            best = min(picks, key=lambda p: (p[0].name == keep, fill(p)))
-        elif overloaded:
-            best = next((p for p in picks if p[0].name == surf.most), picks[0])
-        else:
-            best = min(picks, key=fill)
-    view, b, n = best
-    cap = pools[view.name]
+        best, reason = _overflow(snap, surf, picks, c, prompt, ttft, tpot, keep)
+    view, b, n, cap, _, _, _, predicted = best
     decision = Decision(
         view.name,
         b.url,
         reason,
-        ttft=cap.ttft(prompt, n) * surf.scale,
-        tpot=_tpot_at(cap, c, n) * surf.scale,
-        extrapolated=n > max(1, cap.measured) or n < cap.lowest,
+        0,
+        0.0,
+        predicted * scale,
+        _tpot_at(cap, c, n) * scale,
+        n > max(1, cap.measured) or n < cap.lowest,
     )
-    return decision, state._replace(rr=rr + 1)
+    return decision, RoutingState(rr + 1, state.above)
+
+
+# One candidate of the slo policy: its pool's view, the engine, its load with the request,
+# the pool's capacity, the request's time per token and to first token there (as busy as the
+# engine has been lately), what its prefill adds to each request running there, and its time to
+# first token at that load (without the prefills ahead).
+_Pick = tuple[PoolView, BackendView, int, Capacity, float, float, float, float]
+
+
+def _own(p: _Pick) -> float:
+    return p[4]
+
+
+def _fill(p: _Pick, c: int) -> float:
+    """How full the engine is against its relaxed capacity."""
+    return p[2] / max(1, p[3].relaxed[c])
+
+
+def _overflow(
+    snap: Snapshot,
+    surf: Surface,
+    picks: list[_Pick],
+    c: int,
+    prompt: float,
+    ttft: float,
+    tpot: float,
+    keep: Pool | None,
+) -> tuple[_Pick, Reason]:
+    """Step 3 of ``slo``: no engine has room for the request within the relaxed SLO."""
+    # it overflows (the router's queue, when on, holds it until one has), unless it would miss
+    # that SLO even alone
+    relaxed_tpot, relaxed_ttft = tpot * RELAXED_TPOT, ttft * RELAXED_TTFT
+    alone = place = False
+    served = 0.0
+    for view, _, n, cap, _, _, _, _ in picks:
+        if not alone:
+            alone = cap.ttft(prompt, 1) <= relaxed_ttft and cap.own_tpot(c, 1, 0.0) <= relaxed_tpot
+        # what a queued request waits for is a place: an engine whose load keeps it within
+        # the relaxed targets; with one left (it missed on its own prefill's harm or the
+        # prefills sent there lately), a release would not bring the room it lacks, so it is
+        # not held either
+        if not place:
+            place = n <= cap.relaxed[c] and _tpot_at(cap, c, n) <= relaxed_tpot
+        served += cap.relaxed_rate * view.usable_count()
+    reason: Reason = "overflow" if alone and not place else "beyond_slo"
+    # sustained overload: requests arrive faster than the engines serve within the relaxed SLO
+    overloaded = snap.offered is not None and snap.offered > served * surf.params.overload
+    if overloaded and keep is not None:
+        # away from the strict pool, so that it keeps serving within the strict SLO
+        return min(picks, key=lambda p: (p[0].name == keep, _fill(p, c))), reason
+    if overloaded:
+        return next((p for p in picks if p[0].name == surf.most), picks[0]), reason
+    return min(picks, key=lambda p: _fill(p, c)), reason
 
 
 POLICIES: dict[str, Callable[[Snapshot], tuple[Decision | None, RoutingState]]] = {

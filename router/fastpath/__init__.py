@@ -1,8 +1,7 @@
 """The router's hot-path shortcut under uvicorn's httptools server: ``DirectSend``
 (``uvicorn.py``, the only code that knows uvicorn's internals), behind the ``Responder``
-interface with a plain-ASGI twin for every other server (``responder.py``); the chunks of
-running streams held back while new requests start (``priority.py``); and the request deadline
-and head limits of ``spec-router serve``'s protocol (``protocol.py``)."""
+interface with a plain-ASGI twin for every other server (``responder.py``); and the request
+deadline and head limits of ``spec-router serve``'s protocol (``protocol.py``)."""
 
 from __future__ import annotations
 
@@ -10,15 +9,13 @@ import asyncio
 import logging
 
 from router.asgi import Receive, Send
-from router.fastpath.priority import Priority
 from router.fastpath.responder import PlainResponder, Responder
 from router.fastpath.uvicorn import direct_send, why_not_direct
 
 log = logging.getLogger("spec_router.fastpath")
 
-# responses by responder; chunks kept back while requests started, and the writes that sent
-# them (router.fastpath.priority)
-STATUS_KEYS = ("direct_responses", "plain_responses", "held_chunks", "held_writes")
+# responses by responder
+STATUS_KEYS = ("direct_responses", "plain_responses")
 
 
 class Responders:
@@ -27,16 +24,15 @@ class Responders:
     ``/router/status``, and says once in the log why a request went the plain way (``--http
     h11``, another server, a uvicorn whose internals are not the ones this was written for)."""
 
-    __slots__ = ("_loop", "direct", "plain", "priority")
+    __slots__ = ("_loop", "direct", "plain")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, priority: Priority | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.direct = 0
         self.plain = 0
-        self.priority = priority
 
     def __call__(self, receive: Receive, send: Send) -> Responder:
-        direct = direct_send(send, self.priority)
+        direct = direct_send(send)
         if direct is not None:
             self.direct += 1
             return direct
@@ -50,11 +46,9 @@ class Responders:
         return PlainResponder(receive, send, self._loop)
 
     def status(self) -> dict[str, int]:
-        priority = self.priority
-        held = (priority.kept, priority.writes) if priority is not None else (0, 0)
-        return fast_path_status((self.direct, self.plain, *held))
+        return fast_path_status((self.direct, self.plain))
 
 
-def fast_path_status(counts: tuple[int, int, int, int] = (0, 0, 0, 0)) -> dict[str, int]:
+def fast_path_status(counts: tuple[int, int] = (0, 0)) -> dict[str, int]:
     """``/router/status``'s ``fast_path``: responses by responder (``STATUS_KEYS``)."""
     return dict(zip(STATUS_KEYS, counts, strict=True))

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from router.asgi import Receive, Send
-from router.fastpath.priority import Held, Priority
 
 # Takes body bytes from the upstream's socket callback. Returns True once it has written them
 # (what its ``feed`` made of them) to the client, or False, having consumed nothing, when the
@@ -28,33 +27,24 @@ def chunk_sink(
     transport: Any,
     feed: Callable[[bytes], bytes] | None,
     first: Callable[[], None] | None,
-    priority: Priority | None = None,
-    held: Held | None = None,
 ) -> Sink:
     """A ``Sink`` writing each call's bytes as one chunk of a chunked body to ``transport``,
     while the client can take it (``flow`` not paused for a slow client, ``cycle`` not
     disconnected, the transport not closing). The ready check and the framing are inlined: it
-    runs for every chunk of every stream (``bench/lab/chunk_path.py`` times it). With
-    ``priority`` (and ``held``, the stream's kept chunks) a chunk waits while the router
-    starts a request (``router.fastpath.priority``)."""
+    runs for every chunk of every stream (``bench/lab/chunk_path.py`` times it)."""
     write, closing = transport.write, transport.is_closing
 
     def sink(data: bytes) -> bool:
         nonlocal first
         if flow.write_paused or cycle.disconnected or closing():
             return False
-        started = first is None  # a stream's first bytes never wait
         if first is not None:
             first()
             first = None
         if feed is not None:
             data = feed(data)
         if data:
-            if priority is not None and priority.starting and started:
-                # (none is kept once no request is starting: ``Priority.end`` wrote them)
-                priority.hold(held, b"%x\r\n%b\r\n" % (len(data), data))  # type: ignore[arg-type]
-            else:
-                write(b"%x\r\n%b\r\n" % (len(data), data))
+            write(b"%x\r\n%b\r\n" % (len(data), data))
         return True
 
     return sink
@@ -68,10 +58,6 @@ class Responder(Protocol):
         The request body must have been read."""
 
     def unwatch(self) -> None: ...
-
-    def flush(self) -> None:
-        """Write the body chunks the sink kept back (``router.fastpath.priority``), before
-        anything else is written to the client."""
 
     def body_sink(
         self, feed: Callable[[bytes], bytes] | None, first: Callable[[], None] | None
@@ -103,9 +89,6 @@ class PlainResponder:
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
-
-    def flush(self) -> None:
-        pass
 
     def body_sink(
         self, feed: Callable[[bytes], bytes] | None, first: Callable[[], None] | None

@@ -11,7 +11,6 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from router.fastpath.priority import Held, Priority
 from router.fastpath.responder import Sink, chunk_sink
 
 
@@ -31,24 +30,18 @@ class DirectSend:
       uvicorn's ``send`` would not have to wait (paused for a slow client, or gone).
     """
 
-    __slots__ = ("_send", "_cycle", "_flow", "_transport", "_event", "_priority", "_kept")
+    __slots__ = ("_send", "_cycle", "_flow", "_transport", "_event")
 
-    def __init__(self, send: Any, cycle: Any, priority: Priority | None = None) -> None:
+    def __init__(self, send: Any, cycle: Any) -> None:
         self._send = send
         self._cycle = cycle
         self._flow = cycle.flow
         self._transport = cycle.transport
         self._event: _DisconnectEvent | None = None
-        self._priority = priority
-        self._kept: Held | None = None  # body chunks the sink kept back (priority)
 
     async def send_all(self, messages: list[dict[str, Any]]) -> None:
         cycle, real = self._cycle, self._transport
         held = _Held(real)
-        kept = self._kept
-        if kept is not None and kept.parts:  # (they go first, in the same write)
-            held.parts.extend(kept.parts)
-            kept.parts.clear()
         cycle.transport = held
         try:
             for message in messages:
@@ -59,10 +52,6 @@ class DirectSend:
                 real.write(b"".join(held.parts))
             if held.closed:
                 real.close()
-
-    def flush(self) -> None:
-        if self._kept is not None:
-            self._kept.flush()
 
     def watch(self, on_disconnect: Callable[[], None]) -> None:
         """Call ``on_disconnect`` (once) if the client goes away before the response is done.
@@ -83,8 +72,6 @@ class DirectSend:
         if self._event is not None:
             self._event.detach()
             self._event = None
-        if self._kept is not None:
-            self._kept.drop()
 
     def chunked(self) -> bool:
         """Whether the response under way has a chunked body that ``body_sink`` may add to."""
@@ -109,12 +96,7 @@ class DirectSend:
         ``ready()`` checks, and the chunk's framing, inlined)."""
         if not self.chunked():
             return None
-        priority, kept = self._priority, None
-        if priority is not None and priority.delay > 0:
-            kept = self._kept = Held(self._transport.write, self._transport.is_closing)
-        else:
-            priority = None
-        return chunk_sink(self._flow, self._cycle, self._transport, feed, first, priority, kept)
+        return chunk_sink(self._flow, self._cycle, self._transport, feed, first)
 
 
 class _DisconnectEvent(asyncio.Event):
@@ -164,7 +146,7 @@ class _Held:
         return getattr(self._real, name)
 
 
-def direct_send(send: Any, priority: Priority | None = None) -> DirectSend | None:
+def direct_send(send: Any) -> DirectSend | None:
     """A ``DirectSend`` when ``send`` is uvicorn's httptools server before its response has
     started; otherwise None, and the caller uses ``send`` as any ASGI app would."""
     if _HTTPTOOLS_SEND is None or getattr(send, "__func__", None) is not _HTTPTOOLS_SEND:
@@ -173,7 +155,7 @@ def direct_send(send: Any, priority: Priority | None = None) -> DirectSend | Non
     try:
         if cycle.response_started:
             return None
-        direct = DirectSend(send, cycle, priority)
+        direct = DirectSend(send, cycle)
         direct.chunked()  # every attribute it relies on is there
         direct.ready()
         if not isinstance(cycle.message_event, asyncio.Event):

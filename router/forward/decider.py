@@ -240,10 +240,13 @@ class Decider:
         views = kept.views
         for i, (load, was) in enumerate(zip(loads, kept.loads, strict=True)):
             if load != was:
-                views[i] = views[i]._replace(load=load)
+                view = views[i]
+                views[i] = BackendView(view.url, load, view.usable, view.weight)
         kept.loads = loads
-        kept.pool = kept.pool._replace(backends=tuple(views), loads=loads)
-        return kept.pool
+        # (built directly: ``_replace`` costs several times more, on every decision)
+        pool = kept.pool
+        kept.pool = pool = PoolView(pool.name, tuple(views), pool.even, loads)
+        return pool
 
     # -- the decision surface -------------------------------------------------------------------
     def refresh(self) -> None:
@@ -446,7 +449,10 @@ class Decider:
         )
         if decision.extrapolated:
             self.extrapolated += 1
-        return decision._replace(load=view.load, prefill=prefill)
+        pool_name, backend, reason, _, share, ttft, tpot, extrapolated, _ = decision
+        return Decision(
+            pool_name, backend, reason, view.load, share, ttft, tpot, extrapolated, prefill
+        )
 
     def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:
         """Send a bounded share of requests near the crossover the other way (see learning)."""

@@ -38,7 +38,6 @@ from router.errors import (
     sse_error_event,
 )
 from router.fastpath import Responders
-from router.fastpath.priority import Priority
 from router.fastpath.protocol import REQUEST_EXPIRED, REQUEST_STARTED
 from router.fastpath.responder import Responder
 from router.fastpath.uvicorn import body_in
@@ -74,7 +73,6 @@ USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 class _Flags:
     done: bool = False
     client_gone: bool = False
-    starting: bool = False  # counted in ``Priority.starting`` until it is decided
 
 
 class Proxy:
@@ -104,10 +102,7 @@ class Proxy:
         # Made in the serving loop. Passed explicitly: asyncio's loop lookup calls getpid()
         # on Python 3.11, a system call per request.
         self.loop = asyncio.get_running_loop()
-        # the chunks of running streams wait while a request starts (router.fastpath.priority)
-        start_first = settings.start_first_ms / 1000
-        self.priority = Priority(self.loop, start_first) if start_first > 0 else None
-        self.responders = Responders(self.loop, self.priority)
+        self.responders = Responders(self.loop)
         self.admission = admission if admission is not None else Admission(0)
         # how long an engine goes on running a request after its client left (and the
         # router closed the upstream connection): 0 for vLLM, 2-4 s for SGLang
@@ -137,7 +132,6 @@ class Proxy:
         try:
             await self._handle(scope, receive, send, out, flags)
         finally:
-            self._started(flags)
             out.finish(self.clock())
             if poke is not None:
                 poke()
@@ -155,11 +149,6 @@ class Proxy:
             self._authorize(headers)
             check_path(scope["path"])
             body = await self._read_body(scope, headers, receive, send)
-            if self.priority is not None:
-                # counted from here: a body still on its way is the client's time, not the
-                # router's work (and one already in is read without a turn of the loop)
-                self.priority.begin()
-                flags.starting = True
             content_type = next((v for k, v in headers if k == b"content-type"), None)
             info = inspect(scope["path"], body, content_type)
         except RouterError as exc:
@@ -191,11 +180,6 @@ class Proxy:
         conn: Connection | None = None
         lease: Lease | None = None
         left = False
-        # The router's own work to start this request is done (what is left, the engine's
-        # head and first token, is the engine's): it stops holding other streams' chunks back.
-        # Not at the first byte: with a real engine that is a prefill and a queue away (SGLang
-        # sends its head with the first token), and every running stream would wait meanwhile.
-        self._started(flags)
         try:
             if decision.reason == "overflow" and self.admission.enabled:
                 decision = await self._queue(request, out)
@@ -492,7 +476,6 @@ class Proxy:
                     pending = None
                     self._divert(conn, responder, tap, lease, out)
                 elif data:
-                    responder.flush()
                     await send({"type": "http.response.body", "body": data, "more_body": True})
         except UpstreamError as exc:
             out.broke(exc.kind)
@@ -501,7 +484,6 @@ class Proxy:
                 if exc.kind in verdicts.SLOW_KINDS:
                     raise UpstreamTimeout(f"upstream did not answer within {exc}") from None
                 raise UpstreamUnavailable(f"upstream failed: {exc}") from None
-            responder.flush()
             await self._break_stream(send, exc, is_sse)
             return
         except OSError as exc:  # ASGI spec 2.4: the client is gone
@@ -513,12 +495,6 @@ class Proxy:
         await _send_all(responder, [*pending, end] if pending else [end])
         if tap is not None:
             out.counted(tap.usage)
-
-    def _started(self, flags: _Flags) -> None:
-        """The request is decided (or over): it no longer holds other streams' chunks back."""
-        if flags.starting:
-            flags.starting = False
-            self.priority.end()  # type: ignore[union-attr]
 
     def _divert(
         self,
