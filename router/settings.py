@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import json
+import logging
 import os
 import re
 import tomllib
@@ -78,6 +79,27 @@ NOT_SETTINGS = frozenset(
 )
 
 
+# Settings that existed once and were removed: set in an environment or TOML file left from an
+# earlier release, each is ignored with a warning that says why (not refused: an upgrade must
+# not stop a router that starts today), rather than treated as a misspelling.
+RETIRED = {
+    "start_first_ms": "the hold of running streams' chunks was removed (it never engaged "
+    "under uvicorn); nothing replaces it",
+}
+
+log = logging.getLogger("router.settings")
+
+
+def retired_notes(given: Mapping[str, str]) -> list[str]:
+    """One warning per retired setting in ``given`` (lower-case field name -> the name as it
+    was given: an environment variable, or a TOML key and its file)."""
+    return [
+        f"setting {shown} is ignored: {RETIRED[name]}; remove it"
+        for name, shown in sorted(given.items())
+        if name in RETIRED
+    ]
+
+
 class SettingsError(Exception):
     """A setting is invalid; the message is one line naming it."""
 
@@ -92,7 +114,8 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """One line per ``SPEC_ROUTER_*`` variable in ``environ`` that is no setting, naming the
     closest setting. (pydantic-settings reads the names in any case: so does this.)"""
     settings = [name.upper() for name in Settings.model_fields]
-    known = {ENV_PREFIX + name for name in settings} | NOT_SETTINGS
+    retired = {ENV_PREFIX + name.upper() for name in RETIRED}
+    known = {ENV_PREFIX + name for name in settings} | NOT_SETTINGS | retired
     lines = []
     for key in sorted(environ):
         name = key.upper()
@@ -141,6 +164,9 @@ class _TomlSource(PydanticBaseSettingsSource):
             # Accept both `crossover = 4` and `[spec_router] crossover = 4`.
             table = raw.get("spec_router", raw)
             self._data = {str(k).lower(): v for k, v in table.items()}
+            for note in retired_notes({k: f"{k!r} in {CONFIG_ENV}={path}" for k in self._data}):
+                log.warning(note)
+            self._data = {k: v for k, v in self._data.items() if k not in RETIRED}
             unknown = sorted(set(self._data) - set(settings_cls.model_fields))
             if unknown:
                 close = closest(unknown[0], list(settings_cls.model_fields))
@@ -486,6 +512,9 @@ def load_settings(**overrides: Any) -> Settings:
     if unknown:
         more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
         raise SettingsError(unknown[0] + more)
+    env = {k[len(ENV_PREFIX) :].lower(): k for k in os.environ if k.upper().startswith(ENV_PREFIX)}
+    for note in retired_notes(env):
+        log.warning(note)
     try:
         return Settings(**overrides)
     except ValidationError as exc:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from router.settings import NOT_SETTINGS, Settings, SettingsError, load_settings
+from router.settings import NOT_SETTINGS, RETIRED, Settings, SettingsError, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -77,6 +77,26 @@ def test_unknown_key_in_toml_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
         load_settings()
 
 
+def test_a_retired_setting_is_ignored_with_a_warning_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # an environment and a TOML file left from an earlier release still start the router
+    path = tmp_path / "router.toml"
+    path.write_text("start_first_ms = 5\ncrossover = 4\n")
+    monkeypatch.setenv("SPEC_ROUTER_CONFIG", str(path))
+    monkeypatch.setenv("SPEC_ROUTER_START_FIRST_MS", "2")
+    with caplog.at_level("WARNING", logger="router.settings"):
+        s = load_settings()
+    assert s.crossover == 4 and not hasattr(s, "start_first_ms")
+    notes = [r.getMessage() for r in caplog.records]
+    assert any("SPEC_ROUTER_START_FIRST_MS is ignored" in n for n in notes), notes
+    assert any(f"'start_first_ms' in SPEC_ROUTER_CONFIG={path} is ignored" in n for n in notes)
+    # a misspelling of it is still a misspelling
+    monkeypatch.setenv("SPEC_ROUTER_START_FIRST_M", "2")
+    with pytest.raises(SettingsError, match="SPEC_ROUTER_START_FIRST_M in the environment"):
+        load_settings()
+
+
 # -- the mistakes operators make most (issue 34) ---------------------------------------------------
 
 
@@ -126,8 +146,9 @@ def test_every_variable_the_project_sets_is_a_setting_or_listed() -> None:
     settings = {f"SPEC_ROUTER_{name.upper()}" for name in Settings.model_fields}
     # (a pattern such as SPEC_ROUTER_*_URLS leaves a stem; the typos are the tests' own)
     stems = {"SPEC_ROUTER_", "SPEC_ROUTER_CROSOVER", "SPEC_ROUTER_SPECULATIVE_URL",
-             "SPEC_ROUTER_ZZZ"}  # fmt: skip
-    unknown = {n for n in names if n not in settings | NOT_SETTINGS | stems}
+             "SPEC_ROUTER_ZZZ", "SPEC_ROUTER_START_FIRST_M"}  # fmt: skip
+    retired = {f"SPEC_ROUTER_{name.upper()}" for name in RETIRED}  # (ignored with a warning)
+    unknown = {n for n in names if n not in settings | NOT_SETTINGS | stems | retired}
     assert not unknown
 
 
