@@ -257,16 +257,15 @@ class RouterApp:
             self.strain.forget(m.url)
 
     def capacity_steady(self) -> bool:
-        """Whether the engines' capacity is steady: every member active (none draining),
-        healthy and ramped in (none loading or coming back), and no switch the planner advised
-        under way. The router's queue holds requests only then: capacity on its way is no
-        reason to answer 503."""
+        """Whether the engines' capacity is steady: every member active (none draining) and
+        usable (none loading, down or ejected), and no switch the planner advised under way
+        (draining, restarting or loading). The router's queue holds requests only then:
+        capacity on its way is no reason to answer 503. (An engine ramping in after an
+        ejection takes traffic already: not counted.)"""
         now = self.clock()
         health = self.health
         for url, member in self.roster.members.items():
-            if not member.active or url not in health.states:
-                return False
-            if not health.usable(url, now) or health.weight(url, now) < 1.0:
+            if not member.active or url not in health.states or not health.usable(url, now):
                 return False
         switch = None if self.planner is None else self.planner.switch
         return switch is None or switch.phase == "advised"

@@ -9,9 +9,9 @@ measured, not merely predicted (``holds``):
   requests (``Strain``: at least half of them, by a decayed count, missed the relaxed TTFT or
   TPOT of the router's own SLO); an engine whose measured latency is fine is never queued
   against, whatever the table says of its capacity;
-- and the engines' capacity is steady (``steady``, given by the app: no engine loading,
-  ramping up or draining, no planned switch under way): capacity on its way is not a reason
-  to answer 503.
+- and the engines' capacity is steady (``steady``, given by the app: every engine usable, none
+  loading or draining, no planned switch under way): capacity on its way is not a reason to
+  answer 503.
 
 Otherwise it goes to that engine as before. A held request waits until a request in flight ends
 and a new decision admits it (or its engine's measured latency is fine again), or its deadline
@@ -50,7 +50,7 @@ SHARE = 0.5
 RULE = (
     "a request no engine has room for within the relaxed SLO (slo rule, step 3) waits here "
     "only while the engine it would go to is measured past the relaxed SLO (strained: at "
-    "least half of its recent requests missed it) and no engine is loading, ramping up, "
+    "least half of its recent requests missed it) and every engine is usable, none loading, "
     "draining or switching; up to timeout_s (null: the request's strict TTFT target), then "
     "503; 429 when full. Otherwise it is sent on at once (sent_fine, sent_changing)"
 )
