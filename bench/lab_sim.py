@@ -295,7 +295,7 @@ class Router:
         self.next_update = LEARN_INTERVAL
         self.waiting: deque[tuple[Req, Any]] = deque()
         self.refused = 0
-        self.strain = Strain(SLO[0], SLO[1], clock)
+        self.strain = Strain(SLO[0], SLO[1], clock, self.tracker.flights)
 
     def request(self, a: Arrival) -> Any:
         info = RequestInfo(

@@ -166,7 +166,7 @@ class RouterApp:
         self.metrics = RouterMetrics(self.registry, slo=slo)
         meter = self.metrics.queue_meter() if worker is not None else None
         # the queue holds a request only under measured overload, with capacity steady
-        self.strain = Strain(*slo, clock)
+        self.strain = Strain(*slo, clock, self.tracker.flights)
         self.admission = Admission(
             settings.queue_size, meter, self.strain, self.capacity_steady, settings.queue_timeout
         )

@@ -26,25 +26,26 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from router.account.outcome import Outcome
 from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT
 from router.errors import QueueFull
-
-if TYPE_CHECKING:
-    from router.account.outcome import Outcome
 
 # What ``meter`` is told: a place taken (+1) or given back (-1) as "queued", each way out, and
 # each overflowing request sent on unheld ("sent_fine", "sent_changing").
 Meter = Callable[[str, int], None]
 
 # An engine is past the relaxed SLO (measured) when, of its requests that ended lately (weights
-# halving every HALF_LIFE relaxed TTFTs), at least SEEN were judged and at least SHARE of them
+# halving every HALF_LIFE relaxed TTFTs of the router's SLO) and those in flight already past
+# the relaxed TTFT without a first byte, at least SEEN were judged and at least SHARE of them
 # missed the relaxed TTFT or TPOT.
 HALF_LIFE = 2.0
 SEEN = 3.0
 SHARE = 0.5
+# A verdict is reused for this many strict TTFTs (waiters look again every 50 ms).
+KEEP = 0.02
 
 # What /router/status says the queue does.
 RULE = (
@@ -57,18 +58,37 @@ RULE = (
 
 
 class Strain:
-    """What the router measured of each engine lately: its requests, as they end, judged
-    against the relaxed tier of the router's own SLO (``SLO_TTFT_MS``, ``SLO_TPOT_MS``), not a
-    request's own headers. TTFT is judged only for requests that did not wait in the queue (a
-    queued one's includes its wait); a request that failed or whose client left says nothing
-    of latency. Counts decay with time, so an engine nothing ends on lately is not strained."""
+    """What the router measured of each engine lately, against the relaxed tier of each
+    request's SLO (its own ``x-slo-*`` headers, else the router's ``SLO_TTFT_MS`` and
+    ``SLO_TPOT_MS``): its requests as they end (a miss: TTFT or TPOT past it; TTFT is judged
+    only for a request that did not wait in the queue, whose TTFT counts its wait), and its
+    requests in flight that have waited past the relaxed TTFT for their first byte (a miss
+    known before they end: what an engine's own queue looks like from here). A request that
+    failed or whose client left says nothing of latency. Counts of ended requests decay with
+    time, so an engine nothing ends on lately is not strained by its past.
 
-    def __init__(self, slo_ttft: float, slo_tpot: float, clock: Callable[[], float]) -> None:
-        self.ttft = slo_ttft * RELAXED_TTFT
-        self.tpot = slo_tpot * RELAXED_TPOT
-        self.half_life = HALF_LIFE * self.ttft
+    ``flights``: the requests in flight per backend (``InflightTracker.flights``: their
+    ``Outcome``), None where the first byte is not seen (the gateway's EPP)."""
+
+    def __init__(
+        self,
+        slo_ttft: float,
+        slo_tpot: float,
+        clock: Callable[[], float],
+        flights: Mapping[str, Mapping[Any, object]] | None = None,
+    ) -> None:
+        self.slo_ttft, self.slo_tpot = slo_ttft, slo_tpot
+        self.half_life = HALF_LIFE * slo_ttft * RELAXED_TTFT
         self.clock = clock
+        self.flights = flights
         self._seen: dict[str, tuple[float, float, float]] = {}  # url -> (judged, missed, at)
+        # url -> (until, verdict): a verdict is kept for a moment (waiters look every 50 ms)
+        self._kept: dict[str, tuple[float, bool]] = {}
+
+    def _targets(self, out: Outcome) -> tuple[float, float]:
+        req = out.request
+        ttft, tpot = (self.slo_ttft, self.slo_tpot) if req is None else (req.slo_ttft, req.slo_tpot)
+        return ttft * RELAXED_TTFT, tpot * RELAXED_TPOT
 
     def observe(self, out: Outcome) -> None:
         """An ``Outcome`` observer: a request ended."""
@@ -77,15 +97,17 @@ class Strain:
             return
         if out.status != 200 or out.error is not None:
             return
-        missed = not out.was_queued and first - out.started > self.ttft
+        ttft, tpot = self._targets(out)
+        missed = not out.was_queued and first - out.started > ttft
         usage = out.usage
         if not missed and usage is not None and usage.completion_tokens > 1:
-            missed = (out.ended - first) / (usage.completion_tokens - 1) > self.tpot
+            missed = (out.ended - first) / (usage.completion_tokens - 1) > tpot
         now = self.clock()
-        judged, miss = self._now(url, now)
+        judged, miss = self._ended(url, now)
         self._seen[url] = (judged + 1.0, miss + (1.0 if missed else 0.0), now)
+        self._kept.pop(url, None)
 
-    def _now(self, url: str, now: float) -> tuple[float, float]:
+    def _ended(self, url: str, now: float) -> tuple[float, float]:
         seen = self._seen.get(url)
         if seen is None:
             return 0.0, 0.0
@@ -93,22 +115,55 @@ class Strain:
         decay = 0.5 ** (max(0.0, now - at) / self.half_life)
         return judged * decay, missed * decay
 
+    def _late(self, url: str, now: float) -> int:
+        """Requests in flight on ``url`` still without a first byte past the relaxed TTFT."""
+        flights = None if self.flights is None else self.flights.get(url)
+        if not flights:
+            return 0
+        late = 0
+        for out in flights.values():
+            if (
+                isinstance(out, Outcome)
+                and out.stream
+                and out.first_byte is None
+                and not out.was_queued
+                and now - out.started > self._targets(out)[0]
+            ):
+                late += 1
+        return late
+
+    def counts(self, url: str) -> tuple[float, float]:
+        """(judged, missed) on ``url`` now."""
+        now = self.clock()
+        judged, missed = self._ended(url, now)
+        late = self._late(url, now)
+        return judged + late, missed + late
+
     def strained(self, url: str) -> bool:
-        judged, missed = self._now(url, self.clock())
-        return judged >= SEEN and missed >= SHARE * judged
+        now = self.clock()
+        kept = self._kept.get(url)
+        if kept is not None and now < kept[0]:
+            return kept[1]
+        judged, missed = self.counts(url)
+        verdict = judged >= SEEN and missed >= SHARE * judged
+        self._kept[url] = (now + KEEP * self.slo_ttft, verdict)
+        return verdict
 
     def forget(self, url: str) -> None:
         """The backend left (a new one at the same URL starts unmeasured)."""
         self._seen.pop(url, None)
+        self._kept.pop(url, None)
 
-    def status(self) -> dict[str, dict[str, float]]:
-        now = self.clock()
+    def status(self) -> dict[str, dict[str, Any]]:
         out = {}
-        for url in self._seen:
-            judged, missed = self._now(url, now)
+        urls = set(self._seen) | set(u for u, f in (self.flights or {}).items() if f)
+        for url in sorted(urls):
+            judged, missed = self.counts(url)
+            if judged <= 0:
+                continue
             out[url] = {
                 "judged": round(judged, 2),
-                "missed_share": round(missed / judged, 3) if judged > 0 else 0.0,
+                "missed_share": round(missed / judged, 3),
                 "strained": judged >= SEEN and missed >= SHARE * judged,
             }
         return out

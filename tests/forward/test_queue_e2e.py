@@ -1,7 +1,8 @@
 """The router-side queue (QUEUE_SIZE): overflowing requests wait, are admitted when a backend
 can serve them within their SLO, or get 503 at the deadline and 429 when the queue is full;
 every place in the queue is given back on every path, the client leaving included. A request
-that would miss its SLO even alone is not held (waiting would not help it)."""
+that would miss its SLO even alone is not held (waiting would not help it), nor one whose
+engine the router measured within the relaxed SLO, nor one while an engine is down."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from router.decide import table as tables
 from router.sim.model import EAGLE3
 from tests.conftest import TIME_SCALE, RouterFactory
-from tests.support.http import await_for
+from tests.support.http import await_for, metric_value, router_status, wait_for
 from tests.support.processes import Proc
 from tests.support.tables import model_table
 
@@ -29,6 +30,11 @@ pytestmark = pytest.mark.anyio
 # never does.
 TIGHT = {"x-slo-tpot-ms": "0.65"}
 IMPOSSIBLE = {"x-slo-tpot-ms": "0.01"}
+# The router measures each engine against the SLO of the requests it served: three requests
+# with an SLO no engine meets leave it measured past the relaxed SLO (overloaded), three with
+# a lax one within it.
+MEASURED_LATE = IMPOSSIBLE
+MEASURED_FINE = {"x-slo-ttft-ms": "600000", "x-slo-tpot-ms": "600000"}
 
 
 def chat(max_tokens: int, stream: bool = False) -> dict[str, Any]:
@@ -41,20 +47,44 @@ def chat(max_tokens: int, stream: bool = False) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def router(own_sims: dict[str, Proc], start_router: RouterFactory, tmp_path: Path) -> Proc:
+def queue_router(
+    sims: dict[str, Proc],
+    start: RouterFactory,
+    tmp_path: Path,
+    warm: dict[str, str],
+    **settings: str,
+) -> Proc:
+    """A router with a queue of one place over ``sims``, whose speculative engine has served
+    three requests with the SLO headers ``warm`` (one at a time: the idle engine takes each)."""
     table = model_table(400, 200, time_scale=float(TIME_SCALE), tau_sampling=EAGLE3.tau_sampling)
     tables.save(table, tmp_path / "t.json")
-    return start_router(
-        own_sims["speculative"].url,
-        own_sims["baseline"].url,
+    proc = start(
+        sims["speculative"].url,
+        sims["baseline"].url,
         table_path=str(tmp_path / "t.json"),
         learn="false",
         explore_share="0",
         ramp_seconds="0",
         queue_size="1",
         queue_timeout="1",
+        **settings,
     )
+    for _ in range(3):
+        r = httpx.post(f"{proc.url}/v1/chat/completions", json=chat(8), headers=warm, timeout=30)
+        assert r.status_code == 200 and r.headers["x-spec-router-pool"] == "speculative"
+        wait_for(lambda: router_status(proc.url)["in_flight"]["total"] == 0)
+    url = sims["speculative"].url
+    wait_for(lambda: router_status(proc.url)["queue"]["engines"].get(url, {}).get("judged") == 3)
+    return proc
+
+
+@pytest.fixture
+def router(own_sims: dict[str, Proc], start_router: RouterFactory, tmp_path: Path) -> Proc:
+    """The speculative engine measured past the relaxed SLO: the queue holds."""
+    proc = queue_router(own_sims, start_router, tmp_path, MEASURED_LATE)
+    url = own_sims["speculative"].url
+    assert router_status(proc.url)["queue"]["engines"][url]["strained"] is True
+    return proc
 
 
 def assert_refusal(r: httpx.Response, status: int, code: str) -> None:
@@ -86,13 +116,16 @@ async def test_overflow_waits_and_is_admitted_when_a_backend_frees(router: Proc)
         r = await b
         assert r.status_code == 200 and r.headers["x-spec-router-pool"] == "speculative"
         doc = await status(client)
-        assert doc["queue"] == {
-            "size": 1,
+        counts = ("queued", "admitted", "timed_out", "refused_full", "sent_fine", "sent_changing")
+        assert {k: doc["queue"][k] for k in counts} == {
             "queued": 0,
             "admitted": 1,
             "timed_out": 0,
             "refused_full": 1,
+            "sent_fine": 0,
+            "sent_changing": 0,
         }
+        assert doc["queue"]["size"] == 1 and doc["queue"]["steady"] is True
         assert doc["in_flight"]["total"] == 0
         metrics = (await client.get("/metrics")).text
         assert 'spec_router_queue_outcomes_total{outcome="admitted"} 1.0' in metrics
@@ -139,6 +172,44 @@ async def test_a_request_that_misses_its_slo_even_alone_is_not_held(router: Proc
         doc = await status(client)
         assert doc["queue"]["queued"] == 0 and doc["queue"]["admitted"] == 0
         assert doc["in_flight"]["total"] == 0
+
+
+async def test_an_engine_measured_within_the_slo_is_never_queued_against(
+    own_sims: dict[str, Proc], start_router: RouterFactory, tmp_path: Path
+) -> None:
+    # the same overflow as above, on an engine the router measured within the SLO of what it
+    # served: the table says it is full, what it served says it is not: the request goes on
+    router = queue_router(own_sims, start_router, tmp_path, MEASURED_FINE)
+    async with AsyncExitStack() as stack:
+        client = await stack.enter_async_context(httpx.AsyncClient(base_url=router.url, timeout=30))
+        held = await hold_the_speculative_engine(stack, client)
+        r = await client.post("/v1/chat/completions", json=chat(8), headers=TIGHT)
+        assert r.status_code == 200 and r.headers["x-spec-router-reason"] == "overflow"
+        doc = (await status(client))["queue"]
+        assert doc["engines"][own_sims["speculative"].url]["strained"] is False
+        assert doc["sent_fine"] == 1 and doc["sent_changing"] == 0
+        assert doc["queued"] == doc["admitted"] == doc["timed_out"] == doc["refused_full"] == 0
+        metrics = (await client.get("/metrics")).text
+        assert metric_value(metrics, "spec_router_queue_sent_on_total", why="measured_fine") == 1
+        del held
+
+
+async def test_while_an_engine_is_down_nothing_is_held(
+    own_sims: dict[str, Proc], start_router: RouterFactory, tmp_path: Path
+) -> None:
+    # measured past the SLO, but a third engine (nothing listens there) is not usable: capacity
+    # is not steady (an engine loading or restarting), and the router does not answer 503 for it
+    both = f"{own_sims['speculative'].url},http://127.0.0.1:9"
+    router = queue_router(own_sims, start_router, tmp_path, MEASURED_LATE, speculative_urls=both)
+    async with AsyncExitStack() as stack:
+        client = await stack.enter_async_context(httpx.AsyncClient(base_url=router.url, timeout=30))
+        held = await hold_the_speculative_engine(stack, client)
+        r = await client.post("/v1/chat/completions", json=chat(8), headers=TIGHT)
+        assert r.status_code == 200 and r.headers["x-spec-router-reason"] == "overflow"
+        doc = (await status(client))["queue"]
+        assert doc["steady"] is False and doc["engines"][own_sims["speculative"].url]["strained"]
+        assert doc["sent_changing"] == 1 and doc["sent_fine"] == 0 and doc["timed_out"] == 0
+        del held
 
 
 async def hold_the_speculative_engine(
