@@ -42,7 +42,7 @@ Meter = Callable[[str, int], None]
 # the relaxed TTFT without a first byte, at least SEEN were judged and at least SHARE of them
 # missed the relaxed TTFT or TPOT.
 HALF_LIFE = 2.0
-SEEN = 3.0
+SEEN = 2.0
 SHARE = 0.5
 # A verdict is reused for this many strict TTFTs (waiters look again every 50 ms).
 KEEP = 0.02

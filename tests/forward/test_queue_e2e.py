@@ -30,11 +30,12 @@ pytestmark = pytest.mark.anyio
 # never does.
 TIGHT = {"x-slo-tpot-ms": "0.65"}
 IMPOSSIBLE = {"x-slo-tpot-ms": "0.01"}
-# The router measures each engine against the SLO of the requests it served: three requests
-# with an SLO no engine meets leave it measured past the relaxed SLO (overloaded), three with
-# a lax one within it.
+# The router measures each engine against the SLO of the requests it served. A request with
+# an SLO no engine meets even alone is placed, unqueued, on the engine least filled against its
+# relaxed capacity: the idle baseline (whose relaxed capacity is the larger); three of them
+# leave it measured past the relaxed SLO. An overflowing TIGHT request while the speculative
+# engine decodes goes to the baseline too: there the queue holds it.
 MEASURED_LATE = IMPOSSIBLE
-MEASURED_FINE = {"x-slo-ttft-ms": "600000", "x-slo-tpot-ms": "600000"}
 
 
 def chat(max_tokens: int, stream: bool = False) -> dict[str, Any]:
@@ -48,17 +49,12 @@ def chat(max_tokens: int, stream: bool = False) -> dict[str, Any]:
 
 
 def queue_router(
-    sims: dict[str, Proc],
-    start: RouterFactory,
-    tmp_path: Path,
-    warm: dict[str, str],
-    **settings: str,
+    sims: dict[str, Proc], start: RouterFactory, tmp_path: Path, **settings: str
 ) -> Proc:
-    """A router with a queue of one place over ``sims``, whose speculative engine has served
-    three requests with the SLO headers ``warm`` (one at a time: the idle engine takes each)."""
+    """A router with a queue of one place over ``sims``."""
     table = model_table(400, 200, time_scale=float(TIME_SCALE), tau_sampling=EAGLE3.tau_sampling)
     tables.save(table, tmp_path / "t.json")
-    proc = start(
+    return start(
         sims["speculative"].url,
         sims["baseline"].url,
         table_path=str(tmp_path / "t.json"),
@@ -69,21 +65,25 @@ def queue_router(
         queue_timeout="1",
         **settings,
     )
+
+
+def strain_the_baseline(router: Proc, url: str) -> None:
+    """Three requests the baseline ``url`` serves past their SLO, one at a time."""
     for _ in range(3):
-        r = httpx.post(f"{proc.url}/v1/chat/completions", json=chat(8), headers=warm, timeout=30)
-        assert r.status_code == 200 and r.headers["x-spec-router-pool"] == "speculative"
-        wait_for(lambda: router_status(proc.url)["in_flight"]["total"] == 0)
-    url = sims["speculative"].url
-    wait_for(lambda: router_status(proc.url)["queue"]["engines"].get(url, {}).get("judged") == 3)
-    return proc
+        r = httpx.post(
+            f"{router.url}/v1/chat/completions", json=chat(8), headers=MEASURED_LATE, timeout=30
+        )
+        assert r.status_code == 200 and r.headers["x-spec-router-pool"] == "baseline"
+        wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0)
+    engines = wait_for(lambda: router_status(router.url)["queue"]["engines"])
+    assert engines[url]["missed_share"] == 1.0 and engines[url]["strained"] is True
 
 
 @pytest.fixture
 def router(own_sims: dict[str, Proc], start_router: RouterFactory, tmp_path: Path) -> Proc:
-    """The speculative engine measured past the relaxed SLO: the queue holds."""
-    proc = queue_router(own_sims, start_router, tmp_path, MEASURED_LATE)
-    url = own_sims["speculative"].url
-    assert router_status(proc.url)["queue"]["engines"][url]["strained"] is True
+    """The baseline engine measured past the relaxed SLO: the queue holds what goes there."""
+    proc = queue_router(own_sims, start_router, tmp_path)
+    strain_the_baseline(proc, own_sims["baseline"].url)
     return proc
 
 
@@ -174,20 +174,20 @@ async def test_a_request_that_misses_its_slo_even_alone_is_not_held(router: Proc
         assert doc["in_flight"]["total"] == 0
 
 
-async def test_an_engine_measured_within_the_slo_is_never_queued_against(
+async def test_an_engine_not_measured_past_the_slo_is_never_queued_against(
     own_sims: dict[str, Proc], start_router: RouterFactory, tmp_path: Path
 ) -> None:
-    # the same overflow as above, on an engine the router measured within the SLO of what it
-    # served: the table says it is full, what it served says it is not: the request goes on
-    router = queue_router(own_sims, start_router, tmp_path, MEASURED_FINE)
+    # the same overflow as above, to an engine the router has not measured past the relaxed SLO
+    # (nothing served there yet): the table says it is full, nothing measured says so: the
+    # request goes on at once
+    router = queue_router(own_sims, start_router, tmp_path)
     async with AsyncExitStack() as stack:
         client = await stack.enter_async_context(httpx.AsyncClient(base_url=router.url, timeout=30))
         held = await hold_the_speculative_engine(stack, client)
         r = await client.post("/v1/chat/completions", json=chat(8), headers=TIGHT)
         assert r.status_code == 200 and r.headers["x-spec-router-reason"] == "overflow"
         doc = (await status(client))["queue"]
-        assert doc["engines"][own_sims["speculative"].url]["strained"] is False
-        assert doc["sent_fine"] == 1 and doc["sent_changing"] == 0
+        assert doc["sent_fine"] == 1 and doc["sent_changing"] == 0 and doc["steady"] is True
         assert doc["queued"] == doc["admitted"] == doc["timed_out"] == doc["refused_full"] == 0
         metrics = (await client.get("/metrics")).text
         assert metric_value(metrics, "spec_router_queue_sent_on_total", why="measured_fine") == 1
@@ -197,18 +197,24 @@ async def test_an_engine_measured_within_the_slo_is_never_queued_against(
 async def test_while_an_engine_is_down_nothing_is_held(
     own_sims: dict[str, Proc], start_router: RouterFactory, tmp_path: Path
 ) -> None:
-    # measured past the SLO, but a third engine (nothing listens there) is not usable: capacity
-    # is not steady (an engine loading or restarting), and the router does not answer 503 for it
+    # the baseline measured past the SLO, but a third engine (nothing listens there) is not
+    # usable: capacity is not steady (an engine loading or restarting), and the router does not
+    # answer 503 for that
     both = f"{own_sims['speculative'].url},http://127.0.0.1:9"
-    router = queue_router(own_sims, start_router, tmp_path, MEASURED_LATE, speculative_urls=both)
+    router = queue_router(own_sims, start_router, tmp_path, speculative_urls=both)
+    strain_the_baseline(router, own_sims["baseline"].url)
     async with AsyncExitStack() as stack:
         client = await stack.enter_async_context(httpx.AsyncClient(base_url=router.url, timeout=30))
         held = await hold_the_speculative_engine(stack, client)
         r = await client.post("/v1/chat/completions", json=chat(8), headers=TIGHT)
         assert r.status_code == 200 and r.headers["x-spec-router-reason"] == "overflow"
         doc = (await status(client))["queue"]
-        assert doc["steady"] is False and doc["engines"][own_sims["speculative"].url]["strained"]
+        assert doc["steady"] is False
         assert doc["sent_changing"] == 1 and doc["sent_fine"] == 0 and doc["timed_out"] == 0
+        metrics = (await client.get("/metrics")).text
+        assert (
+            metric_value(metrics, "spec_router_queue_sent_on_total", why="capacity_changing") == 1
+        )
         del held
 
 
