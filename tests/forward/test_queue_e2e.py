@@ -68,10 +68,14 @@ def queue_router(
 
 
 def strain_the_baseline(router: Proc, url: str) -> None:
-    """Three requests the baseline ``url`` serves past their SLO, one at a time."""
+    """Three streams the baseline ``url`` serves past their SLO, one at a time (a stream: a
+    request answered whole has no TTFT or TPOT to judge)."""
     for _ in range(3):
         r = httpx.post(
-            f"{router.url}/v1/chat/completions", json=chat(8), headers=MEASURED_LATE, timeout=30
+            f"{router.url}/v1/chat/completions",
+            json=chat(8, stream=True),
+            headers=MEASURED_LATE,
+            timeout=30,
         )
         assert r.status_code == 200 and r.headers["x-spec-router-pool"] == "baseline"
         wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0)

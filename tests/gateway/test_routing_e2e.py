@@ -166,7 +166,9 @@ async def test_the_queue_holds_nothing_it_has_not_measured(
         )
         body = chat(64, temperature=0)
         for _ in range(3):  # served past their SLO, one at a time
-            r = await client.post("/v1/chat/completions", json=body, headers=IMPOSSIBLE)
+            r = await client.post(
+                "/v1/chat/completions", json=chat(64, True, temperature=0), headers=IMPOSSIBLE
+            )
             assert r.status_code == 200
             await asyncio.to_thread(gateway.idle)  # its record came: the engine is idle again
         assert gateway.status()["queue"]["sent_fine"] == 0
