@@ -1,7 +1,7 @@
 """The bounded router-side queue for requests no backend can serve within their SLO, held
 only under measured overload.
 
-On by default (``QUEUE_SIZE``). A request the ``slo`` policy routes as ``overflow`` (no engine
+Off by default (``QUEUE_SIZE=0``; 64 is what was measured). A request the ``slo`` policy routes as ``overflow`` (no engine
 has room for it within even the relaxed SLO by the curves) waits here only when the overload is
 measured, not merely predicted (``holds``):
 
