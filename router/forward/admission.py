@@ -1,9 +1,9 @@
 """The bounded router-side queue for requests no backend can serve within their SLO, held
 only under measured overload.
 
-Off by default (``QUEUE_SIZE=0``; 64 is what was measured). A request the ``slo`` policy routes as ``overflow`` (no engine
-has room for it within even the relaxed SLO by the curves) waits here only when the overload is
-measured, not merely predicted (``holds``):
+Off by default (``QUEUE_SIZE=0``; 64 is what was measured). A request the ``slo`` policy
+routes as ``overflow`` (no engine has room for it within even the relaxed SLO by the curves)
+waits here only when the overload is measured, not merely predicted (``holds``):
 
 - the engine it would go to is past the relaxed SLO by what the router measured of its recent
   requests (``Strain``: at least half of them, by a decayed count, missed the relaxed TTFT or
