@@ -14,7 +14,9 @@ scale is set to 1). A request is leased, sent, given its first byte and released
 does it (``router.forward.proxy``), and the keeper learns from its ``Outcome``; the keeper's
 timer (``LEARN_INTERVAL``) also reads the engines' acceptance lengths, as the poller would.
 The router-side queue (``QUEUE_SIZE``, ``QUEUE_TIMEOUT``) is imitated: an ``overflow`` decision
-waits, and is looked at again each time a request ends, oldest first, one per release.
+waits (only while its engine is measured past the relaxed SLO, ``router.forward.admission.Strain``,
+unless ``measured`` is off), and is looked at again each time a request ends, oldest first, one
+per release.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from router.account.outcome import Outcome
 from router.decide import table as tables
 from router.decide.params import DEFAULT, Params
 from router.decide.policy import Decision
+from router.forward.admission import Strain
 from router.forward.decider import Decider
 from router.forward.request import RequestInfo
 from router.health.state import HealthConfig, HealthRegistry
@@ -264,6 +267,8 @@ class Router:
     learn: bool = True
     queue: tuple[int, float] | None = None
     lifo: bool = False  # the queue admits its newest waiter first
+    # the queue holds a request only while its engine is measured past the relaxed SLO
+    measured: bool = True
     params: Params = DEFAULT
     explore_share: float | None = None  # None: the settings' default (when learning)
     truth: Truth | None = None  # the sims' models instead of the keeper's
@@ -290,6 +295,7 @@ class Router:
         self.next_update = LEARN_INTERVAL
         self.waiting: deque[tuple[Req, Any]] = deque()
         self.refused = 0
+        self.strain = Strain(SLO[0], SLO[1], clock, self.tracker.flights)
 
     def request(self, a: Arrival) -> Any:
         info = RequestInfo(
@@ -310,7 +316,7 @@ class Router:
         out.request = request
         decision = self.decider.decide(request)
         assert decision is not None
-        if decision.reason == "overflow" and self.queue is not None:
+        if decision.reason == "overflow" and self.queue is not None and self._holds(decision):
             if len(self.waiting) >= self.queue[0]:
                 r.refused = True
                 self.refused += 1
@@ -319,6 +325,10 @@ class Router:
             self.waiting.append((r, request))
             return
         self._send(r, decision, engines)
+
+    def _holds(self, decision: Decision) -> bool:
+        """The queue holds it (``router.forward.admission.Admission.holds``)."""
+        return not self.measured or self.strain.strained(decision.backend)
 
     def _send(self, r: Req, decision: Decision, engines: dict[str, Engine]) -> None:
         tracker = self.tracker
@@ -349,6 +359,7 @@ class Router:
         out.finish(self.clock.now)
         lease.release()
         self.keeper.observe(out)
+        self.strain.observe(out)
         self._admit(engines)
 
     def _admit(self, engines: dict[str, Engine]) -> None:
@@ -366,7 +377,7 @@ class Router:
             return
         r, request = self.waiting[-1] if self.lifo else self.waiting[0]
         peek = self.decider.peek(request)
-        if peek is None or peek.reason == "overflow":
+        if peek is None or (peek.reason == "overflow" and self._holds(peek)):
             return
         if self.lifo:
             self.waiting.pop()

@@ -173,6 +173,9 @@ class Variant:
     params: Params = DEFAULT
     queue: tuple[int, float] | None = None
     lifo: bool = False
+    # the queue holds only under measured overload (``router.forward.admission``); False: every
+    # overflowing request (sessions 3-6's queue)
+    measured: bool = True
     # another draw of the engines' randomness (the arrivals and lengths kept): 0 is the
     # family's; the spread over a few is the default's run-to-run noise (``--sim-seed``)
     sim_seed: int = 0
@@ -195,7 +198,7 @@ def run_one(w: Workload, policy: str, variant: Variant) -> dict[str, Any]:
     def make(urls: dict[Pool, list[str]]) -> Router:
         if policy == DEFAULT_POLICY:
             return Router("slo", urls, table, queue=variant.queue, lifo=variant.lifo,
-                          params=variant.params)  # fmt: skip
+                          measured=variant.measured, params=variant.params)  # fmt: skip
         return Router(policy, urls, table)  # type: ignore[arg-type]
 
     started = time.process_time()
@@ -362,22 +365,26 @@ def print_summary(cs: Sequence[Cell], label: str, worst: int = 10) -> None:
         )
 
 
-def parse_set(items: Sequence[str]) -> tuple[Params, tuple[int, float] | None, bool]:
+def parse_set(items: Sequence[str]) -> tuple[Params, tuple[int, float] | None, bool, bool]:
+    """``--set``: Params fields, and ``queue=SIZE,TIMEOUT_S[,lifo][,unmeasured]``."""
     changes: dict[str, float | str] = {}
     queue = None
     lifo = False
+    measured = True
     for item in items:
         name, value = item.split("=", 1)
         if name == "queue":
-            size, timeout, *order = value.split(",")
+            size, timeout, *flags = value.split(",")
             queue = (int(size), float(timeout))
-            lifo = order == ["lifo"]
+            lifo = "lifo" in flags
+            measured = "unmeasured" not in flags
             continue
         if name not in {f.name for f in dataclasses.fields(Params)}:
             raise SystemExit(f"family: no parameter {name!r}")
         current = getattr(DEFAULT, name)
         changes[name] = value if isinstance(current, str) else float(value)
-    return dataclasses.replace(DEFAULT, **changes), queue, lifo  # type: ignore[arg-type]
+    params = dataclasses.replace(DEFAULT, **changes)  # type: ignore[arg-type]
+    return params, queue, lifo, measured
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -386,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first", type=int, default=1, help="the first workload's seed")
     ap.add_argument("--variant", default="default", help="a name for the default policy as run")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="a Params field, or queue=SIZE,TIMEOUT_S")  # fmt: skip
+                    help="a Params field, or queue=SIZE,TIMEOUT_S[,lifo][,unmeasured]")  # fmt: skip
     ap.add_argument(
         "--cache", type=Path, default=ROOT / "bench" / "results" / "policy-family-runs.jsonl"
     )
@@ -399,8 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worst", type=int, default=10)
     ap.add_argument("--summary-only", action="store_true", help="summarize the cache, run nothing")
     args = ap.parse_args(argv)
-    params, queue, lifo = parse_set(args.set)
-    variant = Variant(args.variant, params, queue, lifo, args.sim_seed)
+    params, queue, lifo, measured = parse_set(args.set)
+    variant = Variant(args.variant, params, queue, lifo, measured, args.sim_seed)
     seeds = range(args.first, args.first + args.workloads)
     if args.only:
         seeds = [int(x) for x in args.only.split(",")]  # type: ignore[assignment]

@@ -204,8 +204,13 @@ def cases(ns: argparse.Namespace) -> list[Case]:
 
 
 def router_env(
-    d: Deployment, urls: tuple[str, str], table: Path | None, time_scale: float
+    d: Deployment,
+    urls: tuple[str, str],
+    table: Path | None,
+    time_scale: float,
+    extra: dict[str, str] | None = None,
 ) -> dict[str, str]:
+    """The routers' environment (``extra``: ``--router-env``, on top of the rest)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_ROUTER_")}
     env |= {
         "SPEC_ROUTER_SPECULATIVE_URLS": urls[0],
@@ -222,7 +227,7 @@ def router_env(
         env["SPEC_ROUTER_POLICY"] = d.policy
     if table is not None:
         env["SPEC_ROUTER_TABLE_PATH"] = str(table)
-    return env
+    return env | (extra or {})
 
 
 def scaled_table(src: Path, time_scale: float, dest: Path) -> Path:
@@ -268,7 +273,7 @@ def run_one(d: Deployment, case: Case, ns: argparse.Namespace, tmp: Path, tag: s
     with contextlib.ExitStack() as stack:
         urls = sims(stack, d.sims, ns.time_scale)
         assert len(urls) == 2
-        env = router_env(d, (urls[0], urls[1]), table, ns.time_scale)
+        env = router_env(d, (urls[0], urls[1]), table, ns.time_scale, ns.router_env)
         router = stack.enter_context(
             running(["-m", "router", "serve", "--port", "0"], env, prefix=pinned(0))
         )
@@ -348,6 +353,13 @@ def parse_args() -> argparse.Namespace:
         action="store_false",
         help="leave out the two-of-a-kind deployments (2x baseline, 2x the regime's)",
     )
+    p.add_argument(
+        "--router-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the routers (e.g. SPEC_ROUTER_QUEUE_SIZE=0), repeatable",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "traffic.md")
     p.add_argument("--note", default="", help="a line for the report's header")
     p.add_argument(
@@ -355,6 +367,7 @@ def parse_args() -> argparse.Namespace:
     )
     ns = p.parse_args()
     ns.policies = [x for x in ns.policies.split(",") if x]
+    ns.router_env = dict(item.split("=", 1) for item in ns.router_env)
     if ns.no_table:
         ns.table = None
     elif ns.table is None and ns.regime == "eagle3":

@@ -36,7 +36,7 @@ from router.control.models import list_models
 from router.control.status import readiness, router_status
 from router.decide import table as tables
 from router.fastpath.busypoll import BusyPoll, ShareWatch
-from router.forward.admission import Admission
+from router.forward.admission import Admission, Strain
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
 from router.health.notices import Notices
@@ -47,7 +47,7 @@ from router.learn.keeper import CrossoverKeeper
 from router.members.discovery import Discovery
 from router.members.dns import resolver_for
 from router.members.grace import result_of
-from router.members.member import Member
+from router.members.member import Changes, Member
 from router.members.roster import Roster
 from router.members.store import LocalStore, Store
 from router.members.targets import configured
@@ -165,7 +165,11 @@ class RouterApp:
         slo = (settings.slo_ttft_ms / 1000, settings.slo_tpot_ms / 1000)
         self.metrics = RouterMetrics(self.registry, slo=slo)
         meter = self.metrics.queue_meter() if worker is not None else None
-        self.admission = Admission(settings.queue_size, meter)
+        # the queue holds a request only under measured overload, with capacity steady
+        self.strain = Strain(*slo, clock, self.tracker.flights)
+        self.admission = Admission(
+            settings.queue_size, meter, self.strain, self.capacity_steady, settings.queue_timeout
+        )
         self.state = StateCollector(
             self.tracker,
             self.health,
@@ -186,6 +190,8 @@ class RouterApp:
             self.keeper.observe,
             self.recent.observe,
         ]
+        if settings.queue_size > 0:
+            self.observers.append(self.strain.observe)
         # The fleet planner (router.planning), when on: the leader plans under --workers
         self.planner: FleetPlanner | None = None
         if settings.planner != "off":
@@ -239,11 +245,30 @@ class RouterApp:
             discovery=discovery,
             shared_status=None if worker is None else worker.discovery_status,
         )
+        self.roster.subscribe(self._forget_strain)
         self.roster.sync()  # the configured members join
         self.proxy: Proxy | None = None
         self.busy: BusyPoll | None = None
         self.share: ShareWatch | None = None  # whether the core looks shared (busy polling holds)
         self.control = build_control_app(self)
+
+    def _forget_strain(self, changes: Changes) -> None:
+        for m in changes.removed:
+            self.strain.forget(m.url)
+
+    def capacity_steady(self) -> bool:
+        """Whether the engines' capacity is steady: every member active (none draining) and
+        usable (none loading, down or ejected), and no switch the planner advised under way
+        (draining, restarting or loading). The router's queue holds requests only then:
+        capacity on its way is no reason to answer 503. (An engine ramping in after an
+        ejection takes traffic already: not counted.)"""
+        now = self.clock()
+        health = self.health
+        for url, member in self.roster.members.items():
+            if not member.active or url not in health.states or not health.usable(url, now):
+                return False
+        switch = None if self.planner is None else self.planner.switch
+        return switch is None or switch.phase == "advised"
 
     # -- views and actions for the control endpoints (router.control.controlled.Controlled) ---
     def status(self) -> dict[str, Any]:

@@ -225,10 +225,15 @@ class Settings(BaseSettings):
     crossover: int | None = Field(default=None, ge=0)
     hysteresis: int = Field(default=1, ge=0)
     # A router-side queue (0: none) for requests the slo policy finds no backend can serve
-    # within even the relaxed SLO: they wait here up to QUEUE_TIMEOUT seconds for a request in
-    # flight to end, then get 503; a full queue answers 429. Both with Retry-After.
+    # within even the relaxed SLO, held only under measured overload (router.forward.admission:
+    # the engine is measured past the relaxed SLO, and none is loading, draining or switching;
+    # off by default: over sockets it raised azure-conv 70% and 110% but cost bursty 70% about
+    # 2.5 points on both tiers, bench/results/traffic.md, session 7).
+    # They wait up to QUEUE_TIMEOUT seconds (unset: the request's strict TTFT target, leaving it
+    # twice that within the relaxed TTFT) for a request in flight to end, then get 503; a full
+    # queue answers 429. Both with Retry-After.
     queue_size: int = Field(default=0, ge=0)
-    queue_timeout: Seconds = Field(default=5.0, gt=0)
+    queue_timeout: Seconds | None = Field(default=None, gt=0)
 
     # -- upstream client ----------------------------------------------------------------------
     connect_timeout: Seconds = Field(default=5.0, gt=0)

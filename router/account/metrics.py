@@ -49,6 +49,10 @@ class Queue(Protocol):
     def timed_out(self) -> int: ...
     @property
     def full(self) -> int: ...
+    @property
+    def sent_fine(self) -> int: ...
+    @property
+    def sent_changing(self) -> int: ...
 
 
 # LLM-serving buckets, after vLLM's (TTFT, inter-token and end-to-end latency histograms),
@@ -71,6 +75,12 @@ E2E_BUCKETS = (
 ROUTER_CODES = ("400", "401", "404", "408", "413", "503")
 UPSTREAM_ERROR_CODES = ("500", "502", "503", "504")
 QUEUE_OUTCOMES = ("admitted", "timed_out", "refused_full")
+# Why an overflowing request was sent on without waiting in the queue (label ``why``): its
+# engine's measured latency is within the relaxed SLO, or capacity is loading or switching.
+QUEUE_SENT_ON = {"sent_fine": "measured_fine", "sent_changing": "capacity_changing"}
+SENT_ON_HELP = (
+    "Overflowing requests the router's queue did not hold, by why (router.forward.admission)."
+)
 MAIN_REASONS = (
     "below_crossover",
     "above_crossover",
@@ -251,7 +261,9 @@ class RouterMetrics:
             p + "queue_outcomes", "How requests left the router's queue.", ["outcome"],
             registry=self.registry,
         )  # fmt: skip
+        sent_on = Counter(p + "queue_sent_on", SENT_ON_HELP, ["why"], registry=self.registry)
         children = {kind: outcomes.labels(kind) for kind in QUEUE_OUTCOMES}
+        children |= {kind: sent_on.labels(why) for kind, why in QUEUE_SENT_ON.items()}
 
         def meter(kind: str, delta: int) -> None:
             if kind == "queued":
@@ -518,6 +530,10 @@ class StateCollector(Collector):
         outcomes.add_metric(["timed_out"], a.timed_out)
         outcomes.add_metric(["refused_full"], a.full)
         yield outcomes
+        sent_on = CounterMetricFamily(p + "queue_sent_on", SENT_ON_HELP, labels=["why"])
+        sent_on.add_metric([QUEUE_SENT_ON["sent_fine"]], a.sent_fine)
+        sent_on.add_metric([QUEUE_SENT_ON["sent_changing"]], a.sent_changing)
+        yield sent_on
 
     def _engine(self) -> Iterator[Metric]:
         p = "spec_router_engine_"

@@ -181,7 +181,7 @@ class Proxy:
         lease: Lease | None = None
         left = False
         try:
-            if decision.reason == "overflow" and self.admission.enabled:
+            if decision.reason == "overflow" and self.admission.holds(decision.backend):
                 decision = await self._queue(request, out)
             # released in the finally below; the slo policy sees the request in flight there
             lease = self.tracker.acquire(decision.backend, out if request is not None else None)
@@ -590,17 +590,20 @@ async def wait_in_queue(
     request: Request | None,
     out: Outcome,
     retry_after: int,
-    timeout: float,
+    timeout: float | None,
     loop: asyncio.AbstractEventLoop,
     sync: Callable[[], object] | None = None,
 ) -> Decision:
     """Hold an overflowing request in the router's queue (``Admission``) until a backend can
-    serve it within its SLO; raise ``QueueFull`` (429) or ``NoBackend`` (503) where the router
-    refuses it. The proxy and the gateway's endpoint picker (``router.gateway``) both wait
-    here."""
+    serve it within its SLO or its engine is no longer measured past it; raise ``QueueFull``
+    (429) or ``NoBackend`` (503) where the router refuses it. ``timeout`` None: the request's
+    strict TTFT target. The proxy and the gateway's endpoint picker (``router.gateway``) both
+    wait here."""
     admission.enter(retry_after)
     admitted = False
     out.queued()
+    if timeout is None:
+        timeout = decider.slo_ttft if request is None else request.slo_ttft
     try:
         deadline = loop.time() + timeout
         again = False
@@ -620,7 +623,7 @@ async def wait_in_queue(
             if sync is not None:  # (the pools may have changed while it waited)
                 sync()
             peek = decider.peek(request)
-            if peek is None or peek.reason != "overflow":
+            if peek is None or peek.reason != "overflow" or not admission.still_holds(peek.backend):
                 decision = decider.decide(request)
                 if decision is None:
                     raise NoBackend("no backend can take requests right now", retry_after)

@@ -99,6 +99,9 @@ class EppApp:
             raise SettingsError(str(exc)) from None
         self.config = config if config is not None else EppConfig()
         self.router = router = RouterApp(settings, registry, clock)
+        # the EPP sees no first byte (Envoy's record has the headers' time): no request in flight
+        # is judged late, and the queue holds nothing (router.forward.admission.Strain)
+        router.strain.flights = None
         roster = router.roster
         self.endpoints = Endpoints(router.pools, roster.members)
         roster.subscribe(self.endpoints.applied)

@@ -176,7 +176,7 @@ class Picker:
         decision = decider.decide(request)
         if decision is None:
             raise NoBackend("no backend can take requests right now", retry_after)
-        if decision.reason == "overflow" and self.admission.enabled:
+        if decision.reason == "overflow" and self.admission.holds(decision.backend):
             decision = await wait_in_queue(
                 decider,
                 self.admission,
