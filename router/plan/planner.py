@@ -330,15 +330,18 @@ class _Schedule:
         dt = p.interval
         splits = [(k, n - k) for k in range(n + 1)] + [(k, n - 1 - k) for k in range(n)]
         upper = list(model.fc.upper) + [model.fc.upper[-1]] * tail
-        # each step's value: the requests expected to meet the objective, less those the upper
-        # band puts beyond what the split serves within the SLO (its capacity)
+        point = list(model.fc.point) + [model.fc.point[-1]] * tail
+        # the rate's spread about the series at each step: the band's standard deviation
+        spread = [(u - q) / p.forecast.z for u, q in zip(upper, point, strict=True)]
+        # each step's value: the requests expected to meet the objective, less those expected
+        # beyond what the split serves within the SLO (its capacity), the rate spread as the
+        # band says
         self.v: dict[Split, list[float]] = {}
         for s in splits:
             cap = model.capacity(s)
             self.v[s] = [
-                (model.rate_value(s, r) - p.overload_charge * r * max(0.0, u - cap) / max(u, 1e-9))
-                * dt
-                for r, u in zip(rates, upper, strict=True)
+                (model.rate_value(s, r) - p.overload_charge * _excess(r, sd, cap)) * dt
+                for r, sd in zip(rates, spread, strict=True)
             ]
         self.prefix = {s: _prefix(v) for s, v in self.v.items()}
         self.volume = max(sum(rates) * dt, 1e-9)  # requests expected over the horizon
@@ -406,6 +409,19 @@ class _Schedule:
             t += self.restart[mode]
             out.append((t - self.restart[mode], mode, (k, self.n - k)))
         return out
+
+
+def _excess(mean: float, sd: float, cap: float) -> float:
+    """Expected requests per second past ``cap`` of a rate normally spread (``mean``,
+    ``sd``): ``E[max(0, R - cap)]``."""
+    if sd <= 0:
+        return max(0.0, mean - cap)
+    d = (mean - cap) / sd
+    return (mean - cap) * _phi_cdf(d) + sd * math.exp(-0.5 * d * d) / math.sqrt(2 * math.pi)
+
+
+def _phi_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
 
 
 def _lower(fc: Forecast) -> tuple[float, ...]:
