@@ -22,7 +22,7 @@ from router.plan import (
     steady_split,
     steps_since,
 )
-from router.plan.planner import Status
+from router.plan.planner import Status, _excess
 from router.pools import BASELINE, SPECULATIVE, Pool
 from tests.plan.fixtures import BASE, CHAINED, MIX, SEED, fleet
 from tests.plan.steps import within
@@ -305,3 +305,24 @@ def test_rounds_a_little_late_each_keep_the_forecasts_steps_to_the_clock() -> No
         total += steps if i else 0
         state = state._replace(observed=observed)
     assert total == pytest.approx(110, abs=1)
+
+
+@PROPERTY
+@given(mean=st.floats(0.0, 50.0), sd=st.floats(0.0, 20.0), cap=st.floats(0.0, 50.0),
+       more=st.floats(0.0, 10.0))  # fmt: skip
+def test_the_overload_charged_is_the_expected_excess_under_the_band(
+    mean: float, sd: float, cap: float, more: float
+) -> None:
+    got = _excess(mean, sd, cap)
+    # at least the excess of the mean (the loss is convex in the rate), at most the mean's
+    # excess plus the spread's mean deviation; none without spread below the capacity
+    assert got >= max(0.0, mean - cap) - 1e-9
+    assert got <= max(0.0, mean - cap) + sd * 0.3990 + 1e-9
+    assert _excess(mean, sd + more, cap) >= got - 1e-9  # wider spread, no less expected
+    assert _excess(mean, 0.0, cap) == max(0.0, mean - cap)
+
+
+def test_a_band_just_past_capacity_is_charged_its_expected_excess_not_its_top() -> None:
+    # point 11.7, band top 14.0 (z = 2), capacity 12.25: the top's excess is 1.75/s; the
+    # expected one a quarter of a request a second
+    assert _excess(11.73, (14.01 - 11.73) / 2, 12.25) == pytest.approx(0.24, abs=0.01)
