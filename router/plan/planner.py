@@ -330,19 +330,21 @@ class _Schedule:
         dt = p.interval
         splits = [(k, n - k) for k in range(n + 1)] + [(k, n - 1 - k) for k in range(n)]
         upper = list(model.fc.upper) + [model.fc.upper[-1]] * tail
-        point = list(model.fc.point) + [model.fc.point[-1]] * tail
-        # the rate's spread about the series at each step: the band's standard deviation
-        spread = [(u - q) / p.forecast.z for u, q in zip(upper, point, strict=True)]
-        # each step's value: the requests expected to meet the objective, less those expected
-        # beyond what the split serves within the SLO (its capacity), the rate spread as the
-        # band says
+        # each step's value: the requests expected to meet the objective, less the share of
+        # them the band's top puts beyond what the split serves within the SLO (its capacity):
+        # the top of where the rate may go, in expectation over how well today's level is known
+        # (with a few arrivals a window that is most of the band, and at its top the charge
+        # alone moved fleets an hour before a peak that never came near their capacity)
+        tops = _tops(model.fc, p.forecast.z)
+        tops += [tops[-1]] * tail
         self.v: dict[Split, list[float]] = {}
         for s in splits:
             cap = model.capacity(s)
             self.v[s] = [
-                (model.rate_value(s, r) - p.overload_charge * _excess(r, sd, cap)) * dt
-                for r, sd in zip(rates, spread, strict=True)
-            ]
+                (model.rate_value(s, r)
+                 - p.overload_charge * r * _excess(top, sd, cap) / max(top, 1e-9)) * dt
+                for r, (top, sd) in zip(rates, tops, strict=True)
+            ]  # fmt: skip
         self.prefix = {s: _prefix(v) for s, v in self.v.items()}
         self.volume = max(sum(rates) * dt, 1e-9)  # requests expected over the horizon
         # hysteresis: every switch in a schedule pays this besides its restart's loss
@@ -409,6 +411,18 @@ class _Schedule:
             t += self.restart[mode]
             out.append((t - self.restart[mode], mode, (k, self.n - k)))
         return out
+
+
+def _tops(fc: Forecast, z: float) -> list[tuple[float, float]]:
+    """Each step's band top without the level's count noise, and that noise's standard
+    deviation: the band is ``point + z * sqrt(move**2 + known**2)``."""
+    known = fc.known or (0.0,) * len(fc.point)
+    out = []
+    for q, u, k in zip(fc.point, fc.upper, known, strict=True):
+        sd = (u - q) / z if z > 0 else 0.0
+        k = min(k, sd)
+        out.append((q + z * math.sqrt(max(0.0, sd * sd - k * k)), k))
+    return out
 
 
 def _excess(mean: float, sd: float, cap: float) -> float:
