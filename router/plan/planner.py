@@ -557,8 +557,9 @@ def _blocked(
     else:
         if gain <= params.margin_speculative:
             return f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_speculative:.2f}"
-        if gain_upper <= 0:
-            return f"gain {100 * gain_upper:+.2f} pt at the upper band"
+        if gain_upper <= params.margin_speculative:
+            return (f"gain {100 * gain_upper:+.2f} pt <= margin "
+                    f"{100 * params.margin_speculative:.2f} at the upper band")  # fmt: skip
         wait = params.dwell_to_speculative
     if state.direction not in (None, mode) and since < wait:
         return f"reversal: {since:.0f} of {wait:.0f} s since the last switch"
