@@ -44,6 +44,7 @@ PER_HOUR_SLACK = 0.03  # the must-show: every hour >= the better pure fleet minu
 Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
+    ("bandcharge", "overload charged at the band's top"),
     ("plainscale", "seasonal scale not shrunk by its count noise"),
     ("spillmodel", "spillover model"),
     ("thread", "plan in the router's thread"),
@@ -187,8 +188,12 @@ def intro(meta: Doc) -> list[str]:
         "spill threshold), the plan computed in the router's worker process "
         "(`router.planning.worker`) on curves and a mix it replaces at most once per 30 "
         "plans (and 30 planner minutes), its forecast counting the intervals a late plan "
-        "missed, and (eagle3-chain and eagle3-tree) today's seasonal scale against yesterday "
-        "shrunk towards 1 by the count noise of the window it is read from; *seasonal scale "
+        "missed, today's seasonal scale against yesterday shrunk towards 1 by the count "
+        "noise of the window it is read from, the overload past a split's capacity charged in "
+        "expectation over that count noise (not at the band's top), and a move towards "
+        "speculation made only if it gains the margin at the upper band too (eagle3-chain's "
+        "first run: without that last rule); *overload charged at the band's top*: the runs "
+        "before that; *seasonal scale "
         "not shrunk*: the runs before that (a window of ~14 arrivals read the morning at "
         "twice yesterday's and the forecast doubled the day's peak); "
         "*forecast one step a plan*: the runs before those (a cold plan took ~30 "

@@ -103,6 +103,9 @@ class Forecast(NamedTuple):
     step: float  # seconds between points
     point: tuple[float, ...]  # expected rate 1, 2, ... steps ahead
     upper: tuple[float, ...]  # the band's top
+    # of the band's standard deviation, the part that is the level's count noise (how well
+    # today's rate is known now, as against where it is going); none if not given
+    known: tuple[float, ...] = ()
 
     def peak(self, seconds: float, upper: bool = True) -> float:
         """The highest rate expected within ``seconds`` from now (at least the first step)."""
@@ -207,7 +210,7 @@ def _observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams)
 
 def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) -> Forecast:
     """``steps`` points ``step`` seconds apart."""
-    point, upper = [], []
+    point, upper, level_sd = [], [], []
     drift = 0.0
     grow = 1.0
     damp = 1.0
@@ -234,16 +237,16 @@ def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) 
         if shape:
             ratio = shape[min(i, len(shape) - 1)] / base
             mean = now * ratio
-            sd = math.sqrt(
-                process * grow + known * (ratio * shrink) ** 2 + burst
-            )  # the level scales the day (as far as it is believed)
+            of_level = known * (ratio * shrink) ** 2  # the level scales the day (as believed)
         else:
             mean = max(0.0, state.level + drift)
-            sd = math.sqrt(process * grow + known + burst)
+            of_level = known
+        sd = math.sqrt(process * grow + of_level + burst)
         grow += p.alpha**2
         point.append(mean)
         upper.append(max(mean, mean + p.z * sd))
-    return Forecast(step, tuple(point), tuple(upper))
+        level_sd.append(math.sqrt(of_level))
+    return Forecast(step, tuple(point), tuple(upper), tuple(level_sd))
 
 
 def _shrink(now: float, base: float, known: float, p: ForecastParams) -> float:

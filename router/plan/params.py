@@ -38,7 +38,7 @@ class Params(NamedTuple):
     dwell_to_speculative: float = 1800.0
     dwell_to_baseline: float = 600.0
     # Least expected gain, in points of the objective over the horizon's requests, to switch
-    # towards baseline / towards speculation (which must also not lose under the upper band).
+    # towards baseline / towards speculation (which must also gain it under the upper band).
     # Above the model's noise between neighbouring splits (a few tenths of a point; the lab's
     # flat loads) so a flat load never switches; larger towards speculation (the asymmetry).
     margin_baseline: float = 0.005
@@ -70,6 +70,8 @@ class Params(NamedTuple):
     # Each schedule step also loses this share of the upper band's load past the split's SLO
     # capacity (the floor_share rate), besides what the model expects at the point forecast: a
     # risk charge that keeps capacity ahead of the band and starts slow paths of switches early.
+    # The part of the band that is the level's count noise is taken in expectation, not at its
+    # top (over sockets, a window of a few arrivals made it most of the band).
     overload_charge: float = 1.0
     # The model's mix is replaced by the observed one when their means or sampling shares drift
     # apart by more than this (relative / absolute): the model's cached tables stay valid

@@ -330,16 +330,21 @@ class _Schedule:
         dt = p.interval
         splits = [(k, n - k) for k in range(n + 1)] + [(k, n - 1 - k) for k in range(n)]
         upper = list(model.fc.upper) + [model.fc.upper[-1]] * tail
-        # each step's value: the requests expected to meet the objective, less those the upper
-        # band puts beyond what the split serves within the SLO (its capacity)
+        # each step's value: the requests expected to meet the objective, less the share of
+        # them the band's top puts beyond what the split serves within the SLO (its capacity):
+        # the top of where the rate may go, in expectation over how well today's level is known
+        # (with a few arrivals a window that is most of the band, and at its top the charge
+        # alone moved fleets an hour before a peak that never came near their capacity)
+        tops = _tops(model.fc, p.forecast.z)
+        tops += [tops[-1]] * tail
         self.v: dict[Split, list[float]] = {}
         for s in splits:
             cap = model.capacity(s)
             self.v[s] = [
-                (model.rate_value(s, r) - p.overload_charge * r * max(0.0, u - cap) / max(u, 1e-9))
-                * dt
-                for r, u in zip(rates, upper, strict=True)
-            ]
+                (model.rate_value(s, r)
+                 - p.overload_charge * r * _excess(top, sd, cap) / max(top, 1e-9)) * dt
+                for r, (top, sd) in zip(rates, tops, strict=True)
+            ]  # fmt: skip
         self.prefix = {s: _prefix(v) for s, v in self.v.items()}
         self.volume = max(sum(rates) * dt, 1e-9)  # requests expected over the horizon
         # hysteresis: every switch in a schedule pays this besides its restart's loss
@@ -406,6 +411,31 @@ class _Schedule:
             t += self.restart[mode]
             out.append((t - self.restart[mode], mode, (k, self.n - k)))
         return out
+
+
+def _tops(fc: Forecast, z: float) -> list[tuple[float, float]]:
+    """Each step's band top without the level's count noise, and that noise's standard
+    deviation: the band is ``point + z * sqrt(move**2 + known**2)``."""
+    known = fc.known or (0.0,) * len(fc.point)
+    out = []
+    for q, u, k in zip(fc.point, fc.upper, known, strict=True):
+        sd = (u - q) / z if z > 0 else 0.0
+        k = min(k, sd)
+        out.append((q + z * math.sqrt(max(0.0, sd * sd - k * k)), k))
+    return out
+
+
+def _excess(mean: float, sd: float, cap: float) -> float:
+    """Expected requests per second past ``cap`` of a rate normally spread (``mean``,
+    ``sd``): ``E[max(0, R - cap)]``."""
+    if sd <= 0:
+        return max(0.0, mean - cap)
+    d = (mean - cap) / sd
+    return (mean - cap) * _phi_cdf(d) + sd * math.exp(-0.5 * d * d) / math.sqrt(2 * math.pi)
+
+
+def _phi_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
 
 
 def _lower(fc: Forecast) -> tuple[float, ...]:
@@ -527,8 +557,9 @@ def _blocked(
     else:
         if gain <= params.margin_speculative:
             return f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_speculative:.2f}"
-        if gain_upper <= 0:
-            return f"gain {100 * gain_upper:+.2f} pt at the upper band"
+        if gain_upper <= params.margin_speculative:
+            return (f"gain {100 * gain_upper:+.2f} pt <= margin "
+                    f"{100 * params.margin_speculative:.2f} at the upper band")  # fmt: skip
         wait = params.dwell_to_speculative
     if state.direction not in (None, mode) and since < wait:
         return f"reversal: {since:.0f} of {wait:.0f} s since the last switch"

@@ -22,7 +22,8 @@ from router.plan import (
     steady_split,
     steps_since,
 )
-from router.plan.planner import Status
+from router.plan.forecast import Forecast
+from router.plan.planner import Status, _excess, _tops
 from router.pools import BASELINE, SPECULATIVE, Pool
 from tests.plan.fixtures import BASE, CHAINED, MIX, SEED, fleet
 from tests.plan.steps import within
@@ -305,3 +306,51 @@ def test_rounds_a_little_late_each_keep_the_forecasts_steps_to_the_clock() -> No
         total += steps if i else 0
         state = state._replace(observed=observed)
     assert total == pytest.approx(110, abs=1)
+
+
+@PROPERTY
+@given(mean=st.floats(0.0, 50.0), sd=st.floats(0.0, 20.0), cap=st.floats(0.0, 50.0),
+       more=st.floats(0.0, 10.0))  # fmt: skip
+def test_the_expected_excess_is_no_less_than_the_means_nor_more_than_its_spread_adds(
+    mean: float, sd: float, cap: float, more: float
+) -> None:
+    got = _excess(mean, sd, cap)
+    # the loss past capacity is convex in the rate: at least the mean's excess, and at most
+    # that plus the spread's mean deviation above (sd / sqrt(2 pi))
+    assert got >= max(0.0, mean - cap) - 1e-9
+    assert got <= max(0.0, mean - cap) + sd * 0.3990 + 1e-9
+    assert _excess(mean, sd + more, cap) >= got - 1e-9  # wider spread, no less expected
+    assert _excess(mean, 0.0, cap) == max(0.0, mean - cap)
+
+
+@PROPERTY
+@given(
+    rows=st.lists(st.tuples(st.floats(0.0, 30.0), st.floats(0.0, 10.0), st.floats(0.0, 1.0)),
+                  min_size=1, max_size=20),
+    z=st.floats(0.5, 3.0),
+)  # fmt: skip
+def test_the_charges_band_top_leaves_out_only_the_levels_count_noise(
+    rows: list[tuple[float, float, float]], z: float
+) -> None:
+    point = tuple(q for q, _, _ in rows)
+    upper = tuple(q + w for q, w, _ in rows)
+    known = tuple(share * w / z for _, w, share in rows)  # a share of the band's deviation
+    plain = _tops(Forecast(60.0, point, upper), z)
+    assert [top for top, _ in plain] == pytest.approx(list(upper))  # none given: the top
+    assert all(k == 0.0 for _, k in plain)
+    for (top, k), q, u, kn in zip(_tops(Forecast(60.0, point, upper, known), z), point, upper,
+                                  known, strict=True):  # fmt: skip
+        assert q - 1e-9 <= top <= u + 1e-9
+        assert k == pytest.approx(kn)
+        # the two parts add up to the band in quadrature
+        assert (top - q) ** 2 + (z * k) ** 2 == pytest.approx((u - q) ** 2, abs=1e-6)
+
+
+def test_a_band_of_count_noise_past_capacity_is_charged_its_expected_excess_not_its_top() -> None:
+    # over sockets at 4+0 (eagle3-chain): point 11.7, band top 14.0, of it the level's count
+    # noise all but the floor's (z = 2): capacity 12.25. At its top the band put 1.76/s past
+    # capacity; in expectation over the count noise about 40% of that
+    fc = Forecast(60.0, (11.73,), (14.01,), (1.02,))
+    ((top, k),) = _tops(fc, 2.0)
+    assert top < 13.0 and k == pytest.approx(1.02)
+    assert _excess(top, k, 12.25) < 0.45 * (14.01 - 12.25)
