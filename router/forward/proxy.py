@@ -231,7 +231,6 @@ class Proxy:
             request,
             out,
             self.settings.retry_after(),
-            self.settings.queue_timeout,
             self.loop,
             self.sync,
         )
@@ -590,18 +589,18 @@ async def wait_in_queue(
     request: Request | None,
     out: Outcome,
     retry_after: int,
-    timeout: float | None,
     loop: asyncio.AbstractEventLoop,
     sync: Callable[[], object] | None = None,
 ) -> Decision:
     """Hold an overflowing request in the router's queue (``Admission``) until a backend can
     serve it within its SLO or its engine is no longer measured past it; raise ``QueueFull``
-    (429) or ``NoBackend`` (503) where the router refuses it. ``timeout`` None: the request's
-    strict TTFT target. The proxy and the gateway's endpoint picker (``router.gateway``) both
-    wait here."""
+    (429) or ``NoBackend`` (503) where the router refuses it. Its deadline is the admission's
+    ``timeout`` (None: the request's strict TTFT target). The proxy and the gateway's endpoint
+    picker (``router.gateway``) both wait here."""
     admission.enter(retry_after)
     admitted = False
     out.queued()
+    timeout = admission.timeout
     if timeout is None:
         timeout = decider.slo_ttft if request is None else request.slo_ttft
     try:

@@ -183,7 +183,6 @@ class Picker:
                 request,
                 out,
                 retry_after,
-                self.settings.queue_timeout,
                 asyncio.get_running_loop(),
             )
         if decision.backend in excluded:
