@@ -20,6 +20,7 @@ from router.plan.planner import (
     Plan,
     PlanState,
     Setting,
+    observe_round,
     plan,
     steady_split,
     steps_since,
@@ -52,6 +53,7 @@ __all__ = [
     "slo_capacity",
     "spill_threshold",
     "split_goodput",
+    "observe_round",
     "steady_split",
     "steps_since",
 ]

@@ -151,6 +151,19 @@ def steps_since(state: PlanState, now: float, interval: float) -> tuple[int, flo
     return steps, reached
 
 
+def observe_round(
+    state: PlanState, now: float, rate: float, seconds: float, params: Params
+) -> tuple[Holt, float]:
+    """The forecast after a round's observation, ``rate`` over the last ``seconds``, and the
+    clock it reaches (the next ``PlanState.observed``): it stands for the intervals since the
+    last one (``steps_since``), and its window spans ``seconds / interval`` of them (their
+    overlap, ``forecast.observe``). Every round takes one, planned or not."""
+    steps, observed = steps_since(state, now, params.interval)
+    interval = params.interval
+    overlap = max(1.0, seconds / interval) if interval > 0 else 1.0
+    return observe(state.holt, rate, seconds, params.forecast, steps, overlap), observed
+
+
 class Plan(NamedTuple):
     desired: int  # engines that should run speculative, of ``engines``
     current: int  # speculative engines up or loading into speculative
@@ -199,10 +212,7 @@ def plan(
         raise ValueError("engine names must be unique")
     if obs.seconds <= 0 or obs.arrivals < 0:
         raise ValueError("need seconds > 0 and arrivals >= 0")
-    steps, observed = steps_since(state, obs.now, params.interval)
-    overlap = max(1.0, obs.seconds / params.interval) if params.interval > 0 else 1.0
-    holt = observe(state.holt, obs.arrivals / obs.seconds, obs.seconds, params.forecast, steps,
-                   overlap)  # fmt: skip
+    holt, observed = observe_round(state, obs.now, obs.arrivals / obs.seconds, obs.seconds, params)
     mix = state.mix
     if mix is None or not obs.mix.close_to(mix, params.mix_tolerance):
         mix = obs.mix

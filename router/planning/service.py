@@ -53,9 +53,8 @@ from router.plan import (
     Slo,
     curve_of,
     mix_of,
-    observe,
+    observe_round,
     plan,
-    steps_since,
 )
 from router.plan.values import CurveLike
 from router.planning.fleet import (
@@ -250,10 +249,7 @@ def decide(r: Round) -> Outcome:
         obs = Observation(r.now, est.arrivals, est.seconds, r.mix)
         p = plan(obs, r.setting, r.fleet, r.state, r.params)
         return "planning", p, p.state
-    steps, observed = steps_since(r.state, r.now, r.params.interval)
-    est, interval = r.estimate, r.params.interval
-    overlap = max(1.0, est.seconds / interval) if interval > 0 else 1.0
-    holt = observe(r.state.holt, est.rate, est.seconds, r.params.forecast, steps, overlap)
+    holt, observed = observe_round(r.state, r.now, r.estimate.rate, r.estimate.seconds, r.params)
     return status, None, r.state._replace(holt=holt, observed=observed)
 
 
