@@ -343,13 +343,12 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         _, _, n, cap, own, first, harm, _ = pick
         if n > cap.strict[c] or own + harm > tpot or first > ttft:
             continue
-        row = cap.tpot[c]
-        table = row[n] if n < len(row) else row[-1]
+        table = _tpot_at(cap, c, n)
         cost = own + (n - 1) * harm
         if (own if own > table else table) + harm > headroom:
             cost += CLOSE  # (after every engine with headroom; a plain float: no allocation)
         elif n > 1:
-            before = row[n - 1] if n - 1 < len(row) else row[-1]
+            before = _tpot_at(cap, c, n - 1)
             if table > before:
                 cost += (n - 1) * (table - before)
         if cost < best_cost:
