@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -137,15 +137,11 @@ async def test_overflow_waits_and_is_admitted_when_a_backend_frees(router: Proc)
 
 
 async def test_the_deadline_answers_503_and_gives_the_place_back(router: Proc) -> None:
-    async with AsyncExitStack() as stack:
-        client = await stack.enter_async_context(httpx.AsyncClient(base_url=router.url, timeout=30))
-        held = await hold_the_speculative_engine(stack, client)
-        r = await client.post("/v1/chat/completions", json=chat(8), headers=TIGHT)
+    async with an_overflow(router) as (client, r):
         assert_refusal(r, 503, "no_backend_available")
         doc = await status(client)
         assert doc["queue"]["queued"] == 0 and doc["queue"]["timed_out"] == 1
         assert doc["in_flight"]["total"] == 1  # the held stream alone
-        del held
 
 
 async def test_a_client_that_leaves_while_queued_gives_its_place_back(router: Proc) -> None:
@@ -185,17 +181,13 @@ async def test_an_engine_not_measured_past_the_slo_is_never_queued_against(
     # (nothing served there yet): the table says it is full, nothing measured says so: the
     # request goes on at once
     router = queue_router(own_sims, start_router, tmp_path)
-    async with AsyncExitStack() as stack:
-        client = await stack.enter_async_context(httpx.AsyncClient(base_url=router.url, timeout=30))
-        held = await hold_the_speculative_engine(stack, client)
-        r = await client.post("/v1/chat/completions", json=chat(8), headers=TIGHT)
+    async with an_overflow(router) as (client, r):
         assert r.status_code == 200 and r.headers["x-spec-router-reason"] == "overflow"
         doc = (await status(client))["queue"]
         assert doc["sent_fine"] == 1 and doc["sent_changing"] == 0 and doc["steady"] is True
         assert doc["queued"] == doc["admitted"] == doc["timed_out"] == doc["refused_full"] == 0
         metrics = (await client.get("/metrics")).text
         assert metric_value(metrics, "spec_router_queue_sent_on_total", why="measured_fine") == 1
-        del held
 
 
 async def test_while_an_engine_is_down_nothing_is_held(
@@ -207,10 +199,7 @@ async def test_while_an_engine_is_down_nothing_is_held(
     both = f"{own_sims['speculative'].url},http://127.0.0.1:9"
     router = queue_router(own_sims, start_router, tmp_path, speculative_urls=both)
     strain_the_baseline(router, own_sims["baseline"].url)
-    async with AsyncExitStack() as stack:
-        client = await stack.enter_async_context(httpx.AsyncClient(base_url=router.url, timeout=30))
-        held = await hold_the_speculative_engine(stack, client)
-        r = await client.post("/v1/chat/completions", json=chat(8), headers=TIGHT)
+    async with an_overflow(router) as (client, r):
         assert r.status_code == 200 and r.headers["x-spec-router-reason"] == "overflow"
         doc = (await status(client))["queue"]
         assert doc["steady"] is False
@@ -219,7 +208,6 @@ async def test_while_an_engine_is_down_nothing_is_held(
         assert (
             metric_value(metrics, "spec_router_queue_sent_on_total", why="capacity_changing") == 1
         )
-        del held
 
 
 async def hold_the_speculative_engine(
@@ -234,6 +222,21 @@ async def hold_the_speculative_engine(
     chunks = held.aiter_raw()
     await anext(chunks)  # started
     return chunks
+
+
+@asynccontextmanager
+async def an_overflow(
+    router: Proc,
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.Response]]:
+    """A short TIGHT request sent while a long stream holds the speculative engine (so no
+    engine has room for it within the relaxed SLO): the client and its answer, the stream
+    still open inside the block."""
+    async with AsyncExitStack() as stack:
+        client = await stack.enter_async_context(httpx.AsyncClient(base_url=router.url, timeout=30))
+        held = await hold_the_speculative_engine(stack, client)
+        r = await client.post("/v1/chat/completions", json=chat(8), headers=TIGHT)
+        yield client, r
+        del held
 
 
 async def status(client: httpx.AsyncClient) -> dict[str, Any]:
