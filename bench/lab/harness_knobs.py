@@ -15,7 +15,11 @@ A variant is ``NAME:knob=value,knob=value``; the knobs (default: tail.py's own c
 - ``env``: router settings, ``K=V`` joined by ``+`` (``SPEC_ROUTER_POLICY=spillover``);
 - ``backend``: ``tail`` (bench-independent/fake_backend.py) or ``ours`` (bench/fake_backend.py);
 - ``loadgen``: ``tail`` (bench-independent/loadgen.py: 5,120 requests after ``warmup``
-  requests) or ``ours`` (bench/loadgen_raw.py: ``duration`` seconds after ``warmup`` seconds);
+  requests), ``tail_keep`` (the same with its keep-alive read fixed, see ``keeping_loadgen``:
+  one connection per client for the whole run) or ``ours`` (bench/loadgen_raw.py: ``duration``
+  seconds after ``warmup`` seconds);
+- ``tokens``: chunks per stream for tail's load generators (default 20; the fake backend sends
+  one per requested token), e.g. 1 to weigh a request's own cost against its chunks';
 - ``warmup``: see ``loadgen`` (default 256 requests, tail.py's, or 1 s for ``ours``);
 - ``ref``: a checkout whose router runs (its own ``router`` package first on the path);
 - ``newconn``: ``ours`` opens a new connection per request, as tail's load generator does (it
@@ -182,11 +186,13 @@ class Variant:
     warmup: float | None = None
     ref: Path | None = None
     newconn: bool = False
+    tokens: int = 20
 
     @property
     def gen(self) -> str:
         """The load generator, as ``_load`` and the nginx references name it."""
-        return self.loadgen + ("+new" if self.newconn else "")
+        gen = self.loadgen + ("+new" if self.newconn else "")
+        return gen if self.tokens == 20 else f"{gen}@{self.tokens}"
 
     @classmethod
     def parse(cls, text: str) -> Variant:
@@ -204,6 +210,8 @@ class Variant:
                 v.newconn = value not in ("", "0", "no", "false")
             elif key == "ref":
                 v.ref = Path(value).resolve()
+            elif key == "tokens":
+                v.tokens = int(value)
             elif key in ("server", "backend", "loadgen"):
                 setattr(v, key, value)
             else:
@@ -264,11 +272,13 @@ def _accounted(
 def _load(
     kind: str, port: int, pid: int, warmup: float | None, args: argparse.Namespace
 ) -> dict[str, Any]:
-    if kind == "tail":
+    kind, _, tokens = kind.partition("@")
+    if kind in ("tail", "tail_keep"):
         requests = int(warmup if warmup is not None else args.concurrency)
-        cmd = [PY, str(TAIL / "loadgen.py"), "--target", f"127.0.0.1:{port}",
+        gen = TAIL / "loadgen.py" if kind == "tail" else keeping_loadgen()
+        cmd = [PY, str(gen), "--target", f"127.0.0.1:{port}",
                "-c", str(args.concurrency), "-n", str(args.requests), "--warmup", str(requests),
-               "--max-seconds", "60", "--max-tokens", "20", "--stream",
+               "--max-seconds", "60", "--max-tokens", tokens or "20", "--stream",
                "--watch-pids", str(pid)]  # fmt: skip
         r = subprocess.run(pinned(LOAD_CPU, cmd), capture_output=True, text=True, timeout=180)
         if r.returncode:
@@ -299,6 +309,32 @@ def _load(
         "cpu_ms": cores / out["rps"] * 1000 if out["rps"] else None,
         "errors": out["errors"],
     }
+
+
+# tail's load generator asks httptools' parser whether to keep the connection only after
+# ``feed_data`` returned, when llhttp has already reset the message's flags (True inside
+# ``on_message_complete``, False after), so it reconnects after every response; the fix reads it
+# inside the callback. Applied to a copy, word for word, or not at all.
+_KEEP_FROM = (
+    "        self.tend = pc()\n",
+    "self.events, self.parser.should_keep_alive()",
+)
+_KEEP_TO = (
+    "        self.tend = pc()\n        self.keep = self.parser.should_keep_alive()\n",
+    "self.events, self.keep",
+)
+
+
+def keeping_loadgen() -> Path:
+    """A copy of tail's loadgen.py that keeps its connections (see ``_KEEP_FROM``)."""
+    text = (TAIL / "loadgen.py").read_text()
+    for old, new in zip(_KEEP_FROM, _KEEP_TO, strict=True):
+        if text.count(old) != 1:
+            raise SystemExit(f"tail's loadgen.py changed: the keep-alive fix ({old!r}) fails")
+        text = text.replace(old, new)
+    path = Path(tempfile.gettempdir()) / "harness_knobs_loadgen_keep.py"
+    path.write_text(text)
+    return path
 
 
 def run_router(v: Variant, b: Backends, args: argparse.Namespace) -> dict[str, Any]:
