@@ -10,7 +10,9 @@ for each (backend, load generator) pair the variants use.
 A variant is ``NAME:knob=value,knob=value``; the knobs (default: tail.py's own choice):
 
 - ``server``: ``uvicorn`` (``uvicorn router.app:app --log-level warning --no-access-log``, the
-  README's command and tail.py's) or ``serve`` (``python -m router serve``, bench/overhead.py's);
+  README's command and tail.py's), ``serve`` (``python -m router serve``, bench/overhead.py's)
+  or ``candidate/NAME`` (bench/candidates/NAME.py, e.g. ``http_floor`` or ``router_callbacks``,
+  in front of the first backend alone);
 - ``table``: a calibrated table to start from (default tail.py's table.json; ``none``: none);
 - ``env``: router settings, ``K=V`` joined by ``+`` (``SPEC_ROUTER_POLICY=spillover``);
 - ``backend``: ``tail`` (bench-independent/fake_backend.py) or ``ours`` (bench/fake_backend.py);
@@ -353,6 +355,10 @@ def run_router(v: Variant, b: Backends, args: argparse.Namespace) -> dict[str, A
     if v.server == "uvicorn":
         cmd = [str(BIN / "uvicorn"), "router.app:app", "--host", "127.0.0.1", "--port", str(port),
                "--log-level", "warning", "--no-access-log"]  # fmt: skip
+    elif v.server.startswith("candidate/"):
+        script = ROOT / "bench" / "candidates" / f"{v.server.split('/', 1)[1]}.py"
+        upstream = f"http://127.0.0.1:{b.ports[0]}"
+        cmd = [PY, str(script), "--upstream", upstream, "--host", "127.0.0.1", "--port", str(port)]
     else:
         cmd = [PY, "-m", "router", "serve", "--host", "127.0.0.1", "--port", str(port)]
     try:
