@@ -365,6 +365,65 @@ def print_summary(cs: Sequence[Cell], label: str, worst: int = 10) -> None:
         )
 
 
+def reaches(row: dict[str, Any], c: Cell, points: float) -> bool:
+    """``row`` is within ``points`` of the best simple policy's strict and relaxed goodput."""
+    gap = points / 100
+    return bool(row["strict"] >= c.best_strict - gap and row["relaxed"] >= c.best_relaxed - gap)
+
+
+def print_cells(
+    cs: Sequence[Cell], rows: dict[tuple[int, str, str], dict[str, Any]], worst: int
+) -> None:
+    """Every simple policy's strict and relaxed goodput in the ``worst`` cells, and each losing
+    cell's kind: *dominated* (a simple policy at least as good on both goodputs and 2 points
+    better on one), *reachable* (a simple policy within 2 points of both bests) or a *trade*
+    (none is: the best strict and the best relaxed come from different policies); then, with
+    hindsight over every run in the cache (the simple policies and every variant of the
+    default), the cells no run reaches within 2 and within 5 points on both."""
+
+    def simple(c: Cell) -> list[dict[str, Any]]:
+        return [rows[(c.workload.seed, p, "")] for p in SIMPLE]
+
+    def kind(c: Cell) -> str:
+        if any(
+            s["strict"] >= c.strict
+            and s["relaxed"] >= c.relaxed
+            and max(s["strict"] - c.strict, s["relaxed"] - c.relaxed) > 0.02
+            for s in simple(c)
+        ):
+            return "dominated"
+        return "reachable" if any(reaches(s, c, 2) for s in simple(c)) else "trade"
+
+    losing = [c for c in cs if c.worst < -2]
+    kinds = [kind(c) for c in losing]
+    trades = sum(1 for c in cs if not any(reaches(s, c, 2) for s in simple(c)))
+    print(
+        f"cells more than 2 points behind: {len(losing)}: dominated {kinds.count('dominated')}, "
+        f"reachable by one simple policy {kinds.count('reachable')}, trade {kinds.count('trade')}; "
+        f"of all {len(cs)}, no simple policy within 2 points of both bests: {trades}"
+    )
+    for c in sorted(cs, key=lambda c: c.worst)[:worst]:
+        each = " ".join(
+            f"{s['policy'][:4]} {100 * s['strict']:4.1f}/{100 * s['relaxed']:5.1f}"
+            for s in simple(c)
+        )
+        print(
+            f"  {c.workload.name}: default {100 * c.strict:4.1f}/{100 * c.relaxed:5.1f} "
+            f"({c.d_strict:+.1f}/{c.d_relaxed:+.1f}); {each}; {kind(c) if c.worst < -2 else 'ok'}"
+        )
+    by_seed: dict[int, list[dict[str, Any]]] = {}
+    for (seed, _, _), row in rows.items():
+        by_seed.setdefault(seed, []).append(row)
+    runs = {len(v) for v in by_seed.values()}
+    for points in (2, 5):
+        missed = [c for c in cs if not any(reaches(r, c, points) for r in by_seed[c.workload.seed])]
+        print(
+            f"hindsight, the best of every run in the cache per workload ({min(runs)}-{max(runs)} "
+            f"runs each): within {points} points on both on {len(cs) - len(missed)} of {len(cs)}; "
+            f"none on: {' '.join(f'#{c.workload.seed}' for c in missed)}"
+        )
+
+
 def parse_set(items: Sequence[str]) -> tuple[Params, tuple[int, float] | None, bool, bool]:
     """``--set``: Params fields, and ``queue=SIZE,TIMEOUT_S[,lifo][,unmeasured]``."""
     changes: dict[str, float | str] = {}
@@ -405,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--regimes", help="only workloads of these regimes, R,R,...")
     ap.add_argument("--worst", type=int, default=10)
     ap.add_argument("--summary-only", action="store_true", help="summarize the cache, run nothing")
+    ap.add_argument(
+        "--cells", action="store_true", help="every policy in the worst cells, their kinds"
+    )
     args = ap.parse_args(argv)
     params, queue, lifo, measured = parse_set(args.set)
     variant = Variant(args.variant, params, queue, lifo, measured, args.sim_seed)
@@ -418,7 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = load_cache(args.cache)
     else:
         rows = measure(workloads, [variant], args.cache, args.jobs, args.fresh)
-    print_summary(cells(workloads, rows, variant.name), variant.name, args.worst)
+    found = cells(workloads, rows, variant.name)
+    print_summary(found, variant.name, 0 if args.cells else args.worst)
+    if args.cells:
+        print_cells(found, rows, args.worst)
     return 0
 
 

@@ -14,9 +14,9 @@ two numbers the policy routes by:
 - ``relaxed``: the same for the relaxed target (``RELAXED_TPOT`` times it),
 
 with the requests per second one engine serves at each (``strict_rate``, ``relaxed_rate``), the
-pool whose engines give the most tokens per second (``most``), and the strict pool
+pool whose engines give the most tokens per second (``most``), the strict pool
 (``reserved``: one whose strict capacity clearly exceeds the other's, kept within the strict
-SLO).
+SLO) and the pool that takes a relaxed-only request last (``taken_last``).
 
 Computed off the hot path, when the models or the mix change (the keeper's timer); a decision
 reads it with a few comparisons. Pure arithmetic over plain values, in the engines' model seconds.
@@ -118,6 +118,8 @@ class Surface(NamedTuple):
     arriving: float | None = None  # requests/s reaching one engine it was computed for
     # [sampling]: the pool kept within the strict SLO (``reserved``), or None
     strict_pool: tuple[Pool | None, Pool | None] = (None, None)
+    # [sampling]: the pool step 2 takes last (``taken_last``), or None
+    last: tuple[Pool | None, Pool | None] = (None, None)
 
 
 def reserved(spec: Capacity, base: Capacity, c: int, ratio: float) -> Pool | None:
@@ -129,6 +131,24 @@ def reserved(spec: Capacity, base: Capacity, c: int, ratio: float) -> Pool | Non
     if s > b and s >= ratio * b:
         return SPECULATIVE
     if b > s and b >= ratio * s:
+        return BASELINE
+    return None
+
+
+def taken_last(
+    spec: Capacity, base: Capacity, c: int, strict_pool: Pool | None, lead: float
+) -> Pool | None:
+    """The pool that takes a request of class ``c`` last when it fits only within the relaxed
+    SLO (step 2 of the ``slo`` policy): the strict pool, or with none, the pool whose strict
+    capacity exceeds the other's by at least ``lead`` requests (None: neither). It keeps its
+    room within the strict SLO while the other has relaxed room; unlike the strict pool it
+    does not turn the excess away under sustained overload."""
+    if strict_pool is not None:
+        return strict_pool
+    s, b = spec.strict[c], base.strict[c]
+    if s >= b + lead:
+        return SPECULATIVE
+    if b >= s + lead:
         return BASELINE
     return None
 
@@ -310,4 +330,9 @@ def surface_steps(
         reserved(spec, base, 0, params.reserve),
         reserved(spec, base, 1, params.reserve),
     )
-    return Surface(pools, mix, slo, models[SPECULATIVE].scale, most, params, arriving, strict_pool)
+    last = (
+        taken_last(spec, base, 0, strict_pool[0], params.lead),
+        taken_last(spec, base, 1, strict_pool[1], params.lead),
+    )
+    scale = models[SPECULATIVE].scale
+    return Surface(pools, mix, slo, scale, most, params, arriving, strict_pool, last)

@@ -278,8 +278,9 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
        those closer to the target come after them;
     2. else an engine with room under its relaxed capacity (``within_relaxed``): the other
        pool's before the strict pool's (``surf.strict_pool``: a pool whose strict capacity
-       clearly exceeds the other's, which so keeps serving within the strict SLO), then the one
-       filled least against its relaxed capacity;
+       clearly exceeds the other's, which so keeps serving within the strict SLO; with none,
+       before the pool whose strict capacity is ``params.lead`` requests larger: ``surf.last``),
+       then the one filled least against its relaxed capacity;
     3. else it overflows (``overflow``: the router's queue, when on, holds it until an engine
        has room). While requests arrive faster than ``params.overload`` times what the engines
        serve within the relaxed SLO (``snap.offered``: sustained overload), it goes away from
@@ -371,9 +372,11 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
                 # its own time per token, as with room under the strict capacity
                 best = min(fits, key=_own)
             else:
-                # the other pool before the strict pool (which keeps its requests within the
-                # strict SLO), then the engine filled least against its relaxed capacity
-                best = min(fits, key=lambda p: (p[0].name == keep, _fill(p, c)))
+                # the other pool before the one taken last (the strict pool, or the one with
+                # clearly more strict room: it keeps its requests within the strict SLO), then
+                # the engine filled least against its relaxed capacity
+                last = surf.last[c]
+                best = min(fits, key=lambda p: (p[0].name == last, _fill(p, c)))
     if best is None:
         best, reason = _overflow(snap, surf, picks, c, prompt, ttft, tpot, keep)
     view, b, n, cap, _, _, _, predicted = best

@@ -521,6 +521,8 @@ class Decider:
         }
         # the strict pool by class: kept within the strict SLO (steps 2 and 3 of the rule)
         out["strict_pool"] = {"greedy": surf.strict_pool[0], "sampling": surf.strict_pool[1]}
+        # the pool step 2 takes last by class: the strict pool, or one with params.lead more
+        out["taken_last"] = {"greedy": surf.last[0], "sampling": surf.last[1]}
         out["mix"] = {
             "prompt_tokens": round(surf.mix.prompt, 1),
             "output_tokens": round(surf.mix.output, 1),
@@ -540,8 +542,10 @@ RULE = (
     "strict target: its own plus the step it adds to each request running there, those "
     "engines first); 2. when every engine is at its strict "
     "capacity, to an engine with room under its relaxed capacity: the other pool's before the "
-    "strict pool's (strict_pool: the pool whose strict capacity is at least params.reserve "
-    "times the other's, kept within the strict SLO), then the one filled least against it; "
+    "pool taken last (taken_last: the strict pool, strict_pool: the pool whose strict "
+    "capacity is at least params.reserve times the other's, kept within the strict SLO; with "
+    "none, the pool whose strict capacity is params.lead requests larger), then the one filled "
+    "least against it; "
     "3. when every engine is at its relaxed capacity: under sustained overload "
     "(overload.sustained: requests arriving faster than overload.threshold times what the "
     "engines serve within the relaxed SLO) to overload.excess_to (the pool other than the "

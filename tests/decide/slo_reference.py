@@ -1,6 +1,7 @@
 """The ``slo`` policy as it was written before its hot-path rewrite (commit db610d3, verbatim
-but for this docstring): the oracle ``test_slo_rewrite.py`` holds ``router.decide.policy.slo``
-to, decision for decision, on random states."""
+but for this docstring and one deliberate change of the rule since: step 2's pool taken last
+without a strict pool, ``params.lead``, session 8): the oracle ``test_slo_rewrite.py`` holds
+``router.decide.policy.slo`` to, decision for decision, on random states."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from router.decide.policy import (
     pick_backend,
     spillover,
 )
+from router.pools import BASELINE, SPECULATIVE
 
 
 def reference_slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
@@ -110,9 +112,17 @@ def reference_slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
                 # its own time per token, as with room under the strict capacity
                 best = min(fits, key=lambda p: seen[picks.index(p)][0])
             else:
-                # the other pool before the strict pool (which keeps its requests within the
-                # strict SLO), then the engine filled least against its relaxed capacity
-                best = min(fits, key=lambda p: (p[0].name == keep, fill(p)))
+                # the other pool before the one taken last (the strict pool, or with none the
+                # pool whose strict capacity is params.lead requests larger: it keeps its
+                # requests within the strict SLO), then the engine filled least against its
+                # relaxed capacity
+                spec_s, base_s = pools[SPECULATIVE].strict[c], pools[BASELINE].strict[c]
+                last = keep
+                if last is None and spec_s >= base_s + surf.params.lead:
+                    last = SPECULATIVE
+                elif last is None and base_s >= spec_s + surf.params.lead:
+                    last = BASELINE
+                best = min(fits, key=lambda p: (p[0].name == last, fill(p)))
     if best is None:
         # 3. no engine has room for it within the relaxed SLO: it overflows (the router's
         # queue, when on, holds it until one has), unless it would miss that SLO even alone

@@ -165,8 +165,14 @@ def test_the_strict_pool_stays_within_the_strict_slo_while_the_other_has_relaxed
     assert fill[SPECULATIVE] < fill[BASELINE]  # (filled less, yet not chosen)
     d = choose("slo", snap(spec_at, base_at, r, s=CHAIN))[0]
     assert d is not None and (d.pool, d.reason) == (BASELINE, "within_relaxed")
-    # without a strict pool the same loads go by fill
-    none = CHAIN._replace(strict_pool=(None, None))
+    # without a strict pool, the pool with the larger strict capacity (by params.lead) is still
+    # taken last; with neither, the same loads go by fill
+    assert spec_at >= chain_cap(BASELINE, "strict") + DEFAULT.lead
+    lead = CHAIN._replace(strict_pool=(None, None))
+    assert lead.last == (SPECULATIVE, SPECULATIVE)
+    d = choose("slo", snap(spec_at, base_at, r, s=lead))[0]
+    assert d is not None and (d.pool, d.reason) == (BASELINE, "within_relaxed")
+    none = CHAIN._replace(strict_pool=(None, None), last=(None, None))
     d = choose("slo", snap(spec_at, base_at, r, s=none))[0]
     assert d is not None and (d.pool, d.reason) == (SPECULATIVE, "within_relaxed")
     # the baseline at its relaxed capacity: the strict pool takes it

@@ -47,6 +47,7 @@ SURFACES: list[Surface] = [
     surface(MODELS, Mix(400.0, 200.0, 0.5, 0.6), Slo(1.0, 0.025), DEFAULT),
     surface(MODELS, Mix(2000.0, 60.0, 0.0, 0.3), Slo(1.0, 0.025), DEFAULT, 4.0),
     surface(CHAIN, Mix(300.0, 400.0, 1.0, 1.0), Slo(0.5, 0.02), DEFAULT),
+    # (no strict pool, the speculative pool's strict capacity 6 larger: taken last in step 2)
     surface(CHAIN, Mix(1000.0, 200.0, 0.3, 0.0), Slo(2.0, 0.04), DEFAULT, 0.5)._replace(scale=0.05),
 ]
 NOW = 1000.0
