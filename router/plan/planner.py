@@ -96,6 +96,9 @@ class Observation(NamedTuple):
     arrivals: int  # requests that arrived in the last ``seconds``
     seconds: float
     mix: Mix  # the recent lengths and temperature share
+    # the newest interval's own count (arrivals, seconds) when ``arrivals`` is over a window of
+    # several: what the forecast's clip judges (``forecast.observe``); none: the same
+    fresh: tuple[int, float] | None = None
 
 
 class Action(NamedTuple):
@@ -152,16 +155,23 @@ def steps_since(state: PlanState, now: float, interval: float) -> tuple[int, flo
 
 
 def observe_round(
-    state: PlanState, now: float, rate: float, seconds: float, params: Params
+    state: PlanState,
+    now: float,
+    rate: float,
+    seconds: float,
+    params: Params,
+    fresh: tuple[int, float] | None = None,
 ) -> tuple[Holt, float]:
     """The forecast after a round's observation, ``rate`` over the last ``seconds``, and the
     clock it reaches (the next ``PlanState.observed``): it stands for the intervals since the
     last one (``steps_since``), and its window spans ``seconds / interval`` of them (their
-    overlap, ``forecast.observe``). Every round takes one, planned or not."""
+    overlap, ``forecast.observe``), the newest of them ``fresh`` (arrivals, seconds). Every
+    round takes one, planned or not."""
     steps, observed = steps_since(state, now, params.interval)
     interval = params.interval
     overlap = max(1.0, seconds / interval) if interval > 0 else 1.0
-    return observe(state.holt, rate, seconds, params.forecast, steps, overlap), observed
+    new = None if fresh is None else (fresh[0] / fresh[1], min(fresh[1], seconds))
+    return observe(state.holt, rate, seconds, params.forecast, steps, overlap, new), observed
 
 
 class Plan(NamedTuple):
@@ -212,7 +222,10 @@ def plan(
         raise ValueError("engine names must be unique")
     if obs.seconds <= 0 or obs.arrivals < 0:
         raise ValueError("need seconds > 0 and arrivals >= 0")
-    holt, observed = observe_round(state, obs.now, obs.arrivals / obs.seconds, obs.seconds, params)
+    if obs.fresh is not None and (obs.fresh[0] < 0 or obs.fresh[1] <= 0):
+        raise ValueError("need fresh seconds > 0 and arrivals >= 0")
+    holt, observed = observe_round(state, obs.now, obs.arrivals / obs.seconds, obs.seconds, params,
+                                   obs.fresh)  # fmt: skip
     mix = state.mix
     if mix is None or not obs.mix.close_to(mix, params.mix_tolerance):
         mix = obs.mix
