@@ -7,7 +7,7 @@ import math
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from router.plan import Forecast, ForecastParams, Holt, forecast, observe
@@ -322,6 +322,7 @@ def test_a_fresh_count_is_checked() -> None:
 
 
 @settings(max_examples=25, deadline=None)
+@example(base=6.5, at=43, seed=4564, flat=True)
 @given(
     base=st.floats(0.5, 20.0),
     at=st.integers(40, 150),
@@ -333,8 +334,9 @@ def test_a_3x_surge_keeps_the_level_and_scale_near_the_truth(
 ) -> None:
     """Any ten-interval 3x surge on a flat or diurnal day, through a window, at a half to
     twenty arrivals an interval: the peak forecast (the day's scale) stays within a bound of
-    the true peak throughout, the band widens within three intervals of its start, and
-    twenty intervals after it the level is within a bound of the true rate."""
+    the true peak throughout, the band widens during the surge, and twenty intervals after
+    it the level is within a bound of the true rate. (Not "within three intervals": at 6.5
+    arrivals an interval the first three surge counts can all stay under the clip.)"""
     yesterday = [base] * DAY if flat else _wave(0.1 * base, 1.1 * base)
     true, states, p = _surge_day(yesterday, yesterday, at, 3.0, 1.0, seed)
     peak = max(yesterday)  # (the day's, not the surge's)
@@ -342,7 +344,7 @@ def test_a_3x_surge_keeps_the_level_and_scale_near_the_truth(
     noise = 2.0 * math.sqrt(max(yesterday) / WIN) + 0.3 * max(yesterday)
     for i in range(at, at + 30):
         assert max(forecast(states[i], 150, 1.0, p).point) <= peak + noise, i
-    widths = [forecast(s, 1, 1.0, p) for s in states[at - 1 : at + 3]]
+    widths = [forecast(s, 1, 1.0, p) for s in states[at - 1 : at + 10]]
     assert (
         max(w.upper[0] - w.point[0] for w in widths[1:]) > widths[0].upper[0] - widths[0].point[0]
     )
