@@ -34,6 +34,11 @@ The rule (issue 37's, with the lessons of others' failures):
   kept adding more). While any engine is draining or loading, nothing more is advised.
 - **Towards baseline faster**: a smaller margin; towards speculation the upper band must
   agree, and a reversal towards speculation waits longer than one towards baseline.
+- **Not stranded mid-way**: a switch towards baseline that starts a path of several (the best
+  schedule switches again after it) must not lose under the upper band either (unless the
+  split up is short already): there the floor is likeliest to block the later switches, and the
+  splits a path passes through can be the worst at the load (eagle3: 2+2 between 3+1 and 0+4 at
+  the peak; over sockets a fleet heading for 0+4 was held at 2+2 all day).
 - **Not on the point alone**: a switch towards baseline must not lose under the band's lower
   edge either (unless the split up is short already). Where a split sits at its cliff (all
   speculative engines at the day's peak), a point forecast a few percent high tips the choice
@@ -512,8 +517,9 @@ def _options(
         need = model.fc.peak(setting.restart(mode), upper=True)
         have = model.capacity(during)
         short = model.capacity((up_s, up_b)) < need
+        path = dp.switches_from(dp.restart[mode], after) > 0
         blocked = _blocked(mode, gains[0], gains[1], gains[2], need, have, short, since, state,
-                           params)  # fmt: skip
+                           params, path)  # fmt: skip
         if not blocked and dp.choice[0][up_s] != mode:
             when = [t for t, m, _ in dp.follow((up_s, up_b)) if m == mode]
             blocked = (f"not yet: the best schedule starts it in {when[0]} min" if when
@@ -569,6 +575,7 @@ def _blocked(
     since: float,
     state: PlanState,
     params: Params,
+    path: bool = False,
 ) -> str:
     """Why this switch may not go ahead now ("" if it may): the rule's checks in order."""
     if mode == BASELINE:
@@ -576,6 +583,8 @@ def _blocked(
             return f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_baseline:.2f}"
         if gain_lower <= 0 and not short:
             return f"gain {100 * gain_lower:+.2f} pt at the lower band"
+        if path and gain_upper <= 0 and not short:
+            return f"a path of switches losing {100 * gain_upper:+.2f} pt at the upper band"
         wait = params.dwell_to_baseline
     else:
         if gain <= params.margin_speculative:
