@@ -44,6 +44,7 @@ PER_HOUR_SLACK = 0.03  # the must-show: every hour >= the better pure fleet minu
 Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
+    ("pathrule", "with bf912b1's path rule (a path towards baseline must gain at the upper band)"),
     ("windowclip", "forecast's clip on the window's rate (not its newest interval's count)"),
     ("bandcharge", "overload charged at the band's top"),
     ("plainscale", "seasonal scale not shrunk by its count noise"),
