@@ -44,6 +44,8 @@ PER_HOUR_SLACK = 0.03  # the must-show: every hour >= the better pure fleet minu
 Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
+    ("pathrule", "with bf912b1's path rule (a path towards baseline must gain at the upper band)"),
+    ("windowclip", "forecast's clip on the window's rate (not its newest interval's count)"),
     ("bandcharge", "overload charged at the band's top"),
     ("plainscale", "seasonal scale not shrunk by its count noise"),
     ("spillmodel", "spillover model"),
@@ -190,10 +192,14 @@ def intro(meta: Doc) -> list[str]:
         "plans (and 30 planner minutes), its forecast counting the intervals a late plan "
         "missed, today's seasonal scale against yesterday shrunk towards 1 by the count "
         "noise of the window it is read from, the overload past a split's capacity charged in "
-        "expectation over that count noise (not at the band's top), and a move towards "
-        "speculation made only if it gains the margin at the upper band too (eagle3-chain's "
-        "first run: without that last rule); *overload charged at the band's top*: the runs "
-        "before that; *seasonal scale "
+        "expectation over that count noise (not at the band's top), a move towards "
+        "speculation made only if it gains the margin at the upper band too, the forecast's "
+        "clip and burst judging the window's newest interval by its own count and today's "
+        "scale against yesterday the median of the last hour's ratios (not the level's: a "
+        "surge's ten minutes reached the level a ninth at a time through the window, under "
+        "the clip, and read the day's peak up to twice the truth); *forecast's clip on the "
+        "window's rate*: the runs before that last change (session 7's end); *overload "
+        "charged at the band's top*: the runs before those; *seasonal scale "
         "not shrunk*: the runs before that (a window of ~14 arrivals read the morning at "
         "twice yesterday's and the forecast doubled the day's peak); "
         "*forecast one step a plan*: the runs before those (a cold plan took ~30 "

@@ -28,6 +28,7 @@ import math
 import multiprocessing
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -648,6 +649,7 @@ def report(results: dict[str, Any], command: str) -> str:
         "good tok/s counts the output tokens of requests within the relaxed SLO. Restart "
         "engine-s: seconds engines spent out of service restarting (drains apart).",
         "",
+        *([f"Run on: {'; '.join(results['ran'])}.", ""] if results.get("ran") else []),
         *summary_table(results),
     ]
     for section, title in (
@@ -895,6 +897,7 @@ def main(argv: list[str] | None = None) -> int:
     if "forecast" in only:
         results["forecast"] = forecast_report(params)
     results["minutes"] = (time.time() - t0) / 60
+    results["ran"] = [_ran(t0)]
     command = "python bench/lab/fleet_lab.py " + shlex.join(
         argv if argv is not None else sys.argv[1:]
     )
@@ -904,6 +907,18 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".json").write_text(json.dumps(_rounded(results), separators=(",", ":")))
     print(f"wrote {out.with_suffix('.md')} ({results['minutes']:.1f} min)")
     return 0
+
+
+def _ran(t0: float) -> str:
+    """This tree's commit and the run's start and end (UTC), for the report."""
+    here = Path(__file__).resolve().parent
+    got = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "../../router"], cwd=here,
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    head = (got.stdout.strip() or "unknown") + ("+dirty" if dirty.stdout.strip() else "")
+    fmt = "%Y-%m-%d %H:%M"
+    return f"{head}, {time.strftime(fmt, time.gmtime(t0))}-{time.strftime('%H:%M', time.gmtime())}"
 
 
 def merge(paths: Sequence[Path], out: Path, argv: list[str] | None) -> int:
@@ -917,6 +932,7 @@ def merge(paths: Sequence[Path], out: Path, argv: list[str] | None) -> int:
             if key in r:
                 results.setdefault(key, []).extend(r[key])
     results["minutes"] = sum(r["minutes"] for r in runs)
+    results["ran"] = [x for r in runs for x in r.get("ran", [])]
     here = "python bench/lab/fleet_lab.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     commands = [r.get("command", "?") for r in runs] + [here.strip()]
     results["command"] = "\n    ".join(commands)

@@ -82,6 +82,13 @@ class ForecastParams(NamedTuple):
     # (a level from a few arrivals twice yesterday's says little; one from thousands says
     # the day is busier). 0: no shrinkage, the plain ratio.
     scale_sd: float = 0.25
+    # Today's scale against yesterday is the median, over the last this many observations,
+    # of each one's ratio to yesterday's smoothed rate at its time (not the level's ratio
+    # now): a surge of ten minutes moves a median of an hour little, where over sockets (a
+    # window of ~9 intervals a rate, so the surge reached the level step by step, under the
+    # clip) it put the level, and so the day's peak, at twice the truth for minutes, and a
+    # day busier than yesterday still shows within half of it. 0: the level's ratio.
+    scale_span: int = 60
 
 
 DEFAULT = ForecastParams()
@@ -97,6 +104,9 @@ class Holt(NamedTuple):
     history: tuple[float, ...] = ()  # the last season + 1 observations, oldest first
     burst: float = 0.0  # squared excess of recent errors above the clip, fading (a surge's)
     overlap: float = 1.0  # intervals one observation spans (smoothed): a window's overlap
+    # seconds since the end of the newest interval whose own count was past the clip (its
+    # arrivals stay in an overlapping window's rate until they leave it); inf: none
+    surged: float = math.inf
 
 
 class Forecast(NamedTuple):
@@ -120,7 +130,8 @@ class Forecast(NamedTuple):
 
 
 def observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams = DEFAULT,
-            steps: int = 1, overlap: float = 1.0) -> Holt:  # fmt: skip
+            steps: int = 1, overlap: float = 1.0,
+            fresh: tuple[float, float] | None = None) -> Holt:  # fmt: skip
     """The state after one more observation: ``rate`` over the last ``seconds``, standing for
     ``steps`` planning intervals (more than one when the observation comes late: a plan that
     took longer than its interval, a round lost). The steps it stands for are fed the rate
@@ -133,17 +144,29 @@ def observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams =
     ``overlap``: the planning intervals the observation's ``seconds`` span (a window over the
     last ten intervals: 10). Consecutive observations then share most of their arrivals, and
     the level is known only about as well as one of them, not as a smoothed mean of
-    independent ones (``level_noise``)."""
+    independent ones (``level_noise``).
+
+    ``fresh``: the newest interval's own count as (rate, seconds), the arrivals new since the
+    last observation (by default the observation itself: no overlap). The clip and the
+    burst judge it, not the window: a window's rate takes a surge in a ninth at a time, each
+    step within the clip of a level that follows it, so a 3x surge never tripped it (over
+    sockets the level went to 2.5 times the truth and the band learnt the surge's errors).
+    While an interval that tripped it is still in the window (``surged``), the window's
+    errors are the surge's as well: they teach neither the trend, the variance nor the clip's
+    scale."""
     if rate < 0 or seconds <= 0:
         raise ValueError("need rate >= 0 and seconds > 0")
     if steps < 1:
         raise ValueError("need steps >= 1")
     if not overlap >= 1.0:
         raise ValueError("need overlap >= 1")
+    if fresh is not None and (fresh[0] < 0 or not 0 < fresh[1] <= seconds * (1 + 1e-9)):
+        raise ValueError("need a fresh rate >= 0 over 0 < seconds <= the observation's")
     n = min(steps, max(p.season, MAX_STEPS))
     start = rate if state is None else state.level
     for j in range(1, n + 1):
-        state = _observe(state, start + (rate - start) * j / n, seconds, p)
+        r = start + (rate - start) * j / n
+        state = _observe(state, r, seconds, p, fresh if fresh is not None else (r, seconds))
     assert state is not None
     if state.seen == 1:
         return state._replace(overlap=float(overlap))
@@ -176,9 +199,10 @@ def level_noise(state: Holt, p: ForecastParams = DEFAULT) -> float:
 MAX_STEPS = 1440
 
 
-def _observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams) -> Holt:
+def _observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams,
+             fresh: tuple[float, float]) -> Holt:  # fmt: skip
     noise = rate / seconds
-    keep = p.season + 1 if p.season else 0
+    keep = p.season + 1 + p.scale_span if p.season else 0
     if state is None:
         return Holt(rate, 0.0, noise, noise, 1, math.sqrt(noise), (rate,)[:keep])
     expected = state.level + p.damping * state.trend
@@ -191,8 +215,18 @@ def _observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams)
     # the surge ends, the forecast is where it was before within minutes, its band too.
     limit = p.clip * max(1.25 * state.scale, math.sqrt(state.noise), 1e-6)
     settled = state.seen >= p.settle
-    burst = max(p.burst_decay * state.burst, max(0.0, err - limit) ** 2) if settled else 0.0
-    surge = burst > state.var
+    # the newest interval's own count against the clip: its error, and the limit for a count
+    # over its seconds (a window of ``seconds`` has ``seconds / fresh_s`` times less noise),
+    # with a count's skew ((clip**2 - 1) / 6 arrivals, Cornish-Fisher's for a Poisson count:
+    # at one arrival an interval, three standard deviations tripped on one interval in 60)
+    fresh_rate, fresh_s = fresh
+    fresh_limit = limit * math.sqrt(seconds / fresh_s) + (p.clip**2 - 1.0) / (6.0 * fresh_s)
+    excess = max(0.0, fresh_rate - expected - fresh_limit) if settled else 0.0
+    burst = max(p.burst_decay * state.burst, excess**2) if settled else 0.0
+    surged = 0.0 if excess > 0 else state.surged + fresh_s
+    # still in the window: an interval that tripped it, ending ``surged`` seconds ago
+    held = excess == 0 and surged + fresh_s <= seconds * (1 + 1e-9)
+    surge = burst > state.var or held
     step = max(-math.inf if surge else -limit, min(limit, err))
     level = expected + p.alpha * step
     var, scale = state.var, state.scale
@@ -205,7 +239,8 @@ def _observe(state: Holt | None, rate: float, seconds: float, p: ForecastParams)
         scale = (1.0 - p.scale_gamma) * state.scale + p.scale_gamma * abs(step)
     noise = (1.0 - p.gamma) * state.noise + p.gamma * noise
     history = (state.history + (rate,))[-keep:] if keep else ()
-    return Holt(level, trend, var, noise, state.seen + 1, scale, history, burst, state.overlap)
+    return Holt(level, trend, var, noise, state.seen + 1, scale, history, burst, state.overlap,
+                surged)  # fmt: skip
 
 
 def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) -> Forecast:
@@ -222,10 +257,12 @@ def forecast(state: Holt, steps: int, step: float, p: ForecastParams = DEFAULT) 
     # do not grow (with a few arrivals an interval it is most of the band)
     known = level_noise(state, p)
     shrink = 1.0
-    shape = _season(state, p)
+    shape, ratio_now = _season(state, p)
     if shape:
         prior = p.seasonal_prior * sum(state.history) / len(state.history)
         now, base = state.level + prior, max(shape[0] + prior, 1e-9)
+        if ratio_now is not None:  # the median of today's ratios to yesterday (scale_span)
+            now = base * ratio_now
         shrink = _shrink(now, base, known, p)
         if shrink < 1.0:  # today's scale shrunk towards one: the level it stands for
             now = base * (max(now, 1e-9) / base) ** shrink
@@ -262,17 +299,31 @@ def _shrink(now: float, base: float, known: float, p: ForecastParams) -> float:
     return prior / (prior + v)
 
 
-def _season(state: Holt, p: ForecastParams) -> list[float]:
-    """Yesterday's rates from this time on, smoothed (empty until a whole season is seen).
-    ``history[i]`` was observed ``season - i`` steps ago, so ``shape[h]`` is yesterday at
-    ``h`` steps from now."""
+def _season(state: Holt, p: ForecastParams) -> tuple[list[float], float | None]:
+    """Yesterday's rates from this time on, smoothed (empty until a whole season is seen),
+    and today's scale against yesterday: the median, over the last ``scale_span``
+    observations that have a yesterday, of each one's ratio to yesterday's smoothed rate at
+    its time (with ``seasonal_prior``'s mean added to both; none without ``scale_span``, or
+    before a quarter of it is seen: then the level's).
+    ``history[-1 - season]`` is yesterday now, so ``shape[h]`` is yesterday ``h`` steps from
+    now."""
     h = state.history
     if not p.season or len(h) < p.season + 1:
-        return []
+        return [], None
     w = p.season_smooth
     n = len(h)
-    out = []
+    smooth = []
     for i in range(n):
         lo, hi = max(0, i - w), min(n, i + w + 1)
-        out.append(sum(h[lo:hi]) / (hi - lo))
-    return out
+        smooth.append(sum(h[lo:hi]) / (hi - lo))
+    now = n - 1 - p.season  # yesterday now
+    if p.scale_span <= 0:
+        return smooth[now:], None
+    prior = p.seasonal_prior * sum(h) / n
+    ratios = sorted((h[now + p.season - m] + prior) / max(smooth[now - m] + prior, 1e-9)
+                    for m in range(min(p.scale_span, now + 1)))  # fmt: skip
+    k = len(ratios)
+    if k < max(1, p.scale_span // 4):  # (too few yet: the level's ratio, smoothed)
+        return smooth[now:], None
+    median = (ratios[(k - 1) // 2] + ratios[k // 2]) / 2
+    return smooth[now:], median

@@ -34,6 +34,11 @@ The rule (issue 37's, with the lessons of others' failures):
   kept adding more). While any engine is draining or loading, nothing more is advised.
 - **Towards baseline faster**: a smaller margin; towards speculation the upper band must
   agree, and a reversal towards speculation waits longer than one towards baseline.
+- **Not stranded mid-way**: a switch towards baseline that starts a path of several (the best
+  schedule switches again after it) must not lose under the upper band either (unless the
+  split up is short already): there the floor is likeliest to block the later switches, and the
+  splits a path passes through can be the worst at the load (eagle3: 2+2 between 3+1 and 0+4 at
+  the peak; over sockets a fleet heading for 0+4 was held at 2+2 all day).
 - **Not on the point alone**: a switch towards baseline must not lose under the band's lower
   edge either (unless the split up is short already). Where a split sits at its cliff (all
   speculative engines at the day's peak), a point forecast a few percent high tips the choice
@@ -96,6 +101,9 @@ class Observation(NamedTuple):
     arrivals: int  # requests that arrived in the last ``seconds``
     seconds: float
     mix: Mix  # the recent lengths and temperature share
+    # the newest interval's own count (arrivals, seconds) when ``arrivals`` is over a window of
+    # several: what the forecast's clip judges (``forecast.observe``); none: the same
+    fresh: tuple[int, float] | None = None
 
 
 class Action(NamedTuple):
@@ -152,16 +160,23 @@ def steps_since(state: PlanState, now: float, interval: float) -> tuple[int, flo
 
 
 def observe_round(
-    state: PlanState, now: float, rate: float, seconds: float, params: Params
+    state: PlanState,
+    now: float,
+    rate: float,
+    seconds: float,
+    params: Params,
+    fresh: tuple[int, float] | None = None,
 ) -> tuple[Holt, float]:
     """The forecast after a round's observation, ``rate`` over the last ``seconds``, and the
     clock it reaches (the next ``PlanState.observed``): it stands for the intervals since the
     last one (``steps_since``), and its window spans ``seconds / interval`` of them (their
-    overlap, ``forecast.observe``). Every round takes one, planned or not."""
+    overlap, ``forecast.observe``), the newest of them ``fresh`` (arrivals, seconds). Every
+    round takes one, planned or not."""
     steps, observed = steps_since(state, now, params.interval)
     interval = params.interval
     overlap = max(1.0, seconds / interval) if interval > 0 else 1.0
-    return observe(state.holt, rate, seconds, params.forecast, steps, overlap), observed
+    new = None if fresh is None else (fresh[0] / fresh[1], min(fresh[1], seconds))
+    return observe(state.holt, rate, seconds, params.forecast, steps, overlap, new), observed
 
 
 class Plan(NamedTuple):
@@ -212,7 +227,10 @@ def plan(
         raise ValueError("engine names must be unique")
     if obs.seconds <= 0 or obs.arrivals < 0:
         raise ValueError("need seconds > 0 and arrivals >= 0")
-    holt, observed = observe_round(state, obs.now, obs.arrivals / obs.seconds, obs.seconds, params)
+    if obs.fresh is not None and (obs.fresh[0] < 0 or obs.fresh[1] <= 0):
+        raise ValueError("need fresh seconds > 0 and arrivals >= 0")
+    holt, observed = observe_round(state, obs.now, obs.arrivals / obs.seconds, obs.seconds, params,
+                                   obs.fresh)  # fmt: skip
     mix = state.mix
     if mix is None or not obs.mix.close_to(mix, params.mix_tolerance):
         mix = obs.mix
@@ -499,8 +517,9 @@ def _options(
         need = model.fc.peak(setting.restart(mode), upper=True)
         have = model.capacity(during)
         short = model.capacity((up_s, up_b)) < need
+        path = dp.switches_from(dp.restart[mode], after) > 0
         blocked = _blocked(mode, gains[0], gains[1], gains[2], need, have, short, since, state,
-                           params)  # fmt: skip
+                           params, path)  # fmt: skip
         if not blocked and dp.choice[0][up_s] != mode:
             when = [t for t, m, _ in dp.follow((up_s, up_b)) if m == mode]
             blocked = (f"not yet: the best schedule starts it in {when[0]} min" if when
@@ -556,6 +575,7 @@ def _blocked(
     since: float,
     state: PlanState,
     params: Params,
+    path: bool = False,
 ) -> str:
     """Why this switch may not go ahead now ("" if it may): the rule's checks in order."""
     if mode == BASELINE:
@@ -563,6 +583,8 @@ def _blocked(
             return f"gain {100 * gain:+.2f} pt <= margin {100 * params.margin_baseline:.2f}"
         if gain_lower <= 0 and not short:
             return f"gain {100 * gain_lower:+.2f} pt at the lower band"
+        if path and gain_upper <= 0 and not short:
+            return f"a path of switches losing {100 * gain_upper:+.2f} pt at the upper band"
         wait = params.dwell_to_baseline
     else:
         if gain <= params.margin_speculative:

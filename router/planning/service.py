@@ -237,6 +237,7 @@ def decide(r: Round) -> Outcome:
     not (the forecast learns all the same). Pure, and CPU-bound (up to seconds when the
     goodput model's cache is cold): the lifecycle runs it in a child process
     (``router.planning.worker``)."""
+    fresh = (r.traffic.arrivals, r.traffic.seconds)  # the window's newest interval
     if r.setting is None:
         status = "waiting for curves: calibrate (spec-router calibrate) or let the router "
         status += "learn both pools"
@@ -246,10 +247,11 @@ def decide(r: Round) -> Outcome:
         status = "no engines"
     else:
         est = r.estimate
-        obs = Observation(r.now, est.arrivals, est.seconds, r.mix)
+        obs = Observation(r.now, est.arrivals, est.seconds, r.mix, fresh)
         p = plan(obs, r.setting, r.fleet, r.state, r.params)
         return "planning", p, p.state
-    holt, observed = observe_round(r.state, r.now, r.estimate.rate, r.estimate.seconds, r.params)
+    holt, observed = observe_round(r.state, r.now, r.estimate.rate, r.estimate.seconds, r.params,
+                                   fresh)  # fmt: skip
     return status, None, r.state._replace(holt=holt, observed=observed)
 
 
@@ -727,7 +729,8 @@ class FleetPlanner:
                 tuple(float(x) for x in h["history"]),
                 float(h.get("burst", 0.0)),
                 float(h.get("overlap", 1.0)),
-            )  # a state written before the burst (overlap) term has none
+                math.inf if h.get("surged") is None else float(h["surged"]),
+            )  # a state written before the burst (overlap, surged) term has none
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("%s: cannot read the forecast's state (%s): it starts afresh", path, exc)
             return None
@@ -761,7 +764,10 @@ def curve_drift(held: Curve | None, new: Curve) -> float:
 def holt_document(holt: Holt, interval: float) -> dict[str, Any]:
     """The forecast's state as ``PLAN_STATE_PATH`` holds it (``spec-router fleet`` writes one
     for a router that has seen yesterday)."""
-    return {"format": STATE_FORMAT, "interval_s": interval, "holt": holt._asdict()}
+    doc = holt._asdict()
+    if not math.isfinite(doc["surged"]):
+        doc["surged"] = None  # (none yet: JSON has no infinity)
+    return {"format": STATE_FORMAT, "interval_s": interval, "holt": doc}
 
 
 def _option(o: Any) -> dict[str, Any]:

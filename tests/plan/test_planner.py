@@ -23,7 +23,7 @@ from router.plan import (
     steps_since,
 )
 from router.plan.forecast import Forecast
-from router.plan.planner import Status, _excess, _tops
+from router.plan.planner import Status, _blocked, _excess, _tops
 from router.pools import BASELINE, SPECULATIVE, Pool
 from tests.plan.fixtures import BASE, CHAINED, MIX, SEED, fleet
 from tests.plan.steps import within
@@ -354,3 +354,18 @@ def test_a_band_of_count_noise_past_capacity_is_charged_its_expected_excess_not_
     ((top, k),) = _tops(fc, 2.0)
     assert top < 13.0 and k == pytest.approx(1.02)
     assert _excess(top, k, 12.25) < 0.45 * (14.01 - 12.25)
+
+
+def test_a_path_towards_baseline_must_not_lose_at_the_upper_band() -> None:
+    """A switch towards baseline that starts a path of several must gain under the upper band
+    too (its later switches are the likeliest blocked there, stranding the fleet mid-way); a
+    single switch need not, nor one made while the split up is short already."""
+
+    def blocked(upper: float, short: bool, path: bool) -> str:
+        return _blocked(BASELINE, 0.05, upper, 0.01, 1.0, 2.0, short, 1e9, PlanState(), PARAMS,
+                        path)  # fmt: skip
+
+    assert "path" in blocked(-0.01, False, True) and "upper band" in blocked(-0.01, False, True)
+    assert blocked(-0.01, False, False) == ""
+    assert blocked(-0.01, True, True) == ""
+    assert blocked(0.01, False, True) == ""

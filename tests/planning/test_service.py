@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from router.health.engines import EngineSample
 from router.health.state import BackendHealth, State
 from router.members.member import Member
+from router.plan import observe_round
 from router.plan.values import Curve, CurveLike
 from router.planning.fleet import SLOT
 from router.planning.metrics import PlanCollector
@@ -255,6 +256,12 @@ def test_the_forecast_is_kept_across_restarts(tmp_path: Path) -> None:
     path.write_text(json.dumps(saved))
     fading = planner(world, path).state.holt
     assert fading is not None and fading.burst == 0.75
+    # so is how long ago an interval's own count last tripped the clip (none: null in JSON)
+    assert saved["holt"]["surged"] is None
+    saved["holt"]["surged"] = 120.0
+    path.write_text(json.dumps(saved))
+    held = planner(world, path).state.holt
+    assert held is not None and held.surged == 120.0
     # another interval: it starts afresh rather than misread the rates
     assert planner(world, path, plan_time_scale=0.5).state.holt is None
     path.write_text("{not json")
@@ -495,3 +502,23 @@ def test_a_withdrawn_switch_nothing_carried_out_is_forgotten() -> None:
     world.drain("http://b0")
     p.look()
     assert p.switch is None
+
+
+def test_the_forecast_judges_the_windows_newest_interval_by_its_own_count() -> None:
+    """A few arrivals a minute: the rate is over a window of several intervals, and the
+    forecast's clip is given the newest interval's own count besides (``forecast.observe``)."""
+    world = World()
+    for i in range(4):
+        world.join(BASELINE, f"http://b{i}")
+    p = planner(world, gpu_budget=4)
+    minutes(world, p, 30, 0.05)  # three arrivals a minute: the window spans several
+    world.now += INTERVAL
+    world.serve(30)  # ten times as many in the newest
+    r = p.gather()
+    assert r.estimate.seconds > r.traffic.seconds and r.traffic.arrivals == 30
+    _, _, state = decide(r)
+    fresh = (r.traffic.arrivals, r.traffic.seconds)
+    want, _ = observe_round(r.state, r.now, r.estimate.rate, r.estimate.seconds, r.params, fresh)
+    alone, _ = observe_round(r.state, r.now, r.estimate.rate, r.estimate.seconds, r.params)
+    assert state.holt == want != alone
+    assert want.surged == 0.0 and want.burst > 0.0
