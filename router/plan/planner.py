@@ -501,23 +501,23 @@ def _options(
         source: Pool = SPECULATIVE if mode == BASELINE else BASELINE
         if (up_s if source == SPECULATIVE else up_b) == 0:
             continue
-        gains = []
+        after = up_s - 1 if mode == BASELINE else up_s + 1
+        gains, later = [], []  # later: the switches each schedule makes after this one
         for sched in (dp, upper, lower):
             now = sched.switch_value(0, up_s, mode, check=False)
             assert now is not None
             stay = sum(sched.v[(up_s, up_b)])
             # the charges steer which schedule wins (ties); the gain judged against the
             # margins is what the schedule is worth, as the model expects it
-            after = up_s - 1 if mode == BASELINE else up_s + 1
-            charged = 1 + sched.switches_from(sched.restart[mode], after)
-            gains.append((now + charged * sched.charge - stay) / sched.volume)
+            later.append(sched.switches_from(sched.restart[mode], after))
+            gains.append((now + (1 + later[-1]) * sched.charge - stay) / sched.volume)
         during = (up_s - 1, up_b) if mode == BASELINE else (up_s, up_b - 1)
         r = dp.restart[mode]
         cost = (sum(dp.v[(up_s, up_b)][:r]) - sum(dp.v[during][:r])) / dp.volume
         need = model.fc.peak(setting.restart(mode), upper=True)
         have = model.capacity(during)
         short = model.capacity((up_s, up_b)) < need
-        path = dp.switches_from(dp.restart[mode], after) > 0
+        path = later[0] > 0  # the best schedule switches again after it
         blocked = _blocked(mode, gains[0], gains[1], gains[2], need, have, short, since, state,
                            params, path)  # fmt: skip
         if not blocked and dp.choice[0][up_s] != mode:
