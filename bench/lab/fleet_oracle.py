@@ -20,7 +20,7 @@ Its schedule replayed in the lab (``Schedule``) gives the realised number next t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 Counts = Sequence[tuple[int, int, int]]  # per bucket: (arrived, strict, relaxed)
@@ -158,6 +158,26 @@ class HourReach(NamedTuple):
     rounds: int
 
 
+def hour_targets(full: Mapping[int, Counts], n: int, per: int) -> list[tuple[float, float]]:
+    """Each hour's better of all-speculative and all-baseline, in each tier (strict, relaxed)."""
+    spec, base = hours_of(full[n], per), hours_of(full[0], per)
+    return [(max(a[0], b[0]), max(a[1], b[1])) for a, b in zip(spec, base, strict=True)]
+
+
+def hour_gaps(
+    plan: OraclePlan,
+    full: Mapping[int, Counts],
+    short: Mapping[int, Counts],
+    bucket: float,
+    restart: Mapping[str, float],
+    per: int,
+    target: Sequence[tuple[float, float]],
+) -> list[tuple[float, float]]:
+    """Each hour's (strict, relaxed) share along ``plan`` minus ``target``."""
+    got = hours_of(replay_counts(plan, full, short, bucket, restart), per)
+    return [(g[0] - t[0], g[1] - t[1]) for g, t in zip(got, target, strict=True)]
+
+
 def hour_reach(
     full: Mapping[int, Counts],
     short: Mapping[int, Counts],
@@ -173,19 +193,17 @@ def hour_reach(
     relaxed goodput within ``slack`` of the better of all-speculative and all-baseline in that
     tier? The program re-weighted per hour and tier: each round doubles the weight of every
     (hour, tier) still short, and the schedule whose worst slack is best is kept. A heuristic
-    search (a Lagrangian one), so "not found" is evidence, not proof; the hours' targets come
-    from the same static runs the program reads."""
+    search (a Lagrangian one), so "not found" is evidence, not proof (``hour_dual`` bounds it
+    from above); the hours' targets come from the same static runs the program reads."""
     per = max(1, round(hour / bucket))
     buckets = len(full[0])
-    spec, base = hours_of(full[n], per), hours_of(full[0], per)
-    target = [(max(a[0], b[0]), max(a[1], b[1])) for a, b in zip(spec, base, strict=True)]
+    target = hour_targets(full, n, per)
     ws = [strict_weight] * buckets
     wr = [1 - strict_weight] * buckets
     total = sum(c[0] for c in full[0])
 
     def worst_of(p: OraclePlan) -> tuple[float, list[tuple[float, float]]]:
-        got = hours_of(replay_counts(p, full, short, bucket, restart), per)
-        gaps = [(g[0] - t[0], g[1] - t[1]) for g, t in zip(got, target, strict=True)]
+        gaps = hour_gaps(p, full, short, bucket, restart, per, target)
         return min(min(g) for g in gaps), gaps
 
     best_plan: OraclePlan | None = None
@@ -209,6 +227,125 @@ def hour_reach(
     counts = replay_counts(best_plan, full, short, bucket, restart)
     obj = sum(strict_weight * c[1] + (1 - strict_weight) * c[2] for c in counts) / total
     return HourReach(best_worst, worst_oracle, obj, len(best_plan.moves), done)
+
+
+Weights = Sequence[tuple[float, float]]  # per hour: (on its strict gap, on its relaxed gap)
+
+
+def dual_value(
+    full: Mapping[int, Counts],
+    short: Mapping[int, Counts],
+    n: int,
+    bucket: float,
+    restart: Mapping[str, float],
+    per: int,
+    target: Sequence[tuple[float, float]],
+    mu: Weights,
+) -> tuple[float, OraclePlan]:
+    """``F(mu)``: the most any schedule of the program gets of the ``mu``-weighted mean of the
+    hours' gaps (strict and relaxed, shares), and the schedule that gets it. For weights
+    ``mu >= 0`` summing to 1, a mean is at least the least of what it averages, so no schedule's
+    worst (hour, tier) gap exceeds ``F(mu)``: any ``mu`` bounds the clause from above, and
+    ``F(mu) < -slack`` proves no schedule of the program meets it. (Exact up to float sums.)"""
+    total = sum(a + b for a, b in mu)
+    buckets = len(full[0])
+    arrived = [max(1, sum(c[0] for c in full[0][h * per : (h + 1) * per]))
+               for h in range(len(target))]  # fmt: skip
+    ws = [mu[b // per][0] / total / arrived[b // per] for b in range(buckets)]
+    wr = [mu[b // per][1] / total / arrived[b // per] for b in range(buckets)]
+    p = _best(full, short, n, bucket, restart, ws, wr)
+    offset = sum(m[0] * t[0] + m[1] * t[1] for m, t in zip(mu, target, strict=True)) / total
+    return p.value - offset, p
+
+
+class HourDual(NamedTuple):
+    """The per-hour clause against every schedule of the program, from above and below."""
+
+    bound: float  # no schedule's worst (hour, tier) gap exceeds this (share): F at ``weights``
+    weights: tuple[tuple[float, float], ...]  # the certificate: per hour (strict, relaxed)
+    found: float  # the best worst gap of the schedules met on the way (one that is reached)
+    plan: OraclePlan  # that schedule
+    rounds: int
+
+
+def hour_dual(
+    full: Mapping[int, Counts],
+    short: Mapping[int, Counts],
+    n: int,
+    bucket: float,
+    restart: Mapping[str, float],
+    hour: float = 3600.0,
+    rounds: int = 300,
+    etas: Sequence[float] = (5.0, 20.0, 80.0),
+    digits: int = 4,
+) -> HourDual:
+    """Search the weights ``mu`` for the lowest ``F(mu)`` (``dual_value``): multiplicative
+    weights (``rounds`` at each step size of ``etas``), each round's best schedule raising the
+    weight of the (hour, tier) it does worst in; then, between every two of the three heaviest
+    (hour, tier)s, a ternary search along the segment (``F`` is convex). The minimum of ``F``
+    is the max-min over mixtures of schedules (LP duality), so the bound is tight up to the
+    search and to mixing; the best schedules met give the max-min from below. The
+    certificate's weights are rounded to ``digits`` and ``F`` evaluated again at them, so the
+    bound is exactly what they give."""
+    per = max(1, round(hour / bucket))
+    target = hour_targets(full, n, per)
+    hours = len(target)
+    live = [sum(c[0] for c in full[0][h * per : (h + 1) * per]) > 0 for h in range(hours)]
+    best_f, best_mu = math.inf, [(0.0, 0.0)] * hours
+    found, found_plan = -math.inf, None
+
+    def value(mu: Weights) -> tuple[float, list[tuple[float, float]]]:
+        nonlocal found, found_plan, best_f, best_mu
+        f, p = dual_value(full, short, n, bucket, restart, per, target, mu)
+        if f < best_f:
+            best_f, best_mu = f, list(mu)
+        gaps = hour_gaps(p, full, short, bucket, restart, per, target)
+        worst = min(min(g) for g, x in zip(gaps, live, strict=True) if x)
+        if worst > found:
+            found, found_plan = worst, p
+        return f, gaps
+
+    for eta in etas:
+        mu = [(1.0, 1.0) if x else (0.0, 0.0) for x in live]
+        for _ in range(rounds):
+            _, gaps = value(mu)
+            mu = [(a * math.exp(-eta * g[0]), b * math.exp(-eta * g[1]))
+                  for (a, b), g in zip(mu, gaps, strict=True)]  # fmt: skip
+            total = sum(a + b for a, b in mu)
+            mu = [(a / total, b / total) for a, b in mu]
+    heavy = sorted(((w, h, t) for h, m in enumerate(best_mu) for t, w in enumerate(m)),
+                   reverse=True)[:3]  # fmt: skip
+    for i, (_, h1, t1) in enumerate(heavy):
+        for _, h2, t2 in heavy[i + 1 :]:
+
+            def on(lam: float, h1: int = h1, t1: int = t1, h2: int = h2, t2: int = t2) -> float:
+                mu = [[0.0, 0.0] for _ in range(hours)]
+                mu[h1][t1] += lam
+                mu[h2][t2] += 1 - lam
+                return value([(a, b) for a, b in mu])[0]
+
+            lo, hi = 0.0, 1.0
+            for _ in range(40):
+                a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+                if on(a) <= on(b):
+                    hi = b
+                else:
+                    lo = a
+    total = sum(a + b for a, b in best_mu)
+    cert = tuple((round(a / total, digits), round(b / total, digits)) for a, b in best_mu)
+    bound, _ = dual_value(full, short, n, bucket, restart, per, target, cert)
+    assert found_plan is not None
+    return HourDual(bound, cert, found, found_plan, len(etas) * rounds)
+
+
+def neighbours(full: Mapping[int, Counts], pick: Callable[[int, int], int]) -> dict[int, Counts]:
+    """Restarting minutes valued from the two splits of ``n`` engines a switch goes between
+    (split ``d`` while one engine restarts lies between ``d`` and ``d + 1``), tier by tier:
+    ``min`` is an upper bound on the minute if an engine more never hurts (the engines up are
+    a subset of either neighbour's), ``max`` a looser one still."""
+    return {d: [(a[0], pick(a[1], b[1]), pick(a[2], b[2]))
+                for a, b in zip(full[d], full[d + 1], strict=True)]
+            for d in range(len(full) - 1)}  # fmt: skip
 
 
 def _prefix(xs: Sequence[float]) -> list[float]:
