@@ -229,7 +229,56 @@ def hour_reach(
     return HourReach(best_worst, worst_oracle, obj, len(best_plan.moves), done)
 
 
-Weights = Sequence[tuple[float, float]]  # per hour: (on its strict gap, on its relaxed gap)
+class Gap(NamedTuple):
+    """One requirement on one hour: ``strict * S + relaxed * R - target >= -slack``, where
+    ``S`` and ``R`` are the hour's strict and relaxed shares (a reading of the clause is a list
+    of these)."""
+
+    hour: int
+    strict: float
+    relaxed: float
+    target: float
+    name: str
+
+
+def tier_gaps(full: Mapping[int, Counts], n: int, per: int) -> list[Gap]:
+    """The clause as written: each tier against the better pure split in that tier."""
+    out = []
+    for h, (s, r) in enumerate(hour_targets(full, n, per)):
+        out += [Gap(h, 1.0, 0.0, s, "strict"), Gap(h, 0.0, 1.0, r, "relaxed")]
+    return out
+
+
+def pure_gaps(full: Mapping[int, Counts], n: int, per: int, weight: float) -> list[Gap]:
+    """Both tiers against the hour's one pure split with the better objective."""
+    out = []
+    for h, (a, b) in enumerate(zip(hours_of(full[n], per), hours_of(full[0], per), strict=True)):
+        s, r = max(a, b, key=lambda x: weight * x[0] + (1 - weight) * x[1])
+        out += [Gap(h, 1.0, 0.0, s, "strict"), Gap(h, 0.0, 1.0, r, "relaxed")]
+    return out
+
+
+def objective_gaps(full: Mapping[int, Counts], n: int, per: int, weight: float) -> list[Gap]:
+    """The hour's objective against the better pure split's."""
+    out = []
+    for h, (a, b) in enumerate(zip(hours_of(full[n], per), hours_of(full[0], per), strict=True)):
+        t = max(weight * x[0] + (1 - weight) * x[1] for x in (a, b))
+        out.append(Gap(h, weight, 1 - weight, t, "objective"))
+    return out
+
+
+def gaps_of(
+    plan: OraclePlan,
+    full: Mapping[int, Counts],
+    short: Mapping[int, Counts],
+    bucket: float,
+    restart: Mapping[str, float],
+    per: int,
+    gaps: Sequence[Gap],
+) -> list[float]:
+    """Each requirement's gap along ``plan`` (shares)."""
+    got = hours_of(replay_counts(plan, full, short, bucket, restart), per)
+    return [g.strict * got[g.hour][0] + g.relaxed * got[g.hour][1] - g.target for g in gaps]
 
 
 def dual_value(
@@ -239,30 +288,33 @@ def dual_value(
     bucket: float,
     restart: Mapping[str, float],
     per: int,
-    target: Sequence[tuple[float, float]],
-    mu: Weights,
+    gaps: Sequence[Gap],
+    mu: Sequence[float],
 ) -> tuple[float, OraclePlan]:
     """``F(mu)``: the most any schedule of the program gets of the ``mu``-weighted mean of the
-    hours' gaps (strict and relaxed, shares), and the schedule that gets it. For weights
-    ``mu >= 0`` summing to 1, a mean is at least the least of what it averages, so no schedule's
-    worst (hour, tier) gap exceeds ``F(mu)``: any ``mu`` bounds the clause from above, and
-    ``F(mu) < -slack`` proves no schedule of the program meets it. (Exact up to float sums.)"""
-    total = sum(a + b for a, b in mu)
+    requirements' gaps (shares), and the schedule that gets it. For weights ``mu >= 0``, a
+    mean is at least the least of what it averages, so no schedule's worst gap exceeds
+    ``F(mu)``: any ``mu`` bounds the reading from above, and ``F(mu) < -slack`` proves no
+    schedule of the program meets it. (Exact up to float sums.)"""
+    total = sum(mu)
     buckets = len(full[0])
-    arrived = [max(1, sum(c[0] for c in full[0][h * per : (h + 1) * per]))
-               for h in range(len(target))]  # fmt: skip
-    ws = [mu[b // per][0] / total / arrived[b // per] for b in range(buckets)]
-    wr = [mu[b // per][1] / total / arrived[b // per] for b in range(buckets)]
+    hours = max(g.hour for g in gaps) + 1
+    arrived = [max(1, sum(c[0] for c in full[0][h * per : (h + 1) * per])) for h in range(hours)]
+    ws, wr = [0.0] * buckets, [0.0] * buckets
+    for g, m in zip(gaps, mu, strict=True):
+        for b in range(g.hour * per, min(buckets, (g.hour + 1) * per)):
+            ws[b] += m * g.strict / total / arrived[g.hour]
+            wr[b] += m * g.relaxed / total / arrived[g.hour]
     p = _best(full, short, n, bucket, restart, ws, wr)
-    offset = sum(m[0] * t[0] + m[1] * t[1] for m, t in zip(mu, target, strict=True)) / total
-    return p.value - offset, p
+    return p.value - sum(m * g.target for g, m in zip(gaps, mu, strict=True)) / total, p
 
 
 class HourDual(NamedTuple):
-    """The per-hour clause against every schedule of the program, from above and below."""
+    """A reading of the per-hour clause against every schedule of the program, from above
+    and below."""
 
-    bound: float  # no schedule's worst (hour, tier) gap exceeds this (share): F at ``weights``
-    weights: tuple[tuple[float, float], ...]  # the certificate: per hour (strict, relaxed)
+    bound: float  # no schedule's worst gap exceeds this (share): F at ``weights``
+    weights: tuple[float, ...]  # the certificate: one weight per requirement
     found: float  # the best worst gap of the schedules met on the way (one that is reached)
     plan: OraclePlan  # that schedule
     rounds: int
@@ -274,6 +326,7 @@ def hour_dual(
     n: int,
     bucket: float,
     restart: Mapping[str, float],
+    gaps: Sequence[Gap],
     hour: float = 3600.0,
     rounds: int = 300,
     etas: Sequence[float] = (5.0, 20.0, 80.0),
@@ -281,48 +334,44 @@ def hour_dual(
 ) -> HourDual:
     """Search the weights ``mu`` for the lowest ``F(mu)`` (``dual_value``): multiplicative
     weights (``rounds`` at each step size of ``etas``), each round's best schedule raising the
-    weight of the (hour, tier) it does worst in; then, between every two of the three heaviest
-    (hour, tier)s, a ternary search along the segment (``F`` is convex). The minimum of ``F``
-    is the max-min over mixtures of schedules (LP duality), so the bound is tight up to the
+    weight of the requirements it does worst in; then, between every two of the three
+    heaviest, a ternary search along the segment (``F`` is convex). The minimum of ``F`` is
+    the max-min over mixtures of schedules (LP duality), so the bound is tight up to the
     search and to mixing; the best schedules met give the max-min from below. The
     certificate's weights are rounded to ``digits`` and ``F`` evaluated again at them, so the
     bound is exactly what they give."""
     per = max(1, round(hour / bucket))
-    target = hour_targets(full, n, per)
-    hours = len(target)
-    live = [sum(c[0] for c in full[0][h * per : (h + 1) * per]) > 0 for h in range(hours)]
-    best_f, best_mu = math.inf, [(0.0, 0.0)] * hours
+    live = [sum(c[0] for c in full[0][g.hour * per : (g.hour + 1) * per]) > 0 for g in gaps]
+    best_f, best_mu = math.inf, [0.0] * len(gaps)
     found, found_plan = -math.inf, None
 
-    def value(mu: Weights) -> tuple[float, list[tuple[float, float]]]:
+    def value(mu: Sequence[float]) -> tuple[float, list[float]]:
         nonlocal found, found_plan, best_f, best_mu
-        f, p = dual_value(full, short, n, bucket, restart, per, target, mu)
+        f, p = dual_value(full, short, n, bucket, restart, per, gaps, mu)
         if f < best_f:
             best_f, best_mu = f, list(mu)
-        gaps = hour_gaps(p, full, short, bucket, restart, per, target)
-        worst = min(min(g) for g, x in zip(gaps, live, strict=True) if x)
+        got = gaps_of(p, full, short, bucket, restart, per, gaps)
+        worst = min(g for g, x in zip(got, live, strict=True) if x)
         if worst > found:
             found, found_plan = worst, p
-        return f, gaps
+        return f, got
 
     for eta in etas:
-        mu = [(1.0, 1.0) if x else (0.0, 0.0) for x in live]
+        mu = [1.0 if x else 0.0 for x in live]
         for _ in range(rounds):
-            _, gaps = value(mu)
-            mu = [(a * math.exp(-eta * g[0]), b * math.exp(-eta * g[1]))
-                  for (a, b), g in zip(mu, gaps, strict=True)]  # fmt: skip
-            total = sum(a + b for a, b in mu)
-            mu = [(a / total, b / total) for a, b in mu]
-    heavy = sorted(((w, h, t) for h, m in enumerate(best_mu) for t, w in enumerate(m)),
-                   reverse=True)[:3]  # fmt: skip
-    for i, (_, h1, t1) in enumerate(heavy):
-        for _, h2, t2 in heavy[i + 1 :]:
+            _, got = value(mu)
+            mu = [m * math.exp(-eta * g) for m, g in zip(mu, got, strict=True)]
+            total = sum(mu)
+            mu = [m / total for m in mu]
+    heavy = sorted(range(len(gaps)), key=lambda j: -best_mu[j])[:3]
+    for i, j1 in enumerate(heavy):
+        for j2 in heavy[i + 1 :]:
 
-            def on(lam: float, h1: int = h1, t1: int = t1, h2: int = h2, t2: int = t2) -> float:
-                mu = [[0.0, 0.0] for _ in range(hours)]
-                mu[h1][t1] += lam
-                mu[h2][t2] += 1 - lam
-                return value([(a, b) for a, b in mu])[0]
+            def on(lam: float, j1: int = j1, j2: int = j2) -> float:
+                mu = [0.0] * len(gaps)
+                mu[j1] += lam
+                mu[j2] += 1 - lam
+                return value(mu)[0]
 
             lo, hi = 0.0, 1.0
             for _ in range(40):
@@ -331,9 +380,9 @@ def hour_dual(
                     hi = b
                 else:
                     lo = a
-    total = sum(a + b for a, b in best_mu)
-    cert = tuple((round(a / total, digits), round(b / total, digits)) for a, b in best_mu)
-    bound, _ = dual_value(full, short, n, bucket, restart, per, target, cert)
+    total = sum(best_mu)
+    cert = tuple(round(m / total, digits) for m in best_mu)
+    bound, _ = dual_value(full, short, n, bucket, restart, per, gaps, cert)
     assert found_plan is not None
     return HourDual(bound, cert, found, found_plan, len(etas) * rounds)
 
