@@ -624,7 +624,9 @@ def reach_table(results: dict[str, Any]) -> list[str]:
         "gaps, points. The day's oracle maximises the day's objective; *any schedule* is the "
         "oracle's program re-weighted per hour and tier until the hours are met or 40 rounds "
         "pass (`fleet_oracle.hour_reach`, valued like the oracle: each minute from the static "
-        "runs), with its day objective: what meeting the hours costs the day.",
+        "runs), with its day objective: what meeting the hours costs the day. Bounds from "
+        "above (no schedule does better) and the clause's other readings: "
+        "`bench/results/fleet-hours.md`.",
         "",
         "| set | regime | workload | planner worst hour | oracle worst hour | any schedule: best "
         "worst hour | its objective % (switches) | planner / best static objective % |",
