@@ -254,7 +254,10 @@ def _worst(hours: Sequence[dict[str, Any]], key: Callable[[dict[str, Any]], Any]
 
 
 def _weights(ws: Sequence[Sequence[Any]]) -> str:
-    return ", ".join(f"h{h} {t} {w:.2f}" for h, t, w in sorted(ws, key=lambda x: -x[2]))
+    big = sorted((x for x in ws if x[2] >= 0.01), key=lambda x: -x[2])
+    rest = len(ws) - len(big)
+    text = ", ".join(f"h{h} {t} {w:.2f}" for h, t, w in big)
+    return text + (f" (+{rest} under 0.01)" if rest else "")
 
 
 def _three(v: dict[str, Any]) -> str:
