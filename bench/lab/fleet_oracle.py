@@ -20,7 +20,7 @@ Its schedule replayed in the lab (``Schedule``) gives the realised number next t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 Counts = Sequence[tuple[int, int, int]]  # per bucket: (arrived, strict, relaxed)
@@ -158,6 +158,26 @@ class HourReach(NamedTuple):
     rounds: int
 
 
+def hour_targets(full: Mapping[int, Counts], n: int, per: int) -> list[tuple[float, float]]:
+    """Each hour's better of all-speculative and all-baseline, in each tier (strict, relaxed)."""
+    spec, base = hours_of(full[n], per), hours_of(full[0], per)
+    return [(max(a[0], b[0]), max(a[1], b[1])) for a, b in zip(spec, base, strict=True)]
+
+
+def hour_gaps(
+    plan: OraclePlan,
+    full: Mapping[int, Counts],
+    short: Mapping[int, Counts],
+    bucket: float,
+    restart: Mapping[str, float],
+    per: int,
+    target: Sequence[tuple[float, float]],
+) -> list[tuple[float, float]]:
+    """Each hour's (strict, relaxed) share along ``plan`` minus ``target``."""
+    got = hours_of(replay_counts(plan, full, short, bucket, restart), per)
+    return [(g[0] - t[0], g[1] - t[1]) for g, t in zip(got, target, strict=True)]
+
+
 def hour_reach(
     full: Mapping[int, Counts],
     short: Mapping[int, Counts],
@@ -173,19 +193,17 @@ def hour_reach(
     relaxed goodput within ``slack`` of the better of all-speculative and all-baseline in that
     tier? The program re-weighted per hour and tier: each round doubles the weight of every
     (hour, tier) still short, and the schedule whose worst slack is best is kept. A heuristic
-    search (a Lagrangian one), so "not found" is evidence, not proof; the hours' targets come
-    from the same static runs the program reads."""
+    search (a Lagrangian one), so "not found" is evidence, not proof (``hour_dual`` bounds it
+    from above); the hours' targets come from the same static runs the program reads."""
     per = max(1, round(hour / bucket))
     buckets = len(full[0])
-    spec, base = hours_of(full[n], per), hours_of(full[0], per)
-    target = [(max(a[0], b[0]), max(a[1], b[1])) for a, b in zip(spec, base, strict=True)]
+    target = hour_targets(full, n, per)
     ws = [strict_weight] * buckets
     wr = [1 - strict_weight] * buckets
     total = sum(c[0] for c in full[0])
 
     def worst_of(p: OraclePlan) -> tuple[float, list[tuple[float, float]]]:
-        got = hours_of(replay_counts(p, full, short, bucket, restart), per)
-        gaps = [(g[0] - t[0], g[1] - t[1]) for g, t in zip(got, target, strict=True)]
+        gaps = hour_gaps(p, full, short, bucket, restart, per, target)
         return min(min(g) for g in gaps), gaps
 
     best_plan: OraclePlan | None = None
@@ -209,6 +227,174 @@ def hour_reach(
     counts = replay_counts(best_plan, full, short, bucket, restart)
     obj = sum(strict_weight * c[1] + (1 - strict_weight) * c[2] for c in counts) / total
     return HourReach(best_worst, worst_oracle, obj, len(best_plan.moves), done)
+
+
+class Gap(NamedTuple):
+    """One requirement on one hour: ``strict * S + relaxed * R - target >= -slack``, where
+    ``S`` and ``R`` are the hour's strict and relaxed shares (a reading of the clause is a list
+    of these)."""
+
+    hour: int
+    strict: float
+    relaxed: float
+    target: float
+    name: str
+
+
+def tier_gaps(full: Mapping[int, Counts], n: int, per: int) -> list[Gap]:
+    """The clause as written: each tier against the better pure split in that tier."""
+    out = []
+    for h, (s, r) in enumerate(hour_targets(full, n, per)):
+        out += [Gap(h, 1.0, 0.0, s, "strict"), Gap(h, 0.0, 1.0, r, "relaxed")]
+    return out
+
+
+def pure_gaps(full: Mapping[int, Counts], n: int, per: int, weight: float) -> list[Gap]:
+    """Both tiers against the hour's one pure split with the better objective."""
+    out = []
+    for h, (a, b) in enumerate(zip(hours_of(full[n], per), hours_of(full[0], per), strict=True)):
+        s, r = max(a, b, key=lambda x: weight * x[0] + (1 - weight) * x[1])
+        out += [Gap(h, 1.0, 0.0, s, "strict"), Gap(h, 0.0, 1.0, r, "relaxed")]
+    return out
+
+
+def objective_gaps(full: Mapping[int, Counts], n: int, per: int, weight: float) -> list[Gap]:
+    """The hour's objective against the better pure split's."""
+    out = []
+    for h, (a, b) in enumerate(zip(hours_of(full[n], per), hours_of(full[0], per), strict=True)):
+        t = max(weight * x[0] + (1 - weight) * x[1] for x in (a, b))
+        out.append(Gap(h, weight, 1 - weight, t, "objective"))
+    return out
+
+
+def gaps_of(
+    plan: OraclePlan,
+    full: Mapping[int, Counts],
+    short: Mapping[int, Counts],
+    bucket: float,
+    restart: Mapping[str, float],
+    per: int,
+    gaps: Sequence[Gap],
+) -> list[float]:
+    """Each requirement's gap along ``plan`` (shares)."""
+    got = hours_of(replay_counts(plan, full, short, bucket, restart), per)
+    return [g.strict * got[g.hour][0] + g.relaxed * got[g.hour][1] - g.target for g in gaps]
+
+
+def dual_value(
+    full: Mapping[int, Counts],
+    short: Mapping[int, Counts],
+    n: int,
+    bucket: float,
+    restart: Mapping[str, float],
+    per: int,
+    gaps: Sequence[Gap],
+    mu: Sequence[float],
+) -> tuple[float, OraclePlan]:
+    """``F(mu)``: the most any schedule of the program gets of the ``mu``-weighted mean of the
+    requirements' gaps (shares), and the schedule that gets it. For weights ``mu >= 0``, a
+    mean is at least the least of what it averages, so no schedule's worst gap exceeds
+    ``F(mu)``: any ``mu`` bounds the reading from above, and ``F(mu) < -slack`` proves no
+    schedule of the program meets it. (Exact up to float sums.)"""
+    total = sum(mu)
+    buckets = len(full[0])
+    hours = max(g.hour for g in gaps) + 1
+    arrived = [max(1, sum(c[0] for c in full[0][h * per : (h + 1) * per])) for h in range(hours)]
+    ws, wr = [0.0] * buckets, [0.0] * buckets
+    for g, m in zip(gaps, mu, strict=True):
+        for b in range(g.hour * per, min(buckets, (g.hour + 1) * per)):
+            ws[b] += m * g.strict / total / arrived[g.hour]
+            wr[b] += m * g.relaxed / total / arrived[g.hour]
+    p = _best(full, short, n, bucket, restart, ws, wr)
+    return p.value - sum(m * g.target for g, m in zip(gaps, mu, strict=True)) / total, p
+
+
+class HourDual(NamedTuple):
+    """A reading of the per-hour clause against every schedule of the program, from above
+    and below."""
+
+    bound: float  # no schedule's worst gap exceeds this (share): F at ``weights``
+    weights: tuple[float, ...]  # the certificate: one weight per requirement
+    found: float  # the best worst gap of the schedules met on the way (one that is reached)
+    plan: OraclePlan  # that schedule
+    rounds: int
+
+
+def hour_dual(
+    full: Mapping[int, Counts],
+    short: Mapping[int, Counts],
+    n: int,
+    bucket: float,
+    restart: Mapping[str, float],
+    gaps: Sequence[Gap],
+    hour: float = 3600.0,
+    rounds: int = 300,
+    etas: Sequence[float] = (5.0, 20.0, 80.0),
+    digits: int = 4,
+) -> HourDual:
+    """Search the weights ``mu`` for the lowest ``F(mu)`` (``dual_value``): multiplicative
+    weights (``rounds`` at each step size of ``etas``), each round's best schedule raising the
+    weight of the requirements it does worst in; then, between every two of the three
+    heaviest, a ternary search along the segment (``F`` is convex). The minimum of ``F`` is
+    the max-min over mixtures of schedules (LP duality), so the bound is tight up to the
+    search and to mixing; the best schedules met give the max-min from below. The
+    certificate's weights are rounded to ``digits`` and ``F`` evaluated again at them, so the
+    bound is exactly what they give."""
+    per = max(1, round(hour / bucket))
+    live = [sum(c[0] for c in full[0][g.hour * per : (g.hour + 1) * per]) > 0 for g in gaps]
+    best_f, best_mu = math.inf, [0.0] * len(gaps)
+    found, found_plan = -math.inf, None
+
+    def value(mu: Sequence[float]) -> tuple[float, list[float]]:
+        nonlocal found, found_plan, best_f, best_mu
+        f, p = dual_value(full, short, n, bucket, restart, per, gaps, mu)
+        if f < best_f:
+            best_f, best_mu = f, list(mu)
+        got = gaps_of(p, full, short, bucket, restart, per, gaps)
+        worst = min(g for g, x in zip(got, live, strict=True) if x)
+        if worst > found:
+            found, found_plan = worst, p
+        return f, got
+
+    for eta in etas:
+        mu = [1.0 if x else 0.0 for x in live]
+        for _ in range(rounds):
+            _, got = value(mu)
+            mu = [m * math.exp(-eta * g) for m, g in zip(mu, got, strict=True)]
+            total = sum(mu)
+            mu = [m / total for m in mu]
+    heavy = sorted(range(len(gaps)), key=lambda j: -best_mu[j])[:3]
+    for i, j1 in enumerate(heavy):
+        for j2 in heavy[i + 1 :]:
+
+            def on(lam: float, j1: int = j1, j2: int = j2) -> float:
+                mu = [0.0] * len(gaps)
+                mu[j1] += lam
+                mu[j2] += 1 - lam
+                return value(mu)[0]
+
+            lo, hi = 0.0, 1.0
+            for _ in range(40):
+                a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+                if on(a) <= on(b):
+                    hi = b
+                else:
+                    lo = a
+    total = sum(best_mu)
+    cert = tuple(round(m / total, digits) for m in best_mu)
+    bound, _ = dual_value(full, short, n, bucket, restart, per, gaps, cert)
+    assert found_plan is not None
+    return HourDual(bound, cert, found, found_plan, len(etas) * rounds)
+
+
+def neighbours(full: Mapping[int, Counts], pick: Callable[[int, int], int]) -> dict[int, Counts]:
+    """Restarting minutes valued from the two splits of ``n`` engines a switch goes between
+    (split ``d`` while one engine restarts lies between ``d`` and ``d + 1``), tier by tier:
+    ``min`` is an upper bound on the minute if an engine more never hurts (the engines up are
+    a subset of either neighbour's), ``max`` a looser one still."""
+    return {d: [(a[0], pick(a[1], b[1]), pick(a[2], b[2]))
+                for a, b in zip(full[d], full[d + 1], strict=True)]
+            for d in range(len(full) - 1)}  # fmt: skip
 
 
 def _prefix(xs: Sequence[float]) -> list[float]:
