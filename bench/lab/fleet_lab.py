@@ -842,6 +842,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strict-weight", type=float, default=None)
     ap.add_argument("--overload-charge", type=float, default=None)
     ap.add_argument("--seasonal-prior", type=float, default=None)
+    ap.add_argument("--var-step", type=float, default=None,
+                    help="the forecast's ForecastParams.var_step (0: the errors' squares)")
     ap.add_argument("--workloads", default="", help="held-out days whose name has one of these "
                     "(comma-separated); default: all")  # fmt: skip
     ap.add_argument("--seeds", default="", help="more held-out days: the main day's envelope "
@@ -863,6 +865,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.seasonal_prior is not None:
         fp = params.forecast._replace(seasonal_prior=args.seasonal_prior)
         params = params._replace(forecast=fp)
+    if args.var_step is not None:
+        params = params._replace(forecast=params.forecast._replace(var_step=args.var_step))
     if args.merge:
         return merge([Path(x) for x in args.merge.split(",") if x], Path(args.out), argv)
     picks = [x for x in args.workloads.split(",") if x]
