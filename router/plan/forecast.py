@@ -57,11 +57,13 @@ class ForecastParams(NamedTuple):
     # this share each observation (the errors' squares averaged, as before settle, when 0).
     # A surge that passes the clip unseen (at two arrivals an interval a 3x surge's counts
     # can all stay under it, through a window of ten a ramp up and down) then widens the
-    # variance by at most this share a step, not by its squared errors: over sockets the
-    # mean of squares took twenty times its variance from one such surge, and its process
-    # part, grown over three hours ahead, put the band's top at the day's peak at +30-50%
-    # of the point for hours (+13-15% before the surge). 0.05: the same memory as ``gamma``.
-    var_step: float = 0.05
+    # variance by at most (1 + var_step)**2 a step, not by its squared errors: over sockets
+    # the mean of squares took up to twenty times its variance from one such surge, and its
+    # process part, grown over three hours ahead, put the band's top at the day's peak at
+    # +30-50% of the point for hours (+13-15% before the surge). 0.025: on a steady Poisson
+    # load its noise is the squares' at ``gamma`` (the log variance's standard deviation 0.23
+    # against 0.23; at 0.05, 0.34), and a surge's twenty-odd steps at most double it.
+    var_step: float = 0.025
     z: float = 2.0  # band width in standard deviations
     cv_floor: float = 0.03  # the band's standard deviation is at least this share of the level
     clip: float = 3.0  # level and trend learn from errors clipped to this many deviations

@@ -225,11 +225,24 @@ DAY = 240  # intervals of a day in these tests
 WIN = 10  # intervals a window spans
 
 
-def _counts(rates: list[float], seconds: float, seed: int) -> list[int]:
-    """Poisson counts of each interval at ``rates`` (per second) over ``seconds``."""
+def _counts(rates: list[float], seconds: float, seed: int, paired: bool = False) -> list[int]:
+    """Poisson counts of each interval at ``rates`` (per second) over ``seconds``. ``paired``:
+    each drawn from one uniform of its own by the inverse of the Poisson distribution, so
+    days drawn with the same seed have the same counts wherever their rates are the same (a
+    day with a surge and the same day without it differ only in the surge)."""
     rng = random.Random(seed)
     out = []
     for r in rates:
+        if paired:
+            u, mean = rng.random(), r * seconds
+            count, term = 0, math.exp(-mean)
+            total = term
+            while total < u and term > 0:
+                count += 1
+                term *= mean / count
+                total += term
+            out.append(count)
+            continue
         count, t = 0, rng.expovariate(1.0)
         while t < r * seconds:
             count += 1
@@ -258,7 +271,7 @@ def _wave(lo: float, hi: float) -> list[float]:
 
 def _surge_day(yesterday: list[float], today: list[float], at: int, factor: float,
                seconds: float, seed: int, fresh: bool = True,
-               p: ForecastParams | None = None,
+               p: ForecastParams | None = None, paired: bool = False,
                ) -> tuple[list[float], list[Holt], ForecastParams]:  # fmt: skip
     """Yesterday's rates (as the router's saved state holds them), then today's counts with
     a ten-interval surge of ``factor`` from ``at``, through a window: the true rates, the
@@ -266,7 +279,8 @@ def _surge_day(yesterday: list[float], today: list[float], at: int, factor: floa
     p = p if p is not None else ForecastParams(season=DAY)
     state = feed(yesterday, p, seconds)
     true = [r * (factor if at <= i < at + 10 else 1.0) for i, r in enumerate(today)]
-    return true, _windowed(state, _counts(true, seconds, seed), seconds, p, fresh), p
+    counts = _counts(true, seconds, seed, paired)
+    return true, _windowed(state, counts, seconds, p, fresh), p
 
 
 def test_a_surge_through_a_window_neither_lifts_the_day_nor_stays_in_its_band() -> None:
@@ -324,8 +338,14 @@ def test_a_fresh_count_is_checked() -> None:
         observe(None, 1.0, 60.0, P, fresh=(1.0, 120.0))  # longer than the window
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=25, deadline=None)
 @example(base=6.5, at=43, seed=4564, flat=True)
+# (the shape past yesterday's remaining season is today's early windowed counts: here their
+# noise alone put the peak forecast at 3.32 against the truth's 1.875 and the old bound 3.30)
+@example(base=1.875, at=143, seed=142, flat=True)
+# (half an arrival an interval: the surge's extra arrivals came at its end, 3 and 3 against 1
+# and 3, so the band was wider than before it only once they were in the window)
+@example(base=0.5, at=53, seed=453, flat=True)
 @given(
     base=st.floats(0.5, 20.0),
     at=st.integers(40, 150),
@@ -336,18 +356,27 @@ def test_a_3x_surge_keeps_the_level_and_scale_near_the_truth(
     base: float, at: int, seed: int, flat: bool
 ) -> None:
     """Any ten-interval 3x surge on a flat or diurnal day, through a window, at a half to
-    twenty arrivals an interval: the peak forecast (the day's scale) stays within a bound of
-    the true peak throughout, the band widens during the surge, and twenty intervals after
-    it the level is within a bound of the true rate. (Not "within three intervals": at 6.5
-    arrivals an interval the first three surge counts can all stay under the clip.)"""
+    twenty arrivals an interval: the surge lifts the peak forecast (the day's scale) by no
+    more than a bound throughout, the band widens while the surge's counts are in the window
+    (its ten intervals and the ten after), and twenty intervals after it the level is within a
+    bound of the true rate. (Not "within three intervals": at 6.5
+    arrivals an interval the first three surge counts can all stay under the clip.)
+
+    Lifted from what: the true peak, or the same day's forecast without the surge (the same
+    counts outside it) where that is higher. Past yesterday's remaining season the shape is
+    today's own early windowed counts, a few arrivals each: their noise alone moves the peak
+    forecast, surge or not, and by more than the level's (the example above: 3.32 without
+    the surge's part of it against a true 1.875)."""
     yesterday = [base] * DAY if flat else _wave(0.1 * base, 1.1 * base)
-    true, states, p = _surge_day(yesterday, yesterday, at, 3.0, 1.0, seed)
+    true, states, p = _surge_day(yesterday, yesterday, at, 3.0, 1.0, seed, paired=True)
+    _, calm, _ = _surge_day(yesterday, yesterday, at, 1.0, 1.0, seed, paired=True)
     peak = max(yesterday)  # (the day's, not the surge's)
     # the bound: the level's count noise (a window of ten intervals) at two deviations
     noise = 2.0 * math.sqrt(max(yesterday) / WIN) + 0.3 * max(yesterday)
     for i in range(at, at + 30):
-        assert max(forecast(states[i], 150, 1.0, p).point) <= peak + noise, i
-    widths = [forecast(s, 1, 1.0, p) for s in states[at - 1 : at + 10]]
+        plain = max(forecast(calm[i], 150, 1.0, p).point)
+        assert max(forecast(states[i], 150, 1.0, p).point) <= max(peak, plain) + noise, i
+    widths = [forecast(s, 1, 1.0, p) for s in states[at - 1 : at + 2 * WIN]]
     assert (
         max(w.upper[0] - w.point[0] for w in widths[1:]) > widths[0].upper[0] - widths[0].point[0]
     )
