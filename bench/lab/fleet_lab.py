@@ -31,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -192,33 +192,16 @@ def model_day(setting: Setting, mix: Mix, env: Envelope, capacity: float, n: int
     return out
 
 
-def evaluate(reg: str, wl: Workload, params: Params, router: str = "slo") -> dict[str, Any]:
-    """Every row for one regime and workload, behind ``router``: "slo" (the router users run,
-    ``fleet_router``) or "spillover" at the crossover."""
-    t0 = time.time()
-    spec, base = regime(reg)
+def _planner_row(reqs: list[Req], spec: Any, base: Any, setting: Setting, theta: int,
+                 wl: Workload, params: Params,
+                 rt: Maker) -> dict[str, Any]:  # fmt: skip
+    """The planner's row: it starts in the split it prefers for the first interval's rate,
+    having seen yesterday (``_yesterday``)."""
     n = ENGINES
-    capacity = n * engine_slo_capacity(base, wl.kind, wl.hot)
-    reqs = arrivals(wl.env, capacity, wl.kind, wl.hot, wl.seed)
     duration = wl.env.duration
     prompt, output = mean_lengths(wl.kind)
-    setting = setting_for(spec, base, prompt + output / 2)
-    theta = spill_threshold(
-        setting.speculative, setting.baseline, workload_mix(wl.kind, wl.hot), Slo()
-    )
+    capacity = n * engine_slo_capacity(base, wl.kind, wl.hot)
     w = params.strict_weight
-    if router == "spillover":
-        params = params._replace(model=params.model._replace(router="spillover"))
-
-    def rt() -> DeciderRouter | None:
-        return DeciderRouter(spec, base, prompt, output) if router == "slo" else None
-
-    rows: dict[str, dict[str, Any]] = {}
-    full = {}
-    for k in range(n + 1):
-        res = run(reqs, spec, base, n, k, theta, seed=wl.seed, router=rt())
-        rows[f"static {k}"] = _row(res, duration, w)
-        full[k] = per_bucket_good(res.requests, duration, BUCKET)
     first = [r for r in reqs if r.at < params.interval]
     mix0 = mix_of(
         [r.prompt for r in first] or [prompt],
@@ -233,8 +216,8 @@ def evaluate(reg: str, wl: Workload, params: Params, router: str = "slo") -> dic
     ctl.warm(yesterday, params.interval)
     res = run(reqs, spec, base, n, start, theta, seed=wl.seed, controller=ctl,
               interval=params.interval, router=rt())  # fmt: skip
-    rows["planner"] = _row(res, duration, w)
-    rows["planner"]["start"] = start
+    row = _row(res, duration, w)
+    row["start"] = start
     floors = []
     for sw in res.switches:
         end = sw.up if not math.isnan(sw.up) else duration
@@ -248,8 +231,61 @@ def evaluate(reg: str, wl: Workload, params: Params, router: str = "slo") -> dic
                 "actual_peak": _peak_rate(reqs, sw.decided, end),
             }
         )
-    rows["planner"]["floors"] = floors
-    rows["planner"]["timeline"] = res.timeline
+    row["floors"] = floors
+    row["timeline"] = res.timeline
+    return row
+
+
+Maker = Callable[[], DeciderRouter | None]
+
+
+def _day(reg: str, wl: Workload, router: str) -> tuple[Any, Any, list[Req], Setting, int, Maker]:
+    """A regime's presets, the workload's arrivals, the planner's setting, the spillover
+    threshold and a maker of the router behind ``router`` ("slo": the one users run)."""
+    spec, base = regime(reg)
+    capacity = ENGINES * engine_slo_capacity(base, wl.kind, wl.hot)
+    reqs = arrivals(wl.env, capacity, wl.kind, wl.hot, wl.seed)
+    prompt, output = mean_lengths(wl.kind)
+    setting = setting_for(spec, base, prompt + output / 2)
+    theta = spill_threshold(
+        setting.speculative, setting.baseline, workload_mix(wl.kind, wl.hot), Slo()
+    )
+
+    def rt() -> DeciderRouter | None:
+        return DeciderRouter(spec, base, prompt, output) if router == "slo" else None
+
+    return spec, base, reqs, setting, theta, rt
+
+
+def planner_only(reg: str, wl: Workload, params: Params, router: str = "slo") -> dict[str, Any]:
+    """The planner's row alone (``--planner-only``: a change to the planner judged without
+    rerunning the rows it does not move: the static splits, the oracle)."""
+    t0 = time.time()
+    spec, base, reqs, setting, theta, rt = _day(reg, wl, router)
+    if router == "spillover":
+        params = params._replace(model=params.model._replace(router="spillover"))
+    row = _planner_row(reqs, spec, base, setting, theta, wl, params, rt)
+    return {"regime": reg, "workload": wl.name, "seconds": time.time() - t0, "planner": row}
+
+
+def evaluate(reg: str, wl: Workload, params: Params, router: str = "slo") -> dict[str, Any]:
+    """Every row for one regime and workload, behind ``router``: "slo" (the router users run,
+    ``fleet_router``) or "spillover" at the crossover."""
+    t0 = time.time()
+    spec, base, reqs, setting, theta, rt = _day(reg, wl, router)
+    n = ENGINES
+    capacity = n * engine_slo_capacity(base, wl.kind, wl.hot)
+    duration = wl.env.duration
+    w = params.strict_weight
+    if router == "spillover":
+        params = params._replace(model=params.model._replace(router="spillover"))
+    rows: dict[str, dict[str, Any]] = {}
+    full = {}
+    for k in range(n + 1):
+        res = run(reqs, spec, base, n, k, theta, seed=wl.seed, router=rt())
+        rows[f"static {k}"] = _row(res, duration, w)
+        full[k] = per_bucket_good(res.requests, duration, BUCKET)
+    rows["planner"] = _planner_row(reqs, spec, base, setting, theta, wl, params, rt)
     if wl.oracle:
         short = {}
         for k in range(n):
@@ -842,8 +878,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strict-weight", type=float, default=None)
     ap.add_argument("--overload-charge", type=float, default=None)
     ap.add_argument("--seasonal-prior", type=float, default=None)
-    ap.add_argument("--var-step", type=float, default=None,
-                    help="the forecast's ForecastParams.var_step (0: the errors' squares)")
+    ap.add_argument(
+        "--var-step",
+        type=float,
+        default=None,
+        help="the forecast's ForecastParams.var_step (0: the errors' squares)",
+    )
     ap.add_argument("--workloads", default="", help="held-out days whose name has one of these "
                     "(comma-separated); default: all")  # fmt: skip
     ap.add_argument("--seeds", default="", help="more held-out days: the main day's envelope "
@@ -853,6 +893,11 @@ def main(argv: list[str] | None = None) -> int:
                     "into several holds of the CPU lock)")  # fmt: skip
     ap.add_argument("--router", default="slo", choices=("slo", "spillover"),
                     help="the router in front: its default policy, or spillover")  # fmt: skip
+    ap.add_argument(
+        "--planner-only",
+        action="store_true",
+        help="the planner's rows alone, printed and written to --out as JSON",
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "fleet-lab"))
     args = ap.parse_args(argv)
@@ -883,6 +928,8 @@ def main(argv: list[str] | None = None) -> int:
         tasks += [(reg, wl, params, "held_out", args.router) for reg in regimes for wl in held_out]
     if "flat" in only:
         tasks += [(reg, wl, params, "flat", args.router) for reg in regimes for wl in FLAT]
+    if args.planner_only:
+        return _planner_only(tasks, args, argv)
     results: dict[str, Any] = {
         "strict_weight": params.strict_weight,
         "params": params._asdict(),
@@ -910,6 +957,30 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".md").write_text(report(results, command.strip()))
     out.with_suffix(".json").write_text(json.dumps(_rounded(results), separators=(",", ":")))
     print(f"wrote {out.with_suffix('.md')} ({results['minutes']:.1f} min)")
+    return 0
+
+
+def _planner_task(args: tuple[str, Workload, Params, str, str]) -> dict[str, Any]:
+    reg, wl, params, section, router = args
+    got = planner_only(reg, wl, params, router)
+    p = got["planner"]
+    splits = [(round(t / HOUR, 2), k) for t, k, _ in p["timeline"]]
+    print(f"  {section:8s} {reg:13s} {wl.name:40s} planner {100 * p['strict']:.1f} / "
+          f"{100 * p['relaxed']:.1f}, {p['switches']} switches, splits {splits} "
+          f"({got['seconds']:.0f} s)", flush=True)  # fmt: skip
+    return {"section": section, **got}
+
+
+def _planner_only(tasks: list[tuple[str, Workload, Params, str, str]], args: argparse.Namespace,
+                  argv: list[str] | None) -> int:  # fmt: skip
+    t0 = time.time()
+    with multiprocessing.Pool(args.jobs) as pool:
+        rows = pool.map(_planner_task, tasks)
+    command = "python bench/lab/fleet_lab.py " + shlex.join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    doc = {"command": command, "ran": _ran(t0), "rows": rows}
+    Path(args.out).with_suffix(".json").write_text(json.dumps(_rounded(doc), indent=1) + "\n")
     return 0
 
 

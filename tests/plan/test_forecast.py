@@ -384,6 +384,67 @@ def test_a_3x_surge_keeps_the_level_and_scale_near_the_truth(
     assert abs(back.level - true[at + 30]) <= noise
 
 
+def test_an_unseen_surges_errors_do_not_widen_the_band_for_hours() -> None:
+    """The socket-scale day with a 3x surge through the window: its windowed errors (a ramp up
+    and down, some of it past the clip, some not) teach the running median of the errors a
+    step at a time, so twenty to forty intervals after the surge the band over the next 150
+    intervals (the day's peak in it) is within a third of the same day's without the surge
+    (the same counts outside it). The errors' squares averaged took one of these days to
+    seven times its width."""
+    wave = _wave(0.35, 3.85)
+    squares = ForecastParams(season=DAY, var_step=0.0)
+    worst = {}
+    for name, p in (("median", ForecastParams(season=DAY)), ("squares", squares)):
+        ratios = []
+        for seed in range(12):
+            _, states, _ = _surge_day(wave, wave, 50, 3.0, 1.0, seed, p=p, paired=True)
+            _, calm, _ = _surge_day(wave, wave, 50, 1.0, 1.0, seed, p=p, paired=True)
+            for i in (70, 75, 80, 90):
+                width = _width(forecast(states[i], 150, 1.0, p))
+                ratios.append(width / _width(forecast(calm[i], 150, 1.0, p)))
+        worst[name] = max(ratios)
+    assert worst["median"] < 4 / 3
+    assert worst["squares"] > 3
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    rates=st.lists(st.floats(0.0, 1000.0), min_size=1, max_size=40),
+    seconds=st.floats(1.0, 600.0),
+)
+def test_a_run_of_errors_moves_the_variance_a_step_at_a_time(
+    rates: list[float], seconds: float
+) -> None:
+    """Past ``settle``, whatever the errors (outside a surge's hold), the variance moves by
+    ``(1 + var_step)**2`` an observation at most, up or down (down to its floor)."""
+    p = ForecastParams(season=0)
+    state = feed(poisson_minutes(2.0, p.settle + 5), p)
+    step = (1.0 + p.var_step) ** 2
+    for r in rates:
+        after = observe(state, r, seconds, p)
+        assert after.var <= state.var * step * (1 + 1e-9)
+        assert after.var >= min(state.var / step * (1 - 1e-9), 1e-12)
+        state = after
+
+
+def test_on_a_steady_load_the_median_variance_is_the_squares() -> None:
+    """The running median of the absolute errors, as a variance, is about the mean of their
+    squares on a steady Poisson load, and no noisier (the log variance's spread)."""
+    rates = poisson_minutes(2.0, 3000, 1)
+    stats = {}
+    for name, p in (("median", P), ("squares", P._replace(var_step=0.0))):
+        state, logs = None, []
+        for i, r in enumerate(rates):
+            state = observe(state, r, 60.0, p)
+            if i > 300:
+                logs.append(math.log(state.var))
+        assert state is not None
+        mean = sum(logs) / len(logs)
+        stats[name] = (math.exp(mean), math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs)))
+    assert stats["median"][0] == pytest.approx(stats["squares"][0], rel=0.2)
+    assert stats["median"][1] < 1.1 * stats["squares"][1]
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     base=st.floats(0.5, 200.0),
