@@ -44,6 +44,7 @@ PER_HOUR_SLACK = 0.03  # the must-show: every hour >= the better pure fleet minu
 Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
+    ("squares", "forecast's variance the errors' mean square, before the path rule (c33faa2)"),
     ("pathrule", "with bf912b1's path rule (a path towards baseline must gain at the upper band)"),
     ("windowclip", "forecast's clip on the window's rate (not its newest interval's count)"),
     ("bandcharge", "overload charged at the band's top"),
@@ -197,7 +198,13 @@ def intro(meta: Doc) -> list[str]:
         "clip and burst judging the window's newest interval by its own count and today's "
         "scale against yesterday the median of the last hour's ratios (not the level's: a "
         "surge's ten minutes reached the level a ninth at a time through the window, under "
-        "the clip, and read the day's peak up to twice the truth); *forecast's clip on the "
+        "the clip, and read the day's peak up to twice the truth), a switch towards "
+        "baseline that starts a path of several made only if it does not lose at the upper "
+        "band (bf912b1), and the forecast's residual variance a running median of its errors "
+        "(session 9: a surge that passes the clip unseen no longer widens the band at the "
+        "day's peak for hours); *forecast's variance the errors' mean square, before the "
+        "path rule*: the runs before those two (session 8, c33faa2); *with bf912b1's path "
+        "rule*: session 8's runs with the path rule and the mean square; *forecast's clip on the "
         "window's rate*: the runs before that last change (session 7's end); *overload "
         "charged at the band's top*: the runs before those; *seasonal scale "
         "not shrunk*: the runs before that (a window of ~14 arrivals read the morning at "

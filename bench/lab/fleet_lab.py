@@ -221,6 +221,59 @@ def lab_day(reg: str, wl: Workload, router: str = "slo") -> LabDay:
     return LabDay(spec, base, capacity, reqs, setting, theta, rt)
 
 
+def _planner_row(day: LabDay, wl: Workload, params: Params) -> dict[str, Any]:
+    """The planner's row: it starts in the split it prefers for the first interval's rate,
+    having seen yesterday (``_yesterday``)."""
+    spec, base, capacity, reqs, setting, theta, rt = day
+    n = ENGINES
+    duration = wl.env.duration
+    prompt, output = mean_lengths(wl.kind)
+    w = params.strict_weight
+    first = [r for r in reqs if r.at < params.interval]
+    mix0 = mix_of(
+        [r.prompt for r in first] or [prompt],
+        [r.output for r in first] or [output],
+        sum(r.hot for r in first) / max(1, len(first)),
+    )
+    start = steady_split(setting, mix0, len(first) / params.interval, n, params)
+    yesterday = _yesterday(wl, capacity, params.interval)
+    # the planner's season is the lab's day (in intervals)
+    params = params._replace(forecast=params.forecast._replace(season=len(yesterday)))
+    ctl = PlannerController(setting, params)
+    ctl.warm(yesterday, params.interval)
+    res = run(reqs, spec, base, n, start, theta, seed=wl.seed, controller=ctl,
+              interval=params.interval, router=rt())  # fmt: skip
+    row = _row(res, duration, w)
+    row["start"] = start
+    floors = []
+    for sw in res.switches:
+        end = sw.up if not math.isnan(sw.up) else duration
+        floors.append(
+            {
+                "t": sw.decided,
+                "mode": sw.mode,
+                "need": sw.need,
+                "have": sw.have,
+                "short": sw.short,
+                "actual_peak": _peak_rate(reqs, sw.decided, end),
+            }
+        )
+    row["floors"] = floors
+    row["timeline"] = res.timeline
+    return row
+
+
+def planner_only(reg: str, wl: Workload, params: Params, router: str = "slo") -> dict[str, Any]:
+    """The planner's row alone (``--planner-only``: a change to the planner judged without
+    rerunning the rows it does not move: the static splits, the oracle)."""
+    t0 = time.time()
+    day = lab_day(reg, wl, router)
+    if router == "spillover":
+        params = params._replace(model=params.model._replace(router="spillover"))
+    row = _planner_row(day, wl, params)
+    return {"regime": reg, "workload": wl.name, "seconds": time.time() - t0, "planner": row}
+
+
 def evaluate(reg: str, wl: Workload, params: Params, router: str = "slo",
              keep_minutes: bool = False) -> dict[str, Any]:  # fmt: skip
     """Every row for one regime and workload, behind ``router``: "slo" (the router users run,
@@ -243,37 +296,7 @@ def evaluate(reg: str, wl: Workload, params: Params, router: str = "slo",
         res = run(reqs, spec, base, n, k, theta, seed=wl.seed, router=rt())
         rows[f"static {k}"] = _row(res, duration, w)
         full[k] = per_bucket_good(res.requests, duration, BUCKET)
-    first = [r for r in reqs if r.at < params.interval]
-    mix0 = mix_of(
-        [r.prompt for r in first] or [prompt],
-        [r.output for r in first] or [output],
-        sum(r.hot for r in first) / max(1, len(first)),
-    )
-    start = steady_split(setting, mix0, len(first) / params.interval, n, params)
-    yesterday = _yesterday(wl, capacity, params.interval)
-    # the planner's season is the lab's day (in intervals)
-    params = params._replace(forecast=params.forecast._replace(season=len(yesterday)))
-    ctl = PlannerController(setting, params)
-    ctl.warm(yesterday, params.interval)
-    res = run(reqs, spec, base, n, start, theta, seed=wl.seed, controller=ctl,
-              interval=params.interval, router=rt())  # fmt: skip
-    rows["planner"] = _row(res, duration, w)
-    rows["planner"]["start"] = start
-    floors = []
-    for sw in res.switches:
-        end = sw.up if not math.isnan(sw.up) else duration
-        floors.append(
-            {
-                "t": sw.decided,
-                "mode": sw.mode,
-                "need": sw.need,
-                "have": sw.have,
-                "short": sw.short,
-                "actual_peak": _peak_rate(reqs, sw.decided, end),
-            }
-        )
-    rows["planner"]["floors"] = floors
-    rows["planner"]["timeline"] = res.timeline
+    rows["planner"] = _planner_row(day, wl, params)
     if wl.oracle:
         short = {}
         for k in range(n):
@@ -872,6 +895,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strict-weight", type=float, default=None)
     ap.add_argument("--overload-charge", type=float, default=None)
     ap.add_argument("--seasonal-prior", type=float, default=None)
+    ap.add_argument(
+        "--var-step",
+        type=float,
+        default=None,
+        help="the forecast's ForecastParams.var_step (0: the errors' squares)",
+    )
     ap.add_argument("--workloads", default="", help="held-out days whose name has one of these "
                     "(comma-separated); default: all")  # fmt: skip
     ap.add_argument("--seeds", default="", help="more held-out days: the main day's envelope "
@@ -881,6 +910,11 @@ def main(argv: list[str] | None = None) -> int:
                     "into several holds of the CPU lock)")  # fmt: skip
     ap.add_argument("--router", default="slo", choices=("slo", "spillover"),
                     help="the router in front: its default policy, or spillover")  # fmt: skip
+    ap.add_argument(
+        "--planner-only",
+        action="store_true",
+        help="the planner's rows alone, printed and written to --out as JSON",
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "fleet-lab"))
     args = ap.parse_args(argv)
@@ -893,6 +927,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.seasonal_prior is not None:
         fp = params.forecast._replace(seasonal_prior=args.seasonal_prior)
         params = params._replace(forecast=fp)
+    if args.var_step is not None:
+        params = params._replace(forecast=params.forecast._replace(var_step=args.var_step))
     if args.merge:
         return merge([Path(x) for x in args.merge.split(",") if x], Path(args.out), argv)
     picks = [x for x in args.workloads.split(",") if x]
@@ -909,6 +945,8 @@ def main(argv: list[str] | None = None) -> int:
         tasks += [(reg, wl, params, "held_out", args.router) for reg in regimes for wl in held_out]
     if "flat" in only:
         tasks += [(reg, wl, params, "flat", args.router) for reg in regimes for wl in FLAT]
+    if args.planner_only:
+        return _planner_only(tasks, args, argv)
     results: dict[str, Any] = {
         "strict_weight": params.strict_weight,
         "params": params._asdict(),
@@ -936,6 +974,30 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".md").write_text(report(results, command.strip()))
     out.with_suffix(".json").write_text(json.dumps(_rounded(results), separators=(",", ":")))
     print(f"wrote {out.with_suffix('.md')} ({results['minutes']:.1f} min)")
+    return 0
+
+
+def _planner_task(args: tuple[str, Workload, Params, str, str]) -> dict[str, Any]:
+    reg, wl, params, section, router = args
+    got = planner_only(reg, wl, params, router)
+    p = got["planner"]
+    splits = [(round(t / HOUR, 2), k) for t, k, _ in p["timeline"]]
+    print(f"  {section:8s} {reg:13s} {wl.name:40s} planner {100 * p['strict']:.1f} / "
+          f"{100 * p['relaxed']:.1f}, {p['switches']} switches, splits {splits} "
+          f"({got['seconds']:.0f} s)", flush=True)  # fmt: skip
+    return {"section": section, **got}
+
+
+def _planner_only(tasks: list[tuple[str, Workload, Params, str, str]], args: argparse.Namespace,
+                  argv: list[str] | None) -> int:  # fmt: skip
+    t0 = time.time()
+    with multiprocessing.Pool(args.jobs) as pool:
+        rows = pool.map(_planner_task, tasks)
+    command = "python bench/lab/fleet_lab.py " + shlex.join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    doc = {"command": command, "ran": _ran(t0), "rows": rows}
+    Path(args.out).with_suffix(".json").write_text(json.dumps(_rounded(doc), indent=1) + "\n")
     return 0
 
 

@@ -225,11 +225,24 @@ DAY = 240  # intervals of a day in these tests
 WIN = 10  # intervals a window spans
 
 
-def _counts(rates: list[float], seconds: float, seed: int) -> list[int]:
-    """Poisson counts of each interval at ``rates`` (per second) over ``seconds``."""
+def _counts(rates: list[float], seconds: float, seed: int, paired: bool = False) -> list[int]:
+    """Poisson counts of each interval at ``rates`` (per second) over ``seconds``. ``paired``:
+    each drawn from one uniform of its own by the inverse of the Poisson distribution, so
+    days drawn with the same seed have the same counts wherever their rates are the same (a
+    day with a surge and the same day without it differ only in the surge)."""
     rng = random.Random(seed)
     out = []
     for r in rates:
+        if paired:
+            u, mean = rng.random(), r * seconds
+            count, term = 0, math.exp(-mean)
+            total = term
+            while total < u and term > 0:
+                count += 1
+                term *= mean / count
+                total += term
+            out.append(count)
+            continue
         count, t = 0, rng.expovariate(1.0)
         while t < r * seconds:
             count += 1
@@ -258,14 +271,16 @@ def _wave(lo: float, hi: float) -> list[float]:
 
 def _surge_day(yesterday: list[float], today: list[float], at: int, factor: float,
                seconds: float, seed: int, fresh: bool = True,
+               p: ForecastParams | None = None, paired: bool = False,
                ) -> tuple[list[float], list[Holt], ForecastParams]:  # fmt: skip
     """Yesterday's rates (as the router's saved state holds them), then today's counts with
     a ten-interval surge of ``factor`` from ``at``, through a window: the true rates, the
     states."""
-    p = ForecastParams(season=DAY)
+    p = p if p is not None else ForecastParams(season=DAY)
     state = feed(yesterday, p, seconds)
     true = [r * (factor if at <= i < at + 10 else 1.0) for i, r in enumerate(today)]
-    return true, _windowed(state, _counts(true, seconds, seed), seconds, p, fresh), p
+    counts = _counts(true, seconds, seed, paired)
+    return true, _windowed(state, counts, seconds, p, fresh), p
 
 
 def test_a_surge_through_a_window_neither_lifts_the_day_nor_stays_in_its_band() -> None:
@@ -279,7 +294,9 @@ def test_a_surge_through_a_window_neither_lifts_the_day_nor_stays_in_its_band() 
     seconds = 1.0
     for seed in range(3):
         true, states, p = _surge_day(wave, wave, 50, 3.0, seconds, seed)
-        _, old, _ = _surge_day(wave, wave, 50, 3.0, seconds, seed, False)
+        # (the old rule: the window's rate judged, and the errors' squares averaged)
+        squares = ForecastParams(season=DAY, var_step=0.0)
+        _, old, _ = _surge_day(wave, wave, 50, 3.0, seconds, seed, False, squares)
         peak = max(wave)  # (the day's, not the surge's)
         for i in range(45, 90):
             fc = forecast(states[i], 150, seconds, p)
@@ -293,7 +310,7 @@ def test_a_surge_through_a_window_neither_lifts_the_day_nor_stays_in_its_band() 
         for i in (75, 80, 90):
             width = _width(forecast(calm[i], 150, seconds, p))
             assert _width(forecast(states[i], 150, seconds, p)) < 1.5 * width, (seed, i)
-        # (the same day through the window alone: the band learnt the surge's errors)
+        # (the same day by the old rule: the band learnt the surge's errors)
         wide = [
             _width(forecast(old[i], 150, seconds, p)) / _width(forecast(states[i], 150, seconds, p))
             for i in (65, 70, 75, 80)
@@ -321,8 +338,14 @@ def test_a_fresh_count_is_checked() -> None:
         observe(None, 1.0, 60.0, P, fresh=(1.0, 120.0))  # longer than the window
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=25, deadline=None)
 @example(base=6.5, at=43, seed=4564, flat=True)
+# (the shape past yesterday's remaining season is today's early windowed counts: here their
+# noise alone put the peak forecast at 3.32 against the truth's 1.875 and the old bound 3.30)
+@example(base=1.875, at=143, seed=142, flat=True)
+# (half an arrival an interval: the surge's extra arrivals came at its end, 3 and 3 against 1
+# and 3, so the band was wider than before it only once they were in the window)
+@example(base=0.5, at=53, seed=453, flat=True)
 @given(
     base=st.floats(0.5, 20.0),
     at=st.integers(40, 150),
@@ -333,23 +356,93 @@ def test_a_3x_surge_keeps_the_level_and_scale_near_the_truth(
     base: float, at: int, seed: int, flat: bool
 ) -> None:
     """Any ten-interval 3x surge on a flat or diurnal day, through a window, at a half to
-    twenty arrivals an interval: the peak forecast (the day's scale) stays within a bound of
-    the true peak throughout, the band widens during the surge, and twenty intervals after
-    it the level is within a bound of the true rate. (Not "within three intervals": at 6.5
-    arrivals an interval the first three surge counts can all stay under the clip.)"""
+    twenty arrivals an interval: the surge lifts the peak forecast (the day's scale) by no
+    more than a bound throughout, the band widens while the surge's counts are in the window
+    (its ten intervals and the ten after), and twenty intervals after it the level is within a
+    bound of the true rate. (Not "within three intervals": at 6.5
+    arrivals an interval the first three surge counts can all stay under the clip.)
+
+    Lifted from what: the true peak, or the same day's forecast without the surge (the same
+    counts outside it) where that is higher. Past yesterday's remaining season the shape is
+    today's own early windowed counts, a few arrivals each: their noise alone moves the peak
+    forecast, surge or not, and by more than the level's (the example above: 3.32 without
+    the surge's part of it against a true 1.875)."""
     yesterday = [base] * DAY if flat else _wave(0.1 * base, 1.1 * base)
-    true, states, p = _surge_day(yesterday, yesterday, at, 3.0, 1.0, seed)
+    true, states, p = _surge_day(yesterday, yesterday, at, 3.0, 1.0, seed, paired=True)
+    _, calm, _ = _surge_day(yesterday, yesterday, at, 1.0, 1.0, seed, paired=True)
     peak = max(yesterday)  # (the day's, not the surge's)
     # the bound: the level's count noise (a window of ten intervals) at two deviations
     noise = 2.0 * math.sqrt(max(yesterday) / WIN) + 0.3 * max(yesterday)
     for i in range(at, at + 30):
-        assert max(forecast(states[i], 150, 1.0, p).point) <= peak + noise, i
-    widths = [forecast(s, 1, 1.0, p) for s in states[at - 1 : at + 10]]
+        plain = max(forecast(calm[i], 150, 1.0, p).point)
+        assert max(forecast(states[i], 150, 1.0, p).point) <= max(peak, plain) + noise, i
+    widths = [forecast(s, 1, 1.0, p) for s in states[at - 1 : at + 2 * WIN]]
     assert (
         max(w.upper[0] - w.point[0] for w in widths[1:]) > widths[0].upper[0] - widths[0].point[0]
     )
     back = states[at + 30]
     assert abs(back.level - true[at + 30]) <= noise
+
+
+def test_an_unseen_surges_errors_do_not_widen_the_band_for_hours() -> None:
+    """The socket-scale day with a 3x surge through the window: its windowed errors (a ramp up
+    and down, some of it past the clip, some not) teach the running median of the errors a
+    step at a time, so twenty to forty intervals after the surge the band over the next 150
+    intervals (the day's peak in it) is within a third of the same day's without the surge
+    (the same counts outside it). The errors' squares averaged took one of these days to
+    seven times its width."""
+    wave = _wave(0.35, 3.85)
+    squares = ForecastParams(season=DAY, var_step=0.0)
+    worst = {}
+    for name, p in (("median", ForecastParams(season=DAY)), ("squares", squares)):
+        ratios = []
+        for seed in range(12):
+            _, states, _ = _surge_day(wave, wave, 50, 3.0, 1.0, seed, p=p, paired=True)
+            _, calm, _ = _surge_day(wave, wave, 50, 1.0, 1.0, seed, p=p, paired=True)
+            for i in (70, 75, 80, 90):
+                width = _width(forecast(states[i], 150, 1.0, p))
+                ratios.append(width / _width(forecast(calm[i], 150, 1.0, p)))
+        worst[name] = max(ratios)
+    assert worst["median"] < 4 / 3
+    assert worst["squares"] > 3
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    rates=st.lists(st.floats(0.0, 1000.0), min_size=1, max_size=40),
+    seconds=st.floats(1.0, 600.0),
+)
+def test_a_run_of_errors_moves_the_variance_a_step_at_a_time(
+    rates: list[float], seconds: float
+) -> None:
+    """Past ``settle``, whatever the errors (outside a surge's hold), the variance moves by
+    ``(1 + var_step)**2`` an observation at most, up or down (down to its floor)."""
+    p = ForecastParams(season=0)
+    state = feed(poisson_minutes(2.0, p.settle + 5), p)
+    step = (1.0 + p.var_step) ** 2
+    for r in rates:
+        after = observe(state, r, seconds, p)
+        assert after.var <= state.var * step * (1 + 1e-9)
+        assert after.var >= min(state.var / step * (1 - 1e-9), 1e-12)
+        state = after
+
+
+def test_on_a_steady_load_the_median_variance_is_the_squares() -> None:
+    """The running median of the absolute errors, as a variance, is about the mean of their
+    squares on a steady Poisson load, and no noisier (the log variance's spread)."""
+    rates = poisson_minutes(2.0, 3000, 1)
+    stats = {}
+    for name, p in (("median", P), ("squares", P._replace(var_step=0.0))):
+        state, logs = None, []
+        for i, r in enumerate(rates):
+            state = observe(state, r, 60.0, p)
+            if i > 300:
+                logs.append(math.log(state.var))
+        assert state is not None
+        mean = sum(logs) / len(logs)
+        stats[name] = (math.exp(mean), math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs)))
+    assert stats["median"][0] == pytest.approx(stats["squares"][0], rel=0.2)
+    assert stats["median"][1] < 1.1 * stats["squares"][1]
 
 
 @settings(max_examples=25, deadline=None)
