@@ -251,6 +251,15 @@ def regime_section(all_runs: dict[str, Doc], regime: str, lab: Doc) -> list[str]
             f"{pct(objective(s))} | {s['tok_s']:.0f} | {s['switches']} | "
             f"{s['restart_engine_s']:.0f} | {labs} |"
         )
+    for k in range(5):
+        again = repeats(all_runs, regime, f"static{k}")
+        if len(again) > 1:
+            objs = [objective(d["summary"]) for d in again]
+            lines.append(
+                f"| static {k}, the same run repeated (mean of {len(again)} runs, range) | "
+                f"{spread(again, 'goodput_strict')} | {spread(again, 'goodput_relaxed')} | "
+                f"{pct(sum(objs) / len(objs))} ({pct(min(objs))}-{pct(max(objs))}) | | 0 | 0 | |"
+            )
     lr = lab["rows"].get("planner", {})
     labs = f"{pct(lr.get('strict'))} / {pct(lr.get('relaxed'))}"
     if planners:
@@ -316,6 +325,15 @@ def regime_section(all_runs: dict[str, Doc], regime: str, lab: Doc) -> list[str]
             f'point)" is {"met" if ok else "NOT met"} over the splits run '
             f"({', '.join(str(k) for k in sorted(st))} of 0-4)."
         )
+        again = repeats(all_runs, regime, f"static{best}")
+        if len(again) > 1:
+            ms = 100 * sum(d["summary"]["goodput_strict"] for d in again) / len(again)
+            mr = 100 * sum(d["summary"]["goodput_relaxed"] for d in again) / len(again)
+            lines.append(
+                f"Against the mean of the best static's {len(again)} runs (the same run "
+                f"repeated: its own noise): {100 * p['goodput_strict'] - ms:+.1f} strict, "
+                f"{100 * p['goodput_relaxed'] - mr:+.1f} relaxed."
+            )
         lines.append("")
     if judged:
         if not planners:

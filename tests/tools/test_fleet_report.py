@@ -55,6 +55,8 @@ def test_the_report_is_written_whole_from_the_runs(bench: ModuleType) -> None:
     put(bench, "eagle3.static0", "static:0", summary(0.2, 0.8, [(0.5, 0.9), (0.1, 0.9)]))
     put(bench, "eagle3.static4", "static:4", summary(0.3, 0.5, [(0.6, 0.9), (0.2, 0.4)]))
     put(bench, "eagle3.static2", "static:2", summary(0.3, 0.85, [(0.6, 0.9), (0.2, 0.8)]))
+    # the best static run again: its own noise, beside the first run
+    put(bench, "eagle3.static2.r2", "static:2", summary(0.34, 0.87, [(0.6, 0.9), (0.2, 0.8)]))
     # the planner twice: its hour 1-2 misses relaxed by 10 - 3 = 7 points
     put(bench, "eagle3.planner", "planner", summary(0.3, 0.84, [(0.6, 0.9), (0.2, 0.8)]))
     put(bench, "eagle3.planner.r2", "planner", summary(0.32, 0.86, [(0.6, 0.9), (0.2, 0.8)]))
@@ -79,6 +81,8 @@ def test_the_report_is_written_whole_from_the_runs(bench: ModuleType) -> None:
     # the planner's two runs: mean and range; against the best static within a point
     assert "| **planner** (mean of 2 runs, range) | 31.0 (30.0-32.0) | 85.0 (84.0-86.0) |" in md
     assert "+1.0 strict, +0.0 relaxed" in md and "is met over the splits run (0, 2, 4" in md
+    assert "| static 2, the same run repeated (mean of 2 runs, range) | 32.0 (30.0-34.0) |" in md
+    assert "(the same run repeated: its own noise): -1.0 strict, -1.0 relaxed." in md
     # hour 1-2: the better pure fleet's relaxed is all-baseline's 90: the planner's 80 misses
     assert "| 1-2 | 50 | 20.0 / 80.0 | 20.0 / 40.0 | 10.0 / 90.0 | 0 | relaxed -7.0 |" in md
     assert "Hours within 3 points of the better pure fleet in both tiers: 1 of 2" in md
