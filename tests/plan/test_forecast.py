@@ -346,6 +346,21 @@ def test_a_fresh_count_is_checked() -> None:
 # (half an arrival an interval: the surge's extra arrivals came at its end, 3 and 3 against 1
 # and 3, so the band was wider than before it only once they were in the window)
 @example(base=0.5, at=53, seed=453, flat=True)
+# (half an arrival an interval, flat: the surge never tripped (its counts 2-4 against a limit of
+# ~5.8) and was gone from the level twenty intervals after it, but both days' windows over the
+# last ten intervals then held 20 arrivals against a true 8.75: the level read 1.77 with the
+# surge, 1.86 without it, against a true 0.875. The counts' noise, not the surge)
+@example(base=0.875, at=75, seed=728, flat=True)
+# (the interval just before the surge drew 4 arrivals against 0.67 and tripped the burst: the
+# band before was 0.595 wide on both days, the surge's first count was 0, and its band at most
+# 0.500, still above the same day's without the surge once its arrivals were in the window)
+@example(base=1.0, at=66, seed=728, flat=False)
+# (the window before the surge held 8 arrivals, the surge's ten intervals 8: the level fell
+# through it, and the band with it, less than the same day's without the surge, to 0 arrivals)
+@example(base=0.5, at=72, seed=630, flat=True)
+# (a trough of empty windows: today's median ratio to yesterday went from 0, a day forecast at
+# nothing with the level's noise as its band, to 0.23, shrunk to yesterday's with little band)
+@example(base=0.5, at=51, seed=77, flat=False)
 @given(
     base=st.floats(0.5, 20.0),
     at=st.integers(40, 150),
@@ -357,10 +372,19 @@ def test_a_3x_surge_keeps_the_level_and_scale_near_the_truth(
 ) -> None:
     """Any ten-interval 3x surge on a flat or diurnal day, through a window, at a half to
     twenty arrivals an interval: the surge lifts the peak forecast (the day's scale) by no
-    more than a bound throughout, the band widens while the surge's counts are in the window
-    (its ten intervals and the ten after), and twenty intervals after it the level is within a
-    bound of the true rate. (Not "within three intervals": at 6.5
-    arrivals an interval the first three surge counts can all stay under the clip.)
+    more than a bound throughout, the band is wider than the same day's without the surge (the
+    same counts outside it) while the surge's counts are in the window (its ten intervals and
+    the ten after), and twenty
+    intervals after it the level is within a bound of the same day's without the surge. (Not
+    "within three intervals": at 6.5 arrivals an interval the first three surge counts can all
+    stay under the clip.)
+
+    Against the same day, not the truth or the band before: the paired days differ only in the
+    surge, so that is what the checks judge. The truth is off by the counts' noise on both days
+    (at 0.875 an interval a window drew 20 arrivals against 8.75, 3.8 window deviations: no
+    bound in deviations holds for every seed), and the band before can hold a noise count's
+    burst that the surge's first counts do not repeat, or a window of more arrivals than the
+    surge's ten (at half an arrival an interval: 8 before it, 8 in it).
 
     Lifted from what: the true peak, or the same day's forecast without the surge (the same
     counts outside it) where that is higher. Past yesterday's remaining season the shape is
@@ -376,12 +400,17 @@ def test_a_3x_surge_keeps_the_level_and_scale_near_the_truth(
     for i in range(at, at + 30):
         plain = max(forecast(calm[i], 150, 1.0, p).point)
         assert max(forecast(states[i], 150, 1.0, p).point) <= max(peak, plain) + noise, i
-    widths = [forecast(s, 1, 1.0, p) for s in states[at - 1 : at + 2 * WIN]]
-    assert (
-        max(w.upper[0] - w.point[0] for w in widths[1:]) > widths[0].upper[0] - widths[0].point[0]
+    window = range(at, at + 2 * WIN)
+    counts, calm_counts = (_counts(r, 1.0, seed, True) for r in (true, yesterday))
+    if counts[at : at + WIN] == calm_counts[at : at + WIN]:  # (no extra arrival: the same day)
+        assert states == calm
+        return
+    width, calm_width = (
+        [_width(forecast(s, 1, 1.0, p)) for s in days[at - 1 : at + 2 * WIN]]
+        for days in (states, calm)
     )
-    back = states[at + 30]
-    assert abs(back.level - true[at + 30]) <= noise
+    assert any(width[1 + i - at] > calm_width[1 + i - at] for i in window)
+    assert abs(states[at + 30].level - calm[at + 30].level) <= noise
 
 
 def test_an_unseen_surges_errors_do_not_widen_the_band_for_hours() -> None:
