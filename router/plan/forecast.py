@@ -319,9 +319,13 @@ def _shrink(now: float, base: float, known: float, p: ForecastParams) -> float:
     """The share of today's log scale against yesterday (``now / base``) that is believed:
     ``scale_sd**2`` over itself plus the scale's own noise, a Poisson rate's relative
     variance for both the level (``known``) and yesterday's rate (as noisy per unit rate).
-    One where the level comes from many arrivals; towards none from a few."""
-    if p.scale_sd <= 0 or now <= 0:
+    One where the level comes from many arrivals; towards none from a few, and none at a
+    scale of zero (the limit as ``now`` falls to it: a zero read from Poisson counts has no
+    bound on its relative variance, so the day is yesterday's, not nothing)."""
+    if p.scale_sd <= 0:
         return 1.0
+    if now <= 0:
+        return 0.0
     per_rate = known / now
     v = per_rate / now + per_rate / base
     prior = p.scale_sd**2

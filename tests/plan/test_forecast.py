@@ -495,3 +495,16 @@ def test_flat_noise_never_trips_the_burst(base: float, windowed: bool, data: st.
             state = observe(state, float(c), 1.0, P)
             states.append(state)
     assert all(s.burst == 0.0 and s.surged == math.inf for s in states)
+
+
+def test_a_trough_of_empty_windows_forecasts_yesterdays_day_not_nothing() -> None:
+    """Half an arrival an interval at the day's peak, a tenth in its trough: windows of no
+    arrivals put today's median ratio to yesterday at zero. The scale believed falls to none
+    as that ratio falls to zero (a few arrivals' ratio is noise), so at zero the day ahead is
+    yesterday's, as it is one interval later at a ratio of 0.23; it used to be believed whole,
+    a day forecast at nothing (0 against a true peak of 0.55) for seven intervals."""
+    yesterday = _wave(0.05, 0.55)
+    _, states, p = _surge_day(yesterday, yesterday, 51, 1.0, 1.0, 77, paired=True)
+    peaks = [max(forecast(states[i], 150, 1.0, p).point) for i in range(44, 54)]
+    assert min(peaks) >= 0.9 * max(yesterday)
+    assert max(peaks) - min(peaks) <= 0.05 * max(yesterday)  # (no jump as the ratio leaves 0)
