@@ -20,10 +20,11 @@ Its schedule replayed in the lab (``Schedule``) gives the realised number next t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 Counts = Sequence[tuple[int, int, int]]  # per bucket: (arrived, strict, relaxed)
+Share = tuple[float, float]  # (strict, relaxed) share of arrivals
 MODES = ("baseline", "speculative")
 
 
@@ -158,26 +159,6 @@ class HourReach(NamedTuple):
     rounds: int
 
 
-def hour_targets(full: Mapping[int, Counts], n: int, per: int) -> list[tuple[float, float]]:
-    """Each hour's better of all-speculative and all-baseline, in each tier (strict, relaxed)."""
-    spec, base = hours_of(full[n], per), hours_of(full[0], per)
-    return [(max(a[0], b[0]), max(a[1], b[1])) for a, b in zip(spec, base, strict=True)]
-
-
-def hour_gaps(
-    plan: OraclePlan,
-    full: Mapping[int, Counts],
-    short: Mapping[int, Counts],
-    bucket: float,
-    restart: Mapping[str, float],
-    per: int,
-    target: Sequence[tuple[float, float]],
-) -> list[tuple[float, float]]:
-    """Each hour's (strict, relaxed) share along ``plan`` minus ``target``."""
-    got = hours_of(replay_counts(plan, full, short, bucket, restart), per)
-    return [(g[0] - t[0], g[1] - t[1]) for g, t in zip(got, target, strict=True)]
-
-
 def hour_reach(
     full: Mapping[int, Counts],
     short: Mapping[int, Counts],
@@ -197,14 +178,14 @@ def hour_reach(
     from above); the hours' targets come from the same static runs the program reads."""
     per = max(1, round(hour / bucket))
     buckets = len(full[0])
-    target = hour_targets(full, n, per)
+    tiers = tier_gaps(full, n, per)
     ws = [strict_weight] * buckets
     wr = [1 - strict_weight] * buckets
     total = sum(c[0] for c in full[0])
 
     def worst_of(p: OraclePlan) -> tuple[float, list[tuple[float, float]]]:
-        gaps = hour_gaps(p, full, short, bucket, restart, per, target)
-        return min(min(g) for g in gaps), gaps
+        got = gaps_of(p, full, short, bucket, restart, per, tiers)
+        return min(got), list(zip(got[::2], got[1::2], strict=True))  # (strict, relaxed)
 
     best_plan: OraclePlan | None = None
     best_worst = worst_oracle = -math.inf
@@ -241,27 +222,36 @@ class Gap(NamedTuple):
     name: str
 
 
-def tier_gaps(full: Mapping[int, Counts], n: int, per: int) -> list[Gap]:
-    """The clause as written: each tier against the better pure split in that tier."""
+def _pure_hours(full: Mapping[int, Counts], n: int, per: int) -> list[tuple[Share, Share]]:
+    """Each hour's (strict, relaxed) shares all-speculative and all-baseline."""
+    return list(zip(hours_of(full[n], per), hours_of(full[0], per), strict=True))
+
+
+def _tiers(targets: Iterable[Share]) -> list[Gap]:
+    """Each hour's strict and relaxed share against its (strict, relaxed) target, in order."""
     out = []
-    for h, (s, r) in enumerate(hour_targets(full, n, per)):
+    for h, (s, r) in enumerate(targets):
         out += [Gap(h, 1.0, 0.0, s, "strict"), Gap(h, 0.0, 1.0, r, "relaxed")]
     return out
+
+
+def tier_gaps(full: Mapping[int, Counts], n: int, per: int) -> list[Gap]:
+    """The clause as written: each tier against the better pure split in that tier."""
+    return _tiers((max(a[0], b[0]), max(a[1], b[1])) for a, b in _pure_hours(full, n, per))
 
 
 def pure_gaps(full: Mapping[int, Counts], n: int, per: int, weight: float) -> list[Gap]:
     """Both tiers against the hour's one pure split with the better objective."""
-    out = []
-    for h, (a, b) in enumerate(zip(hours_of(full[n], per), hours_of(full[0], per), strict=True)):
-        s, r = max(a, b, key=lambda x: weight * x[0] + (1 - weight) * x[1])
-        out += [Gap(h, 1.0, 0.0, s, "strict"), Gap(h, 0.0, 1.0, r, "relaxed")]
-    return out
+    return _tiers(
+        max(a, b, key=lambda x: weight * x[0] + (1 - weight) * x[1])
+        for a, b in _pure_hours(full, n, per)
+    )
 
 
 def objective_gaps(full: Mapping[int, Counts], n: int, per: int, weight: float) -> list[Gap]:
     """The hour's objective against the better pure split's."""
     out = []
-    for h, (a, b) in enumerate(zip(hours_of(full[n], per), hours_of(full[0], per), strict=True)):
+    for h, (a, b) in enumerate(_pure_hours(full, n, per)):
         t = max(weight * x[0] + (1 - weight) * x[1] for x in (a, b))
         out.append(Gap(h, weight, 1 - weight, t, "objective"))
     return out
