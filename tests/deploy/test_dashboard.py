@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from types import ModuleType
 
@@ -24,17 +23,13 @@ from tests.deploy.queries import (
     variable_queries,
 )
 from tests.deploy.stack import load_compose
+from tests.support.modules import load_script
 
 GRAFANA = DEPLOY / "grafana"
 
 
 def generator() -> ModuleType:
-    path = GRAFANA / "generate_dashboard.py"
-    spec = importlib.util.spec_from_file_location("generate_dashboard", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(GRAFANA / "generate_dashboard.py")
 
 
 def test_dashboard_json_is_what_the_generator_writes() -> None:

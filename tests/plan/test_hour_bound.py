@@ -6,28 +6,17 @@ grid) beats the bound, and the schedule the bound returns attains it exactly."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 from fractions import Fraction
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-PATH = Path(__file__).resolve().parents[2] / "bench" / "lab" / "hour_bound.py"
+from tests.support.modules import load_script
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hour_bound", PATH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-hb = _load()
+hb = load_script(Path(__file__).resolve().parents[2] / "bench" / "lab" / "hour_bound.py")
 SLACK = Fraction(3, 100)
 Splits = dict[int, list[tuple[int, int, int]]]
 

@@ -4,26 +4,15 @@ against every such schedule enumerated on small hand-made days."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[2] / "bench" / "lab" / "fleet_oracle.py"
+from tests.support.modules import load_script
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fleet_oracle", PATH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fo = _load()
+fo = load_script(Path(__file__).resolve().parents[2] / "bench" / "lab" / "fleet_oracle.py")
 Counts = list[tuple[int, int, int]]
 RESTART = {"speculative": 60.0, "baseline": 60.0}  # one bucket each
 

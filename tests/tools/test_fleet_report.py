@@ -3,7 +3,6 @@ the best static split swept, the planner's repeats, per-hour misses, the flat se
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -11,15 +10,14 @@ from typing import Any
 
 import pytest
 
+from tests.support.modules import load_script
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "fleet.py"
 
 
 @pytest.fixture
 def bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_fleet", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(BENCH, "bench_fleet")
     results = tmp_path / "bench" / "results"
     (results / "fleet").mkdir(parents=True)
     (tmp_path / "docs").mkdir()
