@@ -48,13 +48,10 @@ from fleet_workloads import (  # noqa: E402
 )
 
 from router.plan import (  # noqa: E402
-    Action,
     Observation,
     Params,
     Slo,
     mix_of,
-    observe,
-    plan,
     spill_threshold,
 )
 from router.tools.fleet.workload import expected_per_minute  # noqa: E402
@@ -71,13 +68,8 @@ class WindowedPlanner(PlannerController):
         super().__init__(*args, **kw)
         self.counts: deque[int] = deque(maxlen=MAX_INTERVALS)
 
-    def warm_rates(self, rates: list[float], seconds: float) -> None:
-        holt = self.state.holt
-        for r in rates:
-            holt = observe(holt, r, seconds, self.params.forecast)
-        self.state = self.state._replace(holt=holt)
-
-    def __call__(self, obs: Observed) -> tuple[Action | None, dict[str, float]]:
+    def observation(self, obs: Observed) -> Observation:
+        """The window's: the latest intervals holding ``MIN_ARRIVALS``, and the newest's own."""
         self.counts.append(obs.arrivals)
         held, total = 0, 0
         for c in reversed(self.counts):
@@ -85,16 +77,7 @@ class WindowedPlanner(PlannerController):
             if total >= MIN_ARRIVALS:
                 break
         mix = mix_of(obs.prompts, obs.outputs, obs.hot)
-        o = Observation(obs.now, total, held * obs.seconds, mix, (obs.arrivals, obs.seconds))
-        p = plan(o, self.setting, obs.fleet, self.state, self.params)
-        self.state = p.state
-        note = {"desired": float(p.desired), "current": float(p.current),
-                "point": p.forecast.point[0], "upper": p.forecast.upper[0]}  # fmt: skip
-        if p.action is not None:
-            chosen = next(x for x in p.options if x.action == p.action)
-            note["need"], note["have"] = chosen.need, chosen.have
-            note["short"] = float(chosen.short)
-        return p.action, note
+        return Observation(obs.now, total, held * obs.seconds, mix, (obs.arrivals, obs.seconds))
 
 
 def scaled(params: Params, c: float, season: int) -> Params:

@@ -52,15 +52,22 @@ class PlannerController:
     def warm(self, counts: Sequence[int], seconds: float) -> None:
         """Feed the forecast an earlier day's arrivals (counts per interval), as a planner that
         has run for a day has seen them."""
+        self.warm_rates([c / seconds for c in counts], seconds)
+
+    def warm_rates(self, rates: Sequence[float], seconds: float) -> None:
+        """``warm`` given the rates (per second) of intervals of ``seconds``."""
         holt = self.state.holt
-        for c in counts:
-            holt = observe(holt, c / seconds, seconds, self.params.forecast)
+        for r in rates:
+            holt = observe(holt, r, seconds, self.params.forecast)
         self.state = self.state._replace(holt=holt)
 
-    def __call__(self, obs: Observed) -> tuple[Action | None, dict[str, float]]:
+    def observation(self, obs: Observed) -> Observation:
+        """What the planner is given of an interval: here its own arrivals."""
         mix = mix_of(obs.prompts, obs.outputs, obs.hot)
-        p = plan(Observation(obs.now, obs.arrivals, obs.seconds, mix), self.setting, obs.fleet,
-                 self.state, self.params)  # fmt: skip
+        return Observation(obs.now, obs.arrivals, obs.seconds, mix)
+
+    def __call__(self, obs: Observed) -> tuple[Action | None, dict[str, float]]:
+        p = plan(self.observation(obs), self.setting, obs.fleet, self.state, self.params)
         self.state = p.state
         self.plans.append((obs.now, p))
         note = {"desired": float(p.desired), "current": float(p.current),
