@@ -190,12 +190,6 @@ def layout(w: Workload) -> tuple[list[Preset], list[Pool]]:
     return presets, pools
 
 
-def simple_name(sim_seed: int) -> str:
-    """The cache's variant name for the simple policies run with the engines' draw
-    ``sim_seed`` (``--paired``; the family's own draw, 0, is the empty name)."""
-    return "" if sim_seed == 0 else f"sim seed {sim_seed}"
-
-
 def run_one(w: Workload, policy: str, variant: Variant) -> dict[str, Any]:
     a = arrivals(w)
     presets, pools = layout(w)
@@ -220,7 +214,7 @@ def run_one(w: Workload, policy: str, variant: Variant) -> dict[str, Any]:
     return {
         "seed": w.seed,
         "policy": policy,
-        "variant": variant.name if policy == DEFAULT_POLICY else simple_name(variant.sim_seed),
+        "variant": variant.name if policy == DEFAULT_POLICY else "",
         "strict": s.strict,
         "relaxed": s.relaxed,
         "spec_share": s.spec_share,
@@ -252,14 +246,13 @@ def measure(
     jobs: int,
     fresh: bool,
     simple: Iterable[str] = SIMPLE,
-    simple_seed: int = 0,
 ) -> dict[tuple[int, str, str], dict[str, Any]]:
     have = {} if fresh else load_cache(cache)
     todo: list[tuple[Workload, str, Variant]] = []
     for w in workloads:
         for policy in simple:
-            if (w.seed, policy, simple_name(simple_seed)) not in have:
-                todo.append((w, policy, Variant(sim_seed=simple_seed)))
+            if (w.seed, policy, "") not in have:
+                todo.append((w, policy, Variant()))
         for v in variants:
             if (w.seed, DEFAULT_POLICY, v.name) not in have:
                 todo.append((w, DEFAULT_POLICY, v))
@@ -300,17 +293,12 @@ class Cell:
 
 
 def cells(
-    workloads: Sequence[Workload],
-    rows: dict[tuple[int, str, str], dict[str, Any]],
-    variant: str,
-    simple_seed: int = 0,
+    workloads: Sequence[Workload], rows: dict[tuple[int, str, str], dict[str, Any]], variant: str
 ) -> list[Cell]:
-    """The default's ``variant`` against the simple policies run with the engines' draw
-    ``simple_seed`` (0: the family's own)."""
     out = []
     for w in workloads:
         mine = rows.get((w.seed, DEFAULT_POLICY, variant))
-        simple = [rows.get((w.seed, p, simple_name(simple_seed))) for p in SIMPLE]
+        simple = [rows.get((w.seed, p, "")) for p in SIMPLE]
         if mine is None or any(s is None for s in simple):
             continue
         best_s = max((s for s in simple if s is not None), key=lambda s: s["strict"])
@@ -384,10 +372,7 @@ def reaches(row: dict[str, Any], c: Cell, points: float) -> bool:
 
 
 def print_cells(
-    cs: Sequence[Cell],
-    rows: dict[tuple[int, str, str], dict[str, Any]],
-    worst: int,
-    simple_seed: int = 0,
+    cs: Sequence[Cell], rows: dict[tuple[int, str, str], dict[str, Any]], worst: int
 ) -> None:
     """Every simple policy's strict and relaxed goodput in the ``worst`` cells, and each losing
     cell's kind: *dominated* (a simple policy at least as good on both goodputs and 2 points
@@ -397,7 +382,7 @@ def print_cells(
     default), the cells no run reaches within 2 and within 5 points on both."""
 
     def simple(c: Cell) -> list[dict[str, Any]]:
-        return [rows[(c.workload.seed, p, simple_name(simple_seed))] for p in SIMPLE]
+        return [rows[(c.workload.seed, p, "")] for p in SIMPLE]
 
     def kind(c: Cell) -> str:
         if any(
@@ -474,9 +459,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--sim-seed", type=int, default=0,
                     help="another draw of the engines' randomness (noise)")  # fmt: skip
-    ap.add_argument("--paired", action="store_true",
-                    help="the simple policies with the same --sim-seed too (else the family's "
-                    "draw, 0)")  # fmt: skip
     ap.add_argument("--fresh", action="store_true")
     ap.add_argument("--only", help="only these workloads' seeds, N,N,...")
     ap.add_argument("--regimes", help="only workloads of these regimes, R,R,...")
@@ -494,15 +476,14 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [draw(s) for s in seeds]
     if args.regimes:
         workloads = [w for w in workloads if w.regime in args.regimes.split(",")]
-    simple = args.sim_seed if args.paired else 0
     if args.summary_only:
         rows = load_cache(args.cache)
     else:
-        rows = measure(workloads, [variant], args.cache, args.jobs, args.fresh, SIMPLE, simple)
-    found = cells(workloads, rows, variant.name, simple)
+        rows = measure(workloads, [variant], args.cache, args.jobs, args.fresh)
+    found = cells(workloads, rows, variant.name)
     print_summary(found, variant.name, 0 if args.cells else args.worst)
     if args.cells:
-        print_cells(found, rows, args.worst, simple)
+        print_cells(found, rows, args.worst)
     return 0
 
 
