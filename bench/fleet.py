@@ -83,6 +83,8 @@ def run(ns: argparse.Namespace) -> int:
     out = RUNS / f"{name}.json"
     cmd = [sys.executable, "-m", "router", "fleet", *args, "--regime", ns.regime,
            "--time-scale", TIME_SCALE, "--out", str(out)]  # fmt: skip
+    if ns.keep:
+        cmd += ["--keep", ns.keep]  # (the router's log and the planner's record of rounds)
     code = subprocess.call(cmd, cwd=ROOT)
     if out.exists():
         finish(out)
@@ -630,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--hours", type=float, default=0.1, help="with --trace")
     r.add_argument("--repeat", type=int, default=1, help="the run's number (2, 3, ...)")
     r.add_argument("--tag", help="added to the run's name (another start of a flat run)")
+    r.add_argument("--keep", help="keep the run's directory here (router.log, plan-rounds.bin)")
     sub.add_parser("report")
     ns = p.parse_args(argv)
     return run(ns) if ns.cmd == "run" else report()

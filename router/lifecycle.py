@@ -272,7 +272,7 @@ async def keep_planning(planner: FleetPlanner, worker: PlanWorker | None = None)
     cache is cold, which in this process would hold the GIL the proxy needs), and the looks go
     on meanwhile: the event loop only gathers its inputs and publishes its result. The child is
     stopped when this task ends, however it ends."""
-    worker = worker if worker is not None else PlanWorker()
+    worker = worker if worker is not None else PlanWorker(record=planner.settings.plan_record_path)
     log.info("fleet planner: %s, a plan every %gs", planner.mode, planner.interval)
     try:
         while True:
