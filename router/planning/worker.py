@@ -39,8 +39,12 @@ log = logging.getLogger("spec_router.plan")
 
 HEADER = struct.Struct("!Q")
 # The child's niceness: a plan is background work, the proxy and what it serves come first on
-# a busy machine (a plan a little late costs little; a request a little late is a miss).
-NICE = 5
+# a busy machine (a plan a little late costs little, and the intervals it misses are observed
+# all the same: ``service.Round.missed``; a request a little late is a miss). The most there
+# is: over sockets (bench/fleet.py, a compressed day, a plan due every 0.375 s wall) the child
+# used 134-137 CPU seconds of a 186 s run, more than the router, the four engines and the load
+# together (75), on the same two cores; at nice 5 a busy core still gave it a quarter.
+NICE = 19
 # Seconds a child gets to exit after SIGTERM before it is killed.
 STOP_GRACE = 2.0
 
