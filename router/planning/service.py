@@ -251,9 +251,9 @@ def catch_up(state: PlanState, missed: Sequence[Counted], params: Params) -> Pla
     """The plan's state once the forecast has observed the intervals a late plan missed, one
     by one as rounds on time would have. Lumped into the next round's single observation (its
     window then one interval the length of the plan), a cold plan of ~20 s wall on a
-    compressed day was 40-50 planner minutes of the morning's ramp read as their mean, and
-    the forecast that followed moved an engine to baseline (bench/results/fleet.md, session
-    10)."""
+    compressed day was 40-50 planner minutes of the morning's ramp read as their mean (session
+    10's records). A lost round's intervals come here; a late plan's only with
+    ``FleetPlanner.look_while_planning``."""
     for c in missed:
         holt, observed = observe_round(state, c.now, c.estimate.rate, c.estimate.seconds,
                                        params, c.fresh)  # fmt: skip
@@ -534,7 +534,8 @@ class FleetPlanner:
 
     def look_while_planning(self) -> None:
         """A look while a plan is being made (in the worker); an interval that ends meanwhile
-        is counted as its own, for the next round's forecast (``Round.missed``)."""
+        is counted as its own, for the next round's forecast (``Round.missed``). Not used by
+        the lifecycle for now (see ``router.lifecycle.keep_planning``)."""
         self.look()
         if self.clock() - self.last_tick >= self.interval:
             now, tr, est = self._count()
