@@ -291,7 +291,7 @@ async def keep_planning(planner: FleetPlanner, worker: PlanWorker | None = None)
                             # (not ``look_while_planning``: counting each interval a late plan
                             # misses left the forecast as plans on time would, and over sockets
                             # eagle3-chain's planner then moved to baseline at ~1.5 h in 3 runs
-                            # of 3, against 1 of 5 with them lumped: -4 to -5 points; see
+                            # of 3, against 1 of 4 with them lumped: -4 to -5 points; see
                             # bench/results/fleet.md, session 10. Off until that is understood.)
                             planner.look()
                 finally:
