@@ -45,6 +45,11 @@ Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
     (
+        "final",
+        "the branch's default after session 10 (2dc8e26): a late plan's intervals lumped, "
+        "worker at nice 19",
+    ),
+    (
         "lumped",
         "a late plan's missed intervals lumped into one observation, worker at nice 5 "
         "(session 9's end)",
