@@ -44,6 +44,16 @@ PER_HOUR_SLACK = 0.03  # the must-show: every hour >= the better pure fleet minu
 Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
+    (
+        "final",
+        "the branch's default after session 10 (2dc8e26): a late plan's intervals lumped, "
+        "worker at nice 19",
+    ),
+    (
+        "lumped",
+        "a late plan's missed intervals lumped into one observation, worker at nice 5 "
+        "(session 9's end)",
+    ),
     ("squares", "forecast's variance the errors' mean square, before the path rule (c33faa2)"),
     ("pathrule", "with bf912b1's path rule (a path towards baseline must gain at the upper band)"),
     ("windowclip", "forecast's clip on the window's rate (not its newest interval's count)"),
@@ -83,6 +93,8 @@ def run(ns: argparse.Namespace) -> int:
     out = RUNS / f"{name}.json"
     cmd = [sys.executable, "-m", "router", "fleet", *args, "--regime", ns.regime,
            "--time-scale", TIME_SCALE, "--out", str(out)]  # fmt: skip
+    if ns.keep:
+        cmd += ["--keep", ns.keep]  # (the router's log and the planner's record of rounds)
     code = subprocess.call(cmd, cwd=ROOT)
     if out.exists():
         finish(out)
@@ -202,7 +214,13 @@ def intro(meta: Doc) -> list[str]:
         "baseline that starts a path of several made only if it does not lose at the upper "
         "band (bf912b1), and the forecast's residual variance a running median of its errors "
         "(session 9: a surge that passes the clip unseen no longer widens the band at the "
-        "day's peak for hours); *forecast's variance the errors' mean square, before the "
+        "day's peak for hours), and (session 10, 7f9d353) the intervals that end while a "
+        "plan is made counted each as its own and observed by the next round, the worker at "
+        "nice 19 (the router's default went back to lumping them after these runs, the "
+        "worker staying at nice 19: not run over sockets as such); *a "
+        "late plan's missed intervals lumped into one observation*: the runs before that "
+        "last change (session 9's end, and two of session 10 on the same code with the "
+        "rounds recorded); *forecast's variance the errors' mean square, before the "
         "path rule*: the runs before those two (session 8, c33faa2); *with bf912b1's path "
         "rule*: session 8's runs with the path rule and the mean square; *forecast's clip on the "
         "window's rate*: the runs before that last change (session 7's end); *overload "
@@ -412,8 +430,24 @@ def switches(doc: Doc) -> list[str]:
                   f"were replaced {lp.get('curve_updates', 0)} times, the worker restarted "
                   f"{lp['worker']['restarts']} times.")  # fmt: skip
     lines += ["", f"Plans read: {doc['meta'].get('plans_seen', '—')}; requests the router held "
-                  f"after the replay: {doc['meta']['in_flight_after']}.{worker}", ""]  # fmt: skip
+                  f"after the replay: {doc['meta']['in_flight_after']}.{worker}{cpu(doc)}",
+              ""]  # fmt: skip
     return lines
+
+
+def cpu(doc: Doc) -> str:
+    """The run's CPU seconds by process (runs since session 10 keep them)."""
+    c = doc["meta"].get("cpu") or {}
+    if not c:
+        return ""
+    parts = [f"{name} {c[key]['cpu_s']:.0f}" for key, name in
+             (("plan_worker", "plan worker"), ("router", "router"), ("load", "load"))
+             if c.get(key)]  # fmt: skip
+    engines = [e["cpu_s"] for e in c.get("engines_now") or [] if e]
+    if engines:
+        parts.append(f"engines {sum(engines):.0f}")
+    return (f" CPU seconds over the {doc['meta'].get('wall_s', 0):.0f} s run: "
+            + ", ".join(parts) + ".")  # fmt: skip
 
 
 def flat_section(all_runs: dict[str, Doc]) -> list[str]:
@@ -630,6 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--hours", type=float, default=0.1, help="with --trace")
     r.add_argument("--repeat", type=int, default=1, help="the run's number (2, 3, ...)")
     r.add_argument("--tag", help="added to the run's name (another start of a flat run)")
+    r.add_argument("--keep", help="keep the run's directory here (router.log, plan-rounds.bin)")
     sub.add_parser("report")
     ns = p.parse_args(argv)
     return run(ns) if ns.cmd == "run" else report()

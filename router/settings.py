@@ -336,6 +336,9 @@ class Settings(BaseSettings):
     gpu_budget: int | None = Field(default=None, ge=1)
     # Where the forecast's state (a day of arrival rates) is kept across restarts; unset: none.
     plan_state_path: Path | None = None
+    # Where the plan's worker appends every round's inputs and outcome, for replaying the
+    # plans offline (``router.planning.worker.rounds``); unset: none. Grows by a few kB a plan.
+    plan_record_path: Path | None = None
 
     # -- process ------------------------------------------------------------------------------
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"

@@ -110,6 +110,9 @@ CURVE_REFRESH = 1800.0
 CURVE_REFRESH_ROUNDS = 30
 # Least wall seconds a plan may take (``FleetPlanner.plan_timeout``).
 PLAN_TIMEOUT = 60.0
+# Intervals counted while no plan took them that are kept for the next round (``Round.missed``):
+# a season's worth of late observations is more than the forecast needs (the newest count).
+MISSED_KEPT = 1440
 
 
 class Finished(Protocol):
@@ -215,6 +218,15 @@ def scaled_mix(
     return mix_of(prompts, [max(1.0, o) for o in outputs], hot)
 
 
+class Counted(NamedTuple):
+    """One interval counted while no plan could take it (the last one was still being made,
+    or its round was lost): what its round would have observed."""
+
+    now: float
+    estimate: Estimate  # the window's, as the interval closed
+    fresh: tuple[int, float]  # the interval's own count: (arrivals, seconds)
+
+
 class Round(NamedTuple):
     """One planning round's inputs, gathered on the event loop (plain values)."""
 
@@ -227,16 +239,35 @@ class Round(NamedTuple):
     state: PlanState
     params: Params
     estimate: Estimate  # the rate and token means over the window
+    # the intervals counted since the last round that reached the planner, oldest first: the
+    # forecast observes each as its own round would have (``decide``)
+    missed: tuple[Counted, ...] = ()
 
 
 Outcome = tuple[str, Plan | None, PlanState]  # status, the plan (if one was made), next state
 
 
+def catch_up(state: PlanState, missed: Sequence[Counted], params: Params) -> PlanState:
+    """The plan's state once the forecast has observed the intervals a late plan missed, one
+    by one as rounds on time would have. Lumped into the next round's single observation (its
+    window then one interval the length of the plan), a cold plan of ~20 s wall on a
+    compressed day was 40-50 planner minutes of the morning's ramp read as their mean (session
+    10's records). A lost round's intervals come here; a late plan's only with
+    ``FleetPlanner.look_while_planning``."""
+    for c in missed:
+        holt, observed = observe_round(state, c.now, c.estimate.rate, c.estimate.seconds,
+                                       params, c.fresh)  # fmt: skip
+        state = state._replace(holt=holt, observed=observed)
+    return state
+
+
 def decide(r: Round) -> Outcome:
     """The round's plan: ``router.plan.plan`` when it has what it needs, else the reason why
-    not (the forecast learns all the same). Pure, and CPU-bound (up to seconds when the
-    goodput model's cache is cold): the lifecycle runs it in a child process
-    (``router.planning.worker``)."""
+    not (the forecast learns all the same), after the intervals it missed (``catch_up``).
+    Pure, and CPU-bound (up to seconds when the goodput model's cache is cold): the lifecycle
+    runs it in a child process (``router.planning.worker``)."""
+    if r.missed:
+        r = r._replace(state=catch_up(r.state, r.missed, r.params))
     fresh = (r.traffic.arrivals, r.traffic.seconds)  # the window's newest interval
     if r.setting is None:
         status = "waiting for curves: calibrate (spec-router calibrate) or let the router "
@@ -293,6 +324,8 @@ class FleetPlanner:
         self.sent: dict[str, int] = {}  # requests this router sent each backend, at the last look
         self.own = 0.0  # ... and what that grew by since the interval began
         self.last_tick = self.born = clock()
+        self.missed: list[Counted] = []  # intervals counted since the last round planned
+        self.last_intervals = 0  # intervals the last round's traffic spans (missed + its own)
         self.last_plan: Plan | None = None
         self.took = 0.0  # seconds the last decision took
         self.stale: str | None = None  # why the plan shown is not this interval's
@@ -487,24 +520,47 @@ class FleetPlanner:
         out = decide(r)
         self.publish(r, out, time.perf_counter() - t0)
 
-    def gather(self) -> Round:
-        """The interval's inputs as plain values (on the event loop: it reads the members)."""
-        self.look()
-        self.ended_at_gather = self.ended
+    def _count(self) -> tuple[float, Traffic, Estimate]:
+        """Close the interval: its count into the window; the window's estimate."""
         now = self.clock()
         seconds = max(1e-9, now - self.last_tick)
         self.last_tick = now
         tally = self.watch.take()
         tr = traffic(tally, seconds, self.own)
         self.own = 0.0
-        self.last_traffic = tr
         self.window.add(count_of(tally, tr))
         est = self.last_estimate = self.window.estimate()
+        return now, tr, est
+
+    def look_while_planning(self) -> None:
+        """A look while a plan is being made (in the worker); an interval that ends meanwhile
+        is counted as its own, for the next round's forecast (``Round.missed``). Not used by
+        the lifecycle for now (see ``router.lifecycle.keep_planning``)."""
+        self.look()
+        if self.clock() - self.last_tick >= self.interval:
+            now, tr, est = self._count()
+            self.missed.append(Counted(now, est, (tr.arrivals, tr.seconds)))
+            del self.missed[:-MISSED_KEPT]
+
+    def gather(self) -> Round:
+        """The interval's inputs as plain values (on the event loop: it reads the members)."""
+        self.look()
+        self.ended_at_gather = self.ended
+        now, tr, est = self._count()
+        seconds = tr.seconds
         fleet = census(self.views(), self.switch, self.restart, now)
         fleet += free_slots(fleet, self.settings.gpu_budget)
         mix = self.hold_mix(scaled_mix(self.recent, est.prompt_mean, est.output_mean))
+        missed, self.missed = tuple(self.missed), []
+        # shown (the document's traffic): every interval since the last round, the token means
+        # the newest's
+        self.last_traffic = tr._replace(
+            seconds=tr.seconds + sum(c.fresh[1] for c in missed),
+            arrivals=tr.arrivals + sum(c.fresh[0] for c in missed),
+        )
+        self.last_intervals = 1 + len(missed)
         return Round(now, seconds, tr, fleet, mix, self.setting(), self.state, self.params,
-                     est)  # fmt: skip
+                     est, missed)  # fmt: skip
 
     def publish(self, r: Round, out: Outcome, took: float, worker: Worker | None = None) -> None:
         """Take the decision's plan and state, advise, and publish the document."""
@@ -530,6 +586,10 @@ class FleetPlanner:
         advice stay, marked stale (``stale`` in the document, a gauge), until the next plan."""
         self.stale = why
         self.worker = worker
+        # the lost round's intervals are the next round's to observe (none is lost with it)
+        own = Counted(r.now, r.estimate, (r.traffic.arrivals, r.traffic.seconds))
+        self.missed[:0] = [*r.missed, own]
+        del self.missed[:-MISSED_KEPT]
         self.status = f"stale: {why}; the plan shown is the last one made"
         self.doc = self._document(self.views(), self.clock())
         self._share()
@@ -643,6 +703,7 @@ class FleetPlanner:
                 "seconds": round(tr.seconds, 3),
                 "arrivals": tr.arrivals,
                 "rate": tr.arrivals / tr.seconds,
+                "intervals": self.last_intervals,
                 "source": tr.source,
                 "prompt_mean": tr.prompt_mean,
                 "output_mean": tr.output_mean,

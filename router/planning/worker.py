@@ -14,6 +14,10 @@ planner marks its plan stale meanwhile. One that died between two rounds is repl
 next (no plan lost); either way the restart is counted. The child also ends by itself
 when the router goes away without closing it (its stdin's end), ignores SIGINT (a terminal's
 Ctrl-C is the router's to handle), and runs at a lower priority (``NICE``).
+
+With ``record`` (``PLAN_RECORD_PATH``) the child appends each round it is given and the outcome
+it sent back to that file, in the protocol's own framing (``rounds`` reads them back): a plan
+over sockets can then be replayed through ``service.decide`` offline, decision for decision.
 """
 
 from __future__ import annotations
@@ -27,14 +31,20 @@ import signal
 import struct
 import sys
 import traceback
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, BinaryIO
 
 log = logging.getLogger("spec_router.plan")
 
 HEADER = struct.Struct("!Q")
 # The child's niceness: a plan is background work, the proxy and what it serves come first on
-# a busy machine (a plan a little late costs little; a request a little late is a miss).
-NICE = 5
+# a busy machine (a plan a little late costs little, and the intervals it misses are observed
+# all the same: ``service.Round.missed``; a request a little late is a miss). The most there
+# is: over sockets (bench/fleet.py, a compressed day, a plan due every 0.375 s wall) the child
+# used 134-137 CPU seconds of a 186 s run, more than the router, the four engines and the load
+# together (75), on the same two cores; at nice 5 a busy core still gave it a quarter.
+NICE = 19
 # Seconds a child gets to exit after SIGTERM before it is killed.
 STOP_GRACE = 2.0
 
@@ -46,8 +56,10 @@ class WorkerFailed(RuntimeError):
 class PlanWorker:
     """One child process that runs ``service.decide`` (see the module's docstring)."""
 
-    def __init__(self, argv: tuple[str, ...] = ("-m", "router.planning.worker")) -> None:
-        self.argv = argv
+    def __init__(
+        self, argv: tuple[str, ...] = ("-m", "router.planning.worker"), record: Path | None = None
+    ) -> None:
+        self.argv = argv if record is None else (*argv, "--record", str(record))
         self.proc: asyncio.subprocess.Process | None = None
         self.started = 0  # children started
         self.failures = 0  # rounds lost to a child that died or overran
@@ -135,8 +147,9 @@ def _exit(proc: asyncio.subprocess.Process, exc: BaseException) -> str:
 # -- the child -----------------------------------------------------------------------------------
 
 
-def serve(inp: BinaryIO, out: BinaryIO) -> None:
-    """The child's loop: read a round, decide, write the outcome; return at end of input."""
+def serve(inp: BinaryIO, out: BinaryIO, record: BinaryIO | None = None) -> None:
+    """The child's loop: read a round, decide, write the outcome; return at end of input. With
+    ``record``, each round and its outcome are appended to it (see the module's docstring)."""
     from router.planning.service import decide  # (the child's one import of weight)
 
     while True:
@@ -152,6 +165,13 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
         except Exception:
             reply = ("error", traceback.format_exc())
         data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        if record is not None:
+            try:
+                record.write(HEADER.pack(len(body)) + body + HEADER.pack(len(data)) + data)
+                record.flush()
+            except OSError as exc:  # (a full disk loses the record, not the plan)
+                print(f"plan worker: the record stops: {exc}", file=sys.stderr)
+                record = None
         try:
             out.write(HEADER.pack(len(data)) + data)
             out.flush()
@@ -159,13 +179,37 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
             return
 
 
-def main() -> None:
+def rounds(path: Path) -> Iterator[tuple[Any, tuple[str, Any]]]:
+    """A record's rounds and the outcomes sent back for them, in order (a last one cut short,
+    as by a child killed mid-write, is left out)."""
+    with path.open("rb") as f:
+        while True:
+            parts = []
+            for _ in range(2):
+                head = f.read(HEADER.size)
+                if len(head) < HEADER.size:
+                    return
+                (size,) = HEADER.unpack(head)
+                body = f.read(size)
+                if len(body) < size:
+                    return
+                parts.append(pickle.loads(body))
+            yield parts[0], parts[1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    record = Path(args[1]) if args[:1] == ["--record"] and len(args) > 1 else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError, AttributeError):
         os.nice(NICE)
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # (a stray print must not corrupt the protocol)
-    serve(sys.stdin.buffer, out)
+    if record is None:
+        serve(sys.stdin.buffer, out)
+        return
+    with record.open("ab") as f:
+        serve(sys.stdin.buffer, out, f)
 
 
 if __name__ == "__main__":

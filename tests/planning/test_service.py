@@ -151,7 +151,7 @@ def test_a_quiet_baseline_fleet_is_advised_a_switch_followed_to_its_landing() ->
     doc = p.document()
     assert doc["status"] == "planning"
     assert doc["traffic"] == {
-        "seconds": 60.0, "arrivals": 60, "rate": 1.0, "source": "engines",
+        "seconds": 60.0, "arrivals": 60, "rate": 1.0, "intervals": 1, "source": "engines",
         "prompt_mean": PROMPT, "output_mean": OUTPUT, "mix_requests": 200,
     }  # fmt: skip
     # what the planner was given: 60 arrivals a minute are enough on their own (the window is
@@ -522,3 +522,67 @@ def test_the_forecast_judges_the_windows_newest_interval_by_its_own_count() -> N
     alone, _ = observe_round(r.state, r.now, r.estimate.rate, r.estimate.seconds, r.params)
     assert state.holt == want != alone
     assert want.surged == 0.0 and want.burst > 0.0
+
+
+def twin_fleets() -> tuple[World, FleetPlanner, World, FleetPlanner]:
+    worlds = [World(), World()]
+    planners = []
+    for w in worlds:
+        for i in range(4):
+            w.join(BASELINE, f"http://b{i}")
+        p = planner(w, gpu_budget=4)
+        minutes(w, p, 8, 0.5)
+        planners.append(p)
+    return worlds[0], planners[0], worlds[1], planners[1]
+
+
+# a ramp the late plan misses: arrivals per minute, one a minute
+RAMP = (40, 55, 70, 90, 110, 130)
+
+
+def test_a_late_plan_leaves_the_forecast_where_plans_on_time_would() -> None:
+    """A plan that takes several intervals (a cold one on a compressed day): each interval
+    that ends while it is made is counted as its own and observed by the next round, so the
+    forecast is the one rounds on time reach, exactly, not the ramp's mean over one long
+    interval."""
+    w1, on_time, w2, late = twin_fleets()
+    for n in RAMP:
+        w1.now += INTERVAL
+        w1.serve(n)
+        on_time.tick()
+    # the late one: a round gathered after the ramp's first minute, planned while all but the
+    # last of the others pass
+    w2.now += INTERVAL
+    w2.serve(RAMP[0])
+    r = late.gather()
+    out = decide(r)
+    for n in RAMP[1:-1]:
+        w2.now += INTERVAL
+        w2.serve(n)
+        late.look_while_planning()
+    w2.now += INTERVAL
+    w2.serve(RAMP[-1])  # (this minute ends after the plan: the next round's own)
+    late.publish(r, out, 0.0)
+    r2 = late.gather()
+    assert len(r2.missed) == len(RAMP) - 2 and r2.traffic.arrivals == RAMP[-1]
+    late.publish(r2, decide(r2), 0.0)
+    # the ramp's six minutes, each observed
+    assert late.state.holt == on_time.state.holt
+    assert late.state.observed == on_time.state.observed
+
+
+def test_a_lost_rounds_intervals_reach_the_next_round() -> None:
+    w1, on_time, w2, lossy = twin_fleets()
+    for n in RAMP[:2]:
+        w1.now += INTERVAL
+        w1.serve(n)
+        on_time.tick()
+        w2.now += INTERVAL
+        w2.serve(n)
+        r = lossy.gather()
+        if n == RAMP[0]:
+            lossy.failed(r, "the plan worker died (exit -9)", StubWorker())
+        else:
+            assert len(r.missed) == 1
+            lossy.publish(r, decide(r), 0.0)
+    assert lossy.state.holt == on_time.state.holt

@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": ns.seed,
         "in_flight_after": run.timeline.in_flight_after,
         "plans_seen": run.timeline.plans_seen if planner else None,
+        "cpu": run.timeline.cpu,
     }
     doc = {
         "format": FORMAT,

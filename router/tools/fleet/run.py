@@ -94,6 +94,9 @@ class Timeline:
     in_flight_after: int | None = None  # the router's count once the replay ended
     last_plan: dict[str, Any] | None = None  # GET /router/plan once the replay ended
     plans_seen: int = 0  # distinct plans the actuator read (a planner that stalls shows here)
+    # CPU seconds (user + system) each process used until the replay ended, and the cores it
+    # may run on: the router, its plan worker, the engines (their sum), this process (the load)
+    cpu: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -129,6 +132,7 @@ def router_env(
     }
     if state is not None:
         env["SPEC_ROUTER_PLAN_STATE_PATH"] = str(state)
+        env["SPEC_ROUTER_PLAN_RECORD_PATH"] = str(state.with_name("plan-rounds.bin"))
     return env
 
 
@@ -282,6 +286,7 @@ class Fleet:
             if self.cfg.planner:
                 with contextlib.suppress(httpx.HTTPError, ValueError):
                     self.timeline.last_plan = (await client.get(f"{url}/router/plan")).json()
+        self.timeline.cpu = self._cpu()
         self._sample()
         return FleetRun(results, self.timeline, list(self.router.output))
 
@@ -297,6 +302,19 @@ class Fleet:
                     return 0
             await asyncio.sleep(0.05)
         return total
+
+    def _cpu(self) -> dict[str, Any]:
+        """CPU seconds and cores of the run's processes so far (``Timeline.cpu``)."""
+        assert self.router is not None
+        worker = ((self.timeline.last_plan or {}).get("worker") or {}).get("pid")
+        engines = [e.proc.pid for e in self.engines if e.proc is not None]
+        out: dict[str, Any] = {
+            "router": cpu_of(self.router.pid),
+            "plan_worker": None if worker is None else cpu_of(int(worker)),
+            "engines_now": [cpu_of(pid) for pid in engines],  # (a restarted engine: since)
+            "load": cpu_of(os.getpid()),
+        }
+        return out
 
     def _sample(self) -> None:
         counts = split(list(self.slots.values()))
@@ -374,6 +392,20 @@ class Fleet:
                 if o.engine == move.url and o.back is None:
                     self.timeline.outages[i] = o._replace(back=now)
                     break
+
+
+def cpu_of(pid: int) -> dict[str, Any] | None:
+    """A live process's CPU seconds (user + system, from /proc) and allowed cores; None when
+    it is gone or there is no /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cores = sorted(os.sched_getaffinity(pid))
+    except (OSError, IndexError, AttributeError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    # fields[0] is the state (field 3): utime and stime are fields 14 and 15
+    return {"pid": pid, "cpu_s": round((int(fields[11]) + int(fields[12])) / tick, 2),
+            "cores": cores}  # fmt: skip
 
 
 async def run_fleet(
