@@ -45,6 +45,11 @@ Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
     (
+        "s10min",
+        "no plan on fewer than PLAN_MIN_REQUESTS (50) request lengths (5c89b4c, main at session "
+        "10's end)",
+    ),
+    (
         "final",
         "the branch's default after session 10 (2dc8e26): a late plan's intervals lumped, "
         "worker at nice 19",

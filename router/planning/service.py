@@ -273,7 +273,7 @@ def decide(r: Round) -> Outcome:
         status = "waiting for curves: calibrate (spec-router calibrate) or let the router "
         status += "learn both pools"
     elif r.mix is None:
-        status = "waiting for traffic: no request lengths seen yet"
+        status = "waiting for traffic: too few request lengths seen yet (PLAN_MIN_REQUESTS)"
     elif not r.fleet:
         status = "no engines"
     else:
@@ -550,7 +550,13 @@ class FleetPlanner:
         seconds = tr.seconds
         fleet = census(self.views(), self.switch, self.restart, now)
         fleet += free_slots(fleet, self.settings.gpu_budget)
-        mix = self.hold_mix(scaled_mix(self.recent, est.prompt_mean, est.output_mean))
+        # No plan on the lengths of a few requests: over sockets the first plans of a
+        # compressed day were made on ONE request's (392 / 72 tokens against the day's ~1190 /
+        # 230), held for CURVE_REFRESH_ROUNDS rounds, and both flat-load runs switched on it.
+        seen = None
+        if len(self.recent) >= self.settings.plan_min_requests:
+            seen = scaled_mix(self.recent, est.prompt_mean, est.output_mean)
+        mix = self.hold_mix(seen)
         missed, self.missed = tuple(self.missed), []
         # shown (the document's traffic): every interval since the last round, the token means
         # the newest's

@@ -54,6 +54,7 @@ def test_the_plan_after_traffic_counts_it_from_the_engines(
         table_path=str(table),
         planner="autoscale",
         plan_time_scale=str(PLAN_SCALE),
+        plan_min_requests=str(REQUESTS),  # (planned on the lengths of all of them)
         restart_s="550",
         slo_ttft_ms=str(1000 * SCALE),
         slo_tpot_ms=str(25 * SCALE),

@@ -586,3 +586,28 @@ def test_a_lost_rounds_intervals_reach_the_next_round() -> None:
             assert len(r.missed) == 1
             lossy.publish(r, decide(r), 0.0)
     assert lossy.state.holt == on_time.state.holt
+
+
+def test_no_plan_is_made_on_the_lengths_of_fewer_than_plan_min_requests() -> None:
+    """Over sockets the first plans of a flat day were made on ONE request's lengths and both
+    runs switched on them: below PLAN_MIN_REQUESTS lengths the planner waits (the forecast
+    learns all the same), and plans on the next round once it has them."""
+    world = World()
+    for i in range(4):
+        world.join(BASELINE, f"http://b{i}")
+    s = Settings(planner="autoscale", plan_interval=INTERVAL, restart_s=500.0, gpu_budget=4)
+    p = FleetPlanner(s, world, world.states, world, world, world, world.clock,
+                     wall=lambda: 1.7e9 + world.now)  # fmt: skip
+    p.params = p.params._replace(horizon=3600.0 * p.settings.plan_time_scale)
+    p.look()
+    need = s.plan_min_requests
+    for i in range(need - 1):
+        p.observe(Done(200, Usage(int(MIX.prompts[i % 4]), int(MIX.outputs[i % 4])), True))
+    minutes(world, p, 6, 1.0)
+    doc = p.document()
+    assert doc["status"].startswith("waiting for traffic"), doc["status"]
+    assert "desired" not in doc and doc["traffic"]["mix_requests"] == need - 1
+    assert p.state.holt is not None and p.state.holt.seen == 6  # (the forecast learns)
+    p.observe(Done(200, Usage(int(MIX.prompts[0]), int(MIX.outputs[0])), True))
+    minutes(world, p, 1, 1.0)
+    assert p.document()["status"] == "planning"

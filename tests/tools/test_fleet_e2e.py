@@ -12,12 +12,17 @@ from router.tools.fleet.cli import main
 
 
 @pytest.mark.slow
-def test_the_planner_switches_an_engine_and_every_request_is_released(tmp_path: Path) -> None:
+def test_the_planner_switches_an_engine_and_every_request_is_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Two baseline engines of a regime with no crossover (eagle3-chain: speculation is faster
     # at every load): the planner moves one to speculative once it has a few intervals of
     # traffic. The engine drains, restarts in the other mode, comes back through DNS. The day
     # ends once that switch has landed (--until-switches): its two hours (72 s of wall time)
     # are only the bound on how long the planner may take on a loaded machine.
+    # (a compressed flat day sends a few requests a planner interval: plan on the first five's
+    # lengths, not PLAN_MIN_REQUESTS' 50, which would take most of the day)
+    monkeypatch.setenv("SPEC_ROUTER_PLAN_MIN_REQUESTS", "5")
     out = tmp_path / "fleet.json"
     code = main([
         "--engines", "2", "--split", "planner", "--start", "0", "--regime", "eagle3-chain",

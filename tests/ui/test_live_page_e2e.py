@@ -368,7 +368,7 @@ def test_the_page_shows_the_fleet_plan(
     table = tmp_path / "table.json"
     save(model_table(16, 24, time_scale=float(TIME_SCALE)), table)
     proc = start_router(table_path=str(table), planner="advisory", plan_time_scale="0.02",
-                        ui_interval="0.5")  # fmt: skip
+                        plan_min_requests="16", ui_interval="0.5")  # fmt: skip
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     problems = watched(page)
     try:
