@@ -108,7 +108,7 @@ async def test_adopt_puts_the_lean_protocol_in_place_of_uvicorns_httptools_one()
 
 
 async def test_adopt_leaves_any_other_protocol_and_any_other_server_alone() -> None:
-    h11 = Config(app=App(), http="h11", lifespan="off", log_config=None)
+    h11 = Config(app=App(), http="h11", ws="none", lifespan="off", log_config=None)
     h11.load()
     before = h11.http_protocol_class
     assert not adopt(LifespanOn(h11).receive)
