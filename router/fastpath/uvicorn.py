@@ -8,6 +8,7 @@ returns None and the router falls back to plain ASGI (``Responders`` counts whic
 from __future__ import annotations
 
 import asyncio
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -154,28 +155,41 @@ class DirectSend:
 def _plain_head(cycle: Any, start: dict[str, Any]) -> bytes | None:
     """The status line and headers uvicorn's ``send`` writes for ``start`` where they are plain
     (see ``DirectSend._write_plain``), ending with ``transfer-encoding: chunked`` as uvicorn
-    adds it; None anywhere else, or where uvicorn would refuse a header (its own checks)."""
+    adds it; None anywhere else, or where uvicorn would refuse a header (its own checks).
+    Joins and searches whole blocks, not one header at a time: a character class found in the
+    joined names (or names and values) is found in one of them, and a name that only looks
+    like framing (``x-connection-id``) just leaves the start to uvicorn."""
     assert _PLAIN is not None
-    status_lines, name_check, value_check = _PLAIN
+    status_lines, bad_names, bad_values = _PLAIN
     status = start["status"]
-    if status in (204, 304) or not cycle.keep_alive or cycle.chunked_encoding is not None:
-        return None
-    if cycle.scope["method"] == "HEAD":
+    if (
+        status in (204, 304)
+        or not cycle.keep_alive
+        or cycle.chunked_encoding is not None
+        or cycle.scope["method"] == "HEAD"
+    ):
         return None
     pairs = [*cycle.default_headers, *start.get("headers", ())]
-    names = [name.lower() for name, _ in pairs]
-    if _FRAMING.intersection(names):
+    if not pairs:
+        return status_lines[status] + _CHUNKED
+    names = b"".join(map(_NAME, pairs))
+    lower = names.lower()
+    if b"content-length" in lower or b"transfer-encoding" in lower or b"connection" in lower:
         return None
-    values = [value for _, value in pairs]
-    # (a character class found in the joined names or values is found in one of them)
-    if name_check.search(b"".join(names)) or value_check.search(b"".join(values)):
+    # uvicorn's checks, each a class of single bytes: the bytes it refuses, deleted (a control
+    # character in a name is refused by its name check too)
+    values = b"".join(map(b"".join, pairs))
+    if len(names.translate(None, bad_names)) != len(names) or len(
+        values.translate(None, bad_values)
+    ) != len(values):
         return None
-    lines = [b"%b: %b\r\n" % pair for pair in zip(names, values, strict=True)]
-    return b"".join([status_lines[status], *lines, b"transfer-encoding: chunked\r\n\r\n"])
+    if lower != names:
+        pairs = [(name.lower(), value) for name, value in pairs]
+    return b"%b%b\r\n%b" % (status_lines[status], b"\r\n".join(map(b": ".join, pairs)), _CHUNKED)
 
 
-# response headers that make a start other than plain (uvicorn's send acts on each)
-_FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection"})
+_NAME = operator.itemgetter(0)
+_CHUNKED = b"transfer-encoding: chunked\r\n\r\n"
 
 
 class _DisconnectEvent(asyncio.Event):
@@ -287,20 +301,25 @@ def _httptools_send() -> Any:
 _HTTPTOOLS_SEND = _httptools_send()
 
 
-def _plain_parts() -> tuple[dict[int, bytes], Any, Any] | None:
-    """uvicorn's status lines and header checks, for ``_plain_head``; None without them."""
+def _plain_parts() -> tuple[dict[int, bytes], bytes, bytes] | None:
+    """uvicorn's status lines, and the bytes its header name and value checks refuse, for
+    ``_plain_head``; None without them, or when a check is not one class of single bytes."""
     try:
         from uvicorn.protocols.http import httptools_impl
     except ImportError:
         return None
     try:
-        return (
-            httptools_impl.STATUS_LINE,
-            httptools_impl.HEADER_RE,
-            httptools_impl.HEADER_VALUE_RE,
-        )
+        lines = httptools_impl.STATUS_LINE
+        checks = (httptools_impl.HEADER_RE, httptools_impl.HEADER_VALUE_RE)
     except AttributeError:  # another uvicorn than the one this was written for
         return None
+    refused = []
+    for check in checks:
+        pattern = check.pattern
+        if not (isinstance(pattern, bytes) and pattern[:1] == b"[" and pattern[-1:] == b"]"):
+            return None
+        refused.append(bytes(c for c in range(256) if check.fullmatch(bytes((c,)))))
+    return lines, refused[0], refused[1]
 
 
 _PLAIN = _plain_parts()
