@@ -373,10 +373,13 @@ class RouterApp:
             yield self
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        # under ``uvicorn router.app:app``: uvicorn's protocol with one keep-alive timer for
-        # all connections (router.fastpath.lean), before uvicorn opens its socket
-        lean.adopt(receive)
-        await lifecycle.lifespan(self.running, receive, send, started=lifecycle.tune_gc)
+        def started() -> None:
+            lifecycle.tune_gc()
+            # under ``uvicorn router.app:app``: uvicorn's protocol with one keep-alive timer for
+            # all connections (router.fastpath.lean), before uvicorn opens its socket
+            lean.adopt(receive)
+
+        await lifecycle.lifespan(self.running, receive, send, started=started)
 
     # -- ASGI ---------------------------------------------------------------------------------
     def _proxy_for(self, path: str) -> Proxy | None:

@@ -141,5 +141,5 @@ def adopt(receive: Any, loop: asyncio.AbstractEventLoop | None = None) -> bool:
     if lean is None:  # (not reached: _BASE is there)
         return False
     config.http_protocol_class = lean
-    log.debug("client connections: uvicorn's httptools protocol with one keep-alive sweep")
+    log.info("client connections: uvicorn's httptools protocol, one keep-alive timer for all")
     return True
