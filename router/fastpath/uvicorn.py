@@ -162,11 +162,13 @@ def _plain_head(cycle: Any, start: dict[str, Any]) -> bytes | None:
     assert _PLAIN is not None
     status_lines, bad_names, bad_values = _PLAIN
     status = start["status"]
+    scope = cycle.scope
     if (
         status in (204, 304)
         or not cycle.keep_alive
         or cycle.chunked_encoding is not None
-        or cycle.scope["method"] == "HEAD"
+        or scope["method"] == "HEAD"
+        or _CLOSE in scope["headers"]  # (uvicorn 0.30 closes on it with keep_alive still set)
     ):
         return None
     pairs = [*cycle.default_headers, *start.get("headers", ())]
@@ -189,6 +191,7 @@ def _plain_head(cycle: Any, start: dict[str, Any]) -> bytes | None:
 
 
 _NAME = operator.itemgetter(0)
+_CLOSE = (b"connection", b"close")
 _CHUNKED = b"transfer-encoding: chunked\r\n\r\n"
 
 

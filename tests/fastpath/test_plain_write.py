@@ -66,7 +66,9 @@ SEQUENCES: dict[str, list[Any]] = {
 class Request:
     """A real uvicorn request cycle on a transport that keeps what is written."""
 
-    def __init__(self, keep_alive: bool, method: str, access_log: bool, defaults: bool) -> None:
+    def __init__(
+        self, keep_alive: bool, method: str, access_log: bool, defaults: bool, close: bool = False
+    ) -> None:
         self.transport = KeptTransport()
         self.responses = 0
         defaults_ = [(b"server", b"uvicorn"), (b"date", b"Mon, 07 Dec 2026 00:00:00 GMT")]
@@ -78,7 +80,9 @@ class Request:
             "query_string": b"",
             "http_version": "1.1",
             "client": ("127.0.0.1", 1),
-            "headers": [] if keep_alive else [(b"connection", b"close")],
+            # (uvicorn 0.30 keeps keep_alive for a request's "connection: close" and closes
+            # on the header itself; later ones clear keep_alive)
+            "headers": [(b"connection", b"close")] if close else [],
         }
         self.cycle = RequestResponseCycle(
             scope=scope,  # type: ignore[arg-type]
@@ -136,16 +140,24 @@ async def by_direct(request: Request, messages: list[dict[str, Any]]) -> str | N
         ("sse", "start+chunk+end", 200, "HEAD"),
     ],
 )
-@pytest.mark.parametrize("keep_alive", [True, False])
+@pytest.mark.parametrize(
+    ("keep_alive", "close"), [(True, False), (False, True), (True, True), (False, False)]
+)
 @pytest.mark.parametrize("access_log", [False, True])
 async def test_send_all_writes_what_uvicorns_send_writes(
-    head: str, sequence: str, status: int, method: str, keep_alive: bool, access_log: bool
+    head: str,
+    sequence: str,
+    status: int,
+    method: str,
+    keep_alive: bool,
+    close: bool,
+    access_log: bool,
 ) -> None:
     start = {**START, "status": status, "headers": HEADS[head]}
     messages = [start if m == "start" else m for m in SEQUENCES[sequence]]
     seen = []
     for send in (by_uvicorn, by_direct):
-        request = Request(keep_alive, method, access_log, defaults=True)
+        request = Request(keep_alive, method, access_log, defaults=True, close=close)
         error = await send(request, messages)
         seen.append((error, request.seen()))
     assert seen[1] == seen[0]
