@@ -35,6 +35,7 @@ from router.control.live import live_document
 from router.control.models import list_models
 from router.control.status import readiness, router_status
 from router.decide import table as tables
+from router.fastpath import lean
 from router.fastpath.busypoll import BusyPoll, ShareWatch
 from router.forward.admission import Admission, Strain
 from router.forward.decider import Decider
@@ -372,7 +373,13 @@ class RouterApp:
             yield self
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        await lifecycle.lifespan(self.running, receive, send, started=lifecycle.tune_gc)
+        def started() -> None:
+            lifecycle.tune_gc()
+            # under ``uvicorn router.app:app``: uvicorn's protocol with one keep-alive timer for
+            # all connections (router.fastpath.lean), before uvicorn opens its socket
+            lean.adopt(receive)
+
+        await lifecycle.lifespan(self.running, receive, send, started=started)
 
     # -- ASGI ---------------------------------------------------------------------------------
     def _proxy_for(self, path: str) -> Proxy | None:
