@@ -37,6 +37,7 @@ from router.control.status import readiness, router_status
 from router.decide import table as tables
 from router.fastpath import lean
 from router.fastpath.busypoll import BusyPoll, ShareWatch
+from router.fastpath.callback import CallbackStreams
 from router.forward.admission import Admission, Strain
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
@@ -251,6 +252,7 @@ class RouterApp:
         self.proxy: Proxy | None = None
         self.busy: BusyPoll | None = None
         self.share: ShareWatch | None = None  # whether the core looks shared (busy polling holds)
+        self.streams = CallbackStreams()  # streams served from callbacks (when on)
         self.control = build_control_app(self)
 
     def _forget_strain(self, changes: Changes) -> None:
@@ -377,7 +379,13 @@ class RouterApp:
             lifecycle.tune_gc()
             # under ``uvicorn router.app:app``: uvicorn's protocol with one keep-alive timer for
             # all connections (router.fastpath.lean), before uvicorn opens its socket
-            lean.adopt(receive)
+            # (and, when SPEC_ROUTER_CALLBACK_STREAMS is on, plain streams served from its
+            # callbacks: router.fastpath.callback)
+            streams = None
+            if self.settings.callback_streams:
+                streams = self.streams
+                streams.proxy = self.proxy
+            lean.adopt(receive, streams=streams)
 
         await lifecycle.lifespan(self.running, receive, send, started=started)
 

@@ -1,5 +1,5 @@
 """What a proxied response's start and end, and a connection's keep-alive, cost under uvicorn's
-httptools server, in process: the router's plain writes (``DirectSend._write_plain``) against
+httptools server, in process: the router's plain writes (``DirectSend.write_plain``) against
 uvicorn's own ``send``, and uvicorn's keep-alive timer per response against the lean protocol's
 one sweep (router/fastpath/lean.py). No socket; the transport only keeps what is written.
 

@@ -22,6 +22,7 @@ import weakref
 from collections import deque
 from typing import Any
 
+from router.fastpath.callback import CallbackStreams, callback_protocol, callback_ready
 from router.timers import CLOCK_SLACK, LazyTimer
 
 log = logging.getLogger("spec_router.fastpath")
@@ -119,16 +120,27 @@ class _SweptKeepAlive:
         self.sweep.idle(self, now, now + self.timeout_keep_alive)
 
 
-def lean_protocol(loop: asyncio.AbstractEventLoop) -> type[asyncio.Protocol] | None:
+def lean_protocol(
+    loop: asyncio.AbstractEventLoop, streams: CallbackStreams | None = None
+) -> type[asyncio.Protocol] | None:
     """uvicorn's httptools protocol with the shared keep-alive sweep, for connections served
-    on ``loop``; None where uvicorn's internals are not the ones this was written for."""
+    on ``loop`` (and with ``streams``, plain streams served from its callbacks:
+    ``router.fastpath.callback``); None where uvicorn's internals are not the ones this was
+    written for."""
     if _BASE is None:
         return None
     sweep = KeepAliveSweep(loop)
-    return type("LeanHttpToolsProtocol", (_SweptKeepAlive, _BASE), {"sweep": sweep})
+    lean: type[Any] = type("LeanHttpToolsProtocol", (_SweptKeepAlive, _BASE), {"sweep": sweep})
+    if streams is not None and callback_ready():
+        lean = callback_protocol(lean, streams)
+    return lean
 
 
-def adopt(receive: Any, loop: asyncio.AbstractEventLoop | None = None) -> bool:
+def adopt(
+    receive: Any,
+    loop: asyncio.AbstractEventLoop | None = None,
+    streams: CallbackStreams | None = None,
+) -> bool:
     """From the app's lifespan, under ``uvicorn router.app:app``: put ``lean_protocol`` in
     place of uvicorn's plain httptools protocol in the config of the server that runs this
     lifespan (``receive`` is its lifespan's), for connections served on ``loop`` (default: the
@@ -137,9 +149,14 @@ def adopt(receive: Any, loop: asyncio.AbstractEventLoop | None = None) -> bool:
     config = getattr(getattr(receive, "__self__", None), "config", None)
     if _BASE is None or config is None or getattr(config, "http_protocol_class", None) is not _BASE:
         return False
-    lean = lean_protocol(loop if loop is not None else asyncio.get_running_loop())
+    lean = lean_protocol(loop if loop is not None else asyncio.get_running_loop(), streams)
     if lean is None:  # (not reached: _BASE is there)
         return False
     config.http_protocol_class = lean
     log.info("client connections: uvicorn's httptools protocol, one keep-alive timer for all")
+    if streams is not None:
+        if callback_ready():
+            log.info("plain streams served from the protocol's callbacks (no ASGI task)")
+        else:
+            log.warning("uvicorn's internals are not as expected: no streams from callbacks")
     return True

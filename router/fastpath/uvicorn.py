@@ -41,7 +41,7 @@ class DirectSend:
         self._event: _DisconnectEvent | None = None
 
     async def send_all(self, messages: list[dict[str, Any]]) -> None:
-        if self._write_plain(messages):
+        if self.write_plain(messages):
             return
         cycle, real = self._cycle, self._transport
         held = _Held(real)
@@ -56,7 +56,7 @@ class DirectSend:
             if held.closed:
                 real.close()
 
-    def _write_plain(self, messages: list[dict[str, Any]]) -> bool:
+    def write_plain(self, messages: list[dict[str, Any]]) -> bool:
         """Write ``messages`` as uvicorn's ``send`` would, without it, where that is plain: a
         chunked body (its start without content-length, transfer-encoding or connection
         headers, on a kept-alive connection, no access log, not a HEAD, 204 or 304) and a client
@@ -152,9 +152,19 @@ class DirectSend:
         return chunk_sink(self._flow, self._cycle, self._transport, feed, first)
 
 
+def plain_head_ready() -> bool:
+    """Whether ``plain_head`` knows uvicorn's status lines and header checks."""
+    return _PLAIN is not None and _HTTPTOOLS_SEND is not None
+
+
+def plain_head(cycle: Any, start: dict[str, Any]) -> bytes | None:
+    """``_plain_head``, None too where uvicorn's parts are not the ones this was written for."""
+    return None if _PLAIN is None else _plain_head(cycle, start)
+
+
 def _plain_head(cycle: Any, start: dict[str, Any]) -> bytes | None:
     """The status line and headers uvicorn's ``send`` writes for ``start`` where they are plain
-    (see ``DirectSend._write_plain``), ending with ``transfer-encoding: chunked`` as uvicorn
+    (see ``DirectSend.write_plain``), ending with ``transfer-encoding: chunked`` as uvicorn
     adds it; None anywhere else, or where uvicorn would refuse a header (its own checks).
     Joins and searches whole blocks, not one header at a time: a character class found in the
     joined names (or names and values) is found in one of them, and a name that only looks

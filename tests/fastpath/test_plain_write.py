@@ -1,5 +1,5 @@
 """``DirectSend.send_all`` writes a plain chunked response without uvicorn's ``send``
-(``_write_plain``): held to uvicorn's own ``send`` on twin request cycles of the uvicorn
+(``write_plain``): held to uvicorn's own ``send`` on twin request cycles of the uvicorn
 installed (``make test-uvicorn`` runs this under the oldest and the newest supported), for
 every shape of start and message list the proxy sends and the ones it must leave to uvicorn:
 the same bytes, the same close, the same state of the cycle, the same error."""
