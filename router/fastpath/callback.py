@@ -177,10 +177,14 @@ class _CallbackRequests:
         cycle = self._taken
         if cycle is not None:
             self._taken = None
-            if cycle is self.cycle and not cycle.disconnected:
-                serve(self, cycle)
-            else:
+            if cycle is not self.cycle or cycle.disconnected:
                 start(self, cycle, self.app)
+                return
+            try:
+                serve(self, cycle)
+            except Exception:  # (a bug: never a request left hanging for it)
+                log.exception("serving a stream from callbacks failed")
+                self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)  # type: ignore[misc]
@@ -227,13 +231,15 @@ def serve(protocol: Any, cycle: Any) -> None:
     path = scope["path"]
     headers = scope["headers"]
     body = bytes(cycle.body)
-    try:
-        check_path(path)
-        ctype = next((v for k, v in headers if k == b"content-type"), None)
-        info = inspect(path, body, ctype)
-    except RouterError:
-        info = None
-    if info is None or not info.stream or proxy.sync is not None or proxy._api_keys:
+    info = None
+    if proxy.sync is None and not proxy._api_keys:
+        try:
+            check_path(path)
+            ctype = next((v for k, v in headers if k == b"content-type"), None)
+            info = inspect(path, body, ctype)
+        except RouterError:
+            pass
+    if info is None or not info.stream:
         start(protocol, cycle, protocol.app)  # the proxy answers it, from the start
         return
     out = Outcome(path=path, started=proxy.clock())
@@ -261,8 +267,16 @@ def serve(protocol: Any, cycle: Any) -> None:
         streams.handed += 1
         start(protocol, cycle, proxy.resume(out, body, info, request, decision))
         return
+    assert pool is not None
     lease = proxy.tracker.acquire(decision.backend, out if request is not None else None)
-    Stream(protocol, cycle, proxy, out, body, info, request, decision, lease, conn)
+    try:
+        Stream(protocol, cycle, proxy, out, body, info, request, decision, lease, conn)
+    except BaseException:
+        conn.close()
+        pool.forget(conn)
+        lease.release()
+        proxy.finish(out)
+        raise
 
 
 def _refuse(proxy: Proxy, out: Outcome) -> App:
@@ -351,6 +365,8 @@ class Stream:
         )
         self.direct = direct = DirectSend(cycle.send, cycle)
         direct.watch(self.client_left)
+        if self.done:  # (gone already)
+            return
         pool = proxy.clients[decision.backend]
         conn.listen(self.upstream)
         head = pool.head(b"POST", target, fwd, payload)
@@ -369,6 +385,16 @@ class Stream:
 
     # -- the upstream's wake-ups -----------------------------------------------------------------
     def upstream(self) -> None:
+        try:
+            self._woken()
+        except Exception:  # (a bug: the stream ends, releasing what it holds)
+            log.exception("a stream served from callbacks failed")
+            if not self.done:
+                self.out.broke("relay")
+                self.cycle.transport.close()
+                self.finish(True)
+
+    def _woken(self) -> None:
         if self.done:
             return
         if self.streaming:
