@@ -437,7 +437,8 @@ class Stream:
             headers += _predicted(decision)
         headers += _deciding_as_header(proxy.decider)
         start_message = {"type": "http.response.start", "status": 200, "headers": headers}
-        if plain_head(self.cycle, start_message) is None:
+        head = plain_head(self.cycle, start_message)
+        if head is None:
             return False
         # (the proxy's verdict on a 200: a good answer)
         proxy.health.served(decision.backend, proxy.clock())
@@ -449,8 +450,7 @@ class Stream:
         if conn.finished:
             self._end(first, [start_message])
             return True
-        chunk = {"type": "http.response.body", "body": first, "more_body": True}
-        self.direct.write_plain([start_message, chunk] if first else [start_message])
+        self.direct.write_start(head, first)
         conn.on_backlog = self._backlog
         cycle = self.cycle
         conn.divert(chunk_sink(cycle.flow, cycle, cycle.transport, tap.feed, None))

@@ -106,6 +106,16 @@ class DirectSend:
             cycle.on_response()
         return True
 
+    def write_start(self, head: bytes, body: bytes) -> None:
+        """Write a chunked response's start, ``head`` as ``plain_head`` made it for this
+        cycle (checked by the caller just before: no second pass over the headers), with its
+        first body bytes: what ``write_plain`` writes for the two messages."""
+        cycle = self._cycle
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        cycle.chunked_encoding = True
+        self._transport.write(head + b"%x\r\n%b\r\n" % (len(body), body) if body else head)
+
     def watch(self, on_disconnect: Callable[[], None]) -> None:
         """Call ``on_disconnect`` (once) if the client goes away before the response is done.
 

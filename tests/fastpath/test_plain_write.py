@@ -15,7 +15,7 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from router.fastpath.uvicorn import DirectSend, direct_send
+from router.fastpath.uvicorn import DirectSend, direct_send, plain_head
 from tests.support.transport import KeptTransport
 
 pytestmark = pytest.mark.anyio
@@ -198,3 +198,26 @@ async def test_a_paused_or_gone_client_leaves_it_to_uvicorns_send() -> None:
     assert await by_direct(request, [{**START, "headers": SSE}]) is None
     assert request.seen()[:3] == (b"", False, 0)  # (uvicorn's send drops it)
     assert not request.cycle.response_started
+
+
+@pytest.mark.parametrize("head", HEADS)
+@pytest.mark.parametrize("first", [b"", b"data: 1\n\n"])
+async def test_write_start_writes_what_uvicorns_send_writes_for_a_plain_start(
+    head: str, first: bytes
+) -> None:
+    """The callback path's start (router.fastpath.callback): ``plain_head`` once, then
+    ``write_start``, as uvicorn's ``send`` writes the start and first chunk, where the head is
+    plain (``plain_head`` gives None for the rest, and they go through ``send``)."""
+    start = {**START, "headers": HEADS[head]}
+    messages = [start, body(first, True)] if first else [start]
+    request = Request(True, "POST", False, defaults=True)
+    direct = direct_send(request.cycle.send)
+    assert isinstance(direct, DirectSend)
+    made = plain_head(request.cycle, start)
+    if made is None:
+        assert head not in ("sse", "upper-case name", "none")
+        return
+    expected = Request(True, "POST", False, defaults=True)
+    assert await by_uvicorn(expected, messages) is None
+    direct.write_start(made, first)
+    assert request.seen() == expected.seen()
