@@ -27,7 +27,7 @@ per-pool model name, no idle upstream connection (before the lease), any answer 
 200 stream whose first event is not a refusal, a failure before it (after the attempt: its
 verdict, retries, the client's error), a slow client (the rest of the body, read and sent).
 
-Off by default (``SPEC_ROUTER_CALLBACK_STREAMS``): see bench/results/fast-path.md, session 10.
+On by default (``SPEC_ROUTER_CALLBACK_STREAMS``): bench/results/fast-path.md, session 10.
 """
 
 from __future__ import annotations

@@ -352,3 +352,16 @@ def test_an_upstream_that_refuses_by_closing_is_retried_then_refused(router: Rou
     assert json.loads(body)["error"]["message"]
     wait_for(router.settled())
     assert router.metric("spec_router_retries_total", kind="reset") == 1
+
+
+def test_it_is_on_by_default_and_off_with_the_setting(sims: dict[str, Proc]) -> None:
+    urls = (sims["speculative"].url, sims["baseline"].url)
+    for setting, served in ((None, 2), ("false", 0)):
+        extra = {} if setting is None else {"callback_streams": setting}
+        router = Router(urls, "--no-access-log", scrape_metrics="false", **extra)
+        try:
+            for _ in range(3):  # (the first finds no idle upstream connection)
+                assert stream(router)[0].status == 200
+            assert router.served() == served
+        finally:
+            router.stop()
