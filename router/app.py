@@ -37,8 +37,8 @@ from router.control.status import readiness, router_status
 from router.decide import table as tables
 from router.fastpath import lean
 from router.fastpath.busypoll import BusyPoll, ShareWatch
-from router.fastpath.callback import CallbackStreams
 from router.forward.admission import Admission, Strain
+from router.forward.callback import CallbackStreams, callback_protocol
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
 from router.health.notices import Notices
@@ -380,12 +380,12 @@ class RouterApp:
             # under ``uvicorn router.app:app``: uvicorn's protocol with one keep-alive timer for
             # all connections (router.fastpath.lean), before uvicorn opens its socket
             # (and, when SPEC_ROUTER_CALLBACK_STREAMS is on, plain streams served from its
-            # callbacks: router.fastpath.callback)
-            streams = None
+            # callbacks: router.forward.callback)
+            extend = None
             if self.settings.callback_streams:
-                streams = self.streams
-                streams.proxy = self.proxy
-            lean.adopt(receive, streams=streams)
+                self.streams.proxy = self.proxy
+                extend = callback_protocol(self.streams)
+            lean.adopt(receive, extend=extend)
 
         await lifecycle.lifespan(self.running, receive, send, started=started)
 

@@ -262,7 +262,7 @@ class Settings(BaseSettings):
     # (busypoll.ShareWatch); false: spin whatever the core's neighbours do.
     busy_poll_yield: bool = True
     # Under ``uvicorn router.app:app``: serve plain streamed completions from uvicorn's socket
-    # callbacks, with no ASGI task per request (router/fastpath/callback.py). On while a
+    # callbacks, with no ASGI task per request (router/forward/callback.py). On while a
     # same-run A/B shows it pays (bench/results/fast-path.md, session 10); false: every request
     # through the proxy's coroutine.
     callback_streams: bool = True

@@ -20,8 +20,8 @@ from router.control.feed import Feed
 from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT
 from router.fastpath import fast_path_status
 from router.fastpath.busypoll import BusyPoll, ShareWatch
-from router.fastpath.callback import CallbackStreams
 from router.forward.admission import Admission
+from router.forward.callback import CallbackStreams
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
 from router.health.notices import Notices

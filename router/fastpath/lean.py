@@ -20,9 +20,9 @@ import asyncio
 import logging
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
-from router.fastpath.callback import CallbackStreams, callback_protocol, callback_ready
 from router.timers import CLOCK_SLACK, LazyTimer
 
 log = logging.getLogger("spec_router.fastpath")
@@ -121,42 +121,35 @@ class _SweptKeepAlive:
 
 
 def lean_protocol(
-    loop: asyncio.AbstractEventLoop, streams: CallbackStreams | None = None
+    loop: asyncio.AbstractEventLoop, extend: Callable[[type[Any]], type[Any]] | None = None
 ) -> type[asyncio.Protocol] | None:
     """uvicorn's httptools protocol with the shared keep-alive sweep, for connections served
-    on ``loop`` (and with ``streams``, plain streams served from its callbacks:
-    ``router.fastpath.callback``); None where uvicorn's internals are not the ones this was
-    written for."""
+    on ``loop`` (``extend``: a subclass of it made by the layer above, the router's callback
+    streams: ``router.forward.callback``); None where uvicorn's internals are not the ones
+    this was written for."""
     if _BASE is None:
         return None
     sweep = KeepAliveSweep(loop)
     lean: type[Any] = type("LeanHttpToolsProtocol", (_SweptKeepAlive, _BASE), {"sweep": sweep})
-    if streams is not None and callback_ready():
-        lean = callback_protocol(lean, streams)
-    return lean
+    return lean if extend is None else extend(lean)
 
 
 def adopt(
     receive: Any,
     loop: asyncio.AbstractEventLoop | None = None,
-    streams: CallbackStreams | None = None,
+    extend: Callable[[type[Any]], type[Any]] | None = None,
 ) -> bool:
     """From the app's lifespan, under ``uvicorn router.app:app``: put ``lean_protocol`` in
     place of uvicorn's plain httptools protocol in the config of the server that runs this
     lifespan (``receive`` is its lifespan's), for connections served on ``loop`` (default: the
-    running one). True when it did; anything but uvicorn's plain httptools protocol is left as
-    it is."""
+    running one), extended by ``extend`` when given. True when it did; anything but uvicorn's
+    plain httptools protocol is left as it is."""
     config = getattr(getattr(receive, "__self__", None), "config", None)
     if _BASE is None or config is None or getattr(config, "http_protocol_class", None) is not _BASE:
         return False
-    lean = lean_protocol(loop if loop is not None else asyncio.get_running_loop(), streams)
+    lean = lean_protocol(loop if loop is not None else asyncio.get_running_loop(), extend)
     if lean is None:  # (not reached: _BASE is there)
         return False
     config.http_protocol_class = lean
     log.info("client connections: uvicorn's httptools protocol, one keep-alive timer for all")
-    if streams is not None:
-        if callback_ready():
-            log.info("plain streams served from the protocol's callbacks (no ASGI task)")
-        else:
-            log.warning("uvicorn's internals are not as expected: no streams from callbacks")
     return True

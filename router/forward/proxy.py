@@ -168,7 +168,7 @@ class Proxy:
         lease: Lease | None = None,
         attempt: Attempt | None = None,
     ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-        """The ASGI app that serves a request the callback path (``router.fastpath.callback``)
+        """The ASGI app that serves a request the callback path (``router.forward.callback``)
         read and decided, from where it left it: before its lease (``lease`` None), or with
         its lease and an ``attempt`` whose answer (or failure) is in, nothing sent to the
         client yet. It ends as ``__call__`` does."""
@@ -277,13 +277,18 @@ class Proxy:
             if conn is not None:
                 conn.release()
             if lease is not None:
-                lease.release()
-                if left and unfinished and self.abort_lag is not None:
-                    lag = self.abort_lag(lease.backend)
-                    if lag > 0:
-                        self.tracker.linger(lease.backend, self.clock() + lag)
-                if self.admission.enabled:
-                    self.admission.released()
+                self.release(lease, left and unfinished)
+
+    def release(self, lease: Lease, abandoned: bool) -> None:
+        """Let a request's lease go, on whichever path it ended (``abandoned``: its client
+        left before the answer was whole, and the engine may go on with it for a while)."""
+        lease.release()
+        if abandoned and self.abort_lag is not None:
+            lag = self.abort_lag(lease.backend)
+            if lag > 0:
+                self.tracker.linger(lease.backend, self.clock() + lag)
+        if self.admission.enabled:
+            self.admission.released()
 
     def _first_bytes(self, out: Outcome, backend: str) -> None:
         now = self.clock()

@@ -458,7 +458,7 @@ class Connection(asyncio.Protocol):
     def listen(self, listener: Callable[[], None] | None) -> None:
         """Call ``listener`` wherever a waiter would be woken (the head, the first event, body
         bytes for no sink, the end, an error), for an exchange served from socket callbacks
-        (``router.fastpath.callback``); None: back to waiters (``read()``)."""
+        (``router.forward.callback``); None: back to waiters (``read()``)."""
         self._listener = listener
 
     @property

@@ -1,4 +1,4 @@
-"""Streams served from uvicorn's socket callbacks (``router.fastpath.callback``), end to end.
+"""Streams served from uvicorn's socket callbacks (``router.forward.callback``), end to end.
 
 The README's command, ``uvicorn router.app:app``, with ``SPEC_ROUTER_CALLBACK_STREAMS`` on, in
 front of the session's sims (real sockets, real clients). Each test holds the callback path to

@@ -205,7 +205,7 @@ async def test_a_paused_or_gone_client_leaves_it_to_uvicorns_send() -> None:
 async def test_write_start_writes_what_uvicorns_send_writes_for_a_plain_start(
     head: str, first: bytes
 ) -> None:
-    """The callback path's start (router.fastpath.callback): ``plain_head`` once, then
+    """The callback path's start (router.forward.callback): ``plain_head`` once, then
     ``write_start``, as uvicorn's ``send`` writes the start and first chunk, where the head is
     plain (``plain_head`` gives None for the rest, and they go through ``send``)."""
     start = {**START, "headers": HEADS[head]}

@@ -44,7 +44,15 @@ from router.account.outcome import Outcome
 from router.errors import NoBackend, RouterError, sse_error_event
 from router.fastpath.responder import chunk_sink
 from router.fastpath.uvicorn import DirectSend, plain_head, plain_head_ready
-from router.forward.proxy import Attempt, _deciding_as_header, _predicted, _send_error, slo_headers
+from router.forward.proxy import (
+    USAGE_PATHS,
+    Attempt,
+    Proxy,
+    _deciding_as_header,
+    _predicted,
+    _send_error,
+    slo_headers,
+)
 from router.forward.request import (
     check_path,
     forward_headers,
@@ -60,12 +68,10 @@ if TYPE_CHECKING:
     from router.account.inflight import Lease
     from router.decide.policy import Decision
     from router.decide.predict import Request
-    from router.forward.proxy import Proxy
     from router.forward.request import RequestInfo
 
 log = logging.getLogger("spec_router.fastpath")
 
-USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 # The largest body taken with its head: uvicorn pauses reading past its high-water mark
 # (64 KiB) for a ``receive()`` that would resume it, and here there is none.
 MAX_BODY = 60 * 1024
@@ -151,7 +157,12 @@ class _CallbackRequests:
 
     def _plain_head(self) -> bool:
         streams = self.streams
-        if streams.proxy is None or self.access_log or self.limit_concurrency is not None:
+        if (
+            streams.proxy is None
+            or self.access_log
+            or self.limit_concurrency is not None
+            or self.root_path
+        ):
             return False
         parser = self.parser
         if parser.get_method() != b"POST" or parser.get_http_version() != "1.1":
@@ -210,9 +221,19 @@ def callback_ready() -> bool:
     return _CYCLE is not None and plain_head_ready()
 
 
-def callback_protocol(base: type[Any], streams: CallbackStreams) -> type[Any]:
-    """``base`` (the router's uvicorn protocol) serving plain streams from its callbacks."""
-    return type("CallbackHttpToolsProtocol", (_CallbackRequests, base), {"streams": streams})
+def callback_protocol(streams: CallbackStreams) -> Callable[[type[Any]], type[Any]] | None:
+    """What extends the router's uvicorn protocol (``router.fastpath.lean.adopt``'s
+    ``extend``) to serve plain streams from its callbacks; None, said in the log, where
+    uvicorn's internals are not the ones this was written for."""
+    if not callback_ready():
+        log.warning("uvicorn's internals are not as expected: no streams from callbacks")
+        return None
+
+    def extend(base: type[Any]) -> type[Any]:
+        log.info("plain streams served from the protocol's callbacks (no ASGI task)")
+        return type("CallbackHttpToolsProtocol", (_CallbackRequests, base), {"streams": streams})
+
+    return extend
 
 
 def start(protocol: Any, cycle: Any, app: App) -> None:
@@ -232,7 +253,9 @@ def serve(protocol: Any, cycle: Any) -> None:
     headers = scope["headers"]
     body = bytes(cycle.body)
     info = None
-    if proxy.sync is None and not proxy._api_keys:
+    # (what the app sends to the proxy: ``RouterApp._proxy_for``)
+    proxied = path.startswith("/v1/") and path != "/v1/models"
+    if proxied and proxy.sync is None and not proxy._api_keys:
         try:
             check_path(path)
             ctype = next((v for k, v in headers if k == b"content-type"), None)
@@ -586,13 +609,7 @@ class Stream:
         self.direct.unwatch()
         unfinished = not conn.finished
         conn.release()
-        lease.release()
-        if left and unfinished and proxy.abort_lag is not None:
-            lag = proxy.abort_lag(lease.backend)
-            if lag > 0:
-                proxy.tracker.linger(lease.backend, proxy.clock() + lag)
-        if proxy.admission.enabled:
-            proxy.admission.released()
+        proxy.release(lease, left and unfinished)
         if not left:
             self.protocol.streams.served += 1
         proxy.finish(self.out)
