@@ -335,6 +335,7 @@ class Stream:
         "tap",
         "streaming",
         "done",
+        "task",
     )
 
     def __init__(
@@ -357,6 +358,9 @@ class Stream:
         self.tap: SseTap | None = None
         self.streaming = False
         self.done = False
+        # the task that owns the upstream connection (``_relay_rest``/``_send_rest``): while
+        # it runs, only it touches or releases ``conn`` (``finish`` cancels it, not releases)
+        self.task: asyncio.Task[None] | None = None
         out.attempt(
             decision.pool,
             decision.backend,
@@ -502,10 +506,40 @@ class Stream:
         self._later(self._relay_rest())
 
     def _later(self, work: Awaitable[None]) -> None:
-        """Go on in a task (uvicorn's shutdown waits for it, as for a request's)."""
-        task = self.protocol.loop.create_task(work)
-        task.add_done_callback(self.protocol.tasks.discard)
+        """Go on in a task that owns the upstream connection from now on (uvicorn's shutdown
+        waits for it, as for a request's; a cancelled one still ends the stream)."""
+        task = self.protocol.loop.create_task(self._owning(work))
+        self.task = task
+        task.add_done_callback(self._task_ended)
         self.protocol.tasks.add(task)
+
+    async def _owning(self, work: Awaitable[None]) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            # (uvicorn's graceful-shutdown timeout, or ``finish`` from a callback: the client
+            # left while this task waited)
+            if not self.done:
+                self.out.client_left()
+                self.finish(True)
+            raise
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        """The owning task's end, however it ended (even cancelled before it ran): it gives
+        the upstream connection back now, not before."""
+        self.protocol.tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("a stream served from callbacks failed", exc_info=exc)
+        if self.task is not task:
+            return  # (it released it, or handed it to a task of its own)
+        self.task = None
+        if self.done:
+            self.conn.release()
+            return
+        # (a bug, or cancelled before it ran: nothing ended the stream; end it here)
+        self.out.broke("relay")
+        self.cycle.transport.close()
+        self.finish(True)
 
     def _end(self, last: bytes, pending: list[dict[str, Any]]) -> None:
         if self.done:
@@ -516,7 +550,7 @@ class Stream:
         end = {"type": "http.response.body", "body": last, "more_body": False}
         if not self.direct.write_plain([*pending, end]):
             self.conn.listen(None)
-            self.protocol.loop.create_task(self._send_rest([*pending, end]))
+            self._later(self._send_rest([*pending, end]))
             return
         self.out.counted(tap.usage)
         self.finish(False)
@@ -539,12 +573,15 @@ class Stream:
 
     async def _relay_rest(self) -> None:
         """The rest of the body for a client too slow for the sink: read, and send as it
-        can take it (uvicorn's ``send`` waits for its transport to drain)."""
+        can take it (uvicorn's ``send`` waits for its transport to drain). Runs in the task
+        ``_later`` makes: it owns ``conn``, and checks ``done`` after every wait."""
         conn, tap, send = self.conn, self.tap, self.cycle.send
         assert tap is not None
         try:
             while True:
                 data = await conn.read()
+                if self.done:
+                    return
                 if not data:
                     break
                 data = tap.feed(data)
@@ -555,13 +592,13 @@ class Stream:
                     return
                 if data:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
+                    if self.done:
+                        return
         except UpstreamError as exc:
             self._broken(exc)
             return
         except OSError:
             self.client_left()
-            return
-        except asyncio.CancelledError:
             return
         end = {"type": "http.response.body", "body": tap.flush(), "more_body": False}
         await self._send_rest([end])
@@ -575,6 +612,8 @@ class Stream:
             await self.direct.send_all(messages)
         except OSError:
             self.client_left()
+            return
+        if self.done:
             return
         tap = self.tap
         if tap is not None and self.out.error is None:
@@ -608,7 +647,12 @@ class Stream:
         proxy, conn, lease = self.proxy, self.conn, self.lease
         self.direct.unwatch()
         unfinished = not conn.finished
-        conn.release()
+        task = self.task
+        if task is None or task is asyncio.current_task():
+            self.task = None
+            conn.release()
+        else:  # (a task waits on it: the task releases it once cancelled, never the pool now)
+            task.cancel()
         proxy.release(lease, left and unfinished)
         if not left:
             self.protocol.streams.served += 1

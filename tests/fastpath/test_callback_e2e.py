@@ -11,11 +11,14 @@ the upstream connection, with its metrics recorded. ``/router/status``'s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -365,3 +368,63 @@ def test_it_is_on_by_default_and_off_with_the_setting(sims: dict[str, Proc]) -> 
             assert router.served() == served
         finally:
             router.stop()
+
+
+class EndingUpstream(BulkUpstream):
+    """A bulk upstream that tells the test when a stream's last byte left its buffer."""
+
+    def __init__(self) -> None:
+        super().__init__(size=1024)
+        self.flushed = threading.Event()
+
+    async def post(self, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        self.flushed.clear()
+        kept = await super().post(head, writer)
+        await writer.drain()
+        self.flushed.set()
+        return kept
+
+
+def test_a_slow_client_that_leaves_after_the_upstream_ended_frees_its_connection_once() -> None:
+    """Review B1: the slow-client task owns the upstream connection. The client stops reading
+    (the task waits in uvicorn's ``send``), the upstream ends, the client goes: the connection
+    goes back to the pool only once the task has ended, so the next stream on the same upstream
+    is whole, nothing stays in flight, and no task is left for the shutdown to wait on.
+    (The race itself is one loop iteration wide; this runs the same sequence over sockets.)"""
+    with EndingUpstream().running() as bulk:
+        with BulkUpstream(size=10, events=1).running() as idle:
+            router = Router(
+                (bulk.url, idle.url),
+                "--no-access-log",
+                callback_streams="true",
+                scrape_metrics="false",
+            )
+            try:
+                bulk.events = 40
+                assert stream(router)[1] == bulk.body  # (leaves an idle upstream connection)
+                bulk.events = None  # (open-ended: until finish())
+                with socket.socket() as sock:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                    sock.connect(("127.0.0.1", router.port))
+                    sock.sendall(post("/v1/chat/completions", STREAM))
+                    wait_for(lambda: router.metric("spec_router_slow_client_requests") == 1)
+                    bulk.finish()
+                    sock.setblocking(False)
+                    while not bulk.flushed.is_set():  # (read just enough for the end to go out)
+                        try:
+                            sock.recv(1 << 16)
+                        except BlockingIOError:
+                            bulk.flushed.wait(0.01)
+                    # leave with a reset, the rest unread
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                wait_for(router.settled())
+                assert router.metric("spec_router_client_disconnects_total") == 1
+                bulk.events = 40
+                for _ in range(3):  # (on the connection the slow stream had)
+                    response, body = stream(router)
+                    assert response.status == 200 and body == bulk.body
+                wait_for(router.settled())
+                router.proc.send_signal(signal.SIGTERM)
+                assert router.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+            finally:
+                router.stop()
