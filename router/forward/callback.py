@@ -61,7 +61,7 @@ from router.forward.request import (
     upstream_body,
 )
 from router.upstream import verdicts
-from router.upstream.client import Connection, UpstreamError
+from router.upstream.client import Connection, OriginPool, UpstreamError
 from router.upstream.stream import MAX_PEEK, SseTap, first_event_refusal
 
 if TYPE_CHECKING:
@@ -195,7 +195,7 @@ class _CallbackRequests:
                 serve(self, cycle)
             except Exception:  # (a bug: never a request left hanging for it)
                 log.exception("serving a stream from callbacks failed")
-                self.transport.close()
+                answer_failure(self, cycle)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)  # type: ignore[misc]
@@ -241,6 +241,23 @@ def start(protocol: Any, cycle: Any, app: App) -> None:
     task = protocol.loop.create_task(cycle.run_asgi(app))
     task.add_done_callback(protocol.tasks.discard)
     protocol.tasks.add(task)
+
+
+def answer_failure(protocol: Any, cycle: Any) -> None:
+    """After a bug: a 500 in the OpenAI error shape while nothing was written (what uvicorn
+    and the proxy answer), else the connection closed (the stream cannot go on)."""
+    if cycle.response_started or cycle.disconnected:
+        protocol.transport.close()
+        return
+    failure = RouterError("the router failed to serve this request")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await _send_error(send, failure)
+
+    try:
+        start(protocol, cycle, app)
+    except Exception:  # (the loop is closing)
+        protocol.transport.close()
 
 
 def serve(protocol: Any, cycle: Any) -> None:
@@ -292,14 +309,7 @@ def serve(protocol: Any, cycle: Any) -> None:
         return
     assert pool is not None
     lease = proxy.tracker.acquire(decision.backend, out if request is not None else None)
-    try:
-        Stream(protocol, cycle, proxy, out, body, info, request, decision, lease, conn)
-    except BaseException:
-        conn.close()
-        pool.forget(conn)
-        lease.release()
-        proxy.finish(out)
-        raise
+    Stream(protocol, cycle, proxy, out, body, info, request, decision, lease, pool, conn).begin()
 
 
 def _refuse(proxy: Proxy, out: Outcome) -> App:
@@ -329,6 +339,7 @@ class Stream:
         "request",
         "decision",
         "lease",
+        "pool",
         "conn",
         "tried",
         "direct",
@@ -349,11 +360,13 @@ class Stream:
         request: Request | None,
         decision: Decision,
         lease: Lease,
+        pool: OriginPool,
         conn: Connection,
     ) -> None:
         self.protocol, self.cycle, self.proxy, self.out = protocol, cycle, proxy, out
         self.body, self.info, self.request, self.decision = body, info, request, decision
-        self.lease, self.conn = lease, conn
+        # (the pool object itself: a backend removed meanwhile is gone from ``proxy.clients``)
+        self.lease, self.pool, self.conn = lease, pool, conn
         self.tried = [decision.backend]
         self.tap: SseTap | None = None
         self.streaming = False
@@ -361,6 +374,18 @@ class Stream:
         # the task that owns the upstream connection (``_relay_rest``/``_send_rest``): while
         # it runs, only it touches or releases ``conn`` (``finish`` cancels it, not releases)
         self.task: asyncio.Task[None] | None = None
+        self.direct = DirectSend(cycle.send, cycle)
+
+    def begin(self) -> None:
+        """Send the request upstream (or hand it on); a bug ends it, releasing what it holds."""
+        try:
+            self._begin()
+        except Exception:
+            self._fail_hard()
+
+    def _begin(self) -> None:
+        proxy, out, decision, cycle = self.proxy, self.out, self.decision, self.cycle
+        protocol, info, body, conn = self.protocol, self.info, self.body, self.conn
         out.attempt(
             decision.pool,
             decision.backend,
@@ -390,13 +415,11 @@ class Stream:
         payload = upstream_body(
             info, body, proxy.settings.pool_model_map(decision.pool), ask_usage, named
         )
-        self.direct = direct = DirectSend(cycle.send, cycle)
-        direct.watch(self.client_left)
+        self.direct.watch(self.client_left)
         if self.done:  # (gone already)
             return
-        pool = proxy.clients[decision.backend]
         conn.listen(self.upstream)
-        head = pool.head(b"POST", target, fwd, payload)
+        head = self.pool.head(b"POST", target, fwd, payload)
         try:
             conn.send(head, payload, proxy.timeouts, False, MAX_PEEK)
         except UpstreamError:  # closed while idle: sent again, as ``OriginPool.request`` does
@@ -408,18 +431,27 @@ class Stream:
         conn = self.conn
         conn.listen(None)
         conn.close()
-        self.proxy.clients[self.decision.backend].forget(conn)
+        self.pool.forget(conn)
 
     # -- the upstream's wake-ups -----------------------------------------------------------------
     def upstream(self) -> None:
         try:
             self._woken()
-        except Exception:  # (a bug: the stream ends, releasing what it holds)
-            log.exception("a stream served from callbacks failed")
-            if not self.done:
-                self.out.broke("relay")
-                self.cycle.transport.close()
-                self.finish(True)
+        except Exception:
+            self._fail_hard()
+
+    def _fail_hard(self) -> None:
+        """A bug: the stream ends, releasing what it holds once; the client gets a 500 in the
+        OpenAI shape if nothing was written yet, else its connection is closed."""
+        log.exception("a stream served from callbacks failed")
+        if self.done:
+            return
+        if self.cycle.response_started:
+            self.out.broke("relay")
+        else:
+            self.out.answered(500)
+        self.finish(True, served=False)
+        answer_failure(self.protocol, self.cycle)
 
     def _woken(self) -> None:
         if self.done:
@@ -631,15 +663,15 @@ class Stream:
     def hand_on(self, attempt: Any) -> None:
         """Off the callback path before anything reached the client: the proxy's coroutine
         goes on from this attempt, with this lease (and releases both)."""
-        self.done = True
         self.direct.unwatch()
-        self.protocol.streams.handed += 1
         app = self.proxy.resume(
             self.out, self.body, self.info, self.request, self.decision, self.lease, attempt
         )
-        start(self.protocol, self.cycle, app)
+        start(self.protocol, self.cycle, app)  # (raises: _fail_hard releases it all)
+        self.done = True
+        self.protocol.streams.handed += 1
 
-    def finish(self, left: bool) -> None:
+    def finish(self, left: bool, served: bool = True) -> None:
         """Release what the stream holds, on every way it ends, and tell the observers."""
         if self.done:
             return
@@ -654,6 +686,6 @@ class Stream:
         else:  # (a task waits on it: the task releases it once cancelled, never the pool now)
             task.cancel()
         proxy.release(lease, left and unfinished)
-        if not left:
+        if served and not left:
             self.protocol.streams.served += 1
         proxy.finish(self.out)

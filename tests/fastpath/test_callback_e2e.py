@@ -40,14 +40,16 @@ STREAM = (
 class Router:
     """``uvicorn router.app:app`` as a process, with its output kept."""
 
-    def __init__(self, urls: tuple[str, str], *args: str, **settings: str) -> None:
+    def __init__(
+        self, urls: tuple[str, str], *args: str, app: str = "router.app:app", **settings: str
+    ) -> None:
         self.port = free_port()
         env = {
             **router_env(*urls, **settings),
             "PYTHONUNBUFFERED": "1",
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "router.app:app", "--port", str(self.port), *args],
+            [sys.executable, "-m", "uvicorn", app, "--port", str(self.port), *args],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -428,3 +430,34 @@ def test_a_slow_client_that_leaves_after_the_upstream_ended_frees_its_connection
                 assert router.proc.wait(timeout=30) in (0, -signal.SIGTERM)
             finally:
                 router.stop()
+
+
+@pytest.mark.parametrize("fault", ["send", "answer"])
+def test_a_bug_before_the_answer_gets_a_500_and_releases_once(
+    sims: dict[str, Proc], fault: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review S3/S4: a bug in a callback before anything was written answers a 500 in the
+    OpenAI error shape (not a closed socket), releases the lease and the upstream connection,
+    and counts the request once (no second release or report when the client then goes)."""
+    monkeypatch.setenv("CALLBACK_TEST_FAULT", fault)  # (router_env passes it on)
+    router = Router(
+        (sims["speculative"].url, sims["baseline"].url),
+        "--no-access-log",
+        app="tests.support.callback_faults:app",
+        callback_streams="true",
+        scrape_metrics="false",
+    )
+    try:
+        warm(router)
+        wait_for(router.settled())
+        before = router.metric("spec_router_requests_total")
+        response, body = stream(router)
+        assert response.status == 500
+        error = json.loads(body)["error"]
+        assert error["type"] == "server_error" and error["message"]
+        wait_for(router.settled())
+        assert router.metric("spec_router_requests_total") == before + 1
+        assert router.metric("spec_router_requests_total", code="500") == 1
+    finally:
+        output = router.stop()
+    assert "a planted bug" in output
