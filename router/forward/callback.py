@@ -181,7 +181,9 @@ class _CallbackRequests:
                 return False
             if name == b"content-length":
                 length = value
-        return length is not None and length.isdigit() and int(length) <= MAX_BODY
+        # (over the router's own limit: the coroutine answers its 413)
+        limit = min(MAX_BODY, streams.proxy.settings.max_body_bytes)
+        return length is not None and length.isdigit() and int(length) <= limit
 
     def on_message_complete(self) -> None:
         super().on_message_complete()  # type: ignore[misc]

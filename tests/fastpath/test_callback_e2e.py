@@ -461,3 +461,29 @@ def test_a_bug_before_the_answer_gets_a_500_and_releases_once(
     finally:
         output = router.stop()
     assert "a planted bug" in output
+
+
+def test_a_body_over_max_body_bytes_gets_the_413_the_coroutine_answers(
+    sims: dict[str, Proc],
+) -> None:
+    """Review S1: ``max_body_bytes`` holds on the callback path too."""
+    router = Router(
+        (sims["speculative"].url, sims["baseline"].url),
+        "--no-access-log",
+        callback_streams="true",
+        scrape_metrics="false",
+        max_body_bytes="4096",
+    )
+    try:
+        warm(router)
+        served = router.served()
+        big = STREAM.replace(b'"hi"', b'"' + b"x" * 10_240 + b'"')
+        response, body = stream(router, big)
+        assert response.status == 413
+        error = json.loads(body)["error"]
+        assert error["type"] == "invalid_request_error" and error["message"]
+        assert router.served() == served
+        wait_for(router.settled())
+        assert stream(router)[0].status == 200  # (a body under it still streams)
+    finally:
+        router.stop()
