@@ -299,17 +299,21 @@ def serve(protocol: Any, cycle: Any) -> None:
         return
     pool = proxy.clients.get(decision.backend)
     conn = None
+    admission = proxy.admission
+    overflow = decision.reason == "overflow" and admission.enabled
     if (
         pool is not None
         and proxy._rename_for(decision.pool, info) is None
-        and not (decision.reason == "overflow" and proxy.admission.holds(decision.backend))
+        and not (overflow and admission.still_holds(decision.backend))
     ):
         conn = pool.take_idle()
-    if conn is None:
+    if conn is None:  # (the coroutine asks the queue, and counts a request sent on, itself)
         streams.handed += 1
         start(protocol, cycle, proxy.resume(out, body, info, request, decision))
         return
     assert pool is not None
+    if overflow:  # (sent on past the queue: counted here, once)
+        admission.holds(decision.backend)
     lease = proxy.tracker.acquire(decision.backend, out if request is not None else None)
     Stream(protocol, cycle, proxy, out, body, info, request, decision, lease, pool, conn).begin()
 

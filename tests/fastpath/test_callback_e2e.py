@@ -20,16 +20,22 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import router_env
+from router.decide import table as tables
+from router.sim.model import EAGLE3
+from tests.conftest import TIME_SCALE, router_env
 from tests.fastpath.test_fast_path_e2e import post, read_response
+from tests.forward.test_queue_e2e import TIGHT, chat, hold_the_speculative_engine
 from tests.support.bulk_upstream import BulkUpstream
 from tests.support.http import metric_value, router_ready, router_status, wait_for
 from tests.support.processes import Proc, free_port
+from tests.support.tables import model_table
 
 STREAM = (
     b'{"model": "sim", "max_tokens": 8, "stream": true, '
@@ -485,5 +491,49 @@ def test_a_body_over_max_body_bytes_gets_the_413_the_coroutine_answers(
         assert router.served() == served
         wait_for(router.settled())
         assert stream(router)[0].status == 200  # (a body under it still streams)
+    finally:
+        router.stop()
+
+
+@pytest.mark.anyio
+async def test_an_overflow_sent_on_is_counted_once(
+    own_sims: dict[str, Proc], tmp_path: Path
+) -> None:
+    """Review S2: an overflowing stream the queue does not hold, handed to the coroutine (no
+    idle upstream connection for it), counts one ``sent_fine``, not two. (The queue tests'
+    overflow, as a stream, on ``uvicorn router.app:app``.)"""
+    table = model_table(400, 200, time_scale=float(TIME_SCALE), tau_sampling=EAGLE3.tau_sampling)
+    tables.save(table, tmp_path / "t.json")
+    router = Router(
+        (own_sims["speculative"].url, own_sims["baseline"].url),
+        "--no-access-log",
+        callback_streams="true",
+        scrape_metrics="false",
+        table_path=str(tmp_path / "t.json"),
+        learn="false",
+        explore_share="0",
+        ramp_seconds="0",
+        queue_size="1",
+        queue_timeout="1",
+        max_idle_per_backend="0",  # (no idle upstream connection: every stream is handed on)
+    )
+    try:
+        async with AsyncExitStack() as stack:
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=router.url, timeout=30)
+            )
+            held = await hold_the_speculative_engine(stack, client)
+            handed = router.handed()
+            # (a raw socket: head and body in one write, as the callback path takes them)
+            tight = b"x-slo-tpot-ms: %s\r\n" % TIGHT["x-slo-tpot-ms"].encode()
+            body = json.dumps(chat(8, True)).encode()
+            response, answer = await asyncio.to_thread(stream, router, body, tight)
+            assert response.status == 200 and answer.endswith(b"data: [DONE]\n\n")
+            assert response.headers[b"x-spec-router-reason"] == b"overflow"
+            assert router.handed() == handed + 1  # (no idle connection there: handed on)
+            queue = router.status()["queue"]
+            assert queue["sent_fine"] == 1 and queue["sent_changing"] == 0
+            assert router.metric("spec_router_queue_sent_on_total", why="measured_fine") == 1
+            del held
     finally:
         router.stop()
