@@ -537,3 +537,55 @@ async def test_an_overflow_sent_on_is_counted_once(
             del held
     finally:
         router.stop()
+
+
+def test_a_backend_removed_while_a_stream_waits_for_its_head_answers(
+    sims: dict[str, Proc],
+) -> None:
+    """Review S5: the stream keeps the pool it was sent on. A backend removed through the
+    admin API while a callback stream waits for its first byte is cut at the drain timeout:
+    the stream goes to the proxy's coroutine (a retry elsewhere, or its error in the OpenAI
+    shape), never a closed socket, and nothing stays in flight."""
+    router = Router(
+        (sims["speculative"].url, sims["baseline"].url),
+        "--no-access-log",
+        callback_streams="true",
+        scrape_metrics="false",
+        first_byte_timeout="3",
+        drain_timeout="0.3",
+        admin_token="secret",
+    )
+    try:
+        warm(router)
+        wait_for(router.settled())
+        handed = router.handed()
+        with router.connect() as sock:
+            sock.sendall(
+                post("/v1/chat/completions", STREAM, b"x-sim-fault: hang_before_headers\r\n")
+            )
+
+            def busy() -> tuple[str, str] | None:
+                for name, pool in router.status()["pools"].items():
+                    for backend in pool["backends"]:
+                        if backend["connections"]["busy"]:
+                            return name, backend["url"]
+                return None
+
+            found = wait_for(busy)
+            assert found is not None
+            pool, url = found
+            r = httpx.delete(
+                f"{router.url}/router/pools/{pool}/backends",
+                params={"url": url},
+                headers={"authorization": "Bearer secret"},
+                timeout=5,
+            )
+            assert r.status_code == 202
+            response = read_response(sock)  # (not EOF)
+        assert router.handed() == handed + 1  # (the cut attempt: the coroutine's to go on with)
+        if response.status != 200:
+            assert response.status >= 500
+            assert json.loads(bytes(response.body))["error"]["message"]
+        wait_for(router.settled())
+    finally:
+        router.stop()
