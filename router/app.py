@@ -371,8 +371,12 @@ class RouterApp:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[RouterApp]:
         """Start the upstream clients, the proxy, the poller and the timers; stop them on exit."""
-        async with lifecycle.running(self):
-            yield self
+        try:
+            async with lifecycle.running(self):
+                yield self
+        finally:
+            # (the proxy's pools are closed: no callback stream may use it now; review N4)
+            self.streams.proxy = None
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         def started() -> None:

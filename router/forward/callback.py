@@ -36,6 +36,7 @@ import asyncio
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from inspect import signature
 from typing import TYPE_CHECKING, Any
 
 import httptools
@@ -218,9 +219,40 @@ def _cycle_class() -> Any:
 _CYCLE = _cycle_class()
 
 
+# what ``on_headers_complete`` passes uvicorn's cycle, and uses of its protocol
+_CYCLE_ARGS = frozenset(
+    {
+        "scope",
+        "transport",
+        "flow",
+        "logger",
+        "access_logger",
+        "access_log",
+        "default_headers",
+        "message_event",
+        "expect_100_continue",
+        "keep_alive",
+        "on_response",
+    }
+)
+_PROTOCOL_METHODS = ("on_headers_complete", "on_message_complete", "data_received")
+
+
 def callback_ready() -> bool:
-    """Whether uvicorn's internals are the ones this path was written for."""
-    return _CYCLE is not None and plain_head_ready()
+    """Whether uvicorn's internals are the ones this path was written for (the cycle's
+    parameters and the protocol's methods checked at start-up: a drift would otherwise turn
+    every POST to /v1/ into uvicorn's 400)."""
+    if _CYCLE is None or not plain_head_ready():
+        return False
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        params = signature(_CYCLE.__init__).parameters
+    except (ImportError, TypeError, ValueError):
+        return False
+    if not _CYCLE_ARGS <= set(params):
+        return False
+    return all(hasattr(HttpToolsProtocol, name) for name in _PROTOCOL_METHODS)
 
 
 def callback_protocol(streams: CallbackStreams) -> Callable[[type[Any]], type[Any]] | None:
@@ -239,7 +271,12 @@ def callback_protocol(streams: CallbackStreams) -> Callable[[type[Any]], type[An
 
 
 def start(protocol: Any, cycle: Any, app: App) -> None:
-    """Run ``app`` on ``cycle`` as uvicorn runs a request's app: a task it waits for."""
+    """Run ``app`` on ``cycle`` as uvicorn runs a request's app: a task it waits for (with
+    uvicorn's own ``_start_asgi_task`` where it has one: 0.55's ``reset_contextvars``)."""
+    own = getattr(protocol, "_start_asgi_task", None)
+    if own is not None:
+        own(cycle, app)
+        return
     task = protocol.loop.create_task(cycle.run_asgi(app))
     task.add_done_callback(protocol.tasks.discard)
     protocol.tasks.add(task)

@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from router.decide import table as tables
+from router.forward import callback
 from router.sim.model import EAGLE3
 from tests.conftest import TIME_SCALE, router_env
 from tests.fastpath.test_fast_path_e2e import post, read_response
@@ -589,3 +590,18 @@ def test_a_backend_removed_while_a_stream_waits_for_its_head_answers(
         wait_for(router.settled())
     finally:
         router.stop()
+
+
+def test_the_path_is_off_where_uvicorns_cycle_takes_other_parameters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review N2: a uvicorn whose cycle no longer takes what the path passes it gets no
+    callback streams (said in the log), not a 400 for every POST to /v1/."""
+    assert callback.callback_ready()
+
+    class Drifted:
+        def __init__(self, scope: Any, transport: Any, flow: Any) -> None: ...
+
+    monkeypatch.setattr(callback, "_CYCLE", Drifted)
+    assert not callback.callback_ready()
+    assert callback.callback_protocol(callback.CallbackStreams()) is None
