@@ -35,8 +35,10 @@ from router.control.live import live_document
 from router.control.models import list_models
 from router.control.status import readiness, router_status
 from router.decide import table as tables
+from router.fastpath import lean
 from router.fastpath.busypoll import BusyPoll, ShareWatch
 from router.forward.admission import Admission, Strain
+from router.forward.callback import CallbackStreams, callback_protocol
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
 from router.health.notices import Notices
@@ -250,6 +252,7 @@ class RouterApp:
         self.proxy: Proxy | None = None
         self.busy: BusyPoll | None = None
         self.share: ShareWatch | None = None  # whether the core looks shared (busy polling holds)
+        self.streams = CallbackStreams()  # streams served from callbacks (when on)
         self.control = build_control_app(self)
 
     def _forget_strain(self, changes: Changes) -> None:
@@ -368,11 +371,27 @@ class RouterApp:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[RouterApp]:
         """Start the upstream clients, the proxy, the poller and the timers; stop them on exit."""
-        async with lifecycle.running(self):
-            yield self
+        try:
+            async with lifecycle.running(self):
+                yield self
+        finally:
+            # (the proxy's pools are closed: no callback stream may use it now; review N4)
+            self.streams.proxy = None
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        await lifecycle.lifespan(self.running, receive, send, started=lifecycle.tune_gc)
+        def started() -> None:
+            lifecycle.tune_gc()
+            # under ``uvicorn router.app:app``: uvicorn's protocol with one keep-alive timer for
+            # all connections (router.fastpath.lean), before uvicorn opens its socket
+            # (and, when SPEC_ROUTER_CALLBACK_STREAMS is on, plain streams served from its
+            # callbacks: router.forward.callback)
+            extend = None
+            if self.settings.callback_streams:
+                self.streams.proxy = self.proxy
+                extend = callback_protocol(self.streams)
+            lean.adopt(receive, extend=extend)
+
+        await lifecycle.lifespan(self.running, receive, send, started=started)
 
     # -- ASGI ---------------------------------------------------------------------------------
     def _proxy_for(self, path: str) -> Proxy | None:

@@ -261,6 +261,11 @@ class Settings(BaseSettings):
     # Hold busy polling while the router's core looks shared with other busy processes
     # (busypoll.ShareWatch); false: spin whatever the core's neighbours do.
     busy_poll_yield: bool = True
+    # Under ``uvicorn router.app:app``: serve plain streamed completions from uvicorn's socket
+    # callbacks, with no ASGI task per request (router/forward/callback.py). On while a
+    # same-run A/B shows it pays (bench/results/fast-path.md, session 10); false: every request
+    # through the proxy's coroutine.
+    callback_streams: bool = True
 
     # -- access -------------------------------------------------------------------------------
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)

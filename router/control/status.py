@@ -21,6 +21,7 @@ from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT
 from router.fastpath import fast_path_status
 from router.fastpath.busypoll import BusyPoll, ShareWatch
 from router.forward.admission import Admission
+from router.forward.callback import CallbackStreams
 from router.forward.decider import Decider
 from router.forward.proxy import Proxy
 from router.health.notices import Notices
@@ -57,6 +58,8 @@ class Observed(Protocol):
     def admission(self) -> Admission: ...
     @property
     def proxy(self) -> Proxy | None: ...
+    @property
+    def streams(self) -> CallbackStreams: ...
     @property
     def busy(self) -> BusyPoll | None: ...
     @property
@@ -144,7 +147,10 @@ def router_status(app: Observed) -> dict[str, Any]:
             "membership": membership.status(),
             "slo": decider.status() if decider.policy == "slo" else None,
             "queue": app.admission.status(),
-            "fast_path": proxy.responders.status() if proxy is not None else fast_path_status(),
+            "fast_path": {
+                **(proxy.responders.status() if proxy is not None else fast_path_status()),
+                **app.streams.status(),
+            },
             "busy_poll": {
                 "window_us": app.settings.busy_poll_us,
                 "spinning": busy is not None and busy.running,

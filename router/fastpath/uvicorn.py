@@ -8,6 +8,7 @@ returns None and the router falls back to plain ASGI (``Responders`` counts whic
 from __future__ import annotations
 
 import asyncio
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,8 @@ class DirectSend:
         self._event: _DisconnectEvent | None = None
 
     async def send_all(self, messages: list[dict[str, Any]]) -> None:
+        if self.write_plain(messages):
+            return
         cycle, real = self._cycle, self._transport
         held = _Held(real)
         cycle.transport = held
@@ -52,6 +55,66 @@ class DirectSend:
                 real.write(b"".join(held.parts))
             if held.closed:
                 real.close()
+
+    def write_plain(self, messages: list[dict[str, Any]]) -> bool:
+        """Write ``messages`` as uvicorn's ``send`` would, without it, where that is plain: a
+        chunked body (its start without content-length, transfer-encoding or connection
+        headers, on a kept-alive connection, no access log, not a HEAD, 204 or 304) and a client
+        that can take it now. The same bytes in one write, the same state of uvicorn's cycle
+        after it; False, having done nothing, anywhere else (uvicorn's own ``send`` then runs).
+        uvicorn's ``send`` builds the head in Python one header at a time and is a coroutine
+        per message: a visible share of a request's CPU (bench/results/fast-path.md, session 9).
+        """
+        cycle = self._cycle
+        if _PLAIN is None or self._flow.write_paused or cycle.disconnected or cycle.access_log:
+            return False
+        parts: list[bytes] = []
+        head = None
+        # (a body under way: what uvicorn's send would add a chunk to)
+        chunked = bool(cycle.chunked_encoding and not cycle.response_complete)
+        ended = False
+        for message in messages:
+            kind = message["type"]
+            if not cycle.response_started and head is None:
+                if kind != "http.response.start":
+                    return False
+                head = _plain_head(cycle, message)
+                if head is None:
+                    return False
+                parts.append(head)
+                chunked = True
+                continue
+            if ended or kind != "http.response.body" or not chunked:
+                return False
+            body = message.get("body", b"")
+            if body:
+                parts.append(b"%x\r\n%b\r\n" % (len(body), body))
+            if not message.get("more_body", False):
+                parts.append(b"0\r\n\r\n")
+                ended = True
+        if head is not None:
+            cycle.response_started = True
+            cycle.waiting_for_100_continue = False
+            cycle.chunked_encoding = True
+        if parts:
+            self._transport.write(b"".join(parts))
+        if ended:
+            cycle.response_complete = True
+            cycle.message_event.set()
+            if not cycle.keep_alive:
+                self._transport.close()
+            cycle.on_response()
+        return True
+
+    def write_start(self, head: bytes, body: bytes) -> None:
+        """Write a chunked response's start, ``head`` as ``plain_head`` made it for this
+        cycle (checked by the caller just before: no second pass over the headers), with its
+        first body bytes: what ``write_plain`` writes for the two messages."""
+        cycle = self._cycle
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        cycle.chunked_encoding = True
+        self._transport.write(head + b"%x\r\n%b\r\n" % (len(body), body) if body else head)
 
     def watch(self, on_disconnect: Callable[[], None]) -> None:
         """Call ``on_disconnect`` (once) if the client goes away before the response is done.
@@ -97,6 +160,59 @@ class DirectSend:
         if not self.chunked():
             return None
         return chunk_sink(self._flow, self._cycle, self._transport, feed, first)
+
+
+def plain_head_ready() -> bool:
+    """Whether ``plain_head`` knows uvicorn's status lines and header checks."""
+    return _PLAIN is not None and _HTTPTOOLS_SEND is not None
+
+
+def plain_head(cycle: Any, start: dict[str, Any]) -> bytes | None:
+    """``_plain_head``, None too where uvicorn's parts are not the ones this was written for."""
+    return None if _PLAIN is None else _plain_head(cycle, start)
+
+
+def _plain_head(cycle: Any, start: dict[str, Any]) -> bytes | None:
+    """The status line and headers uvicorn's ``send`` writes for ``start`` where they are plain
+    (see ``DirectSend.write_plain``), ending with ``transfer-encoding: chunked`` as uvicorn
+    adds it; None anywhere else, or where uvicorn would refuse a header (its own checks).
+    Joins and searches whole blocks, not one header at a time: a character class found in the
+    joined names (or names and values) is found in one of them, and a name that only looks
+    like framing (``x-connection-id``) just leaves the start to uvicorn."""
+    assert _PLAIN is not None
+    status_lines, bad_names, bad_values = _PLAIN
+    status = start["status"]
+    scope = cycle.scope
+    if (
+        status in (204, 304)
+        or not cycle.keep_alive
+        or cycle.chunked_encoding is not None
+        or scope["method"] == "HEAD"
+        or _CLOSE in scope["headers"]  # (uvicorn 0.30 closes on it with keep_alive still set)
+    ):
+        return None
+    pairs = [*cycle.default_headers, *start.get("headers", ())]
+    if not pairs:
+        return status_lines[status] + _CHUNKED
+    names = b"".join(map(_NAME, pairs))
+    lower = names.lower()
+    if b"content-length" in lower or b"transfer-encoding" in lower or b"connection" in lower:
+        return None
+    # uvicorn's checks, each a class of single bytes: the bytes it refuses, deleted (a control
+    # character in a name is refused by its name check too)
+    values = b"".join(map(b"".join, pairs))
+    if len(names.translate(None, bad_names)) != len(names) or len(
+        values.translate(None, bad_values)
+    ) != len(values):
+        return None
+    if lower != names:
+        pairs = [(name.lower(), value) for name, value in pairs]
+    return b"%b%b\r\n%b" % (status_lines[status], b"\r\n".join(map(b": ".join, pairs)), _CHUNKED)
+
+
+_NAME = operator.itemgetter(0)
+_CLOSE = (b"connection", b"close")
+_CHUNKED = b"transfer-encoding: chunked\r\n\r\n"
 
 
 class _DisconnectEvent(asyncio.Event):
@@ -206,3 +322,27 @@ def _httptools_send() -> Any:
 
 
 _HTTPTOOLS_SEND = _httptools_send()
+
+
+def _plain_parts() -> tuple[dict[int, bytes], bytes, bytes] | None:
+    """uvicorn's status lines, and the bytes its header name and value checks refuse, for
+    ``_plain_head``; None without them, or when a check is not one class of single bytes."""
+    try:
+        from uvicorn.protocols.http import httptools_impl
+    except ImportError:
+        return None
+    try:
+        lines = httptools_impl.STATUS_LINE
+        checks = (httptools_impl.HEADER_RE, httptools_impl.HEADER_VALUE_RE)
+    except AttributeError:  # another uvicorn than the one this was written for
+        return None
+    refused = []
+    for check in checks:
+        pattern = check.pattern
+        if not (isinstance(pattern, bytes) and pattern[:1] == b"[" and pattern[-1:] == b"]"):
+            return None
+        refused.append(bytes(c for c in range(256) if check.fullmatch(bytes((c,)))))
+    return lines, refused[0], refused[1]
+
+
+_PLAIN = _plain_parts()

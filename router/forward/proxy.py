@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,19 @@ log = logging.getLogger("spec_router.proxy")
 QUEUE_RECHECK = 0.05
 # Paths whose streams carry token usage the router can ask for.
 USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+@dataclass(slots=True)
+class Attempt:
+    """The callback path's first attempt, handed to the proxy's coroutine: its answer
+    (``conn``, the head and a stream's first event in, nothing read) or failure, the backends
+    tried; ``resend``: the kept-alive connection it went out on had been closed by the
+    backend before a byte came back, so it goes out again, as ``OriginPool.request`` does."""
+
+    conn: Connection | None
+    error: UpstreamError | None
+    tried: list[str]
+    resend: bool = False
 
 
 @dataclass(slots=True)
@@ -132,14 +145,53 @@ class Proxy:
         try:
             await self._handle(scope, receive, send, out, flags)
         finally:
-            out.finish(self.clock())
-            if poke is not None:
-                poke()
-            for observe in self.observers:
-                try:
-                    observe(out)
-                except Exception:  # an observer must never break the proxy
-                    log.exception("observer failed")
+            self.finish(out)
+
+    def finish(self, out: Outcome) -> None:
+        """The request is over, on whichever path: its outcome to every observer."""
+        out.finish(self.clock())
+        if self.poke is not None:
+            self.poke()
+        for observe in self.observers:
+            try:
+                observe(out)
+            except Exception:  # an observer must never break the proxy
+                log.exception("observer failed")
+
+    def resume(
+        self,
+        out: Outcome,
+        body: bytes,
+        info: RequestInfo,
+        request: Request | None,
+        decision: Decision,
+        lease: Lease | None = None,
+        attempt: Attempt | None = None,
+    ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+        """The ASGI app that serves a request the callback path (``router.forward.callback``)
+        read and decided, from where it left it: before its lease (``lease`` None), or with
+        its lease and an ``attempt`` whose answer (or failure) is in, nothing sent to the
+        client yet. It ends as ``__call__`` does."""
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            try:
+                await self._serve(
+                    scope,
+                    receive,
+                    send,
+                    out,
+                    _Flags(),
+                    body,
+                    info,
+                    request,
+                    decision,
+                    lease,
+                    attempt,
+                )
+            finally:
+                self.finish(out)
+
+        return app
 
     async def _handle(
         self, scope: Scope, receive: Receive, send: Send, out: Outcome, flags: _Flags
@@ -173,19 +225,36 @@ class Proxy:
             out.answered(refusal.status)
             await _send_error(send, refusal)
             return
+        await self._serve(scope, receive, send, out, flags, body, info, request, decision)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        out: Outcome,
+        flags: _Flags,
+        body: bytes,
+        info: RequestInfo,
+        request: Request | None,
+        decision: Decision,
+        lease: Lease | None = None,
+        attempt: Attempt | None = None,
+    ) -> None:
+        """A request read and decided: its queue, lease, attempts and answer."""
         task = asyncio.current_task(self.loop)
         assert task is not None
         responder = self.responders(receive, send)
         responder.watch(lambda: _client_left(task, flags))
         conn: Connection | None = None
-        lease: Lease | None = None
         left = False
         try:
-            if decision.reason == "overflow" and self.admission.holds(decision.backend):
-                decision = await self._queue(request, out)
-            # released in the finally below; the slo policy sees the request in flight there
-            lease = self.tracker.acquire(decision.backend, out if request is not None else None)
-            conn, decision = await self._open(scope, body, info, decision, lease, out)
+            if lease is None:
+                if decision.reason == "overflow" and self.admission.holds(decision.backend):
+                    decision = await self._queue(request, out)
+                # released in the finally below; the slo policy sees the request in flight there
+                lease = self.tracker.acquire(decision.backend, out if request is not None else None)
+            conn, decision = await self._open(scope, body, info, decision, lease, out, attempt)
             out.answered(conn.status)
             await self._relay(conn, decision, info, send, responder, flags, lease, out)
         except asyncio.CancelledError:
@@ -208,13 +277,18 @@ class Proxy:
             if conn is not None:
                 conn.release()
             if lease is not None:
-                lease.release()
-                if left and unfinished and self.abort_lag is not None:
-                    lag = self.abort_lag(lease.backend)
-                    if lag > 0:
-                        self.tracker.linger(lease.backend, self.clock() + lag)
-                if self.admission.enabled:
-                    self.admission.released()
+                self.release(lease, left and unfinished)
+
+    def release(self, lease: Lease, abandoned: bool) -> None:
+        """Let a request's lease go, on whichever path it ended (``abandoned``: its client
+        left before the answer was whole, and the engine may go on with it for a while)."""
+        lease.release()
+        if abandoned and self.abort_lag is not None:
+            lag = self.abort_lag(lease.backend)
+            if lag > 0:
+                self.tracker.linger(lease.backend, self.clock() + lag)
+        if self.admission.enabled:
+            self.admission.released()
 
     def _first_bytes(self, out: Outcome, backend: str) -> None:
         now = self.clock()
@@ -293,8 +367,10 @@ class Proxy:
         decision: Decision,
         lease: Lease,
         out: Outcome,
+        attempt: Attempt | None = None,
     ) -> tuple[Connection, Decision]:
-        """Send the request, retrying elsewhere only while nothing has reached the client."""
+        """Send the request, retrying elsewhere only while nothing has reached the client
+        (``attempt``: the first one was sent already, by the callback path)."""
         method = scope["method"].encode()
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
@@ -305,19 +381,32 @@ class Proxy:
         ask_usage = info.stream and scope["path"] in USAGE_PATHS
         timeouts = self.timeouts if info.stream else self.whole_timeouts
         peek = MAX_PEEK if info.stream else 0  # (woken once for the head and first event)
-        tried: list[str] = []
-        max_attempts = self.settings.max_attempts
+        tried: list[str] = [] if attempt is None else attempt.tried
         while True:
-            out.attempt(
-                decision.pool,
-                decision.backend,
-                decision.reason,
-                decision.load,
-                decision.prefill_share,
-                self.tracker.started[decision.backend],
-                decision.prefill,
-            )
-            tried.append(decision.backend)
+            if attempt is None or attempt.resend:
+                if attempt is None:
+                    out.attempt(
+                        decision.pool,
+                        decision.backend,
+                        decision.reason,
+                        decision.load,
+                        decision.prefill_share,
+                        self.tracker.started[decision.backend],
+                        decision.prefill,
+                    )
+                    tried.append(decision.backend)
+                attempt = None
+            else:  # the callback path's attempt, its answer in
+                conn, error = attempt.conn, attempt.error
+                attempt = None
+                verdict, refused, conn, error = await self._verdict(conn, error, info)
+                alt = self._next(verdict, decision, out, tried, conn, error, refused)
+                if alt is None:
+                    assert conn is not None
+                    return conn, decision
+                lease.move(alt.backend)
+                decision = alt
+                continue
             pool_key = self._pool_auth[decision.pool]
             headers = forward_headers(
                 scope["headers"], client_ip, pool_key, bool(self._api_keys), trusted
@@ -328,56 +417,82 @@ class Proxy:
             payload = upstream_body(
                 info, body, self.settings.pool_model_map(decision.pool), ask_usage, named
             )
-            conn: Connection | None = None
-            error: UpstreamError | None = None
-            refused: str | None = None  # a stream refused in its first event: the message
+            conn = None
+            error = None
             try:
                 conn = await self.clients[decision.backend].request(
                     method, target, headers, payload, timeouts, first_event_peek=peek
                 )
             except UpstreamError as exc:
                 error = exc
-                verdict = verdicts.after_error(exc.kind, exc.response_started)
-            else:
-                verdict = verdicts.after_status(conn.status)
-                if info.stream and conn.event_stream:
-                    try:
-                        refused, status = await first_event(conn)
-                    except UpstreamError as exc:  # no event: closed (refused), or too slow
-                        conn.release()
-                        conn, error = None, exc
-                        if exc.kind == "reset":
-                            verdict = verdicts.stream_refused(None)
-                        else:
-                            verdict = verdicts.after_error(exc.kind, response_started=False)
-                    else:
-                        if refused is not None:
-                            verdict = verdicts.stream_refused(status)
-            detail = str(error) if error else refused or f"HTTP {verdict.kind[5:]}"
-            self._judge(verdict, decision, out, detail)
-            alt = None
-            if verdict.retry and out.attempts < max_attempts:
-                if self.sync is not None:
-                    self.sync()
-                alt = self.decider.retry(decision, tried)
+            verdict, refused, conn, error = await self._verdict(conn, error, info)
+            alt = self._next(verdict, decision, out, tried, conn, error, refused)
             if alt is None:
-                if conn is not None and refused is None:
-                    return conn, decision  # the answer, or a refusal with nowhere else to go
-                if conn is not None:  # refused inside a 200: the client gets a real 503
-                    conn.release()
-                    out.broke(verdict.kind)
-                    raise NoBackend(
-                        f"no backend could take the request (last: {refused})",
-                        self.settings.retry_after(),
-                    )
-                assert error is not None
-                out.broke(error.kind)
-                raise _refusal(error, verdict.retry, self.settings.retry_after())
-            if conn is not None:
-                conn.release()  # aborts: the body of a refusal is not worth reading
-            out.retried(verdict.kind)
+                assert conn is not None
+                return conn, decision  # the answer, or a refusal with nowhere else to go
             lease.move(alt.backend)
             decision = alt
+
+    async def _verdict(
+        self, conn: Connection | None, error: UpstreamError | None, info: RequestInfo
+    ) -> tuple[Verdict, str | None, Connection | None, UpstreamError | None]:
+        """What an attempt's answer (``conn``) or failure (``error``) says, a stream's first
+        event read: the verdict, an in-stream refusal's message, and the answer still usable
+        or the failure."""
+        if conn is None:
+            assert error is not None
+            return verdicts.after_error(error.kind, error.response_started), None, None, error
+        verdict = verdicts.after_status(conn.status)
+        refused: str | None = None  # a stream refused in its first event: the message
+        if info.stream and conn.event_stream:
+            try:
+                refused, status = await first_event(conn)
+            except UpstreamError as exc:  # no event: closed (refused), or too slow
+                conn.release()
+                if exc.kind == "reset":
+                    return verdicts.stream_refused(None), None, None, exc
+                return verdicts.after_error(exc.kind, response_started=False), None, None, exc
+            if refused is not None:
+                verdict = verdicts.stream_refused(status)
+        return verdict, refused, conn, None
+
+    def _next(
+        self,
+        verdict: Verdict,
+        decision: Decision,
+        out: Outcome,
+        tried: list[str],
+        conn: Connection | None,
+        error: UpstreamError | None,
+        refused: str | None,
+    ) -> Decision | None:
+        """After an attempt: where to send the request next (the answer in ``conn`` let go),
+        or None to answer with ``conn``; raises the client's error when there is nothing to
+        answer with and nowhere to go."""
+        detail = str(error) if error else refused or f"HTTP {verdict.kind[5:]}"
+        self._judge(verdict, decision, out, detail)
+        alt = None
+        if verdict.retry and out.attempts < self.settings.max_attempts:
+            if self.sync is not None:
+                self.sync()
+            alt = self.decider.retry(decision, tried)
+        if alt is None:
+            if conn is not None and refused is None:
+                return None
+            if conn is not None:  # refused inside a 200: the client gets a real 503
+                conn.release()
+                out.broke(verdict.kind)
+                raise NoBackend(
+                    f"no backend could take the request (last: {refused})",
+                    self.settings.retry_after(),
+                )
+            assert error is not None
+            out.broke(error.kind)
+            raise _refusal(error, verdict.retry, self.settings.retry_after())
+        if conn is not None:
+            conn.release()  # aborts: the body of a refusal is not worth reading
+        out.retried(verdict.kind)
+        return alt
 
     def _trusts(self, client_ip: str | None) -> bool:
         """Whether the client is a proxy whose X-Forwarded-For the router keeps."""

@@ -97,6 +97,8 @@ class Connection(asyncio.Protocol):
         self._body: deque[bytes] = deque()
         # One timer per connection, kept across its exchanges and moved lazily (_arm_timer).
         self._timer = LazyTimer(self._loop, self._deadline, self._timed_out)
+        # called instead of waking a waiter (``listen``): an exchange served from callbacks
+        self._listener: Callable[[], None] | None = None
         self._reset_exchange()
 
     def _reset_exchange(self) -> None:
@@ -269,6 +271,10 @@ class Connection(asyncio.Protocol):
 
     # -- internals ----------------------------------------------------------------------------
     def _wake(self) -> None:
+        listener = self._listener
+        if listener is not None:
+            listener()
+            return
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -348,6 +354,20 @@ class Connection(asyncio.Protocol):
         this returned at the head; the first-byte timer still gives way to the idle timer at
         the first body byte.
         """
+        self.send(head, body, timeouts, head_only, first_event_peek)
+        while not self._headers_done and self._error is None:
+            await self._wait()
+        self.headed(timeouts, first_event_peek)
+
+    def send(
+        self,
+        head: bytes,
+        body: bytes,
+        timeouts: Timeouts,
+        head_only: bool,
+        first_event_peek: int = 0,
+    ) -> None:
+        """``exchange``'s first half: send the request and arm its timer (no waiting)."""
         self._reset_exchange()
         self._head_only = head_only
         self._peek = first_event_peek
@@ -364,8 +384,10 @@ class Connection(asyncio.Protocol):
             self._arm_timer(timeouts.first_byte, "first_byte_timeout")
             if first_event_peek:  # (held past the first body byte: on_body swaps the timers)
                 self._before_body = timeouts.idle
-        while not self._headers_done and self._error is None:
-            await self._wait()
+
+    def headed(self, timeouts: Timeouts, first_event_peek: int = 0) -> None:
+        """``exchange``'s second half, once the head is in or the exchange failed: raise its
+        error, or arm the timer for the body."""
         self._peek = 0
         if self._error is not None and not (
             first_event_peek and self._headers_done and self.event_stream
@@ -406,6 +428,20 @@ class Connection(asyncio.Protocol):
             self._transport.resume_reading()
         return data
 
+    def take(self) -> bytes:
+        """The body bytes in, without waiting (``read()`` for a caller woken by ``listen``)."""
+        body = self._body
+        if not body:
+            return b""
+        data = body.popleft() if len(body) == 1 else b"".join(body)
+        body.clear()
+        self._buffered = 0
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._last_activity = self._loop.time()
+            self._transport.resume_reading()
+        return data
+
     async def read_all(self) -> bytes:
         """The rest of the body, whole (for small answers: health, metrics, model lists)."""
         parts = []
@@ -418,6 +454,29 @@ class Connection(asyncio.Protocol):
         if data:
             self._body.appendleft(data)
             self._buffered += len(data)
+
+    def listen(self, listener: Callable[[], None] | None) -> None:
+        """Call ``listener`` wherever a waiter would be woken (the head, the first event, body
+        bytes for no sink, the end, an error), for an exchange served from socket callbacks
+        (``router.forward.callback``); None: back to waiters (``read()``)."""
+        self._listener = listener
+
+    @property
+    def headers_done(self) -> bool:
+        return self._headers_done
+
+    @property
+    def error(self) -> UpstreamError | None:
+        return self._error
+
+    @property
+    def peek_pending(self) -> bool:
+        """A stream's first event is still awaited (``exchange``'s ``first_event_peek``)."""
+        return bool(self._peek)
+
+    def buffered(self) -> bytes:
+        """The body bytes in, not yet read (left in place)."""
+        return b"".join(self._body)
 
     def divert(self, sink: Callable[[bytes], bool]) -> None:
         """Send body bytes to ``sink`` as they arrive, until it returns False (see module doc).
@@ -438,6 +497,11 @@ class Connection(asyncio.Protocol):
         return bool(self._body)
 
     @property
+    def complete(self) -> bool:
+        """The whole response is in (some of it may not have been read)."""
+        return self._complete
+
+    @property
     def finished(self) -> bool:
         """The response is complete and every byte of it was handed out."""
         return self._complete and not self._body and self._error is None
@@ -452,7 +516,7 @@ class Connection(asyncio.Protocol):
         """Give the connection back (response fully read) or abort it. Safe to call twice."""
         self._cancel_timer()
         # (they hold the request's side: let it go now)
-        self._sink = self.on_backlog = None
+        self._sink = self.on_backlog = self._listener = None
         if self._complete and not self._body and self._keep_alive and self._error is None:
             self._pool.put_back(self)
         else:
@@ -596,14 +660,7 @@ class OriginPool:
         """
         if self._closed:
             raise UpstreamError("connect", f"client for {self.origin.url} is closed")
-        parts = [method, b" ", self.origin.base_path, target, b" HTTP/1.1\r\nhost: "]
-        parts += [self.origin.host_header, b"\r\n"]
-        for name, value in headers:
-            parts += [name, b": ", value, b"\r\n"]
-        if body or method not in (b"GET", b"HEAD"):
-            parts.append(b"content-length: %d\r\n" % len(body))
-        parts.append(b"\r\n")
-        head = b"".join(parts)
+        head = self.head(method, target, headers, body)
         head_only = method == b"HEAD"
         conn = self._take_idle()
         if conn is None:
@@ -630,6 +687,23 @@ class OriginPool:
             self.forget(conn)
             raise
         return conn
+
+    def take_idle(self) -> Connection | None:
+        """A kept-alive connection to send on now, if there is one (and the pool is open)."""
+        return None if self._closed else self._take_idle()
+
+    def head(
+        self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> bytes:
+        """The request's head as ``request`` sends it."""
+        parts = [method, b" ", self.origin.base_path, target, b" HTTP/1.1\r\nhost: "]
+        parts += [self.origin.host_header, b"\r\n"]
+        for name, value in headers:
+            parts += [name, b": ", value, b"\r\n"]
+        if body or method not in (b"GET", b"HEAD"):
+            parts.append(b"content-length: %d\r\n" % len(body))
+        parts.append(b"\r\n")
+        return b"".join(parts)
 
     def close(self) -> None:
         """Abort every connection: used at shutdown, after in-flight requests were drained."""

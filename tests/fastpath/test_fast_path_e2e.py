@@ -255,10 +255,13 @@ def test_the_readmes_command_with_an_access_log_stays_on_the_fast_path(
 ) -> None:
     """``uvicorn router.app:app`` (the README's command, uvicorn's own protocol) with the
     settings that once took every request off the fast path (an access log,
-    ``--limit-concurrency``): each proxied response still takes it, and the log says nothing
-    of a plain path."""
+    ``--limit-concurrency``): each proxied response still takes it, the log says nothing
+    of a plain path, and the lean protocol (router.fastpath.lean) took uvicorn's place."""
     port = free_port()
-    env = {**router_env(sims["speculative"].url, sims["baseline"].url), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **router_env(sims["speculative"].url, sims["baseline"].url, log_level="info"),
+        "PYTHONUNBUFFERED": "1",
+    }
     args = ["--port", str(port), "--access-log", "--limit-concurrency", "64"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "router.app:app", *args],
@@ -284,6 +287,7 @@ def test_the_readmes_command_with_an_access_log_stays_on_the_fast_path(
     assert fast == {"direct_responses": 2, "plain_responses": 0}
     assert '"POST /v1/chat/completions HTTP/1.1" 200' in output  # (the access log was on)
     assert "not the fast path" not in output
+    assert "one keep-alive timer for all" in output  # (router.fastpath.lean adopted)
 
 
 class Responses:

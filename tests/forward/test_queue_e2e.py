@@ -48,22 +48,26 @@ def chat(max_tokens: int, stream: bool = False) -> dict[str, Any]:
     }
 
 
+def queue_settings(tmp_path: Path) -> dict[str, str]:
+    """A queue of one place, over a table saved in ``tmp_path`` (no learning, no exploring)."""
+    table = model_table(400, 200, time_scale=float(TIME_SCALE), tau_sampling=EAGLE3.tau_sampling)
+    tables.save(table, tmp_path / "t.json")
+    return {
+        "table_path": str(tmp_path / "t.json"),
+        "learn": "false",
+        "explore_share": "0",
+        "ramp_seconds": "0",
+        "queue_size": "1",
+        "queue_timeout": "1",
+    }
+
+
 def queue_router(
     sims: dict[str, Proc], start: RouterFactory, tmp_path: Path, **settings: str
 ) -> Proc:
     """A router with a queue of one place over ``sims``."""
-    table = model_table(400, 200, time_scale=float(TIME_SCALE), tau_sampling=EAGLE3.tau_sampling)
-    tables.save(table, tmp_path / "t.json")
     return start(
-        sims["speculative"].url,
-        sims["baseline"].url,
-        table_path=str(tmp_path / "t.json"),
-        learn="false",
-        explore_share="0",
-        ramp_seconds="0",
-        queue_size="1",
-        queue_timeout="1",
-        **settings,
+        sims["speculative"].url, sims["baseline"].url, **queue_settings(tmp_path), **settings
     )
 
 
