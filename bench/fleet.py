@@ -45,9 +45,9 @@ Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
     (
-        "s10min",
-        "no plan on fewer than PLAN_MIN_REQUESTS (50) request lengths (5c89b4c, main at session "
-        "10's end)",
+        "catchup",
+        "a late plan's intervals observed one by one (catch-up, 7f9d353), worker at nice 19, "
+        "plans on the first request's lengths",
     ),
     (
         "final",
@@ -219,10 +219,12 @@ def intro(meta: Doc) -> list[str]:
         "baseline that starts a path of several made only if it does not lose at the upper "
         "band (bf912b1), and the forecast's residual variance a running median of its errors "
         "(session 9: a surge that passes the clip unseen no longer widens the band at the "
-        "day's peak for hours), and (session 10, 7f9d353) the intervals that end while a "
-        "plan is made counted each as its own and observed by the next round, the worker at "
-        "nice 19 (the router's default went back to lumping them after these runs, the "
-        "worker staying at nice 19: not run over sockets as such); *a "
+        "day's peak for hours), and (session 10's end, 5c89b4c) the plan's worker at nice 19 "
+        "and no plan made before PLAN_MIN_REQUESTS (50) request lengths are seen (the first "
+        "plans were made on one request's lengths); *catch-up*: session 10's runs at 7f9d353, "
+        "the intervals that end while a plan is made counted each as its own and observed "
+        "by the next round (off by default since: it moved chain in 3 of 3 runs); *the "
+        "branch's default after session 10*: lumped and nice 19, before PLAN_MIN_REQUESTS; *a "
         "late plan's missed intervals lumped into one observation*: the runs before that "
         "last change (session 9's end, and two of session 10 on the same code with the "
         "rounds recorded); *forecast's variance the errors' mean square, before the "
