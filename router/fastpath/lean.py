@@ -89,7 +89,34 @@ def _base() -> type[Any] | None:
 _BASE = _base()
 
 
-class _SweptKeepAlive:
+class IdleOnComplete:
+    """uvicorn's ``on_response_complete`` without its per-response keep-alive timer: the
+    connection marks itself idle (``_mark_idle``) and its own timer closes it once the
+    keep-alive has passed. Shared by the router's protocols (this module's and
+    ``router.fastpath.protocol``'s)."""
+
+    # (attributes of uvicorn's protocol this relies on)
+    transport: asyncio.Transport
+    flow: Any
+    pipeline: Any
+    server_state: Any
+
+    def _mark_idle(self) -> None:
+        raise NotImplementedError
+
+    def on_response_complete(self) -> None:
+        if self.pipeline:  # uvicorn's starts the request pipelined behind: no timer there
+            super().on_response_complete()  # type: ignore[misc]
+            return
+        # (uvicorn's, but for the timer)
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        self._mark_idle()
+
+
+class _SweptKeepAlive(IdleOnComplete):
     """Mixed into uvicorn's ``HttpToolsProtocol`` by ``lean_protocol``."""
 
     sweep: KeepAliveSweep  # (set on the class lean_protocol makes)
@@ -107,15 +134,7 @@ class _SweptKeepAlive:
         # (uvicorn's: a read, or the connection's close, cancels its keep-alive timer)
         self.idle_since = None
 
-    def on_response_complete(self) -> None:
-        if self.pipeline:  # uvicorn's starts the request pipelined behind: no timer there
-            super().on_response_complete()  # type: ignore[misc]
-            return
-        # (uvicorn's, but for the timer)
-        self.server_state.total_requests += 1
-        if self.transport.is_closing():
-            return
-        self.flow.resume_reading()
+    def _mark_idle(self) -> None:
         self.idle_since = now = self.loop.time()
         self.sweep.idle(self, now, now + self.timeout_keep_alive)
 

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router.errors import error_body
+from router.fastpath.lean import IdleOnComplete
 from router.timers import LazyTimer
 
 log = logging.getLogger("spec_router.protocol")
@@ -112,7 +113,7 @@ class _LingerOnClose:
         return getattr(self._real, name)
 
 
-class _DeadlineMixin:
+class _DeadlineMixin(IdleOnComplete):
     """Mixed into uvicorn's ``HttpToolsProtocol`` by ``http_protocol``."""
 
     request_timeout = 30.0
@@ -189,16 +190,7 @@ class _DeadlineMixin:
     def _unset_keepalive_if_required(self) -> None:
         self._idle_since = None
 
-    def on_response_complete(self) -> None:
-        if self.pipeline:  # uvicorn's starts the request pipelined behind: no timer there
-            super().on_response_complete()  # type: ignore[misc]
-            return
-        # (uvicorn's, but for the timer)
-        self.server_state.total_requests += 1
-        if self.transport.is_closing():
-            return
-        self.flow.resume_reading()
-        self._mark_idle()
+    # (on_response_complete: router.fastpath.lean.IdleOnComplete's)
 
     def _mark_idle(self) -> None:
         self._idle_since = now = self.loop.time()
