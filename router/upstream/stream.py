@@ -166,6 +166,35 @@ class SseTap:
         complete, self._carry = data[: cut + 2], data[cut + 2 :]
         return self._process(complete)
 
+    def plain(self, data: bytes, start: int, end: int) -> bool:
+        """Whether ``feed(data[start:end])`` would give those bytes back unchanged and note
+        nothing (whole events, no usage object, and when stripping no finish reason: the
+        common chunk), without slicing them out (``router.fastpath.responder.chunk_whole``)."""
+        if self._gave_up:
+            return True
+        if self._carry or self._held or self._rename or data[end - 2 : end] != b"\n\n":
+            return False
+        # (as ``feed``'s common case: a key found inside ends before the final newlines)
+        at = data.find(_USAGE_KEY, start, end)
+        while at >= 0:
+            after = data[at + 8]
+            if after == 32:
+                after = data[at + 9]
+            if after == 123:
+                return False
+            at = data.find(_USAGE_KEY, at + 8, end)
+        if not self._strip:
+            return True
+        at = data.find(_FINISH_KEY, start, end)
+        while at >= 0:
+            after = data[at + 16]
+            if after == 32:
+                after = data[at + 17]
+            if after == 34:
+                return False
+            at = data.find(_FINISH_KEY, at + 16, end)
+        return True
+
     def flush(self) -> bytes:
         rest, self._carry = self._carry, b""
         return self._process(rest, final=True) if rest or self._held else b""
