@@ -139,8 +139,8 @@ _BASE = _base()
 
 def _flow_and_trace() -> tuple[Any, int]:
     try:
-        from uvicorn.protocols.http.flow_control import FlowControl
         from uvicorn.logging import TRACE_LOG_LEVEL
+        from uvicorn.protocols.http.flow_control import FlowControl
     except ImportError:  # (no uvicorn: no lean protocol either)
         return None, 5
     return FlowControl, TRACE_LOG_LEVEL
@@ -220,7 +220,7 @@ class _SweptKeepAlive(IdleOnComplete):
         self.client = _remote_addr(transport)
         self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
         if self.logger.level <= _TRACE:
-            prefix = "%s:%d - " % self.client if self.client else ""
+            prefix = "{}:{} - ".format(*self.client) if self.client else ""
             self.logger.log(_TRACE, "%sHTTP connection made", prefix)
 
     def _unset_keepalive_if_required(self) -> None:
