@@ -59,7 +59,7 @@ async def served_to(protocol_class: type[Any] | None) -> tuple[Any, Any]:
 
 async def test_the_lean_protocol_gives_the_app_the_addresses_uvicorns_gives() -> None:
     loop = asyncio.get_running_loop()
-    lean_class = lean.lean_protocol(loop)
+    lean_class: Any = lean.lean_protocol(loop)
     assert lean_class is not None and lean_class.addresses  # (this uvicorn's connection_made)
     theirs, their_sockets = await served_to(HttpToolsProtocol)
     ours, our_sockets = await served_to(lean_class)
@@ -75,7 +75,7 @@ async def test_a_connection_made_unlike_uvicorns_known_one_is_left_to_uvicorn() 
     stands in for, it runs uvicorn's own (and the app still sees its addresses)."""
 
     class Other(HttpToolsProtocol):
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             self.something_new = transport.get_extra_info("peercert")
             super().connection_made(transport)
 
