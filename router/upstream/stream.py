@@ -26,6 +26,9 @@ from router.upstream.client import Connection, UpstreamError
 _USAGE_KEY = b'"usage":'
 _FINISH_KEY = b'"finish_reason":'
 _MAX_CARRY = 1 << 20
+# (``SseTap.plain``: each key, its length, and the byte that opens what the tap looks for)
+_USAGE = ((_USAGE_KEY, len(_USAGE_KEY), 123),)  # "usage":{
+_BOTH = (*_USAGE, (_FINISH_KEY, len(_FINISH_KEY), 34))  # and "finish_reason":"
 _DECODER = json.JSONDecoder()  # a "partial event" this large is not SSE as we know it: stop tapping
 
 
@@ -175,24 +178,15 @@ class SseTap:
         if self._carry or self._held or self._rename or data[end - 2 : end] != b"\n\n":
             return False
         # (as ``feed``'s common case: a key found inside ends before the final newlines)
-        at = data.find(_USAGE_KEY, start, end)
-        while at >= 0:
-            after = data[at + 8]
-            if after == 32:
-                after = data[at + 9]
-            if after == 123:
-                return False
-            at = data.find(_USAGE_KEY, at + 8, end)
-        if not self._strip:
-            return True
-        at = data.find(_FINISH_KEY, start, end)
-        while at >= 0:
-            after = data[at + 16]
-            if after == 32:
-                after = data[at + 17]
-            if after == 34:
-                return False
-            at = data.find(_FINISH_KEY, at + 16, end)
+        for key, size, opening in _BOTH if self._strip else _USAGE:
+            at = data.find(key, start, end)
+            while at >= 0:
+                after = data[at + size]
+                if after == 32:  # (one space after the colon)
+                    after = data[at + size + 1]
+                if after == opening:
+                    return False
+                at = data.find(key, at + size, end)
         return True
 
     def flush(self) -> bytes:

@@ -139,15 +139,21 @@ async def test_a_diverted_body_goes_to_the_sink_one_call_per_read_and_the_end_to
     assert pool.idle_connections == 1  # read to the end: kept for the next request
 
 
+async def first_chunk_read(script: Script, pool: OriginPool) -> Connection:
+    """A stream whose head came with its first chunk, that chunk read."""
+    await script.writes.put(HEAD + chunk(b"first"))
+    conn = await request(pool)
+    assert await conn.read() == b"first"
+    return conn
+
+
 async def diverted(
     script: Script, pool: OriginPool
 ) -> tuple[Connection, KeptTransport, SimpleNamespace]:
     """A stream whose first chunk was read, then diverted to a sink that frames each call's
     bytes as a chunk on a client transport. Returns the connection, the client transport, and
     its flow (``write_paused`` makes the sink decline)."""
-    await script.writes.put(HEAD + chunk(b"first"))
-    conn = await request(pool)
-    assert await conn.read() == b"first"
+    conn = await first_chunk_read(script, pool)
     client, flow = KeptTransport(), SimpleNamespace(write_paused=False)
 
     def sink(data: bytes) -> bool:
@@ -230,6 +236,17 @@ async def test_a_declining_sink_hands_the_rest_back_to_read_without_loss(
     assert pool.idle_connections == 1
 
 
+async def answered_again(script: Script, pool: OriginPool, body: bytes) -> Connection:
+    """The next exchange, answered whole with ``body`` (and released): the connection's
+    parser was left where it should be."""
+    await script.writes.put(HEAD + chunk(body) + END)
+    await script.writes.put(None)
+    conn = await request(pool)
+    assert await conn.read_all() == body
+    conn.release()
+    return conn
+
+
 async def test_whole_chunks_pass_as_they_came_and_the_parser_keeps_its_place(
     server: tuple[Script, OriginPool],
 ) -> None:
@@ -239,9 +256,7 @@ async def test_whole_chunks_pass_as_they_came_and_the_parser_keeps_its_place(
     extension, another spelling of the size) goes through the parser to the sink. Nothing is
     lost or seen twice, the end is seen, and the connection serves its next exchange."""
     script, pool = server
-    await script.writes.put(HEAD + chunk(b"first"))
-    conn = await request(pool)
-    assert await conn.read() == b"first"
+    conn = await first_chunk_read(script, pool)
     got: list[tuple[str, bytes]] = []
 
     def sink(data: bytes) -> bool:
@@ -279,12 +294,7 @@ async def test_whole_chunks_pass_as_they_came_and_the_parser_keeps_its_place(
     assert await conn.read() == b""
     conn.release()
     assert pool.idle_connections == 1
-    await script.writes.put(HEAD + chunk(b"again") + END)
-    await script.writes.put(None)
-    conn = await request(pool)
-    assert conn.reused
-    assert await conn.read_all() == b"again"
-    conn.release()
+    assert (await answered_again(script, pool, b"again")).reused
     assert pool.idle_connections == 1
 
 
@@ -292,9 +302,7 @@ async def test_a_whole_chunk_declined_goes_to_the_sink_and_a_failing_one_fails_t
     server: tuple[Script, OriginPool],
 ) -> None:
     script, pool = server
-    await script.writes.put(HEAD + chunk(b"first"))
-    conn = await request(pool)
-    assert await conn.read() == b"first"
+    conn = await first_chunk_read(script, pool)
     seen: list[bytes] = []
     offered: list[bytes] = []
 
@@ -472,11 +480,7 @@ async def test_an_interim_response_is_not_taken_for_the_answer(
         body += data
     assert body == b"data: one\n\n"
     conn.release()
-    await script.writes.put(HEAD + chunk(b"data: two\n\n") + END)
-    await script.writes.put(None)
-    second = await request(pool)
-    assert await second.read_all() == b"data: two\n\n"
-    second.release()
+    await answered_again(script, pool, b"data: two\n\n")
     assert script.requests == 2
 
 
