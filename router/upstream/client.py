@@ -154,20 +154,16 @@ class Connection(asyncio.Protocol):
             # reading a whole chunk leaves its state where it was, so it need not see it. Its
             # size line as ``chunk_sink`` writes one (lower-case hex, no extension): the bytes
             # the client gets are the same either way. (Inlined: every chunk of every stream.)
-            line = data.find(b"\r\n", 0, 10)
-            if line > 0 and data[-2:] == b"\r\n":
-                head = data[:line]
+            # (the size it must state, were it one whole chunk: then its line says so)
+            line = data.find(b"\r\n")
+            size = len(data) - line - 4
+            if size > 0 and data[-2:] == b"\r\n" and data[:line] == b"%x" % size:
                 try:
-                    size = int(head, 16)
-                except ValueError:
-                    size = 0
-                if size and line + 4 + size == len(data) and b"%x" % size == head:
-                    try:
-                        if whole(data, line + 2, len(data) - 2):
-                            return
-                    except Exception as exc:
-                        self._relay_failed(exc)
+                    if whole(data, line + 2, len(data) - 2):
                         return
+                except Exception as exc:
+                    self._relay_failed(exc)
+                    return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:

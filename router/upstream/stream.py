@@ -172,21 +172,24 @@ class SseTap:
     def plain(self, data: bytes, start: int, end: int) -> bool:
         """Whether ``feed(data[start:end])`` would give those bytes back unchanged and note
         nothing (whole events, no usage object, and when stripping no finish reason: the
-        common chunk), without slicing them out (``router.fastpath.responder.chunk_whole``)."""
+        common chunk), without slicing them out (``router.fastpath.responder.chunk_whole``).
+        The bytes around them hold no quote and no colon (a chunk's framing: its size line
+        and the line end after it), so that no key the tap looks for starts or ends there."""
         if self._gave_up:
             return True
         if self._carry or self._held or self._rename or data[end - 2 : end] != b"\n\n":
             return False
-        # (as ``feed``'s common case: a key found inside ends before the final newlines)
+        # (as ``feed``'s common case: a key found inside ends before the final newlines; the
+        # whole of ``data`` is searched, a find with bounds costing more: see the doc)
         for key, size, opening in _BOTH if self._strip else _USAGE:
-            at = data.find(key, start, end)
+            at = data.find(key)
             while at >= 0:
                 after = data[at + size]
                 if after == 32:  # (one space after the colon)
                     after = data[at + size + 1]
                 if after == opening:
                     return False
-                at = data.find(key, at + size, end)
+                at = data.find(key, at + size)
         return True
 
     def flush(self) -> bytes:
