@@ -9,6 +9,7 @@ makes.
 
     python bench/lab/chunk_path.py --chunks 200000 --repeat 3
     python bench/lab/chunk_path.py --tap    # and the SSE tap alone per read shape (timeit, best of)
+    python bench/lab/chunk_path.py --whole  # also with the whole-chunk pass-through (callback path)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 import timeit
 from typing import Any
 
+from router.fastpath.responder import chunk_whole
 from router.fastpath.uvicorn import DirectSend
 from router.origin import Origin
 from router.upstream.client import Connection, OriginPool
@@ -63,8 +65,9 @@ class CountingTransport:
         )
 
 
-async def per_chunk(chunks: int) -> float:
-    """Microseconds per chunk through ``data_received`` and the sink."""
+async def per_chunk(chunks: int, whole: bool = False) -> float:
+    """Microseconds per chunk through ``data_received`` and the sink (``whole``: with
+    ``chunk_whole`` offered each whole chunk first, as the callback path diverts)."""
     origin = Origin.parse("http://127.0.0.1:9")
     pool = OriginPool(origin, max_connections=1, max_idle=1, keepalive_expiry=5.0)
     conn = Connection(pool)
@@ -82,7 +85,7 @@ async def per_chunk(chunks: int) -> float:
     direct = DirectSend(None, cycle)
     sink = direct.body_sink(tap.feed, None)
     assert sink is not None
-    conn.divert(sink)
+    conn.divert(sink, chunk_whole(cycle.flow, cycle, client, tap.plain) if whole else None)
     frame = b"%x\r\n%b\r\n" % (len(EVENT), EVENT)
     conn.data_received(frame)
     client.writes = 0
@@ -118,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, default=200_000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--tap", action="store_true", help="then the SSE tap alone, by read shape")
+    p.add_argument("--whole", action="store_true", help="also with the whole-chunk pass-through")
     args = p.parse_args(argv)
-    runs = [asyncio.run(per_chunk(args.chunks)) for _ in range(args.repeat)]
-    print("per chunk: " + ", ".join(f"{us:.2f}" for us in runs) + " µs")
+    for whole in (False, True) if args.whole else (False,):
+        runs = [asyncio.run(per_chunk(args.chunks, whole)) for _ in range(args.repeat)]
+        label = "per chunk, whole chunks passed through" if whole else "per chunk"
+        print(f"{label}: " + ", ".join(f"{us:.2f}" for us in runs) + " µs")
     if args.tap:
         for name, us in per_read(args.chunks, args.repeat).items():
             print(f"  tap, {name}: {us:.2f} µs")

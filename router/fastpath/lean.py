@@ -40,10 +40,10 @@ class KeepAliveSweep:
     keep-alive for all), so the sweep looks only at the queue's head. A connection busy again,
     idle again since, or gone is skipped (a weak reference: a closed connection is not kept)."""
 
-    __slots__ = ("_queue", "_timer", "_loop", "grain")
+    __slots__ = ("_queue", "_timer", "loop", "grain")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, grain: float = SWEEP_GRAIN) -> None:
-        self._loop = loop
+        self.loop = loop
         self.grain = grain
         self._queue: deque[tuple[float, weakref.ref[Any], float]] = deque()
         self._timer = LazyTimer(loop, self._due, self._sweep)
@@ -58,7 +58,7 @@ class KeepAliveSweep:
 
     def _sweep(self) -> None:
         queue = self._queue
-        now = self._loop.time() + CLOCK_SLACK
+        now = self.loop.time() + CLOCK_SLACK
         while queue and queue[0][0] <= now:
             _, ref, since = queue.popleft()
             protocol = ref()
@@ -69,6 +69,54 @@ class KeepAliveSweep:
 
     def __len__(self) -> int:
         return len(self._queue)
+
+
+def _addresses_ready(base: type[Any]) -> bool:
+    """Whether uvicorn's ``connection_made`` is the one ``_SweptKeepAlive.connection_made``
+    stands in for (by the names it uses: another uvicorn's keeps its own)."""
+    made = getattr(getattr(base, "connection_made", None), "__code__", None)
+    return made is not None and set(made.co_names) <= _MADE_NAMES
+
+
+# (the names uvicorn's connection_made uses, 0.30 to 0.55)
+_MADE_NAMES = frozenset(
+    {
+        "connections",
+        "add",
+        "transport",
+        "flow",
+        "FlowControl",
+        "server",
+        "get_local_addr",
+        "client",
+        "get_remote_addr",
+        "scheme",
+        "is_ssl",
+        "logger",
+        "level",
+        "TRACE_LOG_LEVEL",
+        "log",
+    }
+)
+
+
+def _local_addr(transport: Any) -> tuple[str, int | None] | None:
+    """uvicorn's ``get_local_addr``, from the address the transport noted when it was made
+    (uvloop keeps it: no socket object and no ``getsockname`` per connection)."""
+    info = transport.get_extra_info("sockname")
+    if isinstance(info, tuple | list) and len(info) >= 2:
+        return (str(info[0]), int(info[1]))
+    if isinstance(info, str):
+        return (info, None)
+    return None
+
+
+def _remote_addr(transport: Any) -> tuple[str, int] | None:
+    """uvicorn's ``get_remote_addr``, as ``_local_addr`` (no ``getpeername``)."""
+    info = transport.get_extra_info("peername")
+    if isinstance(info, tuple | list) and len(info) >= 2:
+        return (str(info[0]), int(info[1]))
+    return None
 
 
 def _base() -> type[Any] | None:
@@ -87,6 +135,18 @@ def _base() -> type[Any] | None:
 
 
 _BASE = _base()
+
+
+def _flow_and_trace() -> tuple[Any, int]:
+    try:
+        from uvicorn.logging import TRACE_LOG_LEVEL
+        from uvicorn.protocols.http.flow_control import FlowControl
+    except ImportError:  # (no uvicorn: no lean protocol either)
+        return None, 5
+    return FlowControl, TRACE_LOG_LEVEL
+
+
+_FLOW, _TRACE = _flow_and_trace()
 
 
 class IdleOnComplete:
@@ -120,6 +180,7 @@ class _SweptKeepAlive(IdleOnComplete):
     """Mixed into uvicorn's ``HttpToolsProtocol`` by ``lean_protocol``."""
 
     sweep: KeepAliveSweep  # (set on the class lean_protocol makes)
+    addresses: bool  # (ditto) connection_made's addresses as the transport noted them
     # (attributes of uvicorn's protocol this relies on)
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
@@ -127,8 +188,40 @@ class _SweptKeepAlive(IdleOnComplete):
     pipeline: Any
     server_state: Any
     timeout_keep_alive: float
+    connections: set[Any]
+    server: Any
+    client: Any
+    scheme: str
+    logger: logging.Logger
 
     idle_since: float | None = None  # the last response ended then, nothing came since
+
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        # (uvloop makes a server's protocol with no loop: uvicorn's would look it up, a
+        # getpid() per connection on Python 3.11; the sweep's is the serving loop)
+        super().__init__(config, server_state, app_state, _loop or self.sweep.loop)  # type: ignore[call-arg]
+
+    def connection_made(self, transport: Any) -> None:
+        if not self.addresses:
+            super().connection_made(transport)  # type: ignore[misc]
+            return
+        # uvicorn's, with the addresses the transport noted at accept (``_local_addr``): a
+        # connection for each of tail.py's streams (its load generator reconnects each time)
+        self.connections.add(self)
+        self.transport = transport
+        self.flow = _FLOW(transport)
+        self.server = _local_addr(transport)
+        self.client = _remote_addr(transport)
+        self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
+        if self.logger.level <= _TRACE:
+            prefix = "{}:{} - ".format(*self.client) if self.client else ""
+            self.logger.log(_TRACE, "%sHTTP connection made", prefix)
 
     def _unset_keepalive_if_required(self) -> None:
         # (uvicorn's: a read, or the connection's close, cancels its keep-alive timer)
@@ -149,7 +242,8 @@ def lean_protocol(
     if _BASE is None:
         return None
     sweep = KeepAliveSweep(loop)
-    lean: type[Any] = type("LeanHttpToolsProtocol", (_SweptKeepAlive, _BASE), {"sweep": sweep})
+    attrs = {"sweep": sweep, "addresses": _addresses_ready(_BASE)}
+    lean: type[Any] = type("LeanHttpToolsProtocol", (_SweptKeepAlive, _BASE), attrs)
     return lean if extend is None else extend(lean)
 
 

@@ -50,6 +50,36 @@ def chunk_sink(
     return sink
 
 
+# Takes a whole chunk of the upstream's chunked body as it came (``data``, its payload
+# ``data[start:end]``): True once it has written it to the client unchanged, framing and all;
+# False, having done nothing, when the chunk must take the ``Sink``'s way (see ``chunk_whole``).
+WholeChunk = Callable[[bytes, int, int], bool]
+
+
+def chunk_whole(
+    flow: Any,
+    cycle: Any,
+    transport: Any,
+    plain: Callable[[bytes, int, int], bool] | None,
+) -> WholeChunk:
+    """The ``chunk_sink``'s twin for a whole upstream chunk whose size line is the one it
+    would write (``router.upstream.client.Connection.divert``'s ``whole``): written as it came,
+    one write, no re-framing, while the client can take it and ``plain`` (when given: the
+    tap's ``SseTap.plain``) says its payload passes the tap unchanged; else False, and the
+    chunk goes through the parser to ``chunk_sink``, which sees it as always."""
+    write, closing = transport.write, transport.is_closing
+
+    def whole(data: bytes, start: int, end: int) -> bool:
+        if flow.write_paused or cycle.disconnected or closing():
+            return False
+        if plain is not None and not plain(data, start, end):
+            return False
+        write(data)
+        return True
+
+    return whole
+
+
 class Responder(Protocol):
     async def send_all(self, messages: list[dict[str, Any]]) -> None: ...
 

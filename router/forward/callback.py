@@ -43,7 +43,7 @@ import httptools
 
 from router.account.outcome import Outcome
 from router.errors import NoBackend, RouterError, sse_error_event
-from router.fastpath.responder import chunk_sink
+from router.fastpath.responder import chunk_sink, chunk_whole
 from router.fastpath.uvicorn import DirectSend, plain_head, plain_head_ready
 from router.forward.proxy import (
     USAGE_PATHS,
@@ -555,7 +555,11 @@ class Stream:
         self.direct.write_start(head, first)
         conn.on_backlog = self._backlog
         cycle = self.cycle
-        conn.divert(chunk_sink(cycle.flow, cycle, cycle.transport, tap.feed, None))
+        flow, transport = cycle.flow, cycle.transport
+        conn.divert(
+            chunk_sink(flow, cycle, transport, tap.feed, None),
+            chunk_whole(flow, cycle, transport, tap.plain),
+        )
         return True
 
     def _backlog(self) -> None:

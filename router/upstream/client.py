@@ -127,6 +127,13 @@ class Connection(asyncio.Protocol):
         self._peek = 0
         self._before_body: float | None = None  # the idle timeout, armed at the first body byte
         self._sink: Callable[[bytes], bool] | None = None
+        # (``divert``'s ``whole``) takes a whole chunk of a chunked body as it came; with
+        # ``_at_boundary`` (the parser has read up to the end of a chunk), ``data_received``
+        # offers it a read that is exactly one whole chunk, without the parser
+        self._whole: Callable[[bytes, int, int], bool] | None = None
+        self._chunked = False  # transfer-encoding: chunked
+        self._chunk_open = False  # (the parser's) a chunk's size line read, not its end
+        self._at_boundary = False
         # called when unread body bytes pass HIGH_WATER and reading stops: the reader (and so,
         # behind it, the client) is slower than the upstream
         self.on_backlog: Callable[[], None] | None = None
@@ -141,12 +148,40 @@ class Connection(asyncio.Protocol):
             poke()
         self._received_any = True
         self._last_activity = self._loop.time()
+        whole = self._whole
+        if whole is not None and self._at_boundary:
+            # One whole chunk, exactly (``divert``'s ``whole``), the parser at a chunk's end:
+            # reading a whole chunk leaves its state where it was, so it need not see it. Its
+            # size line as ``chunk_sink`` writes one (lower-case hex, no extension): the bytes
+            # the client gets are the same either way. (Inlined: every chunk of every stream.)
+            # (the size it must state, were it one whole chunk: then its line says so)
+            line = data.find(b"\r\n")
+            size = len(data) - line - 4
+            if size > 0 and data[-2:] == b"\r\n" and data[:line] == b"%x" % size:
+                try:
+                    if whole(data, line + 2, len(data) - 2):
+                        return
+                except Exception as exc:
+                    self._relay_failed(exc)
+                    return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail("protocol", f"invalid response from {self._pool.origin.url}: {exc}")
             self._abort()
             return
+        if self._whole is not None:
+            self._at_boundary = (
+                self._chunked
+                and not self._chunk_open
+                and data[-2:] == b"\r\n"
+                and self._headers_done
+                and not self._complete
+                and self._error is None
+                and self._before_body is None
+                and not self._peek
+                and not self._paused
+            )
         sink = self._sink
         if sink is None or not self._body:
             return
@@ -169,13 +204,13 @@ class Connection(asyncio.Protocol):
             self._relay_failed(exc)
             return
         if not taken:  # the client cannot take it now: back to read() for the rest
-            self._sink = None
+            self._sink = self._whole = None
             body.append(data)
             self._buffered = len(data)
             self._wake()
 
     def _relay_failed(self, exc: Exception) -> None:
-        self._sink = None
+        self._sink = self._whole = None
         self._fail("relay", f"relaying the response from {self._pool.origin.url}: {exc!r}")
         self._abort()
 
@@ -206,6 +241,8 @@ class Connection(asyncio.Protocol):
         name = name.lower()
         if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value):
             self._framed = True
+            if name == b"transfer-encoding":
+                self._chunked = value.rstrip().lower().endswith(b"chunked")
         elif name == b"content-type" and self._content_type is None:
             self._content_type = value
         self.headers.append((name, value))
@@ -216,7 +253,7 @@ class Connection(asyncio.Protocol):
             # an interim response (100 Continue, 103 Early Hints): the final one follows
             self.headers = []
             self._content_type = None
-            self._framed = False
+            self._framed = self._chunked = False
             self._interim = True
             return
         self.status = status
@@ -260,6 +297,12 @@ class Connection(asyncio.Protocol):
                 return
             self._peek = 0
         self._wake()
+
+    def on_chunk_header(self) -> None:
+        self._chunk_open = True
+
+    def on_chunk_complete(self) -> None:
+        self._chunk_open = False
 
     def on_message_complete(self) -> None:
         if self._interim:
@@ -478,13 +521,25 @@ class Connection(asyncio.Protocol):
         """The body bytes in, not yet read (left in place)."""
         return b"".join(self._body)
 
-    def divert(self, sink: Callable[[bytes], bool]) -> None:
+    def divert(
+        self,
+        sink: Callable[[bytes], bool],
+        whole: Callable[[bytes, int, int], bool] | None = None,
+    ) -> None:
         """Send body bytes to ``sink`` as they arrive, until it returns False (see module doc).
 
         The sink runs inside the socket callback: it must not block, and returns False without
         consuming anything when it cannot write now. Bytes already buffered stay for ``read()``.
+
+        ``whole`` (for a chunked body): offered first each read that is exactly one whole chunk
+        of it, framing and all (``data``; its payload ``data[start:end]``), with the parser at
+        a chunk's end; True: it took the chunk as it came, which the parser then need not read;
+        False, having done nothing: the read goes the parser's way to ``sink``. Its size line is
+        the one ``router.fastpath.responder.chunk_sink`` writes for that payload.
         """
         self._sink = sink
+        self._whole = whole
+        self._at_boundary = False  # (known again after the parser's next read)
 
     @property
     def event_stream(self) -> bool:
@@ -516,7 +571,7 @@ class Connection(asyncio.Protocol):
         """Give the connection back (response fully read) or abort it. Safe to call twice."""
         self._cancel_timer()
         # (they hold the request's side: let it go now)
-        self._sink = self.on_backlog = self._listener = None
+        self._sink = self._whole = self.on_backlog = self._listener = None
         if self._complete and not self._body and self._keep_alive and self._error is None:
             self._pool.put_back(self)
         else:

@@ -26,6 +26,9 @@ from router.upstream.client import Connection, UpstreamError
 _USAGE_KEY = b'"usage":'
 _FINISH_KEY = b'"finish_reason":'
 _MAX_CARRY = 1 << 20
+# (``SseTap.plain``: each key, its length, and the byte that opens what the tap looks for)
+_USAGE = ((_USAGE_KEY, len(_USAGE_KEY), 123),)  # "usage":{
+_BOTH = (*_USAGE, (_FINISH_KEY, len(_FINISH_KEY), 34))  # and "finish_reason":"
 _DECODER = json.JSONDecoder()  # a "partial event" this large is not SSE as we know it: stop tapping
 
 
@@ -165,6 +168,29 @@ class SseTap:
             return b""
         complete, self._carry = data[: cut + 2], data[cut + 2 :]
         return self._process(complete)
+
+    def plain(self, data: bytes, start: int, end: int) -> bool:
+        """Whether ``feed(data[start:end])`` would give those bytes back unchanged and note
+        nothing (whole events, no usage object, and when stripping no finish reason: the
+        common chunk), without slicing them out (``router.fastpath.responder.chunk_whole``).
+        The bytes around them hold no quote and no colon (a chunk's framing: its size line
+        and the line end after it), so that no key the tap looks for starts or ends there."""
+        if self._gave_up:
+            return True
+        if self._carry or self._held or self._rename or data[end - 2 : end] != b"\n\n":
+            return False
+        # (as ``feed``'s common case: a key found inside ends before the final newlines; the
+        # whole of ``data`` is searched, a find with bounds costing more: see the doc)
+        for key, size, opening in _BOTH if self._strip else _USAGE:
+            at = data.find(key)
+            while at >= 0:
+                after = data[at + size]
+                if after == 32:  # (one space after the colon)
+                    after = data[at + size + 1]
+                if after == opening:
+                    return False
+                at = data.find(key, at + size)
+        return True
 
     def flush(self) -> bytes:
         rest, self._carry = self._carry, b""

@@ -139,15 +139,21 @@ async def test_a_diverted_body_goes_to_the_sink_one_call_per_read_and_the_end_to
     assert pool.idle_connections == 1  # read to the end: kept for the next request
 
 
+async def first_chunk_read(script: Script, pool: OriginPool) -> Connection:
+    """A stream whose head came with its first chunk, that chunk read."""
+    await script.writes.put(HEAD + chunk(b"first"))
+    conn = await request(pool)
+    assert await conn.read() == b"first"
+    return conn
+
+
 async def diverted(
     script: Script, pool: OriginPool
 ) -> tuple[Connection, KeptTransport, SimpleNamespace]:
     """A stream whose first chunk was read, then diverted to a sink that frames each call's
     bytes as a chunk on a client transport. Returns the connection, the client transport, and
     its flow (``write_paused`` makes the sink decline)."""
-    await script.writes.put(HEAD + chunk(b"first"))
-    conn = await request(pool)
-    assert await conn.read() == b"first"
+    conn = await first_chunk_read(script, pool)
     client, flow = KeptTransport(), SimpleNamespace(write_paused=False)
 
     def sink(data: bytes) -> bool:
@@ -228,6 +234,99 @@ async def test_a_declining_sink_hands_the_rest_back_to_read_without_loss(
     assert offered == [b"one", b"two"]
     conn.release()
     assert pool.idle_connections == 1
+
+
+async def answered_again(script: Script, pool: OriginPool, body: bytes) -> Connection:
+    """The next exchange, answered whole with ``body`` (and released): the connection's
+    parser was left where it should be."""
+    await script.writes.put(HEAD + chunk(body) + END)
+    await script.writes.put(None)
+    conn = await request(pool)
+    assert await conn.read_all() == body
+    conn.release()
+    return conn
+
+
+async def test_whole_chunks_pass_as_they_came_and_the_parser_keeps_its_place(
+    server: tuple[Script, OriginPool],
+) -> None:
+    """``divert``'s ``whole``: a read that is exactly one whole chunk, written as
+    ``chunk_sink`` would frame it, goes to it as it came without the parser, once the parser
+    is known to be at a chunk's end; any other read (several chunks, a split one, an
+    extension, another spelling of the size) goes through the parser to the sink. Nothing is
+    lost or seen twice, the end is seen, and the connection serves its next exchange."""
+    script, pool = server
+    conn = await first_chunk_read(script, pool)
+    got: list[tuple[str, bytes]] = []
+
+    def sink(data: bytes) -> bool:
+        got.append(("sink", data))
+        return True
+
+    def whole(data: bytes, start: int, end: int) -> bool:
+        assert data == chunk(data[start:end])
+        got.append(("whole", data[start:end]))
+        return True
+
+    conn.divert(sink, whole)
+    reads = [
+        (chunk(b"a"), ("sink", b"a")),  # (where the parser stands is learnt from a read)
+        (chunk(b"bb"), ("whole", b"bb")),
+        (chunk(b"c") + chunk(b"d"), ("sink", b"cd")),  # two chunks in one read
+        (chunk(b"e"), ("whole", b"e")),
+        (b"5\r\nhel", ("sink", b"hel")),  # a chunk split over reads
+        (b"lo\r\n", ("sink", b"lo")),
+        (chunk(b"f"), ("whole", b"f")),
+        (b"3;x=y\r\nabc\r\n", ("sink", b"abc")),  # an extension
+        (b"A\r\n0123456789\r\n", ("sink", b"0123456789")),  # upper-case size
+        (b"03\r\nxyz\r\n", ("sink", b"xyz")),  # a leading zero
+        (chunk(b"g\r\n"), ("whole", b"g\r\n")),  # a payload ending like a chunk
+    ]
+    for data, expected in reads:
+        before = len(got)
+        await script.writes.put(data)
+        await until(lambda: len(got) > before)  # noqa: B023
+        assert got[-1] == expected, (data, got[-1])
+    await script.writes.put(chunk(b"last") + END)
+    await script.writes.put(None)
+    assert await conn.read() == b"last"  # the end, seen: the bytes with it wait for read()
+    assert conn.finished
+    assert await conn.read() == b""
+    conn.release()
+    assert pool.idle_connections == 1
+    assert (await answered_again(script, pool, b"again")).reused
+    assert pool.idle_connections == 1
+
+
+async def test_a_whole_chunk_declined_goes_to_the_sink_and_a_failing_one_fails_the_relay(
+    server: tuple[Script, OriginPool],
+) -> None:
+    script, pool = server
+    conn = await first_chunk_read(script, pool)
+    seen: list[bytes] = []
+    offered: list[bytes] = []
+
+    def whole(data: bytes, start: int, end: int) -> bool:
+        offered.append(data[start:end])
+        if data[start:end] == b"boom":
+            raise RuntimeError("boom")
+        return False  # (e.g. the tap must see it): the parser's way
+
+    conn.divert(collect_into(seen), whole)
+    for i, data in enumerate((b"a", b"b", b"c")):
+        await script.writes.put(chunk(data))
+        await until(lambda: len(seen) > i)  # noqa: B023
+    assert seen == [b"a", b"b", b"c"]
+    assert offered == [b"b", b"c"]  # (the first read tells where the parser stands)
+    await script.writes.put(chunk(b"boom"))
+    with pytest.raises(UpstreamError) as failed:
+        await conn.read()
+    assert failed.value.kind == "relay"
+    conn.release()
+    await script.writes.put(None)
+    with anyio.fail_after(5):
+        await script.closed.wait()
+    assert pool.open_connections == 0
 
 
 async def test_a_failing_sink_fails_the_response_and_drops_the_connection(
@@ -381,11 +480,7 @@ async def test_an_interim_response_is_not_taken_for_the_answer(
         body += data
     assert body == b"data: one\n\n"
     conn.release()
-    await script.writes.put(HEAD + chunk(b"data: two\n\n") + END)
-    await script.writes.put(None)
-    second = await request(pool)
-    assert await second.read_all() == b"data: two\n\n"
-    second.release()
+    await answered_again(script, pool, b"data: two\n\n")
     assert script.requests == 2
 
 

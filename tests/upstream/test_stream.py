@@ -269,3 +269,54 @@ def test_the_short_way_answers_as_the_whole_way(
     fast, whole = SseTap(strip_usage=strip), SseTap(strip_usage=strip, rename=(b"\0", b"\0"))
     assert feed_all(fast, parts) == feed_all(whole, parts)
     assert fast.usage == whole.usage
+
+
+@given(
+    picks=st.lists(st.integers(0, len(_EVENTS) - 1), max_size=6),
+    cuts=st.lists(st.integers(0, 2000), max_size=4),
+    strip=st.booleans(),
+    pad=st.integers(0, 8),
+)
+def test_plain_says_yes_only_where_feed_would_pass_the_bytes_unchanged(
+    picks: list[int], cuts: list[int], strip: bool, pad: int
+) -> None:
+    """``SseTap.plain`` (a whole upstream chunk passed on as it came, for
+    ``chunk_whole``): wherever it says yes, ``feed`` of the same bytes gives them back
+    unchanged and notes nothing; a tap that was told yes and skipped them ends as one that fed
+    them. Read by read, over any split of any events, in the middle of other bytes."""
+    body = b"".join(_EVENTS[i] for i in picks)
+    points = sorted({min(c, len(body)) for c in cuts})
+    parts = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    skipping, feeding = SseTap(strip_usage=strip), SseTap(strip_usage=strip)
+    out_skipping, out_feeding = [], []
+    for part in parts:
+        framed = b"x" * pad + part + b"\r\n"  # (the payload inside other bytes)
+        if part and skipping.plain(framed, pad, pad + len(part)):
+            before = feeding.usage
+            got = feeding.feed(part)
+            assert got == part and feeding.usage is before
+            out_skipping.append(part)
+            out_feeding.append(got)
+            continue
+        out_skipping.append(skipping.feed(part))
+        out_feeding.append(feeding.feed(part))
+    out_skipping.append(skipping.flush())
+    out_feeding.append(feeding.flush())
+    assert out_skipping == out_feeding
+    assert skipping.usage == feeding.usage
+    assert b"".join(out_skipping) == b"".join(out_feeding)
+
+
+def test_plain_refuses_what_the_tap_must_see() -> None:
+    plain = b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+    finish = plain.replace(b'"finish_reason":null', b'"finish_reason":"stop"')
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1}}\n\n'
+    tap = SseTap(strip_usage=True)
+    assert tap.plain(plain, 0, len(plain))
+    assert not tap.plain(finish, 0, len(finish))  # held for a usage event when stripping
+    assert SseTap(strip_usage=False).plain(finish, 0, len(finish))
+    assert not tap.plain(usage, 0, len(usage))  # usage: counted
+    assert not tap.plain(plain[:-1], 0, len(plain) - 1)  # not whole events
+    assert not SseTap(strip_usage=False, rename=(b"a", b"b")).plain(plain, 0, len(plain))
+    tap.feed(plain[:10])  # an event begun: the next bytes are not whole events alone
+    assert not tap.plain(plain, 0, len(plain))
