@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from router.planning.service import MIX_WINDOW
 from router.pools import Pool
 from router.tools.fleet.actuator import Landed, Leave, Restart, Slot, split, step, switch_id
 from router.tools.fleet.cli import build_day, build_parser, parse_split
-from router.planning.service import MIX_WINDOW
 from router.tools.fleet.engines import initial_modes
 from router.tools.fleet.run import yesterday_mix
 from router.tools.fleet.score import Outage, summarize
