@@ -202,8 +202,9 @@ class Sample(NamedTuple):
     output_sd: float = 0.0
 
 
-def sample_of(recent: Sequence[tuple[int, int, bool]]) -> Sample:
-    """The recent requests' count and lengths' standard deviations (``Sample``)."""
+def sample_of(recent: Sequence[tuple[int, int, bool]], mix: Mix | None = None) -> Sample:
+    """The recent requests' count and lengths' standard deviations (``Sample``), scaled as
+    ``mix`` scaled their lengths (``scaled_mix``: to the engines' means) when given."""
     n = len(recent)
     if n < 2:
         return Sample(n)
@@ -211,7 +212,10 @@ def sample_of(recent: Sequence[tuple[int, int, bool]]) -> Sample:
     for i in (0, 1):
         xs = [float(r[i]) for r in recent]
         m = sum(xs) / n
-        sds.append(math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)))
+        sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+        if mix is not None and m > 0:
+            sd *= (mix.prompt_mean if i == 0 else mix.output_mean) / m
+        sds.append(sd)
     return Sample(n, sds[0], sds[1])
 
 
@@ -614,7 +618,7 @@ class FleetPlanner:
         seen, sample = None, None
         if len(self.recent) >= self.settings.plan_min_requests:
             seen = scaled_mix(self.recent, est.prompt_mean, est.output_mean)
-            sample = sample_of(self.recent)
+            sample = sample_of(self.recent, seen)
         mix = self.hold_mix(seen, sample)
         missed, self.missed = tuple(self.missed), []
         # shown (the document's traffic): every interval since the last round, the token means

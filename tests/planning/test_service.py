@@ -17,7 +17,7 @@ from router.health.engines import EngineSample
 from router.health.state import BackendHealth, State
 from router.members.member import Member
 from router.plan import observe_round
-from router.plan.values import Curve, CurveLike
+from router.plan.values import Curve, CurveLike, Mix
 from router.planning.fleet import SLOT
 from router.planning.metrics import PlanCollector
 from router.planning.service import (
@@ -472,6 +472,10 @@ def test_a_sample_is_its_count_and_spreads() -> None:
     assert got.prompt_sd == pytest.approx(math.sqrt(2)) and got.output_sd == pytest.approx(
         10 * math.sqrt(2)
     )
+    # scaled as the mix's lengths were (to the engines' means): twice the means, twice the sd
+    doubled = sample_of([(1, 10, True), (3, 30, False)], Mix((2.0, 6.0), (20.0, 60.0), 0.5))
+    assert doubled.prompt_sd == pytest.approx(2 * math.sqrt(2))
+    assert doubled.output_sd == pytest.approx(20 * math.sqrt(2))
 
 
 def test_held_mix_keeps_yesterdays_against_the_mornings_first_requests() -> None:
