@@ -92,10 +92,13 @@ RESTART_SAMPLES = 5
 # A switch that has not landed within this many restarts (plus the drain timeout) is given up.
 SWITCH_PATIENCE = 3.0
 STATE_FORMAT = 1
-# The mix's two-sided band, in standard errors: a held mix is replaced by one from fewer
-# requests only when they differ by more than this many standard errors of the difference
-# (``beyond_noise``).
-MIX_Z = 2.0
+# The mix's band, in standard errors: a held mix is replaced by one from fewer requests only
+# when they differ by more than this many standard errors of the difference (``beyond_noise``).
+# Three, not two: the test is repeated every round on a sample that grows all day, in three
+# numbers (two token means, the share), about fifteen looks that are not one another's (five
+# doublings of the sample from 50 to a day's ~1100, three numbers each); at two standard
+# errors one of them crosses by chance about half the days, at three one day in twenty-five.
+MIX_Z = 3.0
 # The curves a plan is made on are replaced by the keeper's latest at most once per
 # CURVE_REFRESH planner seconds, and only once one of their numbers has moved by more than
 # CURVE_TOLERANCE (relative): learning moves them with every request (a bin at a batch seldom
@@ -219,22 +222,24 @@ def sample_of(recent: Sequence[tuple[int, int, bool]], mix: Mix | None = None) -
     return Sample(n, sds[0], sds[1])
 
 
-def beyond_noise(held: Mix, held_n: int, new: Mix, seen: Sample, z: float = MIX_Z) -> bool:
-    """Whether ``new`` (read from ``seen.requests`` requests) differs from ``held`` (from
-    ``held_n``) by more than ``z`` standard errors of the difference of two independent means
-    (the spread the newer sample's): in a token mean or in the share at temperature > 0."""
-    if seen.requests < 1 or held_n < 1:
+def beyond_noise(held: Mix, kept: Sample, new: Mix, seen: Sample, z: float = MIX_Z) -> bool:
+    """Whether ``new`` (read from ``seen``) differs from ``held`` (read from ``kept``) by more
+    than ``z`` standard errors of the difference of two independent means, in a token mean or
+    in the share at temperature > 0. The spread is the larger of the two samples' (a few
+    requests of a long-tailed length seldom hold its tail, and understate it)."""
+    n, m = kept.requests, seen.requests
+    if n < 1 or m < 1:
         return False
-    k = math.sqrt(1.0 / held_n + 1.0 / seen.requests)
-    p = (held.sampling * held_n + new.sampling * seen.requests) / (held_n + seen.requests)
+    k = math.sqrt(1.0 / n + 1.0 / m)
+    p = (held.sampling * n + new.sampling * m) / (n + m)
     return (
-        abs(new.prompt_mean - held.prompt_mean) > z * seen.prompt_sd * k
-        or abs(new.output_mean - held.output_mean) > z * seen.output_sd * k
+        abs(new.prompt_mean - held.prompt_mean) > z * max(kept.prompt_sd, seen.prompt_sd) * k
+        or abs(new.output_mean - held.output_mean) > z * max(kept.output_sd, seen.output_sd) * k
         or abs(new.sampling - held.sampling) > z * math.sqrt(p * (1.0 - p)) * k
     )
 
 
-def mix_moved(held: Mix, held_n: int, new: Mix, seen: Sample | None, tolerance: float) -> bool:
+def mix_moved(held: Mix, kept: Sample, new: Mix, seen: Sample | None, tolerance: float) -> bool:
     """Whether the plan's mix is replaced by ``new``: past the model's ``tolerance`` and either
     read from at least as many requests as the held one or beyond the noise between the two
     (``beyond_noise``). Yesterday's mix of a thousand requests (``PLAN_STATE_PATH``) is not
@@ -242,7 +247,7 @@ def mix_moved(held: Mix, held_n: int, new: Mix, seen: Sample | None, tolerance: 
     that far off; ``seen`` None: its size unknown, the tolerance alone."""
     if new.close_to(held, tolerance):
         return False
-    return seen is None or seen.requests >= held_n or beyond_noise(held, held_n, new, seen)
+    return seen is None or seen.requests >= kept.requests or beyond_noise(held, kept, new, seen)
 
 
 def reading_of(sample: EngineSample) -> Reading:
@@ -368,7 +373,7 @@ class FleetPlanner:
         self.shared = shared  # where the leader leaves the document for the other workers
         self.params = params_of(settings)
         self.slo = Slo(settings.slo_ttft_ms / 1000, settings.slo_tpot_ms / 1000)
-        holt, mix, mix_n = self._load_state()
+        holt, mix, kept = self._load_state()
         self.state = PlanState(holt=holt)
         self.watch = CounterWatch()
         self.window = Window(window_params(settings))
@@ -392,7 +397,7 @@ class FleetPlanner:
         # the mix plans are made on (``hold_mix``; yesterday's, kept at PLAN_STATE_PATH, until
         # today's replaces it), and how many requests it was read from
         self.mix: Mix | None = mix
-        self.mix_requests = mix_n
+        self.mix_sample = kept
         self.mix_rounds = 0  # rounds planned on it since it was taken
         self.worker: Worker | None = None  # the process that plans (router.planning.worker)
         self.last_traffic: Traffic | None = None
@@ -566,11 +571,11 @@ class FleetPlanner:
         moved = held is None or (
             self.mix_rounds > CURVE_REFRESH_ROUNDS
             and mix is not None
-            and mix_moved(held, self.mix_requests, mix, seen, self.params.mix_tolerance)
+            and mix_moved(held, self.mix_sample, mix, seen, self.params.mix_tolerance)
         )
         if mix is not None and moved:
             self.mix, self.mix_rounds = mix, 0
-            self.mix_requests = seen.requests if seen is not None else 0
+            self.mix_sample = seen if seen is not None else Sample(0)
         return self.mix
 
     def tick(self) -> None:
@@ -837,22 +842,22 @@ class FleetPlanner:
             log.warning("cannot share the plan: %s", exc)
 
     # -- the forecast's state across restarts ----------------------------------------------------
-    def _load_state(self) -> tuple[Holt | None, Mix | None, int]:
+    def _load_state(self) -> tuple[Holt | None, Mix | None, Sample]:
         path = self.settings.plan_state_path
         if path is None or not path.exists():
-            return None, None, 0
+            return None, None, Sample(0)
         try:
             return state_of(json.loads(path.read_text()), self.params.interval)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("%s: cannot read the forecast's state (%s): it starts afresh", path, exc)
-            return None, None, 0
+            return None, None, Sample(0)
 
     def _save_holt(self) -> None:
         path = self.settings.plan_state_path
         holt = self.state.holt
         if path is None or holt is None or not self.writer:
             return
-        raw = holt_document(holt, self.params.interval, self.mix, self.mix_requests)
+        raw = holt_document(holt, self.params.interval, self.mix, self.mix_sample)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
             tmp.write_text(json.dumps(raw))
@@ -874,23 +879,25 @@ def curve_drift(held: Curve | None, new: Curve) -> float:
 
 
 def holt_document(
-    holt: Holt, interval: float, mix: Mix | None = None, requests: int = 0
+    holt: Holt, interval: float, mix: Mix | None = None, sample: Sample | None = None
 ) -> dict[str, Any]:
     """The forecast's state as ``PLAN_STATE_PATH`` holds it (``spec-router fleet`` writes one
     for a router that has seen yesterday), with the mix plans were made on and how many
-    requests it was read from."""
+    requests it was read from (with their lengths' spreads)."""
     doc = holt._asdict()
     if not math.isfinite(doc["surged"]):
         doc["surged"] = None  # (none yet: JSON has no infinity)
     out: dict[str, Any] = {"format": STATE_FORMAT, "interval_s": interval, "holt": doc}
     if mix is not None:
+        got = sample if sample is not None else Sample(0)
         out["mix"] = {"prompts": list(mix.prompts), "outputs": list(mix.outputs),
-                      "sampling": mix.sampling, "requests": requests}  # fmt: skip
+                      "sampling": mix.sampling, "requests": got.requests,
+                      "prompt_sd": got.prompt_sd, "output_sd": got.output_sd}  # fmt: skip
     return out
 
 
-def state_of(raw: Mapping[str, Any], interval: float) -> tuple[Holt | None, Mix | None, int]:
-    """The forecast's state, the mix and its requests from ``holt_document``'s document
+def state_of(raw: Mapping[str, Any], interval: float) -> tuple[Holt | None, Mix | None, Sample]:
+    """The forecast's state, the mix and its sample from ``holt_document``'s document
     (nothing when it is another format or was kept at another interval; no mix when it was
     written before the mix was kept). Raises ``KeyError`` / ``ValueError`` / ``TypeError``
     on a malformed one."""
@@ -898,7 +905,7 @@ def state_of(raw: Mapping[str, Any], interval: float) -> tuple[Holt | None, Mix 
         raw["interval_s"], interval, rel_tol=1e-6
     ):
         log.warning("the kept plan state has another format or interval: it starts afresh")
-        return None, None, 0
+        return None, None, Sample(0)
     h = raw["holt"]
     holt = Holt(
         float(h["level"]),
@@ -914,13 +921,15 @@ def state_of(raw: Mapping[str, Any], interval: float) -> tuple[Holt | None, Mix 
     )  # a state written before the burst (overlap, surged) term has none
     m = raw.get("mix")
     if m is None:
-        return holt, None, 0
+        return holt, None, Sample(0)
     prompts = tuple(float(x) for x in m["prompts"])
     outputs = tuple(float(x) for x in m["outputs"])
     sampling = float(m["sampling"])
     if not prompts or not outputs or not 0.0 <= sampling <= 1.0:
         raise ValueError("a kept mix needs lengths and a share in [0, 1]")
-    return holt, Mix(prompts, outputs, sampling), max(0, int(m.get("requests", 0)))
+    kept = Sample(max(0, int(m.get("requests", 0))), float(m.get("prompt_sd", 0.0)),
+                  float(m.get("output_sd", 0.0)))  # fmt: skip
+    return holt, Mix(prompts, outputs, sampling), kept
 
 
 def _option(o: Any) -> dict[str, Any]:

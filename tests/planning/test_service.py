@@ -255,7 +255,7 @@ def test_the_forecast_is_kept_across_restarts(tmp_path: Path) -> None:
     assert saved["holt"]["seen"] == 3 and saved["interval_s"] == INTERVAL
     again = planner(world, path)
     assert again.state.holt is not None and again.state.holt.seen == 3
-    kept = holt_document(again.state.holt, INTERVAL, again.mix, again.mix_requests)
+    kept = holt_document(again.state.holt, INTERVAL, again.mix, again.mix_sample)
     assert json.loads(json.dumps(kept)) == saved
     # a surge's band term, mid-fade, is kept too
     saved["holt"]["burst"] = 0.75
@@ -422,8 +422,9 @@ def test_the_mix_is_kept_across_restarts_and_planned_on_from_the_start(tmp_path:
     minutes(world, p, 2, 1.0)
     saved = json.loads(path.read_text())
     assert saved["mix"]["requests"] == 200 and saved["mix"]["sampling"] == pytest.approx(0.8)
-    holt, mix, n = state_of(saved, INTERVAL)
-    assert holt == p.state.holt and mix == p.mix and n == 200
+    holt, mix, kept = state_of(saved, INTERVAL)
+    assert holt == p.state.holt and mix == p.mix and kept == p.mix_sample
+    assert kept.requests == 200 and kept.prompt_sd > 0 and kept.output_sd > 0
     s = Settings(planner="autoscale", plan_interval=INTERVAL, restart_s=500.0,
                  plan_state_path=path)  # fmt: skip
     fresh = FleetPlanner(s, world, world.states, world, world, world, world.clock,
@@ -436,8 +437,8 @@ def test_the_mix_is_kept_across_restarts_and_planned_on_from_the_start(tmp_path:
     assert fresh.mix == mix
     # a state kept before the mix was: the forecast alone
     del saved["mix"]
-    assert state_of(saved, INTERVAL) == (holt, None, 0)
-    assert state_of({**saved, "interval_s": 2 * INTERVAL}, INTERVAL) == (None, None, 0)
+    assert state_of(saved, INTERVAL) == (holt, None, Sample(0))
+    assert state_of({**saved, "interval_s": 2 * INTERVAL}, INTERVAL) == (None, None, Sample(0))
     with pytest.raises(ValueError):
         state_of({**saved, "mix": {"prompts": [], "outputs": [1.0], "sampling": 0.5}}, INTERVAL)
 
@@ -446,22 +447,26 @@ def test_a_mix_from_fewer_requests_replaces_the_held_one_only_beyond_their_noise
     held = MIX
     off = MIX._replace(prompts=tuple(1.2 * x for x in MIX.prompts))  # 20% longer prompts
     sd = held.prompt_mean  # (conversation prompts: a spread about their mean)
+    kept = Sample(1000, sd, sd)  # yesterday's
     few, many = Sample(50, sd, sd), Sample(2000, sd, sd)
     # yesterday's mix of 1000 requests against the morning's first 50: 20% is within noise
-    assert not beyond_noise(held, 1000, off, few)
-    assert not mix_moved(held, 1000, off, few, 0.1)
+    assert not beyond_noise(held, kept, off, few)
+    assert not mix_moved(held, kept, off, few, 0.1)
     # ... and beyond it once as many requests say so, or when it is that far off
-    assert beyond_noise(held, 1000, off, many)
-    assert mix_moved(held, 1000, off, many, 0.1)
-    far = MIX._replace(prompts=tuple(1.8 * x for x in MIX.prompts))
-    assert mix_moved(held, 1000, far, few, 0.1)
+    assert beyond_noise(held, kept, off, many)
+    assert mix_moved(held, kept, off, many, 0.1)
+    far = MIX._replace(prompts=tuple(1.6 * x for x in MIX.prompts))
+    assert mix_moved(held, kept, far, few, 0.1)
+    # the spread is the larger of the two: a few requests that missed the tail do not pass
+    assert not beyond_noise(held, kept, far, Sample(50, 0.1 * sd, 0.1 * sd), z=5.0)
+    assert beyond_noise(held, Sample(1000), far, Sample(50, 0.1 * sd, 0.1 * sd), z=5.0)
     # a mix from more requests than the held one replaces it past the tolerance, as before
-    assert mix_moved(held, 50, off, Sample(200, sd, sd), 0.1)
-    assert not mix_moved(held, 50, MIX, Sample(200, sd, sd), 0.1)  # (within the tolerance)
-    assert mix_moved(held, 1000, off, None, 0.1)  # (its size unknown: the tolerance alone)
+    assert mix_moved(held, Sample(50, sd, sd), off, Sample(200, sd, sd), 0.1)
+    assert not mix_moved(held, Sample(50), MIX, Sample(200, sd, sd), 0.1)  # (within it)
+    assert mix_moved(held, kept, off, None, 0.1)  # (its size unknown: the tolerance alone)
     hotter = MIX._replace(sampling=0.9)  # (from 0.8: ten points more at temperature 1)
-    assert not beyond_noise(held, 1000, hotter, Sample(50, 0.0, 0.0))
-    assert beyond_noise(held, 1000, hotter, Sample(2000, 0.0, 0.0))
+    assert not beyond_noise(held, kept, hotter, Sample(50))
+    assert beyond_noise(held, kept, hotter, Sample(2000))
 
 
 def test_a_sample_is_its_count_and_spreads() -> None:
@@ -481,13 +486,13 @@ def test_a_sample_is_its_count_and_spreads() -> None:
 def test_held_mix_keeps_yesterdays_against_the_mornings_first_requests() -> None:
     world = World()
     p = planner(world)
-    p.mix, p.mix_requests = MIX, 1000
     off = MIX._replace(prompts=tuple(1.2 * x for x in MIX.prompts))
     sd = MIX.prompt_mean
+    p.mix, p.mix_sample = MIX, Sample(1000, sd, sd)
     for _ in range(CURVE_REFRESH_ROUNDS + 1):
         got = p.hold_mix(off, Sample(50, sd, sd))
-    assert got == MIX and p.mix_requests == 1000
-    assert p.hold_mix(off, Sample(2000, sd, sd)) == off and p.mix_requests == 2000
+    assert got == MIX and p.mix_sample.requests == 1000
+    assert p.hold_mix(off, Sample(2000, sd, sd)) == off and p.mix_sample.requests == 2000
 
 
 def test_drift_is_the_largest_relative_move_of_any_number() -> None:

@@ -214,14 +214,16 @@ def test_yesterday_kept_the_mix_of_its_own_requests() -> None:
     yesterday is another draw of the same lengths and temperatures, not today's requests."""
     d = build_day(day_options("--synthetic", "diurnal", "--hours", "2", "--compress", "10"))
     assert d.yesterday_mix is not None
-    mix, n = d.yesterday_mix
-    assert 0 < n <= MIX_WINDOW and len(mix.prompts) == len(mix.outputs) == 12
+    mix, kept = d.yesterday_mix
+    assert 0 < kept.requests <= MIX_WINDOW and len(mix.prompts) == len(mix.outputs) == 12
+    assert kept.prompt_sd > 0 and kept.output_sd > 0
     today = yesterday_mix(d.arrivals)[0]
     assert mix != today  # (another day's requests)
     assert abs(mix.prompt_mean - today.prompt_mean) < 0.25 * today.prompt_mean
     assert 0.6 < mix.sampling < 1.0  # (80% at temperature 1)
     day = [Arrival(float(i), 10 * (i + 1), 2, float(i % 2)) for i in range(MIX_WINDOW + 10)]
-    mix, n = yesterday_mix(day)
+    mix, kept = yesterday_mix(day)
+    n = kept.requests
     assert n == MIX_WINDOW and mix.sampling == 0.5
     # (the last MIX_WINDOW: prompts 110 on; the mean of twelve near-equal bins)
     assert mix.prompt_mean == pytest.approx(sum(10 * (i + 11) for i in range(n)) / n, rel=1e-3)

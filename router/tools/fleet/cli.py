@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from router.plan import Mix
+from router.planning.service import Sample
 from router.sim.model import PRESETS, REGIMES
 from router.tools.fleet.report import Progress, plot, write_report
 from router.tools.fleet.run import FleetConfig, run_fleet, yesterday_mix
@@ -152,7 +153,7 @@ class Day:
     yesterday: tuple[float, ...]  # the day before, arrivals per day second per minute
     label: str
     # the mix a router that served the day before kept (``yesterday_mix``), and its requests
-    yesterday_mix: tuple[Mix, int] | None = None
+    yesterday_mix: tuple[Mix, Sample] | None = None
 
 
 def build_day(ns: argparse.Namespace) -> Day:

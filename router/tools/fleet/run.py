@@ -31,7 +31,7 @@ import httpx
 
 from router.decide.table import to_json
 from router.plan import Holt, Mix, mix_of, observe
-from router.planning.service import MIX_WINDOW, holt_document, params_of
+from router.planning.service import MIX_WINDOW, Sample, holt_document, params_of, sample_of
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings, sim_time_env
 from router.sim.model import Preset
@@ -69,7 +69,7 @@ class FleetConfig:
     mean_output: float
     yesterday: tuple[float, ...] = ()  # arrivals per day second, one per planner interval
     # the mix the router kept from the day before, and the requests it was read from
-    yesterday_mix: tuple[Mix, int] | None = None
+    yesterday_mix: tuple[Mix, Sample] | None = None
     plan_interval: float = 60.0  # day seconds
     drain: float = 600.0  # engine seconds the replay waits for the last answers
     # end the day once this many switches have landed (a smoke test of the actuation that
@@ -154,21 +154,21 @@ def yesterday_state(cfg: FleetConfig, env: dict[str, str]) -> dict[str, Any] | N
                        params.forecast)  # fmt: skip
     if holt is None:
         return None
-    mix, n = cfg.yesterday_mix if cfg.yesterday_mix is not None else (None, 0)
-    return holt_document(holt, wall, mix, n)
+    mix, sample = cfg.yesterday_mix if cfg.yesterday_mix is not None else (None, None)
+    return holt_document(holt, wall, mix, sample)
 
 
-def yesterday_mix(day: Sequence[Arrival]) -> tuple[Mix, int]:
+def yesterday_mix(day: Sequence[Arrival]) -> tuple[Mix, Sample]:
     """The mix a router that served ``day`` keeps at its end (``PLAN_STATE_PATH``): its last
     MIX_WINDOW requests' lengths and share at temperature > 0 (what ``FleetPlanner`` reads
-    them into), and how many there were."""
-    last = list(day)[-MIX_WINDOW:]
+    them into), and how many there were with their lengths' spreads (``sample_of``)."""
+    last = [(a.prompt_tokens, max(1, a.output_tokens), a.temperature > 0)
+            for a in list(day)[-MIX_WINDOW:]]  # fmt: skip
     if not last:
         raise ValueError("a mix needs at least one request")
-    hot = sum(a.temperature > 0 for a in last) / len(last)
-    mix = mix_of([float(a.prompt_tokens) for a in last],
-                 [float(max(1, a.output_tokens)) for a in last], hot)  # fmt: skip
-    return mix, len(last)
+    hot = sum(s for _, _, s in last) / len(last)
+    mix = mix_of([float(p) for p, _, _ in last], [float(o) for _, o, _ in last], hot)
+    return mix, sample_of(last)
 
 
 @contextlib.contextmanager
