@@ -205,12 +205,18 @@ class Sample(NamedTuple):
     output_sd: float = 0.0
 
 
-def sample_of(recent: Sequence[tuple[int, int, bool]], mix: Mix | None = None) -> Sample:
+def sample_of(
+    recent: Sequence[tuple[int, int, bool]], mix: Mix | None = None, ended: float | None = None
+) -> Sample:
     """The recent requests' count and lengths' standard deviations (``Sample``), scaled as
-    ``mix`` scaled their lengths (``scaled_mix``: to the engines' means) when given."""
+    ``mix`` scaled their lengths (``scaled_mix``: to the engines' means) when given. When the
+    means are the engines' counts over ``ended`` requests, the mix is known as well as those
+    are: its count is the fewer of the two (over a compressed day, the last hour's ~100-250
+    requests, whose means the backlog of a peak moves, against the router's ~1000)."""
     n = len(recent)
     if n < 2:
         return Sample(n)
+    count = n if ended is None else max(1, min(n, math.floor(ended)))
     sds = []
     for i in (0, 1):
         xs = [float(r[i]) for r in recent]
@@ -219,7 +225,7 @@ def sample_of(recent: Sequence[tuple[int, int, bool]], mix: Mix | None = None) -
         if mix is not None and m > 0:
             sd *= (mix.prompt_mean if i == 0 else mix.output_mean) / m
         sds.append(sd)
-    return Sample(n, sds[0], sds[1])
+    return Sample(count, sds[0], sds[1])
 
 
 def beyond_noise(held: Mix, kept: Sample, new: Mix, seen: Sample, z: float = MIX_Z) -> bool:
@@ -623,7 +629,8 @@ class FleetPlanner:
         seen, sample = None, None
         if len(self.recent) >= self.settings.plan_min_requests:
             seen = scaled_mix(self.recent, est.prompt_mean, est.output_mean)
-            sample = sample_of(self.recent, seen)
+            engines = est.prompt_mean is not None or est.output_mean is not None
+            sample = sample_of(self.recent, seen, est.ended if engines else None)
         mix = self.hold_mix(seen, sample)
         missed, self.missed = tuple(self.missed), []
         # shown (the document's traffic): every interval since the last round, the token means

@@ -421,10 +421,11 @@ def test_the_mix_is_kept_across_restarts_and_planned_on_from_the_start(tmp_path:
     p = planner(world, path)
     minutes(world, p, 2, 1.0)
     saved = json.loads(path.read_text())
-    assert saved["mix"]["requests"] == 200 and saved["mix"]["sampling"] == pytest.approx(0.8)
+    # (200 requests seen; their means scaled to the engines' over the first minute's 60)
+    assert saved["mix"]["requests"] == 60 and saved["mix"]["sampling"] == pytest.approx(0.8)
     holt, mix, kept = state_of(saved, INTERVAL)
     assert holt == p.state.holt and mix == p.mix and kept == p.mix_sample
-    assert kept.requests == 200 and kept.prompt_sd > 0 and kept.output_sd > 0
+    assert kept.requests == 60 and kept.prompt_sd > 0 and kept.output_sd > 0
     s = Settings(planner="autoscale", plan_interval=INTERVAL, restart_s=500.0,
                  plan_state_path=path)  # fmt: skip
     fresh = FleetPlanner(s, world, world.states, world, world, world, world.clock,
@@ -481,6 +482,12 @@ def test_a_sample_is_its_count_and_spreads() -> None:
     doubled = sample_of([(1, 10, True), (3, 30, False)], Mix((2.0, 6.0), (20.0, 60.0), 0.5))
     assert doubled.prompt_sd == pytest.approx(2 * math.sqrt(2))
     assert doubled.output_sd == pytest.approx(20 * math.sqrt(2))
+    # means scaled to the engines' counts over fewer requests: known as well as those are
+    many = [(1, 10, True), (3, 30, False)] * 500
+    assert sample_of(many).requests == 1000
+    assert sample_of(many, None, 180.6).requests == 180
+    assert sample_of(many, None, 5000.0).requests == 1000
+    assert sample_of(many, None, 0.0).requests == 1
 
 
 def test_held_mix_keeps_yesterdays_against_the_mornings_first_requests() -> None:
