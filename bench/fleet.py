@@ -482,7 +482,10 @@ def cpu(doc: Doc) -> str:
 
 def flat_section(all_runs: dict[str, Doc]) -> list[str]:
     edges = {".before": "before", ".spillmodel": "window, spillover model",
-             ".thread": "window, slo model, plan in thread"}  # fmt: skip
+             ".thread": "window, slo model, plan in thread",
+             ".s10": "window, slo model, session 10 (7f9d353)",
+             ".s10min": "window, slo model, PLAN_MIN_REQUESTS (5c89b4c)",
+             ".s11c": "window, slo model, yesterday's mix kept (0da1aaf)"}  # fmt: skip
 
     def edge_of(name: str) -> str:
         return next((e for t, e in edges.items() if name.endswith(t)), "window, slo model")
@@ -490,7 +493,10 @@ def flat_section(all_runs: dict[str, Doc]) -> list[str]:
     order = {e: i for i, e in enumerate([*edges.values(), "window, slo model"])}
     flats = sorted(
         (n for n in all_runs if ".flat" in n),
-        key=lambda n: (re.sub(r"\.(before|spillmodel|thread)$", "", n), order[edge_of(n)]),
+        key=lambda n: (
+            re.sub(r"\.(before|spillmodel|thread|s10|s10min|s11c)$", "", n),
+            order[edge_of(n)],
+        ),
     )
     if not flats:
         return []
