@@ -45,6 +45,21 @@ Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
     (
+        "s11b",
+        "the mix kept from yesterday, its noise rule at 3 standard errors, its count the "
+        "router's requests (622c350)",
+    ),
+    (
+        "s11a",
+        "the mix kept from yesterday, its noise rule at 2 standard errors of the new sample "
+        "(bcf2cc3, cf7911d)",
+    ),
+    (
+        "minreq",
+        "PLAN_MIN_REQUESTS, no mix kept: main at session 11's start (40fc91c), the first plan "
+        "at ~1.1 h",
+    ),
+    (
         "catchup",
         "a late plan's intervals observed one by one (catch-up, 7f9d353), worker at nice 19, "
         "plans on the first request's lengths",
@@ -221,7 +236,15 @@ def intro(meta: Doc) -> list[str]:
         "(session 9: a surge that passes the clip unseen no longer widens the band at the "
         "day's peak for hours), and (session 10's end, 5c89b4c) the plan's worker at nice 19 "
         "and no plan made before PLAN_MIN_REQUESTS (50) request lengths are seen (the first "
-        "plans were made on one request's lengths); *catch-up*: session 10's runs at 7f9d353, "
+        "plans were made on one request's lengths), and (session 11, 0da1aaf) the mix kept "
+        "with the forecast's state at PLAN_STATE_PATH, a router that served yesterday "
+        "planning on yesterday's mix from its first round (`spec-router fleet`'s yesterday: "
+        "the mix of another draw of the day's requests), a held mix replaced by one read from "
+        "fewer requests only beyond 3 standard errors of their difference (its count the "
+        "requests the engines' means are over); *PLAN_MIN_REQUESTS, "
+        "no mix kept*: main at session 11's start (40fc91c), the first plan at ~1.1 h; *the "
+        "mix kept, its noise rule at 2 standard errors*: session 11's first runs (bcf2cc3, "
+        "cf7911d); *catch-up*: session 10's runs at 7f9d353, "
         "the intervals that end while a plan is made counted each as its own and observed "
         "by the next round (off by default since: it moved chain in 3 of 3 runs); *the "
         "branch's default after session 10*: lumped and nice 19, before PLAN_MIN_REQUESTS; *a "
@@ -459,7 +482,10 @@ def cpu(doc: Doc) -> str:
 
 def flat_section(all_runs: dict[str, Doc]) -> list[str]:
     edges = {".before": "before", ".spillmodel": "window, spillover model",
-             ".thread": "window, slo model, plan in thread"}  # fmt: skip
+             ".thread": "window, slo model, plan in thread",
+             ".s10": "window, slo model, session 10 (7f9d353)",
+             ".s10min": "window, slo model, PLAN_MIN_REQUESTS (5c89b4c)",
+             ".s11c": "window, slo model, yesterday's mix kept (0da1aaf)"}  # fmt: skip
 
     def edge_of(name: str) -> str:
         return next((e for t, e in edges.items() if name.endswith(t)), "window, slo model")
@@ -467,7 +493,10 @@ def flat_section(all_runs: dict[str, Doc]) -> list[str]:
     order = {e: i for i, e in enumerate([*edges.values(), "window, slo model"])}
     flats = sorted(
         (n for n in all_runs if ".flat" in n),
-        key=lambda n: (re.sub(r"\.(before|spillmodel|thread)$", "", n), order[edge_of(n)]),
+        key=lambda n: (
+            re.sub(r"\.(before|spillmodel|thread|s10|s10min|s11c)$", "", n),
+            order[edge_of(n)],
+        ),
     )
     if not flats:
         return []

@@ -92,6 +92,13 @@ RESTART_SAMPLES = 5
 # A switch that has not landed within this many restarts (plus the drain timeout) is given up.
 SWITCH_PATIENCE = 3.0
 STATE_FORMAT = 1
+# The mix's band, in standard errors: a held mix is replaced by one from fewer requests only
+# when they differ by more than this many standard errors of the difference (``beyond_noise``).
+# Three, not two: the test is repeated every round on a sample that grows all day, in three
+# numbers (two token means, the share), about fifteen looks that are not one another's (five
+# doublings of the sample from 50 to a day's ~1100, three numbers each); at two standard
+# errors one of them crosses by chance about half the days, at three one day in twenty-five.
+MIX_Z = 3.0
 # The curves a plan is made on are replaced by the keeper's latest at most once per
 # CURVE_REFRESH planner seconds, and only once one of their numbers has moved by more than
 # CURVE_TOLERANCE (relative): learning moves them with every request (a bin at a batch seldom
@@ -188,6 +195,65 @@ def window_params(s: Settings, base: WindowParams | None = None) -> WindowParams
     ts = s.plan_time_scale
     return p._replace(rate_span=p.rate_span * ts, means_span=p.means_span * ts,
                       z=Params().forecast.z)  # fmt: skip
+
+
+class Sample(NamedTuple):
+    """How many requests a mix was read from, and their lengths' standard deviations."""
+
+    requests: int
+    prompt_sd: float = 0.0
+    output_sd: float = 0.0
+
+
+def sample_of(
+    recent: Sequence[tuple[int, int, bool]], mix: Mix | None = None, ended: float | None = None
+) -> Sample:
+    """The recent requests' count and lengths' standard deviations (``Sample``), scaled as
+    ``mix`` scaled their lengths (``scaled_mix``: to the engines' means) when given. When the
+    means are the engines' counts over ``ended`` requests, the mix is known as well as those
+    are: its count is the fewer of the two (over a compressed day, the last hour's ~100-250
+    requests, whose means the backlog of a peak moves, against the router's ~1000)."""
+    n = len(recent)
+    if n < 2:
+        return Sample(n)
+    count = n if ended is None else max(1, min(n, math.floor(ended)))
+    sds = []
+    for i in (0, 1):
+        xs = [float(r[i]) for r in recent]
+        m = sum(xs) / n
+        sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+        if mix is not None and m > 0:
+            sd *= (mix.prompt_mean if i == 0 else mix.output_mean) / m
+        sds.append(sd)
+    return Sample(count, sds[0], sds[1])
+
+
+def beyond_noise(held: Mix, kept: Sample, new: Mix, seen: Sample, z: float = MIX_Z) -> bool:
+    """Whether ``new`` (read from ``seen``) differs from ``held`` (read from ``kept``) by more
+    than ``z`` standard errors of the difference of two independent means, in a token mean or
+    in the share at temperature > 0. The spread is the larger of the two samples' (a few
+    requests of a long-tailed length seldom hold its tail, and understate it)."""
+    n, m = kept.requests, seen.requests
+    if n < 1 or m < 1:
+        return False
+    k = math.sqrt(1.0 / n + 1.0 / m)
+    p = (held.sampling * n + new.sampling * m) / (n + m)
+    return (
+        abs(new.prompt_mean - held.prompt_mean) > z * max(kept.prompt_sd, seen.prompt_sd) * k
+        or abs(new.output_mean - held.output_mean) > z * max(kept.output_sd, seen.output_sd) * k
+        or abs(new.sampling - held.sampling) > z * math.sqrt(p * (1.0 - p)) * k
+    )
+
+
+def mix_moved(held: Mix, kept: Sample, new: Mix, seen: Sample | None, tolerance: float) -> bool:
+    """Whether the plan's mix is replaced by ``new``: past the model's ``tolerance`` and either
+    read from at least as many requests as the held one or beyond the noise between the two
+    (``beyond_noise``). Yesterday's mix of a thousand requests (``PLAN_STATE_PATH``) is not
+    replaced by the morning's first fifty, whose means are known to +-28%, unless they are
+    that far off; ``seen`` None: its size unknown, the tolerance alone."""
+    if new.close_to(held, tolerance):
+        return False
+    return seen is None or seen.requests >= kept.requests or beyond_noise(held, kept, new, seen)
 
 
 def reading_of(sample: EngineSample) -> Reading:
@@ -313,7 +379,8 @@ class FleetPlanner:
         self.shared = shared  # where the leader leaves the document for the other workers
         self.params = params_of(settings)
         self.slo = Slo(settings.slo_ttft_ms / 1000, settings.slo_tpot_ms / 1000)
-        self.state = PlanState(holt=self._load_holt())
+        holt, mix, kept = self._load_state()
+        self.state = PlanState(holt=holt)
         self.watch = CounterWatch()
         self.window = Window(window_params(settings))
         self.last_estimate: Estimate | None = None
@@ -333,7 +400,10 @@ class FleetPlanner:
         self.curves_at = -math.inf  # when they were last replaced
         self.curves_rounds = 0  # rounds planned on them since
         self.curve_updates = 0  # times they were replaced by the keeper's (after the first)
-        self.mix: Mix | None = None  # the mix plans are made on (``hold_mix``)
+        # the mix plans are made on (``hold_mix``; yesterday's, kept at PLAN_STATE_PATH, until
+        # today's replaces it), and how many requests it was read from
+        self.mix: Mix | None = mix
+        self.mix_sample = kept
         self.mix_rounds = 0  # rounds planned on it since it was taken
         self.worker: Worker | None = None  # the process that plans (router.planning.worker)
         self.last_traffic: Traffic | None = None
@@ -495,10 +565,11 @@ class FleetPlanner:
             self.settings.gpu_budget,
         )
 
-    def hold_mix(self, mix: Mix | None) -> Mix | None:
-        """The mix the plan is made on: the one it had until the observed one is past the
-        model's tolerance (``Params.mix_tolerance``, which the planner applies too) and it
-        has been planned on for CURVE_REFRESH_ROUNDS rounds, as the curves are. Each new mix
+    def hold_mix(self, mix: Mix | None, seen: Sample | None = None) -> Mix | None:
+        """The mix the plan is made on: the one it had until the observed one (read from
+        ``seen``) has moved (``mix_moved``: past the model's tolerance, ``Params.mix_tolerance``,
+        which the planner applies too, and not within the noise of fewer requests) and it has
+        been planned on for CURVE_REFRESH_ROUNDS rounds, as the curves are. Each new mix
         leaves the goodput model's caches cold; over a compressed day the token means of a
         few hundred requests moved past 10% every few rounds (half the cold plans)."""
         self.mix_rounds += 1
@@ -506,10 +577,11 @@ class FleetPlanner:
         moved = held is None or (
             self.mix_rounds > CURVE_REFRESH_ROUNDS
             and mix is not None
-            and not mix.close_to(held, self.params.mix_tolerance)
+            and mix_moved(held, self.mix_sample, mix, seen, self.params.mix_tolerance)
         )
         if mix is not None and moved:
             self.mix, self.mix_rounds = mix, 0
+            self.mix_sample = seen if seen is not None else Sample(0)
         return self.mix
 
     def tick(self) -> None:
@@ -553,10 +625,13 @@ class FleetPlanner:
         # No plan on the lengths of a few requests: over sockets the first plans of a
         # compressed day were made on ONE request's (392 / 72 tokens against the day's ~1190 /
         # 230), held for CURVE_REFRESH_ROUNDS rounds, and both flat-load runs switched on it.
-        seen = None
+        # (Yesterday's mix, when PLAN_STATE_PATH kept one, is planned on meanwhile.)
+        seen, sample = None, None
         if len(self.recent) >= self.settings.plan_min_requests:
             seen = scaled_mix(self.recent, est.prompt_mean, est.output_mean)
-        mix = self.hold_mix(seen)
+            engines = est.prompt_mean is not None or est.output_mean is not None
+            sample = sample_of(self.recent, seen, est.ended if engines else None)
+        mix = self.hold_mix(seen, sample)
         missed, self.missed = tuple(self.missed), []
         # shown (the document's traffic): every interval since the last round, the token means
         # the newest's
@@ -774,40 +849,22 @@ class FleetPlanner:
             log.warning("cannot share the plan: %s", exc)
 
     # -- the forecast's state across restarts ----------------------------------------------------
-    def _load_holt(self) -> Holt | None:
+    def _load_state(self) -> tuple[Holt | None, Mix | None, Sample]:
         path = self.settings.plan_state_path
         if path is None or not path.exists():
-            return None
+            return None, None, Sample(0)
         try:
-            raw = json.loads(path.read_text())
-            if raw.get("format") != STATE_FORMAT or not math.isclose(
-                raw["interval_s"], self.params.interval, rel_tol=1e-6
-            ):
-                log.warning("%s: another format or interval: the forecast starts afresh", path)
-                return None
-            h = raw["holt"]
-            return Holt(
-                float(h["level"]),
-                float(h["trend"]),
-                float(h["var"]),
-                float(h["noise"]),
-                int(h["seen"]),
-                float(h["scale"]),
-                tuple(float(x) for x in h["history"]),
-                float(h.get("burst", 0.0)),
-                float(h.get("overlap", 1.0)),
-                math.inf if h.get("surged") is None else float(h["surged"]),
-            )  # a state written before the burst (overlap, surged) term has none
+            return state_of(json.loads(path.read_text()), self.params.interval)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("%s: cannot read the forecast's state (%s): it starts afresh", path, exc)
-            return None
+            return None, None, Sample(0)
 
     def _save_holt(self) -> None:
         path = self.settings.plan_state_path
         holt = self.state.holt
         if path is None or holt is None or not self.writer:
             return
-        raw = holt_document(holt, self.params.interval)
+        raw = holt_document(holt, self.params.interval, self.mix, self.mix_sample)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
             tmp.write_text(json.dumps(raw))
@@ -828,13 +885,58 @@ def curve_drift(held: Curve | None, new: Curve) -> float:
     return max((abs(b - a) / max(abs(a), abs(b)) for a, b in pairs if a != b), default=0.0)
 
 
-def holt_document(holt: Holt, interval: float) -> dict[str, Any]:
+def holt_document(
+    holt: Holt, interval: float, mix: Mix | None = None, sample: Sample | None = None
+) -> dict[str, Any]:
     """The forecast's state as ``PLAN_STATE_PATH`` holds it (``spec-router fleet`` writes one
-    for a router that has seen yesterday)."""
+    for a router that has seen yesterday), with the mix plans were made on and how many
+    requests it was read from (with their lengths' spreads)."""
     doc = holt._asdict()
     if not math.isfinite(doc["surged"]):
         doc["surged"] = None  # (none yet: JSON has no infinity)
-    return {"format": STATE_FORMAT, "interval_s": interval, "holt": doc}
+    out: dict[str, Any] = {"format": STATE_FORMAT, "interval_s": interval, "holt": doc}
+    if mix is not None:
+        got = sample if sample is not None else Sample(0)
+        out["mix"] = {"prompts": list(mix.prompts), "outputs": list(mix.outputs),
+                      "sampling": mix.sampling, "requests": got.requests,
+                      "prompt_sd": got.prompt_sd, "output_sd": got.output_sd}  # fmt: skip
+    return out
+
+
+def state_of(raw: Mapping[str, Any], interval: float) -> tuple[Holt | None, Mix | None, Sample]:
+    """The forecast's state, the mix and its sample from ``holt_document``'s document
+    (nothing when it is another format or was kept at another interval; no mix when it was
+    written before the mix was kept). Raises ``KeyError`` / ``ValueError`` / ``TypeError``
+    on a malformed one."""
+    if raw.get("format") != STATE_FORMAT or not math.isclose(
+        raw["interval_s"], interval, rel_tol=1e-6
+    ):
+        log.warning("the kept plan state has another format or interval: it starts afresh")
+        return None, None, Sample(0)
+    h = raw["holt"]
+    holt = Holt(
+        float(h["level"]),
+        float(h["trend"]),
+        float(h["var"]),
+        float(h["noise"]),
+        int(h["seen"]),
+        float(h["scale"]),
+        tuple(float(x) for x in h["history"]),
+        float(h.get("burst", 0.0)),
+        float(h.get("overlap", 1.0)),
+        math.inf if h.get("surged") is None else float(h["surged"]),
+    )  # a state written before the burst (overlap, surged) term has none
+    m = raw.get("mix")
+    if m is None:
+        return holt, None, Sample(0)
+    prompts = tuple(float(x) for x in m["prompts"])
+    outputs = tuple(float(x) for x in m["outputs"])
+    sampling = float(m["sampling"])
+    if not prompts or not outputs or not 0.0 <= sampling <= 1.0:
+        raise ValueError("a kept mix needs lengths and a share in [0, 1]")
+    kept = Sample(max(0, int(m.get("requests", 0))), float(m.get("prompt_sd", 0.0)),
+                  float(m.get("output_sd", 0.0)))  # fmt: skip
+    return holt, Mix(prompts, outputs, sampling), kept
 
 
 def _option(o: Any) -> dict[str, Any]:

@@ -17,16 +17,21 @@ from router.health.engines import EngineSample
 from router.health.state import BackendHealth, State
 from router.members.member import Member
 from router.plan import observe_round
-from router.plan.values import Curve, CurveLike
+from router.plan.values import Curve, CurveLike, Mix
 from router.planning.fleet import SLOT
 from router.planning.metrics import PlanCollector
 from router.planning.service import (
     CURVE_REFRESH,
     CURVE_REFRESH_ROUNDS,
     FleetPlanner,
+    Sample,
+    beyond_noise,
     curve_drift,
     decide,
     holt_document,
+    mix_moved,
+    sample_of,
+    state_of,
 )
 from router.pools import BASELINE, SPECULATIVE, Pool
 from router.settings import Settings
@@ -250,7 +255,8 @@ def test_the_forecast_is_kept_across_restarts(tmp_path: Path) -> None:
     assert saved["holt"]["seen"] == 3 and saved["interval_s"] == INTERVAL
     again = planner(world, path)
     assert again.state.holt is not None and again.state.holt.seen == 3
-    assert json.loads(json.dumps(holt_document(again.state.holt, INTERVAL))) == saved
+    kept = holt_document(again.state.holt, INTERVAL, again.mix, again.mix_sample)
+    assert json.loads(json.dumps(kept)) == saved
     # a surge's band term, mid-fade, is kept too
     saved["holt"]["burst"] = 0.75
     path.write_text(json.dumps(saved))
@@ -402,6 +408,98 @@ def test_the_mix_is_held_like_the_curves() -> None:
     # moved past the tolerance every other round: taken once in so many rounds, not each time
     assert sum(a != b for a, b in zip([MIX, *taken], taken, strict=False)) == 2
     assert p.hold_mix(None) in (MIX, wider, near)  # (no request seen lately: the one held)
+
+
+def test_the_mix_is_kept_across_restarts_and_planned_on_from_the_start(tmp_path: Path) -> None:
+    """A router that served yesterday plans from its first round on the mix it kept, not
+    after PLAN_MIN_REQUESTS of today's requests (over sockets the first plan came at ~1.1 h
+    of a compressed day, the surge next)."""
+    path = tmp_path / "plan-state.json"
+    world = World()
+    for i in range(4):
+        world.join(BASELINE, f"http://b{i}")
+    p = planner(world, path)
+    minutes(world, p, 2, 1.0)
+    saved = json.loads(path.read_text())
+    # (200 requests seen; their means scaled to the engines' over the first minute's 60)
+    assert saved["mix"]["requests"] == 60 and saved["mix"]["sampling"] == pytest.approx(0.8)
+    holt, mix, kept = state_of(saved, INTERVAL)
+    assert holt == p.state.holt and mix == p.mix and kept == p.mix_sample
+    assert kept.requests == 60 and kept.prompt_sd > 0 and kept.output_sd > 0
+    s = Settings(planner="autoscale", plan_interval=INTERVAL, restart_s=500.0,
+                 plan_state_path=path)  # fmt: skip
+    fresh = FleetPlanner(s, world, world.states, world, world, world, world.clock,
+                         wall=lambda: 1.7e9 + world.now)  # fmt: skip
+    fresh.params = fresh.params._replace(horizon=3600.0 * s.plan_time_scale)
+    fresh.look()
+    assert not fresh.recent  # (no request seen today)
+    minutes(world, fresh, 1, 1.0)
+    assert fresh.document()["status"] == "planning"
+    assert fresh.mix == mix
+    # a state kept before the mix was: the forecast alone
+    del saved["mix"]
+    assert state_of(saved, INTERVAL) == (holt, None, Sample(0))
+    assert state_of({**saved, "interval_s": 2 * INTERVAL}, INTERVAL) == (None, None, Sample(0))
+    with pytest.raises(ValueError):
+        state_of({**saved, "mix": {"prompts": [], "outputs": [1.0], "sampling": 0.5}}, INTERVAL)
+
+
+def test_a_mix_from_fewer_requests_replaces_the_held_one_only_beyond_their_noise() -> None:
+    held = MIX
+    off = MIX._replace(prompts=tuple(1.2 * x for x in MIX.prompts))  # 20% longer prompts
+    sd = held.prompt_mean  # (conversation prompts: a spread about their mean)
+    kept = Sample(1000, sd, sd)  # yesterday's
+    few, many = Sample(50, sd, sd), Sample(2000, sd, sd)
+    # yesterday's mix of 1000 requests against the morning's first 50: 20% is within noise
+    assert not beyond_noise(held, kept, off, few)
+    assert not mix_moved(held, kept, off, few, 0.1)
+    # ... and beyond it once as many requests say so, or when it is that far off
+    assert beyond_noise(held, kept, off, many)
+    assert mix_moved(held, kept, off, many, 0.1)
+    far = MIX._replace(prompts=tuple(1.6 * x for x in MIX.prompts))
+    assert mix_moved(held, kept, far, few, 0.1)
+    # the spread is the larger of the two: a few requests that missed the tail do not pass
+    assert not beyond_noise(held, kept, far, Sample(50, 0.1 * sd, 0.1 * sd), z=5.0)
+    assert beyond_noise(held, Sample(1000), far, Sample(50, 0.1 * sd, 0.1 * sd), z=5.0)
+    # a mix from more requests than the held one replaces it past the tolerance, as before
+    assert mix_moved(held, Sample(50, sd, sd), off, Sample(200, sd, sd), 0.1)
+    assert not mix_moved(held, Sample(50), MIX, Sample(200, sd, sd), 0.1)  # (within it)
+    assert mix_moved(held, kept, off, None, 0.1)  # (its size unknown: the tolerance alone)
+    hotter = MIX._replace(sampling=0.9)  # (from 0.8: ten points more at temperature 1)
+    assert not beyond_noise(held, kept, hotter, Sample(50))
+    assert beyond_noise(held, kept, hotter, Sample(2000))
+
+
+def test_a_sample_is_its_count_and_spreads() -> None:
+    assert sample_of([]) == Sample(0)
+    assert sample_of([(3, 4, True)]) == Sample(1)
+    got = sample_of([(1, 10, True), (3, 30, False)])
+    assert got.requests == 2
+    assert got.prompt_sd == pytest.approx(math.sqrt(2)) and got.output_sd == pytest.approx(
+        10 * math.sqrt(2)
+    )
+    # scaled as the mix's lengths were (to the engines' means): twice the means, twice the sd
+    doubled = sample_of([(1, 10, True), (3, 30, False)], Mix((2.0, 6.0), (20.0, 60.0), 0.5))
+    assert doubled.prompt_sd == pytest.approx(2 * math.sqrt(2))
+    assert doubled.output_sd == pytest.approx(20 * math.sqrt(2))
+    # means scaled to the engines' counts over fewer requests: known as well as those are
+    many = [(1, 10, True), (3, 30, False)] * 500
+    assert sample_of(many).requests == 1000
+    assert sample_of(many, None, 180.6).requests == 180
+    assert sample_of(many, None, 5000.0).requests == 1000
+    assert sample_of(many, None, 0.0).requests == 1
+
+
+def test_held_mix_keeps_yesterdays_against_the_mornings_first_requests() -> None:
+    world = World()
+    p = planner(world)
+    off = MIX._replace(prompts=tuple(1.2 * x for x in MIX.prompts))
+    sd = MIX.prompt_mean
+    p.mix, p.mix_sample = MIX, Sample(1000, sd, sd)
+    for _ in range(CURVE_REFRESH_ROUNDS + 1):
+        got = p.hold_mix(off, Sample(50, sd, sd))
+    assert got == MIX and p.mix_sample.requests == 1000
+    assert p.hold_mix(off, Sample(2000, sd, sd)) == off and p.mix_sample.requests == 2000
 
 
 def test_drift_is_the_largest_relative_move_of_any_number() -> None:

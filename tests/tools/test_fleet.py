@@ -12,10 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from router.planning.service import MIX_WINDOW
 from router.pools import Pool
 from router.tools.fleet.actuator import Landed, Leave, Restart, Slot, split, step, switch_id
 from router.tools.fleet.cli import build_day, build_parser, parse_split
 from router.tools.fleet.engines import initial_modes
+from router.tools.fleet.run import yesterday_mix
 from router.tools.fleet.score import Outage, summarize
 from router.tools.fleet.workload import (
     Envelope,
@@ -204,7 +206,28 @@ def test_the_synthetic_day_and_yesterday(tmp_path: Path) -> None:
     assert abs(len(d.arrivals) / engine_seconds - expected) < 0.25 * expected
     assert len(d.yesterday) == 120  # one count a minute, no surge in it
     quiet = build_day(day_options("--synthetic", "diurnal", "--hours", "2", "--no-yesterday"))
-    assert quiet.yesterday == ()
+    assert quiet.yesterday == () and quiet.yesterday_mix is None
+
+
+def test_yesterday_kept_the_mix_of_its_own_requests() -> None:
+    """A router that served the day before keeps its mix (PLAN_STATE_PATH): the fleet's
+    yesterday is another draw of the same lengths and temperatures, not today's requests."""
+    d = build_day(day_options("--synthetic", "diurnal", "--hours", "2", "--compress", "10"))
+    assert d.yesterday_mix is not None
+    mix, kept = d.yesterday_mix
+    assert 0 < kept.requests <= MIX_WINDOW and len(mix.prompts) == len(mix.outputs) == 12
+    assert kept.prompt_sd > 0 and kept.output_sd > 0
+    today = yesterday_mix(d.arrivals)[0]
+    assert mix != today  # (another day's requests)
+    assert abs(mix.prompt_mean - today.prompt_mean) < 0.25 * today.prompt_mean
+    assert 0.6 < mix.sampling < 1.0  # (80% at temperature 1)
+    day = [Arrival(float(i), 10 * (i + 1), 2, float(i % 2)) for i in range(MIX_WINDOW + 10)]
+    mix, kept = yesterday_mix(day)
+    n = kept.requests
+    assert n == MIX_WINDOW and mix.sampling == 0.5
+    # (the last MIX_WINDOW: prompts 110 on; the mean of twelve near-equal bins)
+    assert mix.prompt_mean == pytest.approx(sum(10 * (i + 11) for i in range(n)) / n, rel=1e-3)
+    assert min(mix.prompts) > 100
 
 
 def test_a_trace_day_keeps_its_arrivals_and_lengths(tmp_path: Path) -> None:

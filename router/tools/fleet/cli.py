@@ -26,9 +26,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from router.plan import Mix
+from router.planning.service import Sample
 from router.sim.model import PRESETS, REGIMES
 from router.tools.fleet.report import Progress, plot, write_report
-from router.tools.fleet.run import FleetConfig, run_fleet
+from router.tools.fleet.run import FleetConfig, run_fleet, yesterday_mix
 from router.tools.fleet.score import summarize
 from router.tools.fleet.workload import (
     HOUR,
@@ -150,6 +152,8 @@ class Day:
     output_mean: float
     yesterday: tuple[float, ...]  # the day before, arrivals per day second per minute
     label: str
+    # the mix a router that served the day before kept (``yesterday_mix``), and its requests
+    yesterday_mix: tuple[Mix, Sample] | None = None
 
 
 def build_day(ns: argparse.Namespace) -> Day:
@@ -189,6 +193,11 @@ def build_day(ns: argparse.Namespace) -> Day:
         # forecast spike (and the planner's goodput model crawl at the spikes' rates)
         calm = Envelope("flat" if ns.synthetic == "flat" else "diurnal", ns.hours, ns.lo, ns.hi)
         yesterday = expected_per_minute(calm, capacity / ns.compress)
+        # its requests: the same lengths and temperatures, another draw (the day before)
+        before = arrivals(calm, capacity / ns.compress, lengths, hot, ns.seed - 1)
+        mixed = yesterday_mix(before) if before else None
+        return Day(day, env.duration, env, capacity, prompt, output, yesterday, env.label(),
+                   mixed)  # fmt: skip
     return Day(day, env.duration, env, capacity, prompt, output, yesterday, env.label())
 
 
@@ -222,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         engines=ns.engines, speculative=k, planner=planner, spec=spec, base=base,
         time_scale=ns.time_scale, compress=ns.compress, restart_s=restart,
         day_seconds=day_seconds, mean_prompt=prompt, mean_output=output, yesterday=d.yesterday,
+        yesterday_mix=d.yesterday_mix,
         until_switches=ns.until_switches,
     )  # fmt: skip
     progress = Progress(sys.stderr, ns.time_scale, ns.compress, len(engine_arrivals))

@@ -30,8 +30,8 @@ from typing import Any
 import httpx
 
 from router.decide.table import to_json
-from router.plan import Holt, observe
-from router.planning.service import holt_document, params_of
+from router.plan import Holt, Mix, mix_of, observe
+from router.planning.service import MIX_WINDOW, Sample, holt_document, params_of, sample_of
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.settings import Settings, sim_time_env
 from router.sim.model import Preset
@@ -68,6 +68,8 @@ class FleetConfig:
     mean_prompt: float
     mean_output: float
     yesterday: tuple[float, ...] = ()  # arrivals per day second, one per planner interval
+    # the mix the router kept from the day before, and the requests it was read from
+    yesterday_mix: tuple[Mix, Sample] | None = None
     plan_interval: float = 60.0  # day seconds
     drain: float = 600.0  # engine seconds the replay waits for the last answers
     # end the day once this many switches have landed (a smoke test of the actuation that
@@ -139,7 +141,7 @@ def router_env(
 def yesterday_state(cfg: FleetConfig, env: dict[str, str]) -> dict[str, Any] | None:
     """The forecast's state after yesterday (its rates in wall requests per second, one per
     planner interval), as the router keeps it across restarts: the planner starts the day
-    having seen one, as the bench lab's does."""
+    having seen one, as the bench lab's does; with the mix it kept (``yesterday_mix``)."""
     if not cfg.yesterday:
         return None
     with _environ(env):
@@ -150,7 +152,23 @@ def yesterday_state(cfg: FleetConfig, env: dict[str, str]) -> dict[str, Any] | N
         # per day second -> per engine second (x compress) -> per wall second (/ time_scale)
         holt = observe(holt, per_day_second * cfg.compress / cfg.time_scale, wall,
                        params.forecast)  # fmt: skip
-    return None if holt is None else holt_document(holt, wall)
+    if holt is None:
+        return None
+    mix, sample = cfg.yesterday_mix if cfg.yesterday_mix is not None else (None, None)
+    return holt_document(holt, wall, mix, sample)
+
+
+def yesterday_mix(day: Sequence[Arrival]) -> tuple[Mix, Sample]:
+    """The mix a router that served ``day`` keeps at its end (``PLAN_STATE_PATH``): its last
+    MIX_WINDOW requests' lengths and share at temperature > 0 (what ``FleetPlanner`` reads
+    them into), and how many there were with their lengths' spreads (``sample_of``)."""
+    last = [(a.prompt_tokens, max(1, a.output_tokens), a.temperature > 0)
+            for a in list(day)[-MIX_WINDOW:]]  # fmt: skip
+    if not last:
+        raise ValueError("a mix needs at least one request")
+    hot = sum(s for _, _, s in last) / len(last)
+    mix = mix_of([float(p) for p, _, _ in last], [float(o) for _, o, _ in last], hot)
+    return mix, sample_of(last)
 
 
 @contextlib.contextmanager
