@@ -11,8 +11,8 @@ gains and cost, the splits' values). ``compare`` reads two such files (say, the 
 change and after, each replayed from its own tree) and counts the rounds decided alike, the
 largest relative difference of the expected gains and values, and the cold rounds' CPU.
 
-    PYTHONPATH=/tmp/old python bench/plan_cost.py replay --out /tmp/old.pkl /tmp/fleet/*/plan-rounds.bin
-    python bench/plan_cost.py replay --out /tmp/new.pkl /tmp/fleet/*/plan-rounds.bin
+    PYTHONPATH=/tmp/old python bench/plan_cost.py replay --out /tmp/old.pkl run/plan-rounds.bin
+    python bench/plan_cost.py replay --out /tmp/new.pkl run/plan-rounds.bin
     python bench/plan_cost.py compare /tmp/old.pkl /tmp/new.pkl
 
 (``compare`` also takes directories of replay files: one process per record keeps each record's

@@ -105,17 +105,14 @@ def _phis(x: Floats) -> Floats:
     return 0.5 * (1.0 + np.fromiter(map(math.erf, z), np.float64, len(z)).reshape(x.shape))
 
 
-def _iterations(curve: Curve, batch: Floats) -> Floats:
-    """``curve.iteration`` elementwise (the same arithmetic)."""
-    spi = _array(curve.spi)
+def _iterations(spi: Floats, batch: Floats) -> Floats:
+    """``Curve.iteration`` elementwise (the same arithmetic), ``spi`` the curve's as an array."""
     top = len(spi) - 1
     b = np.maximum(1.0, batch)
     slope = max(0.0, spi[top] - spi[top - 1]) if top >= 2 else 0.0
     lo = np.minimum(b.astype(np.intp), max(0, top - 1))
     inside = spi[lo] + (spi[np.minimum(lo + 1, top)] - spi[lo]) * (b - lo)
     return np.where(b >= top, spi[top] + slope * (b - top), inside)
-
-
 
 
 # --- what one request's work looks like on a curve -----------------------------------------
@@ -286,11 +283,34 @@ def joined(window: Floats, rate: float, engines: int) -> Floats:
     return out
 
 
+class _Arrays(NamedTuple):
+    """A curve's and a mix's numbers as arrays: the curve's seconds per iteration, the law's
+    departures and prefills, its decodes with tokens to decode, and the weight of the rest (a
+    single token: no TPOT to miss)."""
+
+    spi: Floats
+    departures: Floats
+    prefills: Floats
+    tokens: Floats
+    iters: Floats
+    weight: Floats
+    done: float
+
+
+@lru_cache(maxsize=256)
+def _arrays(curve: Curve, mix: Mix) -> _Arrays:
+    lw = law(curve, mix)
+    live = [d for d in lw.decodes if d[0] > 0]
+    done = sum((w for tokens, _, w in lw.decodes if tokens <= 0), 0.0)
+    decodes = (_array(tuple(d[i] for d in live)) for i in range(3))
+    return _Arrays(_array(curve.spi), _array(lw.departures), _array(lw.prefills), *decodes, done)
+
+
 class _Pool(NamedTuple):
     """What the chances at each state share: the pool's rate and spread."""
 
     curve: Curve
-    mix: Mix
+    arrays: _Arrays
     lw: Law
     slo: Slo
     engines: int
@@ -304,29 +324,11 @@ class _Pool(NamedTuple):
     peakedness: float  # of the arrivals (1: Poisson)
 
 
-class _Decodes(NamedTuple):
-    """The law's decodes as arrays (those with tokens to decode), and the weight of the rest
-    (a single token: no TPOT to miss)."""
-
-    tokens: Floats
-    iters: Floats
-    weight: Floats
-    done: float
-
-
-@lru_cache(maxsize=256)
-def _decodes(curve: Curve, mix: Mix) -> _Decodes:
-    lw = law(curve, mix)
-    live = [d for d in lw.decodes if d[0] > 0]
-    done = sum((w for tokens, _, w in lw.decodes if tokens <= 0), 0.0)
-    return _Decodes(*(_array(tuple(d[i] for d in live)) for i in range(3)), done)
-
-
 def _tpot_ok(pool: _Pool, others: Ints) -> tuple[Floats, Floats]:
     """The chances of a request that finds ``others`` in flight on its engine (one per
     element) of keeping the strict and the relaxed TPOT (see the module's docstring)."""
     curve, lw, slo = pool.curve, pool.lw, pool.slo
-    dec = _decodes(curve, pool.mix)
+    dec = pool.arrays
     cap = pool.limit
     start = (np.minimum(others, cap - 1) + 1.0)[:, None]
     # Its company: the others in flight (the mean, as Poisson arrivals see it), fewer as the
@@ -354,7 +356,7 @@ def _tpot_ok(pool: _Pool, others: Ints) -> tuple[Floats, Floats]:
     q = np.concatenate([np.where(three, 2 / 3, 1.0), np.full(2 * int(three.sum()), 1 / 6)])
     mid = centre + (start - centre) * w[d]  # (state, point)
     b = np.minimum(float(cap), np.maximum(1.0, mid + offsets))
-    t0 = dec.iters[d] * _iterations(curve, b)
+    t0 = dec.iters[d] * _iterations(dec.spi, b)
     count = pool.rate * t0 * stretch * company
     tokens = dec.tokens[d]
     h = np.stack([t_strict * tokens - t0, t_relaxed * tokens - t0])
@@ -369,14 +371,15 @@ def _ttft_ok(pool: _Pool, others: Ints, wait: Floats) -> tuple[Floats, Floats]:
     curve, lw, slo = pool.curve, pool.lw, pool.slo
     cap = curve.limit
     running = np.minimum(others, cap)
-    spi_join = _iterations(curve, np.minimum(others + 1, cap).astype(np.float64))
-    spi_now = _iterations(curve, running.astype(np.float64))
-    through = np.maximum(_array(lw.departures)[running], pool.rate)
+    arrays = pool.arrays
+    spi_join = _iterations(arrays.spi, np.minimum(others + 1, cap).astype(np.float64))
+    spi_now = _iterations(arrays.spi, running.astype(np.float64))
+    through = np.maximum(arrays.departures[running], pool.rate)
     stalled = np.minimum(0.95, through * lw.stall_mean * pool.discount)
     # mid-stall: the iteration under way holds a prefill, length-biased (a long one is more
     # likely under way), the request waits out a uniform share of it; idle (nothing running,
     # no wait): its own iteration starts at once
-    prefills = _array(lw.prefills)
+    prefills = arrays.prefills
     total = sum(lw.prefills)
     idle = ((running == 0) & (wait == 0))[:, None]
     p = np.concatenate([(1.0 - stalled)[:, None], stalled[:, None] * prefills / total], axis=1)
@@ -398,13 +401,13 @@ def _ttft_ok(pool: _Pool, others: Ints, wait: Floats) -> tuple[Floats, Floats]:
     return got[0], got[1]
 
 
-def _stalled(lw: Law, rate: float, engines: int) -> float:
+def _stalled(prefills: Floats, rate: float, engines: int) -> float:
     """The chance that the least loaded of ``engines`` is mid-prefill when a request comes:
     that it took an arrival within the last prefill's duration, which under join-the-least-
     loaded means the pool has had ``engines`` arrivals in that time."""
     pool = rate * engines
-    below = _poisson_below(pool * _array(lw.prefills), engines)
-    return sum((1.0 - below).tolist(), 0.0) / len(lw.prefills)
+    below = _poisson_below(pool * prefills, engines)
+    return sum((1.0 - below).tolist(), 0.0) / len(prefills)
 
 
 @lru_cache(maxsize=1024)
@@ -443,7 +446,8 @@ def pool_result(
     else:
         queue = math.ceil(mp.queue_ttfts * slo.ttft * slo.relaxed_ttft * mu[cap])
         top = k * (cap + max(1, queue))
-    pi = _birth_death(rate, mu, k, top, peakedness)
+    arrays = _arrays(curve, mix)
+    pi = _birth_death(rate, arrays.departures, k, top, peakedness)
     blocked = float(pi[top]) if len(pi) > top else 0.0
     per_engine = rate * (1.0 - blocked) / k
     n = np.arange(len(pi))
@@ -452,17 +456,17 @@ def pool_result(
     var = float((pi * (load - mean) ** 2).sum())
     b = min(cap - 1, max(1, round(mean)))
     slope = max(mu[b + 1] - mu[b], 1e-6) if cap > 1 else mu[1]
-    one = _stalled(lw, per_engine, 1)
+    one = _stalled(arrays.prefills, per_engine, 1)
     pool = _Pool(
         curve,
-        mix,
+        arrays,
         lw,
         slo,
         k,
         min(cap, limit) if limit is not None else cap,
         per_engine,
         min(mp.max_stall, per_engine * lw.stall_mean),
-        _stalled(lw, per_engine, k) / one if one > 0 else 1.0,
+        _stalled(arrays.prefills, per_engine, k) / one if one > 0 else 1.0,
         mean,
         var,
         1.0 / slope,
@@ -482,16 +486,16 @@ def pool_result(
     return PoolResult(strict, relaxed, blocked, mean)
 
 
-def _birth_death(rate: float, mu: tuple[float, ...], k: int, top: int,
+def _birth_death(rate: float, departures: Floats, k: int, top: int,
                  peakedness: float = 1.0) -> Floats:  # fmt: skip
     """The stationary distribution of the in-flight count on [0, top] (cut where negligible:
     past the mode, once 30 nats under it).
 
     Arrivals of peakedness ``z`` (Hayward's approximation: the pool behaves as ``k / z``
     engines offered ``rate / z``, its count scaled by ``z``) leave each step's log-ratio
-    divided by ``z``: the same mean load, a wider spread."""
-    cap = len(mu) - 1
-    departures = _array(mu)
+    divided by ``z``: the same mean load, a wider spread. ``departures``: one engine's rate
+    of finishing requests with b in flight (``Law.departures``)."""
+    cap = len(departures) - 1
     q, r = np.divmod(np.arange(1, top + 1), k)
     out = (k - r) * departures[np.minimum(q, cap)] + r * departures[np.minimum(q + 1, cap)]
     logs = np.concatenate([[0.0], np.cumsum((math.log(rate) - np.log(out)) / peakedness)])
