@@ -29,22 +29,26 @@ engine with ``c = n // k`` in flight:
   about the mean, give or take the batch's own spread over its life.
 
 Pure arithmetic over plain values (wall seconds); pool results are cached on a geometric grid
-of rates and interpolated, so a planner can ask for many rates cheaply.
+of rates and interpolated, so a planner can ask for many rates cheaply. A pool's states, decodes
+and prefills are evaluated as arrays (numpy), each formula as it reads; numpy is imported in
+the functions that use it, since the router's own process imports this module but plans in a
+child (``router.planning.worker``).
 """
 
 from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Literal, NamedTuple
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from router.plan.values import Curve, Mix, Slo
 
-Floats = npt.NDArray[np.float64]
-Ints = npt.NDArray[np.intp]
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    Floats = npt.NDArray[np.float64]
+    Ints = npt.NDArray[np.intp]
 
 SQRT2 = math.sqrt(2.0)
 SQRT3 = math.sqrt(3.0)
@@ -101,12 +105,16 @@ def phi(x: float) -> float:
 
 def _phis(x: Floats) -> Floats:
     """``phi`` elementwise (numpy has no erf: ``math.erf`` over the values, one C call each)."""
+    import numpy as np
+
     z = (x / SQRT2).ravel().tolist()
     return 0.5 * (1.0 + np.fromiter(map(math.erf, z), np.float64, len(z)).reshape(x.shape))
 
 
 def _iterations(spi: Floats, batch: Floats) -> Floats:
     """``Curve.iteration`` elementwise (the same arithmetic), ``spi`` the curve's as an array."""
+    import numpy as np
+
     top = len(spi) - 1
     b = np.maximum(1.0, batch)
     slope = max(0.0, spi[top] - spi[top - 1]) if top >= 2 else 0.0
@@ -183,6 +191,8 @@ def spill_threshold(spec: Curve, base: Curve, mix: Mix, slo: Slo) -> int:
 
 def _poisson_below(mean: Floats, k: int) -> Floats:
     """P(X < k) elementwise, X ~ Poisson(mean) (from logs where exp(-mean) underflows)."""
+    import numpy as np
+
     term = np.exp(-mean)
     total = term
     for i in range(1, k):
@@ -200,6 +210,8 @@ def _poisson_below(mean: Floats, k: int) -> Floats:
 def _lognormal_cdf(h: Floats, mean: Floats, sd: Floats) -> Floats:
     """P(X <= h) elementwise, X lognormal with this mean and standard deviation (``h`` may
     have more axes in front: one row per headroom)."""
+    import numpy as np
+
     with np.errstate(divide="ignore", invalid="ignore"):
         s2 = np.log1p((sd / mean) ** 2)
         z = (np.log(h) - np.log(mean) + s2 / 2.0) / np.sqrt(s2)  # h / mean: underflow
@@ -223,6 +235,8 @@ def stall_cdf(h: float, count: float, mean: float, var: float, engines: int = 1,
     joiners' prefills stall it, and more join meanwhile), which multiplies that variance by
     ``1 / (1 - stall share)^2``; and bursty arrivals (an overflow) by their peakedness.
     (``stall_cdfs``: the same over arrays.)"""
+    import numpy as np
+
     return float(stall_cdfs(np.array([h]), np.array([count]), mean, var, engines, spread)[0])
 
 
@@ -230,6 +244,8 @@ def stall_cdfs(h: Floats, count: Floats, mean: float, var: float, engines: int =
                spread: float = 1.0) -> Floats:  # fmt: skip
     """``stall_cdf`` elementwise over ``h`` and ``count`` (``h`` may have more axes in front:
     several headrooms at each count)."""
+    import numpy as np
+
     if mean <= 0:
         return np.where(h < 0, 0.0, 1.0)
     k = engines
@@ -255,11 +271,15 @@ def joined_within(window: float, rate: float, engines: int) -> float:
     only (eight standard deviations either side), and where the count is spread over many
     multiples of ``engines`` it is uniform (its periodic part falls as
     ``exp(-2 pi^2 mean / engines^2)``). (``joined``: the same over an array of windows.)"""
+    import numpy as np
+
     return float(joined(np.array([window], dtype=np.float64), rate, engines)[0])
 
 
 def joined(window: Floats, rate: float, engines: int) -> Floats:
     """``joined_within`` elementwise over ``window``."""
+    import numpy as np
+
     with np.errstate(invalid="ignore", over="ignore"):
         pool = rate * engines * window
     k = max(1, engines)
@@ -327,6 +347,8 @@ class _Pool(NamedTuple):
 def _tpot_ok(pool: _Pool, others: Ints) -> tuple[Floats, Floats]:
     """The chances of a request that finds ``others`` in flight on its engine (one per
     element) of keeping the strict and the relaxed TPOT (see the module's docstring)."""
+    import numpy as np
+
     curve, lw, slo = pool.curve, pool.lw, pool.slo
     dec = pool.arrays
     cap = pool.limit
@@ -368,6 +390,8 @@ def _tpot_ok(pool: _Pool, others: Ints) -> tuple[Floats, Floats]:
 def _ttft_ok(pool: _Pool, others: Ints, wait: Floats) -> tuple[Floats, Floats]:
     """The chances of a request that finds ``others`` in flight on its engine and waits
     ``wait`` in its queue (one per element) of keeping the strict and the relaxed TTFT."""
+    import numpy as np
+
     curve, lw, slo = pool.curve, pool.lw, pool.slo
     cap = curve.limit
     running = np.minimum(others, cap)
@@ -413,6 +437,8 @@ def _stalled(prefills: Floats, rate: float, engines: int) -> float:
 @lru_cache(maxsize=1024)
 def _array(xs: tuple[float, ...]) -> Floats:
     """A read-only array of these values (the law's, the curve's: cached with them)."""
+    import numpy as np
+
     a = np.array(xs, dtype=np.float64)
     a.flags.writeable = False
     return a
@@ -434,6 +460,8 @@ def pool_result(
     """``engines`` alike engines offered ``rate`` requests per second (see the module's
     docstring); ``limit``: in flight on the least loaded one past which arrivals spill over;
     ``peakedness``: of the arrivals (1: Poisson; more: overflow, see ``overflow_peakedness``)."""
+    import numpy as np
+
     if engines < 1:
         raise ValueError("a pool needs at least one engine")
     rate = max(rate, 1e-6)
@@ -495,6 +523,8 @@ def _birth_death(rate: float, departures: Floats, k: int, top: int,
     engines offered ``rate / z``, its count scaled by ``z``) leave each step's log-ratio
     divided by ``z``: the same mean load, a wider spread. ``departures``: one engine's rate
     of finishing requests with b in flight (``Law.departures``)."""
+    import numpy as np
+
     cap = len(departures) - 1
     q, r = np.divmod(np.arange(1, top + 1), k)
     out = (k - r) * departures[np.minimum(q, cap)] + r * departures[np.minimum(q + 1, cap)]
