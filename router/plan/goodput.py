@@ -104,11 +104,16 @@ def phi(x: float) -> float:
 
 
 def _phis(x: Floats) -> Floats:
-    """``phi`` elementwise (numpy has no erf: ``math.erf`` over the values, one C call each)."""
+    """``phi`` elementwise (numpy has no erf: ``math.erf`` over the values, one C call each,
+    but where it is +-1 to the last bit: ``math.erf(6.0) == 1.0``)."""
     import numpy as np
 
-    z = (x / SQRT2).ravel().tolist()
-    return 0.5 * (1.0 + np.fromiter(map(math.erf, z), np.float64, len(z)).reshape(x.shape))
+    z = x / SQRT2
+    erf = np.sign(z)
+    body = np.abs(z) < 6.0
+    inner = z[body].tolist()
+    erf[body] = np.fromiter(map(math.erf, inner), np.float64, len(inner))
+    return 0.5 * (1.0 + erf)
 
 
 def _iterations(spi: Floats, batch: Floats) -> Floats:
@@ -296,7 +301,7 @@ def joined(window: Floats, rate: float, engines: int) -> Floats:
         hi = np.ceil(m + 8.0 * sd) + k
         i = np.arange(lo.min(), hi.max() + 1.0)[None, :]  # every window's counts, masked
         inside = (i >= lo[:, None]) & (i <= hi[:, None])
-        lgam = np.array([math.lgamma(x + 1.0) for x in i[0].tolist()])
+        lgam = np.fromiter(map(math.lgamma, (i[0] + 1.0).tolist()), np.float64, i.shape[1])
         terms = np.where(inside, np.exp(-m[:, None] + i * np.log(m)[:, None] - lgam), 0.0)
         remainder = (terms * (i % k)).sum(axis=1) / terms.sum(axis=1)
         out[near] = np.maximum(0.0, (m - remainder) / k)

@@ -15,9 +15,11 @@ from router.plan.goodput import (
     DEFAULT,
     _birth_death,
     _iterations,
+    _phis,
     joined,
     joined_within,
     law,
+    phi,
     pool_result,
     stall_cdf,
     stall_cdfs,
@@ -34,6 +36,13 @@ def test_iterations_are_the_curves_own(batches: list[float]) -> None:
     for curve in (EAGLE3, CHAIN, BASE):
         got = _iterations(np.array(curve.spi), np.array(batches))
         assert got.tolist() == [curve.iteration(b) for b in batches]
+
+
+@PROPERTY
+@given(xs=st.lists(st.floats(-60.0, 60.0), min_size=1, max_size=20))
+def test_normal_chances_are_phis_own_to_the_bit(xs: list[float]) -> None:
+    # (past |x| = 6 sqrt 2 erf is +-1 exactly, and taken so without calling it)
+    assert _phis(np.array(xs)).tolist() == [phi(x) for x in xs]
 
 
 def _lognormal(h: float, mean: float, sd: float) -> float:
