@@ -125,7 +125,8 @@ def _iterations(spi: Floats, batch: Floats) -> Floats:
     slope = max(0.0, spi[top] - spi[top - 1]) if top >= 2 else 0.0
     lo = np.minimum(b.astype(np.intp), max(0, top - 1))
     inside = spi[lo] + (spi[np.minimum(lo + 1, top)] - spi[lo]) * (b - lo)
-    return np.where(b >= top, spi[top] + slope * (b - top), inside)
+    out: Floats = np.where(b >= top, spi[top] + slope * (b - top), inside)
+    return out
 
 
 # --- what one request's work looks like on a curve -----------------------------------------
@@ -327,8 +328,9 @@ def _arrays(curve: Curve, mix: Mix) -> _Arrays:
     lw = law(curve, mix)
     live = [d for d in lw.decodes if d[0] > 0]
     done = sum((w for tokens, _, w in lw.decodes if tokens <= 0), 0.0)
-    decodes = (_array(tuple(d[i] for d in live)) for i in range(3))
-    return _Arrays(_array(curve.spi), _array(lw.departures), _array(lw.prefills), *decodes, done)
+    tokens, iters, weight = (_array(tuple(d[i] for d in live)) for i in range(3))
+    return _Arrays(_array(curve.spi), _array(lw.departures), _array(lw.prefills), tokens, iters,
+                   weight, done)  # fmt: skip
 
 
 class _Pool(NamedTuple):
@@ -539,7 +541,8 @@ def _birth_death(rate: float, departures: Floats, k: int, top: int,
     if len(past):
         logs = logs[: past[0] + 2]  # (the rest is smaller still)
     weights = np.exp(logs - best[len(logs) - 1])
-    return weights / weights.sum()
+    pi: Floats = weights / weights.sum()
+    return pi
 
 
 # --- a split, on a grid of rates ------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.plan import Slo
+from router.plan import Curve, Slo
 from router.plan.goodput import (
     DEFAULT,
     _birth_death,
@@ -162,7 +162,7 @@ BEFORE = {
 
 
 @pytest.mark.parametrize("key", list(BEFORE), ids=["base-1", "base-2", "eagle3-4", "chain-2"])
-def test_a_pool_is_valued_as_before_arrays(key: tuple) -> None:
+def test_a_pool_is_valued_as_before_arrays(key: tuple[Curve, int, float]) -> None:
     curve, k, rate = key
     got = (
         pool_result(curve, MIX, SLO, k, rate),
