@@ -82,7 +82,11 @@ def compare(old: dict[str, list[dict[str, Any]]], new: dict[str, list[dict[str, 
     cold_old: list[float] = []
     cold_new: list[float] = []
     warm_new: list[float] = []
+    for name in sorted(set(old) ^ set(new)):
+        print(f"only in one of the two (left out): {name}")
     for name, rows in old.items():
+        if name not in new:
+            continue
         other = new[name]
         assert len(other) == len(rows), name
         for i, (a, b) in enumerate(zip(rows, other, strict=True)):
@@ -101,7 +105,9 @@ def compare(old: dict[str, list[dict[str, Any]]], new: dict[str, list[dict[str, 
                 cold_new.append(b["cpu"])
             elif b["decision"][1] is not None:
                 warm_new.append(b["cpu"])
-    print(f"rounds {total}, decided alike {same}; as recorded: old {rec_old}, new {rec_new}")
+    both = len(set(old) & set(new))
+    print(f"records {both}, rounds {total}, decided alike {same}; "
+          f"as recorded: old {rec_old}, new {rec_new}")  # fmt: skip
     print(f"largest relative difference of gains, costs and values: {worst:.3g} ({worst_at})")
     for label, xs in (("old", cold_old), ("new", cold_new)):
         print(f"cold plans ({len(xs)}), {label}: CPU median {statistics.median(xs):.2f} s, "
