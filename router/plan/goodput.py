@@ -29,16 +29,26 @@ engine with ``c = n // k`` in flight:
   about the mean, give or take the batch's own spread over its life.
 
 Pure arithmetic over plain values (wall seconds); pool results are cached on a geometric grid
-of rates and interpolated, so a planner can ask for many rates cheaply.
+of rates and interpolated, so a planner can ask for many rates cheaply. A pool's states, decodes
+and prefills are evaluated as arrays (numpy), each formula as it reads; numpy is imported in
+the functions that use it, since the router's own process imports this module but plans in a
+child (``router.planning.worker``).
 """
 
 from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from router.plan.values import Curve, Mix, Slo
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    Floats = npt.NDArray[np.float64]
+    Ints = npt.NDArray[np.intp]
 
 SQRT2 = math.sqrt(2.0)
 SQRT3 = math.sqrt(3.0)
@@ -91,6 +101,32 @@ class PoolResult(NamedTuple):
 
 def phi(x: float) -> float:
     return 0.5 * (1.0 + math.erf(x / SQRT2))
+
+
+def _phis(x: Floats) -> Floats:
+    """``phi`` elementwise (numpy has no erf: ``math.erf`` over the values, one C call each,
+    but where it is +-1 to the last bit: ``math.erf(6.0) == 1.0``)."""
+    import numpy as np
+
+    z = x / SQRT2
+    erf = np.sign(z)
+    body = np.abs(z) < 6.0
+    inner = z[body].tolist()
+    erf[body] = np.fromiter(map(math.erf, inner), np.float64, len(inner))
+    return 0.5 * (1.0 + erf)
+
+
+def _iterations(spi: Floats, batch: Floats) -> Floats:
+    """``Curve.iteration`` elementwise (the same arithmetic), ``spi`` the curve's as an array."""
+    import numpy as np
+
+    top = len(spi) - 1
+    b = np.maximum(1.0, batch)
+    slope = max(0.0, spi[top] - spi[top - 1]) if top >= 2 else 0.0
+    lo = np.minimum(b.astype(np.intp), max(0, top - 1))
+    inside = spi[lo] + (spi[np.minimum(lo + 1, top)] - spi[lo]) * (b - lo)
+    out: Floats = np.where(b >= top, spi[top] + slope * (b - top), inside)
+    return out
 
 
 # --- what one request's work looks like on a curve -----------------------------------------
@@ -159,39 +195,37 @@ def spill_threshold(spec: Curve, base: Curve, mix: Mix, slo: Slo) -> int:
 # --- one request's chances at a state --------------------------------------------------------
 
 
-def _poisson_terms(mean: float, top: int) -> list[float]:
-    """P(X = i) for i in 0..top, X ~ Poisson(mean) (0 where it underflows)."""
-    term = math.exp(-mean)
-    out = [term]
-    for i in range(1, top + 1):
-        term *= mean / i
-        out.append(term)
+def _poisson_below(mean: Floats, k: int) -> Floats:
+    """P(X < k) elementwise, X ~ Poisson(mean) (from logs where exp(-mean) underflows)."""
+    import numpy as np
+
+    term = np.exp(-mean)
+    total = term
+    for i in range(1, k):
+        term = term * (mean / i)
+        total = total + term
+    big = mean > 700.0
+    if big.any():
+        m = np.where(big, mean, 1.0)
+        log_mean = np.log(m)
+        terms = [np.exp(-m + i * log_mean - math.lgamma(i + 1.0)) for i in range(k)]
+        total = np.where(big, sum(terms[1:], terms[0]), total)
+    return total
+
+
+def _lognormal_cdf(h: Floats, mean: Floats, sd: Floats) -> Floats:
+    """P(X <= h) elementwise, X lognormal with this mean and standard deviation (``h`` may
+    have more axes in front: one row per headroom)."""
+    import numpy as np
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s2 = np.log1p((sd / mean) ** 2)
+        z = (np.log(h) - np.log(mean) + s2 / 2.0) / np.sqrt(s2)  # h / mean: underflow
+    out = np.where(h >= mean, 1.0, 0.0)  # (no spread: a step)
+    live = (h > 0) & (sd > 1e-12 * mean)
+    out[live] = _phis(z[live])
+    out[h <= 0] = 0.0
     return out
-
-
-def _poisson_below(mean: float, k: int) -> float:
-    """P(X < k), X ~ Poisson(mean)."""
-    if mean > 700.0:  # exp(-mean) underflows: from logs
-        return _poisson_window(mean, 0, k - 1)[1]
-    return sum(_poisson_terms(mean, k - 1))
-
-
-def _poisson_window(mean: float, lo: int, hi: int) -> tuple[list[float], float]:
-    """P(X = i) for i in lo..hi, X ~ Poisson(mean), from logs (no underflow at the mean), and
-    their sum."""
-    log_mean = math.log(mean)
-    terms = [math.exp(-mean + i * log_mean - math.lgamma(i + 1.0)) for i in range(lo, hi + 1)]
-    return terms, sum(terms)
-
-
-def _lognormal_cdf(h: float, mean: float, sd: float) -> float:
-    """P(X <= h), X lognormal with this mean and standard deviation."""
-    if h <= 0:
-        return 0.0
-    if sd <= 1e-12 * mean:
-        return 1.0 if h >= mean else 0.0
-    s2 = math.log1p((sd / mean) ** 2)
-    return phi((math.log(h) - math.log(mean) + s2 / 2.0) / math.sqrt(s2))  # h / mean: underflow
 
 
 def stall_cdf(h: float, count: float, mean: float, var: float, engines: int = 1,
@@ -205,22 +239,33 @@ def stall_cdf(h: float, count: float, mean: float, var: float, engines: int = 1,
     sum) with the variance of a compound Poisson sum,
     ``count * E[s^2]``, times ``spread``: the request's life is a delay busy period (the
     joiners' prefills stall it, and more join meanwhile), which multiplies that variance by
-    ``1 / (1 - stall share)^2``; and bursty arrivals (an overflow) by their peakedness."""
-    if h < 0:
-        return 0.0
-    if count < 1e-9 or mean <= 0:
-        return 1.0
+    ``1 / (1 - stall share)^2``; and bursty arrivals (an overflow) by their peakedness.
+    (``stall_cdfs``: the same over arrays.)"""
+    import numpy as np
+
+    return float(stall_cdfs(np.array([h]), np.array([count]), mean, var, engines, spread)[0])
+
+
+def stall_cdfs(h: Floats, count: Floats, mean: float, var: float, engines: int = 1,
+               spread: float = 1.0) -> Floats:  # fmt: skip
+    """``stall_cdf`` elementwise over ``h`` and ``count`` (``h`` may have more axes in front:
+    several headrooms at each count)."""
+    import numpy as np
+
+    if mean <= 0:
+        return np.where(h < 0, 0.0, 1.0)
     k = engines
     pool = k * count
-    none = _poisson_below(pool, k) if pool < 700 else 0.0
+    none = np.where(pool < 700, _poisson_below(np.minimum(pool, 700.0), k), 0.0)
     more = 1.0 - none
-    if more < 1e-12:
-        return 1.0
     total = count * mean
     second = count * (var + mean * mean) * spread + total * total
-    m1 = max(total / more, mean)
-    sd = math.sqrt(max(0.0, second / more - m1 * m1))
-    return min(1.0, none + more * _lognormal_cdf(h, m1, sd))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m1 = np.maximum(total / more, mean)
+        sd = np.sqrt(np.maximum(0.0, second / more - m1 * m1))
+        got = np.minimum(1.0, none + more * _lognormal_cdf(h, m1, sd))
+    sure = (count < 1e-9) | (more < 1e-12)
+    return np.where(h < 0, 0.0, np.where(sure, 1.0, got))
 
 
 def joined_within(window: float, rate: float, engines: int) -> float:
@@ -231,35 +276,68 @@ def joined_within(window: float, rate: float, engines: int) -> float:
     In bounded steps for any rate: ``N mod engines`` is summed over the count's likely values
     only (eight standard deviations either side), and where the count is spread over many
     multiples of ``engines`` it is uniform (its periodic part falls as
-    ``exp(-2 pi^2 mean / engines^2)``)."""
-    pool = rate * engines * window
-    if not pool > 0:
-        return 0.0
+    ``exp(-2 pi^2 mean / engines^2)``). (``joined``: the same over an array of windows.)"""
+    import numpy as np
+
+    return float(joined(np.array([window], dtype=np.float64), rate, engines)[0])
+
+
+def joined(window: Floats, rate: float, engines: int) -> Floats:
+    """``joined_within`` elementwise over ``window``."""
+    import numpy as np
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        pool = rate * engines * window
     k = max(1, engines)
-    if k == 1 or not math.isfinite(pool):
-        return pool / k
-    if pool > 4.0 * k * k + 400.0:
-        return (pool - (k - 1) / 2.0) / k
-    sd = math.sqrt(pool)
-    lo = max(0, math.floor(pool - 8.0 * sd))
-    hi = math.ceil(pool + 8.0 * sd) + k
-    terms, total = _poisson_window(pool, lo, hi)
-    remainder = sum(p * ((lo + i) % k) for i, p in enumerate(terms)) / total
-    return max(0.0, (pool - remainder) / k)
+    live = pool > 0  # (not NaN either)
+    if k == 1:
+        return np.where(live, pool / k, 0.0)
+    spread = live & (pool > 4.0 * k * k + 400.0)  # (infinite too)
+    out = np.where(spread, (pool - (k - 1) / 2.0) / k, 0.0)
+    near = live & ~spread
+    if near.any():
+        m = pool[near]
+        sd = np.sqrt(m)
+        lo = np.maximum(0.0, np.floor(m - 8.0 * sd))
+        hi = np.ceil(m + 8.0 * sd) + k
+        i = np.arange(lo.min(), hi.max() + 1.0)[None, :]  # every window's counts, masked
+        inside = (i >= lo[:, None]) & (i <= hi[:, None])
+        lgam = np.fromiter(map(math.lgamma, (i[0] + 1.0).tolist()), np.float64, i.shape[1])
+        terms = np.where(inside, np.exp(-m[:, None] + i * np.log(m)[:, None] - lgam), 0.0)
+        remainder = (terms * (i % k)).sum(axis=1) / terms.sum(axis=1)
+        out[near] = np.maximum(0.0, (m - remainder) / k)
+    return out
 
 
-def _uniform_cdf(x: float, width: float) -> float:
-    if x <= 0:
-        return 0.0
-    if width <= 0 or x >= width:
-        return 1.0
-    return x / width
+class _Arrays(NamedTuple):
+    """A curve's and a mix's numbers as arrays: the curve's seconds per iteration, the law's
+    departures and prefills, its decodes with tokens to decode, and the weight of the rest (a
+    single token: no TPOT to miss)."""
+
+    spi: Floats
+    departures: Floats
+    prefills: Floats
+    tokens: Floats
+    iters: Floats
+    weight: Floats
+    done: float
+
+
+@lru_cache(maxsize=256)
+def _arrays(curve: Curve, mix: Mix) -> _Arrays:
+    lw = law(curve, mix)
+    live = [d for d in lw.decodes if d[0] > 0]
+    done = sum((w for tokens, _, w in lw.decodes if tokens <= 0), 0.0)
+    tokens, iters, weight = (_array(tuple(d[i] for d in live)) for i in range(3))
+    return _Arrays(_array(curve.spi), _array(lw.departures), _array(lw.prefills), tokens, iters,
+                   weight, done)  # fmt: skip
 
 
 class _Pool(NamedTuple):
     """What the chances at each state share: the pool's rate and spread."""
 
     curve: Curve
+    arrays: _Arrays
     lw: Law
     slo: Slo
     engines: int
@@ -273,10 +351,15 @@ class _Pool(NamedTuple):
     peakedness: float  # of the arrivals (1: Poisson)
 
 
-def _tpot_ok(pool: _Pool, others: int) -> tuple[float, float]:
+def _tpot_ok(pool: _Pool, others: Ints) -> tuple[Floats, Floats]:
+    """The chances of a request that finds ``others`` in flight on its engine (one per
+    element) of keeping the strict and the relaxed TPOT (see the module's docstring)."""
+    import numpy as np
+
     curve, lw, slo = pool.curve, pool.lw, pool.slo
+    dec = pool.arrays
     cap = pool.limit
-    start = float(min(others, cap - 1) + 1)
+    start = (np.minimum(others, cap - 1) + 1.0)[:, None]
     # Its company: the others in flight (the mean, as Poisson arrivals see it), fewer as the
     # engine fills towards its limit, where all but this one's slot are someone else's; and the
     # requests joining while it decodes arrive as fast as that company turns over.
@@ -285,78 +368,87 @@ def _tpot_ok(pool: _Pool, others: int) -> tuple[float, float]:
     spi_centre = curve.iteration(centre)
     stretch = 1.0 / (1.0 - pool.stall_share)
     spread = (1.0 + (pool.peakedness - 1.0) / pool.engines) * stretch * stretch  # see stall_cdf
-    strict = relaxed = 0.0
     t_strict, t_relaxed = slo.tpot, slo.tpot * slo.relaxed_tpot
-    for tokens, iters, weight in lw.decodes:
-        if tokens <= 0:
-            strict += weight
-            relaxed += weight
-            continue
-        life = iters * spi_centre * stretch
-        x = life / pool.relax
-        if x < 1e-6:
-            w, v = 1.0, 1.0
-        else:
-            e = math.exp(-x)
-            w = (1.0 - e) / x
-            v = (2.0 / x) * (1.0 - (1.0 - e) / x)
-        mid = centre + (start - centre) * w
-        sd = math.sqrt(pool.var * max(0.0, v - w * w))
-        points: tuple[tuple[float, float], ...] = ((mid, 1.0),)
-        if sd >= 1e-3:  # three-point Gauss-Hermite over the batch's spread
-            points = ((mid, 2 / 3), (mid - SQRT3 * sd, 1 / 6), (mid + SQRT3 * sd, 1 / 6))
-        for b, q in points:
-            b = min(float(cap), max(1.0, b))
-            t0 = iters * curve.iteration(b)
-            count = pool.rate * t0 * stretch * company
-            strict += weight * q * stall_cdf(t_strict * tokens - t0, count, lw.stall_mean,
-                                             lw.stall_var, pool.engines, spread)  # fmt: skip
-            relaxed += weight * q * stall_cdf(t_relaxed * tokens - t0, count, lw.stall_mean,
-                                              lw.stall_var, pool.engines, spread)  # fmt: skip
-    return strict, relaxed
+    # each decode's batch starts where it joined and relaxes towards the centre over its life
+    life = dec.iters * spi_centre * stretch
+    x = life / pool.relax
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.exp(-x)
+        w = np.where(x < 1e-6, 1.0, (1.0 - e) / x)
+        v = np.where(x < 1e-6, 1.0, (2.0 / x) * (1.0 - (1.0 - e) / x))
+    sd = np.sqrt(pool.var * np.maximum(0.0, v - w * w))
+    # three-point Gauss-Hermite over the batch's spread (one point where it has none): the
+    # points (decode d, offset) each state's batch is judged at
+    three = sd >= 1e-3
+    d = np.concatenate([np.arange(len(sd)), np.flatnonzero(three), np.flatnonzero(three)])
+    offsets = np.concatenate([np.zeros(len(sd)), -SQRT3 * sd[three], SQRT3 * sd[three]])
+    q = np.concatenate([np.where(three, 2 / 3, 1.0), np.full(2 * int(three.sum()), 1 / 6)])
+    mid = centre + (start - centre) * w[d]  # (state, point)
+    b = np.minimum(float(cap), np.maximum(1.0, mid + offsets))
+    t0 = dec.iters[d] * _iterations(dec.spi, b)
+    count = pool.rate * t0 * stretch * company
+    tokens = dec.tokens[d]
+    h = np.stack([t_strict * tokens - t0, t_relaxed * tokens - t0])
+    ok = stall_cdfs(h, count, lw.stall_mean, lw.stall_var, pool.engines, spread)
+    got = dec.done + (ok * (dec.weight[d] * q)).sum(axis=2)
+    return got[0], got[1]
 
 
-def _ttft_ok(pool: _Pool, others: int, wait: float) -> tuple[float, float]:
+def _ttft_ok(pool: _Pool, others: Ints, wait: Floats) -> tuple[Floats, Floats]:
+    """The chances of a request that finds ``others`` in flight on its engine and waits
+    ``wait`` in its queue (one per element) of keeping the strict and the relaxed TTFT."""
+    import numpy as np
+
     curve, lw, slo = pool.curve, pool.lw, pool.slo
     cap = curve.limit
-    running = min(others, cap)
-    spi_join = curve.iteration(min(others + 1, cap))
-    if running == 0 and wait == 0:
-        widths: tuple[tuple[float, float], ...] = ((1.0, 0.0),)
-        residual = 0.0
-    else:
-        spi_now = curve.iteration(running)
-        through = max(lw.departures[running], pool.rate)
-        stalled = min(0.95, through * lw.stall_mean * pool.discount)
-        # mid-stall: the iteration under way holds a prefill, length-biased (a long one is
-        # more likely under way), the request waits out a uniform share of it
-        total = sum(lw.prefills)
-        widths = ((1.0 - stalled, spi_now),) + tuple(
-            (stalled * x / total, x + spi_now) for x in lw.prefills
-        )
-        stall = (lw.stall_var + lw.stall_mean**2) / (2.0 * lw.stall_mean) + spi_now / 2.0
-        residual = (1.0 - stalled) * spi_now / 2.0 + stalled * stall
-    joiners = joined_within(residual, pool.rate, pool.engines) * lw.stall_mean
-    strict = relaxed = 0.0
-    t_strict, t_relaxed = slo.ttft, slo.ttft * slo.relaxed_ttft
-    for s in lw.prefills:
-        fixed = wait + spi_join + s + joiners
-        for p, width in widths:
-            strict += p * _uniform_cdf(t_strict - fixed, width)
-            relaxed += p * _uniform_cdf(t_relaxed - fixed, width)
-    n = len(lw.prefills)
-    return strict / n, relaxed / n
+    running = np.minimum(others, cap)
+    arrays = pool.arrays
+    spi_join = _iterations(arrays.spi, np.minimum(others + 1, cap).astype(np.float64))
+    spi_now = _iterations(arrays.spi, running.astype(np.float64))
+    through = np.maximum(arrays.departures[running], pool.rate)
+    stalled = np.minimum(0.95, through * lw.stall_mean * pool.discount)
+    # mid-stall: the iteration under way holds a prefill, length-biased (a long one is more
+    # likely under way), the request waits out a uniform share of it; idle (nothing running,
+    # no wait): its own iteration starts at once
+    prefills = arrays.prefills
+    total = sum(lw.prefills)
+    idle = ((running == 0) & (wait == 0))[:, None]
+    p = np.concatenate([(1.0 - stalled)[:, None], stalled[:, None] * prefills / total], axis=1)
+    p = np.where(idle, np.eye(1, len(prefills) + 1), p)
+    width = np.concatenate([spi_now[:, None], prefills + spi_now[:, None]], axis=1)
+    width = np.where(idle, 0.0, width)
+    stall = (lw.stall_var + lw.stall_mean**2) / (2.0 * lw.stall_mean) + spi_now / 2.0
+    residual = np.where(idle[:, 0], 0.0, (1.0 - stalled) * spi_now / 2.0 + stalled * stall)
+    joiners = joined(residual, pool.rate, pool.engines)
+    fixed = (wait + spi_join)[:, None] + prefills + (joiners * lw.stall_mean)[:, None]
+    # the headroom x (per target, state, own prefill) against each width: a width it covers
+    # counts whole (its p), another x / width of it
+    x = np.stack([slo.ttft - fixed, slo.ttft * slo.relaxed_ttft - fixed])
+    covered = (width[:, None, :] <= x[..., None]).astype(np.float64)
+    per = np.where(width > 0, p / np.where(width > 0, width, 1.0), 0.0)
+    whole = (covered @ p[:, :, None])[..., 0]
+    part = ((1.0 - covered) @ per[:, :, None])[..., 0]
+    got = np.where(x > 0, whole + x * part, 0.0).sum(axis=2) / len(lw.prefills)
+    return got[0], got[1]
 
 
-def _stalled(lw: Law, rate: float, engines: int) -> float:
+def _stalled(prefills: Floats, rate: float, engines: int) -> float:
     """The chance that the least loaded of ``engines`` is mid-prefill when a request comes:
     that it took an arrival within the last prefill's duration, which under join-the-least-
     loaded means the pool has had ``engines`` arrivals in that time."""
     pool = rate * engines
-    total = 0.0
-    for s in lw.prefills:
-        total += 1.0 - _poisson_below(pool * s, engines)
-    return total / len(lw.prefills)
+    below = _poisson_below(pool * prefills, engines)
+    return sum((1.0 - below).tolist(), 0.0) / len(prefills)
+
+
+@lru_cache(maxsize=1024)
+def _array(xs: tuple[float, ...]) -> Floats:
+    """A read-only array of these values (the law's, the curve's: cached with them)."""
+    import numpy as np
+
+    a = np.array(xs, dtype=np.float64)
+    a.flags.writeable = False
+    return a
 
 
 # --- a pool ---------------------------------------------------------------------------------
@@ -375,6 +467,8 @@ def pool_result(
     """``engines`` alike engines offered ``rate`` requests per second (see the module's
     docstring); ``limit``: in flight on the least loaded one past which arrivals spill over;
     ``peakedness``: of the arrivals (1: Poisson; more: overflow, see ``overflow_peakedness``)."""
+    import numpy as np
+
     if engines < 1:
         raise ValueError("a pool needs at least one engine")
     rate = max(rate, 1e-6)
@@ -387,69 +481,68 @@ def pool_result(
     else:
         queue = math.ceil(mp.queue_ttfts * slo.ttft * slo.relaxed_ttft * mu[cap])
         top = k * (cap + max(1, queue))
-    pi = _birth_death(rate, mu, k, top, peakedness)
-    blocked = pi[top] if len(pi) > top else 0.0
+    arrays = _arrays(curve, mix)
+    pi = _birth_death(rate, arrays.departures, k, top, peakedness)
+    blocked = float(pi[top]) if len(pi) > top else 0.0
     per_engine = rate * (1.0 - blocked) / k
-    mean = sum(p * min(n / k, cap) for n, p in enumerate(pi))
-    var = sum(p * (min(n / k, cap) - mean) ** 2 for n, p in enumerate(pi))
+    n = np.arange(len(pi))
+    load = np.minimum(n / k, cap)
+    mean = float((pi * load).sum())
+    var = float((pi * (load - mean) ** 2).sum())
     b = min(cap - 1, max(1, round(mean)))
     slope = max(mu[b + 1] - mu[b], 1e-6) if cap > 1 else mu[1]
-    one = _stalled(lw, per_engine, 1)
+    one = _stalled(arrays.prefills, per_engine, 1)
     pool = _Pool(
         curve,
+        arrays,
         lw,
         slo,
         k,
         min(cap, limit) if limit is not None else cap,
         per_engine,
         min(mp.max_stall, per_engine * lw.stall_mean),
-        _stalled(lw, per_engine, k) / one if one > 0 else 1.0,
+        _stalled(arrays.prefills, per_engine, k) / one if one > 0 else 1.0,
         mean,
         var,
         1.0 / slope,
         peakedness,
     )
-    strict = relaxed = 0.0
-    cache: dict[int, tuple[float, float]] = {}
-    for n, p in enumerate(pi):
-        if n >= top or p < 1e-7:
-            continue
-        c = n // k
-        got = cache.get(c)
-        if got is None:
-            t_strict, t_relaxed = _tpot_ok(pool, c)
-            wait = (c - cap + 1) / mu[cap] if c >= cap else 0.0
-            f_strict, f_relaxed = _ttft_ok(pool, c, wait)
-            got = (t_strict * f_strict, t_relaxed * f_relaxed)
-            cache[c] = got
-        strict += p * got[0]
-        relaxed += p * got[1]
+    # the chances at each state a request may find (per engine: n // k), all at once
+    counted = (n < top) & (pi >= 1e-7)
+    found = n[counted] // k
+    others = np.unique(found)
+    wait = np.where(others >= cap, (others - cap + 1) / mu[cap], 0.0)
+    t_strict, t_relaxed = _tpot_ok(pool, others)
+    f_strict, f_relaxed = _ttft_ok(pool, others, wait)
+    at = np.searchsorted(others, found)
+    p = pi[counted]
+    strict = float((p * (t_strict * f_strict)[at]).sum())
+    relaxed = float((p * (t_relaxed * f_relaxed)[at]).sum())
     return PoolResult(strict, relaxed, blocked, mean)
 
 
-def _birth_death(rate: float, mu: tuple[float, ...], k: int, top: int,
-                 peakedness: float = 1.0) -> list[float]:  # fmt: skip
-    """The stationary distribution of the in-flight count on [0, top] (cut where negligible).
+def _birth_death(rate: float, departures: Floats, k: int, top: int,
+                 peakedness: float = 1.0) -> Floats:  # fmt: skip
+    """The stationary distribution of the in-flight count on [0, top] (cut where negligible:
+    past the mode, once 30 nats under it).
 
     Arrivals of peakedness ``z`` (Hayward's approximation: the pool behaves as ``k / z``
     engines offered ``rate / z``, its count scaled by ``z``) leave each step's log-ratio
-    divided by ``z``: the same mean load, a wider spread."""
-    cap = len(mu) - 1
-    log_rate = math.log(rate)
-    logs = [0.0]
-    best = 0.0
-    for n in range(1, top + 1):
-        q, r = divmod(n, k)
-        a, b = min(q, cap), min(q + 1, cap)
-        departures = (k - r) * mu[a] + r * mu[b]
-        x = logs[-1] + (log_rate - math.log(departures)) / peakedness
-        logs.append(x)
-        best = max(best, x)
-        if x < best - 30.0 and x < logs[-2]:
-            break  # past the mode and negligible: the rest is smaller still
-    weights = [math.exp(x - best) for x in logs]
-    total = sum(weights)
-    return [x / total for x in weights]
+    divided by ``z``: the same mean load, a wider spread. ``departures``: one engine's rate
+    of finishing requests with b in flight (``Law.departures``)."""
+    import numpy as np
+
+    cap = len(departures) - 1
+    q, r = np.divmod(np.arange(1, top + 1), k)
+    out = (k - r) * departures[np.minimum(q, cap)] + r * departures[np.minimum(q + 1, cap)]
+    logs = np.concatenate([[0.0], np.cumsum((math.log(rate) - np.log(out)) / peakedness)])
+    best = np.maximum.accumulate(logs)
+    past = np.flatnonzero((logs[1:] < best[1:] - 30.0) & (logs[1:] < logs[:-1]))
+    if len(past):
+        logs = logs[: past[0] + 2]  # (the rest is smaller still)
+    weights = np.exp(logs - best[len(logs) - 1])
+    pi: Floats = weights / weights.sum()
+    return pi
 
 
 # --- a split, on a grid of rates ------------------------------------------------------------
