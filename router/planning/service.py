@@ -308,6 +308,9 @@ class Round(NamedTuple):
     # the intervals counted since the last round that reached the planner, oldest first: the
     # forecast observes each as its own round would have (``decide``)
     missed: tuple[Counted, ...] = ()
+    # the curves the setting's replaced (the keeper's previous reading, ``FleetPlanner.setting``):
+    # a switch goes ahead only if it would under them too (``agreed``)
+    replaced: Setting | None = None
 
 
 Outcome = tuple[str, Plan | None, PlanState]  # status, the plan (if one was made), next state
@@ -346,10 +349,43 @@ def decide(r: Round) -> Outcome:
         est = r.estimate
         obs = Observation(r.now, est.arrivals, est.seconds, r.mix, fresh)
         p = plan(obs, r.setting, r.fleet, r.state, r.params)
+        if p.action is not None and r.replaced is not None:
+            p = agreed(p, plan(obs, r.replaced, r.fleet, r.state, r.params))
         return "planning", p, p.state
     holt, observed = observe_round(r.state, r.now, r.estimate.rate, r.estimate.seconds, r.params,
                                    fresh)  # fmt: skip
     return status, None, r.state._replace(holt=holt, observed=observed)
+
+
+def agreed(p: Plan, q: Plan) -> Plan:
+    """``p`` (made on the newest curves) if the plan on the curves they replaced, ``q`` (the
+    same round otherwise), would switch the same way; else ``p`` held: no action, its option
+    blocked with why, the state ``q``'s (the forecast's the same; no switch taken).
+
+    The learned curves are readings: the engines' acceptance over their last window, split by
+    an average of the sampling share, and per-batch decode times of the requests seen. On the
+    simulated engines, whose acceptance never changes, consecutive readings of the sampling
+    acceptance on one compressed day went 2.39 -> 2.32 -> 2.43 -> 2.41 -> 2.30 -> 2.52
+    (eagle3-chain, session 11): swings of 3-10% that are noise, and as large as what decides
+    a split at the peak. One such reading (2.39 -> 2.317) moved all-speculative chain 4 -> 3
+    at its peak (gain +25.5 pt, +2.4 at the lower band; under the curves it replaced -0.36 at
+    the lower band), 6 strict points below the runs that held. Two readings in a row must
+    agree: a real change of acceptance shows in both within one replacement
+    (CURVE_REFRESH_ROUNDS rounds); noise seldom does the same way in both."""
+    if p.action is None or (q.action is not None and q.action.mode == p.action.mode):
+        return p
+    mine = next((o for o in q.options if o.action.mode == p.action.mode), None)
+    why = "not a switch under the curves these replaced"
+    if mine is not None:
+        why += f" (gain {100 * mine.gain:+.2f} pt, {100 * mine.gain_lower:+.2f} at the lower band)"
+    options = tuple(o._replace(blocked=why) if o.action == p.action else o for o in p.options)
+    reason = f"holding: {why}"
+    last = (
+        q.state.history[-1]._replace(desired=p.desired, reason=reason) if q.state.history else None
+    )
+    history = (*q.state.history[:-1], last) if last is not None else q.state.history
+    return p._replace(action=None, reason=reason, options=options,
+                      state=q.state._replace(history=history))  # fmt: skip
 
 
 class FleetPlanner:
@@ -400,6 +436,7 @@ class FleetPlanner:
         self.curves_at = -math.inf  # when they were last replaced
         self.curves_rounds = 0  # rounds planned on them since
         self.curve_updates = 0  # times they were replaced by the keeper's (after the first)
+        self.curves_before: dict[Pool, Curve] = {}  # the ones they last replaced (``agreed``)
         # the mix plans are made on (``hold_mix``; yesterday's, kept at PLAN_STATE_PATH, until
         # today's replaces it), and how many requests it was read from
         self.mix: Mix | None = mix
@@ -544,6 +581,7 @@ class FleetPlanner:
         self.curves_rounds += 1
         due = (now - self.curves_at >= CURVE_REFRESH * self.settings.plan_time_scale
                and self.curves_rounds > CURVE_REFRESH_ROUNDS)  # fmt: skip
+        before = dict(self.curves)
         for pool in POOLS:
             new = curve_of(models[pool])
             held = self.curves.get(pool)
@@ -556,6 +594,8 @@ class FleetPlanner:
                 self.curves_at = now
                 self.curves_rounds = 0
                 self.curve_updates += held is not None
+                if held is not None:
+                    self.curves_before = before
         return Setting(
             self.curves[SPECULATIVE],
             self.curves[BASELINE],
@@ -640,8 +680,16 @@ class FleetPlanner:
             arrivals=tr.arrivals + sum(c.fresh[0] for c in missed),
         )
         self.last_intervals = 1 + len(missed)
-        return Round(now, seconds, tr, fleet, mix, self.setting(), self.state, self.params,
-                     est, missed)  # fmt: skip
+        setting = self.setting()
+        return Round(now, seconds, tr, fleet, mix, setting, self.state, self.params, est, missed,
+                     self.replaced(setting))  # fmt: skip
+
+    def replaced(self, setting: Setting | None) -> Setting | None:
+        """``setting`` on the curves its own replaced, if they were (``agreed``)."""
+        if setting is None or not self.curves_before:
+            return None
+        return setting._replace(speculative=self.curves_before[SPECULATIVE],
+                                baseline=self.curves_before[BASELINE])  # fmt: skip
 
     def publish(self, r: Round, out: Outcome, took: float, worker: Worker | None = None) -> None:
         """Take the decision's plan and state, advise, and publish the document."""
