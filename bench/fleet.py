@@ -45,6 +45,11 @@ Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
     (
+        "agree",
+        "a switch only if the curves the newest replaced agree, the newest reading taken "
+        "(3e7f067, with plancost-s11's faster plans)",
+    ),
+    (
         "s11c",
         "session 11, yesterday's mix: the mix kept from yesterday, its noise rule at 3 standard "
         "errors, its count the engines' (0da1aaf); a switch on the newest curves alone",
@@ -246,11 +251,15 @@ def intro(meta: Doc) -> list[str]:
         "planning on yesterday's mix from its first round (`spec-router fleet`'s yesterday: "
         "the mix of another draw of the day's requests), a held mix replaced by one read from "
         "fewer requests only beyond 3 standard errors of their difference (its count the "
-        "requests the engines' means are over), and (session 11's end) a switch made only if "
-        "the plan on the curves the newest replaced would make it too (two readings of the "
-        "learned acceptance in a row must agree); *session 11, yesterday's mix*: the same "
-        "before that last change (0da1aaf); *PLAN_MIN_REQUESTS, "
-        "no mix kept*: main at session 11's start (40fc91c), the first plan at ~1.1 h; *the "
+        "requests the engines' means are over), and (session 11's end) the curves taken as the "
+        "mean of the keeper's readings since the last replacement (not the newest reading, a "
+        "gauge of the engines' last 40 iterations) and a switch made only if the plan on the "
+        "curves these replaced would make it too (two means in a row must agree), the cold "
+        "plans ~5x cheaper (numpy, plancost-s11); *session 11, yesterday's mix*: the same "
+        "before those last changes (0da1aaf); *a switch only if the curves the newest "
+        "replaced agree*: the agreement alone, on the newest reading (3e7f067); "
+        "*PLAN_MIN_REQUESTS, no mix kept*: main at session 11's start (40fc91c), the first "
+        "plan at ~1.1 h; *the "
         "mix kept, its noise rule at 2 standard errors*: session 11's first runs (bcf2cc3, "
         "cf7911d); *catch-up*: session 10's runs at 7f9d353, "
         "the intervals that end while a plan is made counted each as its own and observed "
