@@ -115,8 +115,9 @@ CURVE_REFRESH = 1800.0
 # was cold (10-12 s, 30 intervals each). Counted in rounds, a replacement's cold plan is
 # amortised over as many plans at any time scale.
 CURVE_REFRESH_ROUNDS = 30
-# Most readings of the curves kept to average (``mean_curve``): a day of minutes.
-CURVE_READINGS = 1440
+# Most readings of the curves kept to average (``mean_curve``): four refreshes' worth (two
+# hours of minutes). The mean is taken on the event loop each round: ~120 x 70 numbers.
+CURVE_READINGS = 4 * CURVE_REFRESH_ROUNDS
 # Least wall seconds a plan may take (``FleetPlanner.plan_timeout``).
 PLAN_TIMEOUT = 60.0
 # Intervals counted while no plan took them that are kept for the next round (``Round.missed``):
