@@ -77,6 +77,7 @@ from router.planning.traffic import (
     Window,
     WindowParams,
     count_of,
+    moved,
     traffic,
 )
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
@@ -115,6 +116,11 @@ CURVE_REFRESH = 1800.0
 # was cold (10-12 s, 30 intervals each). Counted in rounds, a replacement's cold plan is
 # amortised over as many plans at any time scale.
 CURVE_REFRESH_ROUNDS = 30
+# The acceptance the plan takes is counted from the speculative engines' own counters (tokens
+# per verify step of the requests they ended, ``counted_steps``) once this many requests ended
+# on them since it was last taken; until then it stays (and without such counters it is the
+# keeper's reading, the mean of readings). Four times PLAN_MIN_REQUESTS.
+ACCEPT_MIN_REQUESTS = 200
 # Most readings of the curves kept to average (``mean_curve``): four refreshes' worth (two
 # hours of minutes). The mean is taken on the event loop each round: ~120 x 70 numbers.
 CURVE_READINGS = 4 * CURVE_REFRESH_ROUNDS
@@ -442,6 +448,10 @@ class FleetPlanner:
         self.curves_before: dict[Pool, Curve] = {}  # the ones they last replaced (``agreed``)
         # the keeper's readings since they were last replaced (their mean replaces them)
         self.readings: dict[Pool, deque[Curve]] = {p: deque(maxlen=CURVE_READINGS) for p in POOLS}
+        # the speculative engines' counted acceptance since it was last taken, their last samples
+        self.accepted = Accepted()
+        self.accept_last: dict[str, EngineSample] = {}
+        self.accept_counted = False  # whether any engine has counted (then it is the source)
         # the mix plans are made on (``hold_mix``; yesterday's, kept at PLAN_STATE_PATH, until
         # today's replaces it), and how many requests it was read from
         self.mix: Mix | None = mix
@@ -517,6 +527,14 @@ class FleetPlanner:
         samples = self.engines.samples
         readings = {url: reading_of(s) for url, s in samples.items()}
         self.watch.update(readings, fresh=self.loading)
+        spec = {m.url for m in members if m.pool == SPECULATIVE}
+        last = {url: s for url, s in samples.items() if url in spec}
+        for url, s in last.items():
+            moved_by = counted_steps(self.accept_last.get(url), s)
+            if moved_by is not None:
+                self.accepted = self.accepted.plus(moved_by)
+                self.accept_counted = True
+        self.accept_last = last
         started = self.tracker.started
         for url, n in started.items():
             self.own += max(0, n - self.sent.get(url, n))
@@ -594,11 +612,19 @@ class FleetPlanner:
             if held is not None and not math.isinf(curve_drift(held, new)):
                 readings.append(new)
                 new = mean_curve(readings)
+                if pool == SPECULATIVE and self.accept_counted:
+                    new = self._acceptance(held, new)
             drift = curve_drift(held, new)
             if held is None or math.isinf(drift) or (due and drift > CURVE_TOLERANCE):
                 if held is not None:
                     log.info("the %s curve moved %.1f%% (the mean of %d readings): the plan "
                              "takes it", pool, 100 * drift, max(1, len(readings)))  # fmt: skip
+                if (
+                    pool == SPECULATIVE
+                    and held is not None
+                    and ((new.tau_greedy, new.tau_sampling) != (held.tau_greedy, held.tau_sampling))
+                ):
+                    self.accepted = Accepted()  # (counted afresh from the acceptance taken)
                 self.curves[pool] = new
                 readings.clear()
                 self.curves_at = now
@@ -614,6 +640,22 @@ class FleetPlanner:
             self.slo,
             self.settings.gpu_budget,
         )
+
+    def _acceptance(self, held: Curve, mean: Curve) -> Curve:
+        """``mean`` (the keeper's readings) with the acceptance the engines counted since it
+        was last taken, or ``held``'s until they have counted ACCEPT_MIN_REQUESTS requests.
+
+        The keeper's acceptance is SGLang's gauge, each engine's last 40 iterations: on
+        simulated engines whose acceptance never changes, the means of 31 rounds' readings at
+        the curves' replacements went 2.59, 2.36, 2.53, 2.40 (eagle3-chain, tau at
+        temperature > 0, session 11; the readings repeat while an engine's window lasts), as
+        far apart as what decides that fleet's split at its peak; the counters hold every
+        step of every request that ended."""
+        acc = self.accepted
+        if acc.requests < ACCEPT_MIN_REQUESTS or acc.steps <= 0:
+            return mean._replace(tau_greedy=held.tau_greedy, tau_sampling=held.tau_sampling)
+        share = self.mix.sampling if self.mix is not None else 0.0
+        return counted_curve(mean, acc, share)
 
     def hold_mix(self, mix: Mix | None, seen: Sample | None = None) -> Mix | None:
         """The mix the plan is made on: the one it had until the observed one (read from
@@ -929,6 +971,47 @@ class FleetPlanner:
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("cannot keep the forecast's state at %s: %s", path, exc)
+
+
+class Accepted(NamedTuple):
+    """What the speculative engines' counters moved by: tokens, verify steps, requests."""
+
+    tokens: float = 0.0
+    steps: float = 0.0
+    requests: float = 0.0
+
+    def plus(self, other: Accepted) -> Accepted:
+        return Accepted(*(a + b for a, b in zip(self, other, strict=True)))
+
+
+def counted_steps(prev: EngineSample | None, cur: EngineSample) -> Accepted | None:
+    """The tokens and verify steps a speculative engine counted between two samples: SGLang's
+    generated tokens and verify calls (0.5.23, moved as its requests end), vLLM's and
+    llama.cpp's drafts + accepted tokens and drafts; None without such counters, or at the
+    first sample. A counter that went back is an engine that restarted (from zero)."""
+    if prev is None:
+        return None
+    requests = moved(cur.requests_total, prev.requests_total) or 0.0
+    drafts = moved(cur.drafts_total, prev.drafts_total)
+    accepted = moved(cur.accepted_total, prev.accepted_total)
+    if drafts is not None and accepted is not None:
+        return Accepted(drafts + accepted, drafts, requests)
+    tokens = moved(cur.generated_total, prev.generated_total)
+    steps = moved(cur.verifies_total, prev.verifies_total)
+    if tokens is not None and steps is not None:
+        return Accepted(tokens, steps, requests)
+    return None
+
+
+def counted_curve(curve: Curve, accepted: Accepted, sampling: float) -> Curve:
+    """``curve`` with the acceptance ``accepted`` counted (tokens per verify step over both
+    classes of request), split between greedy and sampling at the curve's own ratio and the
+    mix's share at temperature > 0 (``sampling``)."""
+    tau = accepted.tokens / accepted.steps
+    ratio = curve.tau_sampling / curve.tau_greedy if curve.tau_greedy > 0 else 1.0
+    share = min(1.0, max(0.0, sampling))
+    greedy = max(1.0, tau / (1.0 - share + share * ratio))
+    return curve._replace(tau_greedy=greedy, tau_sampling=max(1.0, greedy * ratio))
 
 
 def mean_curve(readings: Sequence[Curve]) -> Curve:

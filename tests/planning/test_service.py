@@ -21,11 +21,15 @@ from router.plan.values import Curve, CurveLike, Mix
 from router.planning.fleet import SLOT
 from router.planning.metrics import PlanCollector
 from router.planning.service import (
+    ACCEPT_MIN_REQUESTS,
     CURVE_REFRESH,
     CURVE_REFRESH_ROUNDS,
+    Accepted,
     FleetPlanner,
     Sample,
     beyond_noise,
+    counted_curve,
+    counted_steps,
     curve_drift,
     decide,
     holt_document,
@@ -805,3 +809,70 @@ def test_no_plan_is_made_on_the_lengths_of_fewer_than_plan_min_requests() -> Non
     p.observe(Done(200, Usage(int(MIX.prompts[0]), int(MIX.outputs[0])), True))
     minutes(world, p, 1, 1.0)
     assert p.document()["status"] == "planning"
+
+
+def sglang(requests: float, tokens: float, steps: float) -> EngineSample:
+    return EngineSample("sglang", 0.0, 0.0, None, requests_total=requests, prompt_total=0.0,
+                        generated_total=tokens, verifies_total=steps)  # fmt: skip
+
+
+def test_the_engines_count_tokens_per_verify_step() -> None:
+    assert counted_steps(None, sglang(10, 500, 200)) is None  # (the first sample)
+    assert counted_steps(sglang(10, 500, 200), sglang(14, 800, 300)) == Accepted(300, 100, 4)
+    # an engine that restarted counts from zero
+    assert counted_steps(sglang(10, 500, 200), sglang(2, 90, 30)) == Accepted(90, 30, 2)
+    vllm = EngineSample("vllm", 0.0, 0.0, None, accepted_total=150.0, drafts_total=100.0,
+                        requests_total=3.0)  # fmt: skip
+    later = replace(vllm, accepted_total=330.0, drafts_total=200.0, requests_total=5.0)
+    assert counted_steps(vllm, later) == Accepted(280, 100, 2)  # 1 + accepted / drafts
+    # no counters (a gauge only): nothing counted
+    gauge = EngineSample("sglang", 0.0, 0.0, 2.5)
+    assert counted_steps(gauge, gauge) is None
+
+
+def test_a_counted_acceptance_is_split_at_the_curves_ratio_and_the_mixs_share() -> None:
+    c = EAGLE3._replace(tau_greedy=3.0, tau_sampling=2.4)  # ratio 0.8
+    got = counted_curve(c, Accepted(2600.0, 1000.0, 50), 0.5)  # 2.6 = 0.5 g + 0.5 * 0.8 g
+    assert got.tau_greedy == pytest.approx(2.6 / 0.9) and got.tau_sampling == pytest.approx(
+        0.8 * 2.6 / 0.9
+    )
+    assert got._replace(tau_greedy=3.0, tau_sampling=2.4) == c
+
+
+def test_the_acceptance_planned_on_is_the_engines_count_not_the_gauge() -> None:
+    """The keeper's readings (a gauge of 40 iterations) swing by 5-10%; with counters the
+    plan keeps its acceptance until ACCEPT_MIN_REQUESTS requests are counted, then takes it."""
+    world = World()
+    world.join(SPECULATIVE, "http://s0")
+    p = planner(world)
+    p.mix = mix = MIX  # (the mix's share at temperature > 0 splits the count)
+    first = p.setting()
+    assert first is not None and first.speculative == EAGLE3
+    # the engine counts: 2.0 tokens a step where the table had more
+    n, tokens, steps = 0.0, 0.0, 0.0
+
+    def count(requests: float) -> None:
+        nonlocal n, tokens, steps
+        n, tokens, steps = n + requests, tokens + 200 * requests, steps + 100 * requests
+        world.samples["http://s0"] = sglang(n, tokens, steps)
+        p.look()
+
+    count(0)
+    # the keeper's reading: 9% low, as a gauge may read
+    low = EAGLE3._replace(tau_greedy=EAGLE3.tau_greedy * 0.91,
+                          tau_sampling=EAGLE3.tau_sampling * 0.91)  # fmt: skip
+    world.models = {SPECULATIVE: low, BASELINE: BASE}
+    world.now += CURVE_REFRESH + 1
+    count(ACCEPT_MIN_REQUESTS - 1)
+    for _ in range(3 * CURVE_REFRESH_ROUNDS):
+        held = p.setting()
+    # too few counted: the gauge does not move it
+    assert held is not None and held.speculative == EAGLE3 and p.curve_updates == 0
+    count(1)
+    taken = p.setting()
+    assert taken is not None and p.curve_updates == 1
+    want = counted_curve(EAGLE3, Accepted(200.0, 100.0, 1), mix.sampling)
+    assert (taken.speculative.tau_greedy, taken.speculative.tau_sampling) == pytest.approx(
+        (want.tau_greedy, want.tau_sampling)
+    )
+    assert taken.speculative.spi == pytest.approx(EAGLE3.spi) and p.accepted == Accepted()
