@@ -45,6 +45,11 @@ Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
     (
+        "mean",
+        "the curves the mean of the keeper's readings (the acceptance a gauge of 40 iterations) "
+        "and the agreement (5491cdf)",
+    ),
+    (
         "agree",
         "a switch only if the curves the newest replaced agree, the newest reading taken "
         "(3e7f067, with plancost-s11's faster plans)",
@@ -251,12 +256,15 @@ def intro(meta: Doc) -> list[str]:
         "planning on yesterday's mix from its first round (`spec-router fleet`'s yesterday: "
         "the mix of another draw of the day's requests), a held mix replaced by one read from "
         "fewer requests only beyond 3 standard errors of their difference (its count the "
-        "requests the engines' means are over), and (session 11's end) the curves taken as the "
-        "mean of the keeper's readings since the last replacement (not the newest reading, a "
-        "gauge of the engines' last 40 iterations) and a switch made only if the plan on the "
-        "curves these replaced would make it too (two means in a row must agree), the cold "
-        "plans ~5x cheaper (numpy, plancost-s11); *session 11, yesterday's mix*: the same "
-        "before those last changes (0da1aaf); *a switch only if the curves the newest "
+        "requests the engines' means are over), and (session 11's end) the acceptance planned "
+        "on counted from the speculative engines' counters (tokens per verify step, taken "
+        "once 200 requests ended since it was last taken; the keeper's is a gauge of each "
+        "engine's last 40 iterations), the other numbers of the curves the mean of the "
+        "keeper's readings since the last replacement, and a switch made only if the plan on "
+        "the curves these replaced would make it too, the cold plans ~5x cheaper (numpy, "
+        "plancost-s11); *session 11, yesterday's mix*: the same before those last changes "
+        "(0da1aaf); *the curves the mean of the keeper's readings*: those changes but the "
+        "acceptance the gauge's mean (5491cdf); *a switch only if the curves the newest "
         "replaced agree*: the agreement alone, on the newest reading (3e7f067); "
         "*PLAN_MIN_REQUESTS, no mix kept*: main at session 11's start (40fc91c), the first "
         "plan at ~1.1 h; *the "
@@ -503,7 +511,7 @@ def flat_section(all_runs: dict[str, Doc]) -> list[str]:
              ".s10": "window, slo model, session 10 (7f9d353)",
              ".s10min": "window, slo model, PLAN_MIN_REQUESTS (5c89b4c)",
              ".s11c": "window, slo model, yesterday's mix kept (0da1aaf)",
-             ".s11d": "window, slo model, yesterday's mix, curves agree"}  # fmt: skip
+             ".s11d": "window, slo model, yesterday's mix, counted acceptance"}  # fmt: skip
 
     def edge_of(name: str) -> str:
         return next((e for t, e in edges.items() if name.endswith(t)), "window, slo model")
