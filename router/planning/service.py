@@ -1020,7 +1020,7 @@ def mean_curve(readings: Sequence[Curve]) -> Curve:
     The learned acceptance is SGLang's gauge: each engine's last 40 iterations, averaged over
     the speculative engines and split by an average of the sampling share. In a trough that
     is a few requests' worth, and on simulated engines whose acceptance never changes the
-    newest reading at a replacement went 2.18-2.52 (tau at temperature > 0, eagle3-chain,
+    newest reading at a replacement went 2.14-2.52 (tau at temperature > 0, eagle3-chain,
     session 11), as far as what decides the day's peak: two readings of 2.18 and 2.19 in a
     row moved an all-speculative chain fleet to 3 at 1.3 h. The planner reads the keeper at
     every round anyway; the mean of the readings since the last replacement (30 rounds or
