@@ -45,6 +45,21 @@ Doc = dict[str, Any]
 # Earlier planner runs kept as rows of their own: R.planner.TAG(.rN).json
 EARLIER = (
     (
+        "mean",
+        "the curves the mean of the keeper's readings (the acceptance a gauge of 40 iterations) "
+        "and the agreement (5491cdf)",
+    ),
+    (
+        "agree",
+        "a switch only if the curves the newest replaced agree, the newest reading taken "
+        "(3e7f067, with plancost-s11's faster plans)",
+    ),
+    (
+        "s11c",
+        "session 11, yesterday's mix: the mix kept from yesterday, its noise rule at 3 standard "
+        "errors, its count the engines' (0da1aaf); a switch on the newest curves alone",
+    ),
+    (
         "s11b",
         "the mix kept from yesterday, its noise rule at 3 standard errors, its count the "
         "router's requests (622c350)",
@@ -241,8 +256,18 @@ def intro(meta: Doc) -> list[str]:
         "planning on yesterday's mix from its first round (`spec-router fleet`'s yesterday: "
         "the mix of another draw of the day's requests), a held mix replaced by one read from "
         "fewer requests only beyond 3 standard errors of their difference (its count the "
-        "requests the engines' means are over); *PLAN_MIN_REQUESTS, "
-        "no mix kept*: main at session 11's start (40fc91c), the first plan at ~1.1 h; *the "
+        "requests the engines' means are over), and (session 11's end) the acceptance planned "
+        "on counted from the speculative engines' counters (tokens per verify step, taken "
+        "once 200 requests ended since it was last taken; the keeper's is a gauge of each "
+        "engine's last 40 iterations), the other numbers of the curves the mean of the "
+        "keeper's readings since the last replacement, and a switch made only if the plan on "
+        "the curves these replaced would make it too, the cold plans ~5x cheaper (numpy, "
+        "plancost-s11); *session 11, yesterday's mix*: the same before those last changes "
+        "(0da1aaf); *the curves the mean of the keeper's readings*: those changes but the "
+        "acceptance the gauge's mean (5491cdf); *a switch only if the curves the newest "
+        "replaced agree*: the agreement alone, on the newest reading (3e7f067); "
+        "*PLAN_MIN_REQUESTS, no mix kept*: main at session 11's start (40fc91c), the first "
+        "plan at ~1.1 h; *the "
         "mix kept, its noise rule at 2 standard errors*: session 11's first runs (bcf2cc3, "
         "cf7911d); *catch-up*: session 10's runs at 7f9d353, "
         "the intervals that end while a plan is made counted each as its own and observed "
@@ -485,7 +510,8 @@ def flat_section(all_runs: dict[str, Doc]) -> list[str]:
              ".thread": "window, slo model, plan in thread",
              ".s10": "window, slo model, session 10 (7f9d353)",
              ".s10min": "window, slo model, PLAN_MIN_REQUESTS (5c89b4c)",
-             ".s11c": "window, slo model, yesterday's mix kept (0da1aaf)"}  # fmt: skip
+             ".s11c": "window, slo model, yesterday's mix kept (0da1aaf)",
+             ".s11d": "window, slo model, yesterday's mix, counted acceptance"}  # fmt: skip
 
     def edge_of(name: str) -> str:
         return next((e for t, e in edges.items() if name.endswith(t)), "window, slo model")
@@ -494,7 +520,7 @@ def flat_section(all_runs: dict[str, Doc]) -> list[str]:
     flats = sorted(
         (n for n in all_runs if ".flat" in n),
         key=lambda n: (
-            re.sub(r"\.(before|spillmodel|thread|s10|s10min|s11c)$", "", n),
+            re.sub(r"\.(before|spillmodel|thread|s10|s10min|s11c|s11d)$", "", n),
             order[edge_of(n)],
         ),
     )

@@ -32,7 +32,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -77,6 +77,7 @@ from router.planning.traffic import (
     Window,
     WindowParams,
     count_of,
+    moved,
     traffic,
 )
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
@@ -115,6 +116,14 @@ CURVE_REFRESH = 1800.0
 # was cold (10-12 s, 30 intervals each). Counted in rounds, a replacement's cold plan is
 # amortised over as many plans at any time scale.
 CURVE_REFRESH_ROUNDS = 30
+# The acceptance the plan takes is counted from the speculative engines' own counters (tokens
+# per verify step of the requests they ended, ``counted_steps``) once this many requests ended
+# on them since it was last taken; until then it stays (and without such counters it is the
+# keeper's reading, the mean of readings). Four times PLAN_MIN_REQUESTS.
+ACCEPT_MIN_REQUESTS = 200
+# Most readings of the curves kept to average (``mean_curve``): four refreshes' worth (two
+# hours of minutes). The mean is taken on the event loop each round: ~120 x 70 numbers.
+CURVE_READINGS = 4 * CURVE_REFRESH_ROUNDS
 # Least wall seconds a plan may take (``FleetPlanner.plan_timeout``).
 PLAN_TIMEOUT = 60.0
 # Intervals counted while no plan took them that are kept for the next round (``Round.missed``):
@@ -308,6 +317,9 @@ class Round(NamedTuple):
     # the intervals counted since the last round that reached the planner, oldest first: the
     # forecast observes each as its own round would have (``decide``)
     missed: tuple[Counted, ...] = ()
+    # the curves the setting's replaced (the keeper's previous reading, ``FleetPlanner.setting``):
+    # a switch goes ahead only if it would under them too (``agreed``)
+    replaced: Setting | None = None
 
 
 Outcome = tuple[str, Plan | None, PlanState]  # status, the plan (if one was made), next state
@@ -346,10 +358,43 @@ def decide(r: Round) -> Outcome:
         est = r.estimate
         obs = Observation(r.now, est.arrivals, est.seconds, r.mix, fresh)
         p = plan(obs, r.setting, r.fleet, r.state, r.params)
+        if p.action is not None and r.replaced is not None:
+            p = agreed(p, plan(obs, r.replaced, r.fleet, r.state, r.params))
         return "planning", p, p.state
     holt, observed = observe_round(r.state, r.now, r.estimate.rate, r.estimate.seconds, r.params,
                                    fresh)  # fmt: skip
     return status, None, r.state._replace(holt=holt, observed=observed)
+
+
+def agreed(p: Plan, q: Plan) -> Plan:
+    """``p`` (made on the newest curves) if the plan on the curves they replaced, ``q`` (the
+    same round otherwise), would switch the same way; else ``p`` held: no action, its option
+    blocked with why, the state ``q``'s (the forecast's the same; no switch taken).
+
+    The learned curves are readings: the engines' acceptance over their last window, split by
+    an average of the sampling share, and per-batch decode times of the requests seen. On the
+    simulated engines, whose acceptance never changes, consecutive readings of the sampling
+    acceptance on one compressed day went 2.39 -> 2.32 -> 2.43 -> 2.41 -> 2.30 -> 2.52
+    (eagle3-chain, session 11): swings of 3-10% that are noise, and as large as what decides
+    a split at the peak. One such reading (2.39 -> 2.317) moved all-speculative chain 4 -> 3
+    at its peak (gain +25.5 pt, +2.4 at the lower band; under the curves it replaced -0.36 at
+    the lower band), 6 strict points below the runs that held. Two readings in a row must
+    agree: a real change of acceptance shows in both within one replacement
+    (CURVE_REFRESH_ROUNDS rounds); noise seldom does the same way in both."""
+    if p.action is None or (q.action is not None and q.action.mode == p.action.mode):
+        return p
+    mine = next((o for o in q.options if o.action.mode == p.action.mode), None)
+    why = "not a switch under the curves these replaced"
+    if mine is not None:
+        why += f" (gain {100 * mine.gain:+.2f} pt, {100 * mine.gain_lower:+.2f} at the lower band)"
+    options = tuple(o._replace(blocked=why) if o.action == p.action else o for o in p.options)
+    reason = f"holding: {why}"
+    last = (
+        q.state.history[-1]._replace(desired=p.desired, reason=reason) if q.state.history else None
+    )
+    history = (*q.state.history[:-1], last) if last is not None else q.state.history
+    return p._replace(action=None, reason=reason, options=options,
+                      state=q.state._replace(history=history))  # fmt: skip
 
 
 class FleetPlanner:
@@ -400,6 +445,13 @@ class FleetPlanner:
         self.curves_at = -math.inf  # when they were last replaced
         self.curves_rounds = 0  # rounds planned on them since
         self.curve_updates = 0  # times they were replaced by the keeper's (after the first)
+        self.curves_before: dict[Pool, Curve] = {}  # the ones they last replaced (``agreed``)
+        # the keeper's readings since they were last replaced (their mean replaces them)
+        self.readings: dict[Pool, deque[Curve]] = {p: deque(maxlen=CURVE_READINGS) for p in POOLS}
+        # the speculative engines' counted acceptance since it was last taken, their last samples
+        self.accepted = Accepted()
+        self.accept_last: dict[str, EngineSample] = {}
+        self.accept_counted = False  # whether any engine has counted (then it is the source)
         # the mix plans are made on (``hold_mix``; yesterday's, kept at PLAN_STATE_PATH, until
         # today's replaces it), and how many requests it was read from
         self.mix: Mix | None = mix
@@ -475,6 +527,14 @@ class FleetPlanner:
         samples = self.engines.samples
         readings = {url: reading_of(s) for url, s in samples.items()}
         self.watch.update(readings, fresh=self.loading)
+        spec = {m.url for m in members if m.pool == SPECULATIVE}
+        last = {url: s for url, s in samples.items() if url in spec}
+        for url, s in last.items():
+            moved_by = counted_steps(self.accept_last.get(url), s)
+            if moved_by is not None:
+                self.accepted = self.accepted.plus(moved_by)
+                self.accept_counted = True
+        self.accept_last = last
         started = self.tracker.started
         for url, n in started.items():
             self.own += max(0, n - self.sent.get(url, n))
@@ -544,18 +604,34 @@ class FleetPlanner:
         self.curves_rounds += 1
         due = (now - self.curves_at >= CURVE_REFRESH * self.settings.plan_time_scale
                and self.curves_rounds > CURVE_REFRESH_ROUNDS)  # fmt: skip
+        before = dict(self.curves)
         for pool in POOLS:
             new = curve_of(models[pool])
             held = self.curves.get(pool)
+            readings = self.readings[pool]
+            if held is not None and not math.isinf(curve_drift(held, new)):
+                readings.append(new)
+                new = mean_curve(readings)
+                if pool == SPECULATIVE and self.accept_counted:
+                    new = self._acceptance(held, new)
             drift = curve_drift(held, new)
             if held is None or math.isinf(drift) or (due and drift > CURVE_TOLERANCE):
                 if held is not None:
-                    log.info("the %s curve moved %.1f%%: the plan takes the new one", pool,
-                             100 * drift)  # fmt: skip
+                    log.info("the %s curve moved %.1f%% (the mean of %d readings): the plan "
+                             "takes it", pool, 100 * drift, max(1, len(readings)))  # fmt: skip
+                if (
+                    pool == SPECULATIVE
+                    and held is not None
+                    and ((new.tau_greedy, new.tau_sampling) != (held.tau_greedy, held.tau_sampling))
+                ):
+                    self.accepted = Accepted()  # (counted afresh from the acceptance taken)
                 self.curves[pool] = new
+                readings.clear()
                 self.curves_at = now
                 self.curves_rounds = 0
                 self.curve_updates += held is not None
+                if held is not None:
+                    self.curves_before = before
         return Setting(
             self.curves[SPECULATIVE],
             self.curves[BASELINE],
@@ -564,6 +640,22 @@ class FleetPlanner:
             self.slo,
             self.settings.gpu_budget,
         )
+
+    def _acceptance(self, held: Curve, mean: Curve) -> Curve:
+        """``mean`` (the keeper's readings) with the acceptance the engines counted since it
+        was last taken, or ``held``'s until they have counted ACCEPT_MIN_REQUESTS requests.
+
+        The keeper's acceptance is SGLang's gauge, each engine's last 40 iterations: on
+        simulated engines whose acceptance never changes, the means of 31 rounds' readings at
+        the curves' replacements went 2.59, 2.36, 2.53, 2.40 (eagle3-chain, tau at
+        temperature > 0, session 11; the readings repeat while an engine's window lasts), as
+        far apart as what decides that fleet's split at its peak; the counters hold every
+        step of every request that ended."""
+        acc = self.accepted
+        if acc.requests < ACCEPT_MIN_REQUESTS or acc.steps <= 0:
+            return mean._replace(tau_greedy=held.tau_greedy, tau_sampling=held.tau_sampling)
+        share = self.mix.sampling if self.mix is not None else 0.0
+        return counted_curve(mean, acc, share)
 
     def hold_mix(self, mix: Mix | None, seen: Sample | None = None) -> Mix | None:
         """The mix the plan is made on: the one it had until the observed one (read from
@@ -640,8 +732,16 @@ class FleetPlanner:
             arrivals=tr.arrivals + sum(c.fresh[0] for c in missed),
         )
         self.last_intervals = 1 + len(missed)
-        return Round(now, seconds, tr, fleet, mix, self.setting(), self.state, self.params,
-                     est, missed)  # fmt: skip
+        setting = self.setting()
+        return Round(now, seconds, tr, fleet, mix, setting, self.state, self.params, est, missed,
+                     self.replaced(setting))  # fmt: skip
+
+    def replaced(self, setting: Setting | None) -> Setting | None:
+        """``setting`` on the curves its own replaced, if they were (``agreed``)."""
+        if setting is None or not self.curves_before:
+            return None
+        return setting._replace(speculative=self.curves_before[SPECULATIVE],
+                                baseline=self.curves_before[BASELINE])  # fmt: skip
 
     def publish(self, r: Round, out: Outcome, took: float, worker: Worker | None = None) -> None:
         """Take the decision's plan and state, advise, and publish the document."""
@@ -871,6 +971,76 @@ class FleetPlanner:
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("cannot keep the forecast's state at %s: %s", path, exc)
+
+
+class Accepted(NamedTuple):
+    """What the speculative engines' counters moved by: tokens, verify steps, requests."""
+
+    tokens: float = 0.0
+    steps: float = 0.0
+    requests: float = 0.0
+
+    def plus(self, other: Accepted) -> Accepted:
+        return Accepted(*(a + b for a, b in zip(self, other, strict=True)))
+
+
+def counted_steps(prev: EngineSample | None, cur: EngineSample) -> Accepted | None:
+    """The tokens and verify steps a speculative engine counted between two samples: SGLang's
+    generated tokens and verify calls (0.5.23, moved as its requests end), vLLM's and
+    llama.cpp's drafts + accepted tokens and drafts; None without such counters, or at the
+    first sample. A counter that went back is an engine that restarted (from zero)."""
+    if prev is None:
+        return None
+    requests = moved(cur.requests_total, prev.requests_total) or 0.0
+    drafts = moved(cur.drafts_total, prev.drafts_total)
+    accepted = moved(cur.accepted_total, prev.accepted_total)
+    if drafts is not None and accepted is not None:
+        return Accepted(drafts + accepted, drafts, requests)
+    tokens = moved(cur.generated_total, prev.generated_total)
+    steps = moved(cur.verifies_total, prev.verifies_total)
+    if tokens is not None and steps is not None:
+        return Accepted(tokens, steps, requests)
+    return None
+
+
+def counted_curve(curve: Curve, accepted: Accepted, sampling: float) -> Curve:
+    """``curve`` with the acceptance ``accepted`` counted (tokens per verify step over both
+    classes of request), split between greedy and sampling at the curve's own ratio and the
+    mix's share at temperature > 0 (``sampling``)."""
+    tau = accepted.tokens / accepted.steps
+    ratio = curve.tau_sampling / curve.tau_greedy if curve.tau_greedy > 0 else 1.0
+    share = min(1.0, max(0.0, sampling))
+    greedy = max(1.0, tau / (1.0 - share + share * ratio))
+    return curve._replace(tau_greedy=greedy, tau_sampling=max(1.0, greedy * ratio))
+
+
+def mean_curve(readings: Sequence[Curve]) -> Curve:
+    """The mean of readings of one shape (the newest's running cap), number by number.
+
+    The learned acceptance is SGLang's gauge: each engine's last 40 iterations, averaged over
+    the speculative engines and split by an average of the sampling share. In a trough that
+    is a few requests' worth, and on simulated engines whose acceptance never changes the
+    newest reading at a replacement went 2.14-2.52 (tau at temperature > 0, eagle3-chain,
+    session 11), as far as what decides the day's peak: two readings of 2.18 and 2.19 in a
+    row moved an all-speculative chain fleet to 3 at 1.3 h. The planner reads the keeper at
+    every round anyway; the mean of the readings since the last replacement (30 rounds or
+    more) is what they agree on."""
+    n = len(readings)
+    last = readings[-1]
+    if n == 1:
+        return last
+
+    def mean(xs: Iterable[float]) -> float:
+        return math.fsum(xs) / n
+
+    return Curve(
+        tuple(mean(c.spi[i] for c in readings) for i in range(len(last.spi))),
+        mean(c.tau_greedy for c in readings),
+        mean(c.tau_sampling for c in readings),
+        mean(c.prefill_base for c in readings),
+        mean(c.prefill_per_token for c in readings),
+        last.cap,
+    )
 
 
 def curve_drift(held: Curve | None, new: Curve) -> float:

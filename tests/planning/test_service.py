@@ -16,19 +16,24 @@ from prometheus_client import CollectorRegistry
 from router.health.engines import EngineSample
 from router.health.state import BackendHealth, State
 from router.members.member import Member
-from router.plan import observe_round
+from router.plan import Setting, observe_round
 from router.plan.values import Curve, CurveLike, Mix
 from router.planning.fleet import SLOT
 from router.planning.metrics import PlanCollector
 from router.planning.service import (
+    ACCEPT_MIN_REQUESTS,
     CURVE_REFRESH,
     CURVE_REFRESH_ROUNDS,
+    Accepted,
     FleetPlanner,
     Sample,
     beyond_noise,
+    counted_curve,
+    counted_steps,
     curve_drift,
     decide,
     holt_document,
+    mean_curve,
     mix_moved,
     sample_of,
     state_of,
@@ -355,33 +360,128 @@ def test_plans_hold_their_curves_until_they_move_and_a_refresh_is_due() -> None:
     first = p.setting()
     assert first is not None and first.speculative == EAGLE3 and p.curve_updates == 0
 
-    def rounds(n: int = CURVE_REFRESH_ROUNDS) -> None:
+    def rounds(n: int = CURVE_REFRESH_ROUNDS) -> Setting:
         for _ in range(n):
-            p.setting()
+            s = p.setting()
+        assert s is not None
+        return s
 
     # learning moves them a little: the plan keeps what it had (its model's caches stay warm)
     world.models = {SPECULATIVE: scaled(EAGLE3, 1.01), BASELINE: BASE}
     world.now += CURVE_REFRESH + 1
-    rounds()
-    held = p.setting()
-    assert held is not None and held.speculative == EAGLE3
-    # more than the tolerance, but the last replacement is recent: still held
+    assert rounds().speculative == EAGLE3
+    # the readings' mean moves past the tolerance (at the 11th reading of 1.05: 30 at 1.01
+    # and 11 at 1.05 average 1.0207, 10 average 1.0203 < 1 / 0.98): replaced by that mean, a
+    # refresh being due
     world.models = {SPECULATIVE: scaled(EAGLE3, 1.05), BASELINE: BASE}
-    p.setting()  # (replaced now: a refresh was due)
+    rounds(10)
+    assert p.curve_updates == 0
+    taken = rounds(1).speculative
     assert p.curve_updates == 1
+    assert taken.spi == pytest.approx(scaled(EAGLE3, (30 * 1.01 + 11 * 1.05) / 41).spi)
+    # more than the tolerance, but the last replacement is recent: still held
     world.models = {SPECULATIVE: scaled(EAGLE3, 1.10), BASELINE: BASE}
     world.now += CURVE_REFRESH / 2
-    rounds()
-    mid = p.setting()
-    assert mid is not None and mid.speculative == scaled(EAGLE3, 1.05)
+    assert rounds().speculative == taken
     world.now += CURVE_REFRESH / 2
-    due = p.setting()
-    assert due is not None and due.speculative == scaled(EAGLE3, 1.10) and p.curve_updates == 2
-    # a new shape (another running cap) is taken at once
+    due = rounds(1)
+    assert due.speculative.spi == pytest.approx(scaled(EAGLE3, 1.10).spi) and p.curve_updates == 2
+    # a new shape (another running cap) is taken at once, its reading as it is
     world.models = {SPECULATIVE: EAGLE3._replace(cap=32), BASELINE: BASE}
     world.now += 1
     new = p.setting()
-    assert new is not None and new.speculative.cap == 32 and p.curve_updates == 3
+    assert new is not None and new.speculative == EAGLE3._replace(cap=32) and p.curve_updates == 3
+
+
+def test_one_reading_far_off_does_not_move_the_curves_their_readings_mean_does() -> None:
+    """The acceptance is a gauge of the engines' last few iterations: one reading 9% low
+    among readings that agree with the held curves moves their mean 0.3%."""
+    world = World()
+    world.join(BASELINE, "http://b0")
+    p = planner(world)
+    p.setting()
+    world.now += CURVE_REFRESH + 1
+    low = EAGLE3._replace(tau_greedy=EAGLE3.tau_greedy * 0.91,
+                          tau_sampling=EAGLE3.tau_sampling * 0.91)  # fmt: skip
+    for i in range(CURVE_REFRESH_ROUNDS + 1):
+        world.models = {SPECULATIVE: low if i == CURVE_REFRESH_ROUNDS else EAGLE3, BASELINE: BASE}
+        s = p.setting()
+    assert s is not None and s.speculative == EAGLE3 and p.curve_updates == 0
+    # readings that stay low move the mean past the tolerance: then they are taken
+    world.models = {SPECULATIVE: low, BASELINE: BASE}
+    while p.curve_updates == 0:
+        s = p.setting()
+    assert s is not None and len(p.readings[SPECULATIVE]) == 0
+    assert 0.91 * EAGLE3.tau_sampling < s.speculative.tau_sampling < 0.98 * EAGLE3.tau_sampling
+
+
+def test_the_mean_of_curves_is_number_by_number_with_the_newest_cap() -> None:
+    a = Curve((0.01, 0.02), 3.0, 2.0, 0.03, 0.0004, 16)
+    b = Curve((0.03, 0.04), 2.0, 1.0, 0.05, 0.0002, 32)
+    assert mean_curve([a]) == a
+    m = mean_curve([a, b])
+    assert m.spi == pytest.approx((0.02, 0.03)) and m.cap == 32
+    assert (m.tau_greedy, m.tau_sampling) == (2.5, 1.5)
+    assert (m.prefill_base, m.prefill_per_token) == pytest.approx((0.04, 0.0003))
+
+
+def test_a_round_carries_the_curves_its_own_replaced() -> None:
+    world = World()
+    world.join(BASELINE, "http://b0")
+    p = planner(world)
+    first = p.setting()
+    # the first curves replace none: nothing to agree with
+    assert first is not None and p.replaced(first) is None
+    taken = first.speculative
+    for i, by in enumerate((1.05, 1.10), start=1):
+        world.models = {SPECULATIVE: scaled(EAGLE3, by), BASELINE: BASE}
+        world.now += CURVE_REFRESH + 1
+        for _ in range(CURVE_REFRESH_ROUNDS + 1):
+            now = p.setting()
+        assert now is not None and p.curve_updates == i
+        assert now.speculative.spi == pytest.approx(scaled(EAGLE3, by).spi)
+        before = p.replaced(now)
+        assert before is not None and before.baseline == now.baseline == BASE
+        assert before.speculative == taken
+        taken = now.speculative
+    world.now += INTERVAL
+    world.serve(60)
+    r = p.gather()
+    assert r.replaced == p.replaced(r.setting) and r.replaced is not None
+    assert r.replaced.speculative.spi == pytest.approx(scaled(EAGLE3, 1.05).spi)
+
+
+def test_a_switch_goes_ahead_only_if_the_curves_it_replaced_agree() -> None:
+    """Two readings of the curves in a row must both advise it (``agreed``): one alone can be
+    the noise of the engines' last window."""
+    world = World()
+    for i in range(4):
+        world.join(BASELINE, f"http://b{i}")
+    # as above: the baseline misses a TPOT of 18 ms, the speculative engines meet it
+    p = planner(world, gpu_budget=4, slo_tpot_ms=18.0)
+    minutes(world, p, 6, 1.0)
+    world.now += INTERVAL
+    world.serve(60)
+    r = p.gather()
+    assert r.setting is not None and r.replaced is None
+    _, alone, _ = decide(r)
+    assert alone is not None and alone.action is not None and alone.action.mode == SPECULATIVE
+    # the curves it replaced agree: the same plan
+    same = decide(r._replace(replaced=r.setting))
+    assert same == decide(r)
+    # under the curves it replaced speculation was no faster than the baseline: held
+    slow = r.setting._replace(speculative=scaled(EAGLE3, 3.0))
+    status, held, state = decide(r._replace(replaced=slow))
+    assert status == "planning" and held is not None and held.action is None
+    assert held.reason.startswith("holding: not a switch under the curves these replaced")
+    assert held.desired == alone.desired and held.values == alone.values
+    blocked = [o for o in held.options if o.action == alone.action]
+    assert len(blocked) == 1 and blocked[0].blocked.startswith("not a switch under the curves")
+    # no switch taken: the state is the one a round without an action leaves
+    assert state == held.state and state.switched == r.state.switched
+    assert state.direction == r.state.direction and state.holt == alone.state.holt
+    assert state.history[-1].action is None and state.history[-1].desired == alone.desired
+    assert state.history[:-1] == alone.state.history[:-1]
 
 
 def test_curves_are_replaced_at_most_once_in_so_many_rounds_at_any_time_scale() -> None:
@@ -709,3 +809,70 @@ def test_no_plan_is_made_on_the_lengths_of_fewer_than_plan_min_requests() -> Non
     p.observe(Done(200, Usage(int(MIX.prompts[0]), int(MIX.outputs[0])), True))
     minutes(world, p, 1, 1.0)
     assert p.document()["status"] == "planning"
+
+
+def sglang(requests: float, tokens: float, steps: float) -> EngineSample:
+    return EngineSample("sglang", 0.0, 0.0, None, requests_total=requests, prompt_total=0.0,
+                        generated_total=tokens, verifies_total=steps)  # fmt: skip
+
+
+def test_the_engines_count_tokens_per_verify_step() -> None:
+    assert counted_steps(None, sglang(10, 500, 200)) is None  # (the first sample)
+    assert counted_steps(sglang(10, 500, 200), sglang(14, 800, 300)) == Accepted(300, 100, 4)
+    # an engine that restarted counts from zero
+    assert counted_steps(sglang(10, 500, 200), sglang(2, 90, 30)) == Accepted(90, 30, 2)
+    vllm = EngineSample("vllm", 0.0, 0.0, None, accepted_total=150.0, drafts_total=100.0,
+                        requests_total=3.0)  # fmt: skip
+    later = replace(vllm, accepted_total=330.0, drafts_total=200.0, requests_total=5.0)
+    assert counted_steps(vllm, later) == Accepted(280, 100, 2)  # 1 + accepted / drafts
+    # no counters (a gauge only): nothing counted
+    gauge = EngineSample("sglang", 0.0, 0.0, 2.5)
+    assert counted_steps(gauge, gauge) is None
+
+
+def test_a_counted_acceptance_is_split_at_the_curves_ratio_and_the_mixs_share() -> None:
+    c = EAGLE3._replace(tau_greedy=3.0, tau_sampling=2.4)  # ratio 0.8
+    got = counted_curve(c, Accepted(2600.0, 1000.0, 50), 0.5)  # 2.6 = 0.5 g + 0.5 * 0.8 g
+    assert got.tau_greedy == pytest.approx(2.6 / 0.9) and got.tau_sampling == pytest.approx(
+        0.8 * 2.6 / 0.9
+    )
+    assert got._replace(tau_greedy=3.0, tau_sampling=2.4) == c
+
+
+def test_the_acceptance_planned_on_is_the_engines_count_not_the_gauge() -> None:
+    """The keeper's readings (a gauge of 40 iterations) swing by 5-10%; with counters the
+    plan keeps its acceptance until ACCEPT_MIN_REQUESTS requests are counted, then takes it."""
+    world = World()
+    world.join(SPECULATIVE, "http://s0")
+    p = planner(world)
+    p.mix = mix = MIX  # (the mix's share at temperature > 0 splits the count)
+    first = p.setting()
+    assert first is not None and first.speculative == EAGLE3
+    # the engine counts: 2.0 tokens a step where the table had more
+    n, tokens, steps = 0.0, 0.0, 0.0
+
+    def count(requests: float) -> None:
+        nonlocal n, tokens, steps
+        n, tokens, steps = n + requests, tokens + 200 * requests, steps + 100 * requests
+        world.samples["http://s0"] = sglang(n, tokens, steps)
+        p.look()
+
+    count(0)
+    # the keeper's reading: 9% low, as a gauge may read
+    low = EAGLE3._replace(tau_greedy=EAGLE3.tau_greedy * 0.91,
+                          tau_sampling=EAGLE3.tau_sampling * 0.91)  # fmt: skip
+    world.models = {SPECULATIVE: low, BASELINE: BASE}
+    world.now += CURVE_REFRESH + 1
+    count(ACCEPT_MIN_REQUESTS - 1)
+    for _ in range(3 * CURVE_REFRESH_ROUNDS):
+        held = p.setting()
+    # too few counted: the gauge does not move it
+    assert held is not None and held.speculative == EAGLE3 and p.curve_updates == 0
+    count(1)
+    taken = p.setting()
+    assert taken is not None and p.curve_updates == 1
+    want = counted_curve(EAGLE3, Accepted(200.0, 100.0, 1), mix.sampling)
+    assert (taken.speculative.tau_greedy, taken.speculative.tau_sampling) == pytest.approx(
+        (want.tau_greedy, want.tau_sampling)
+    )
+    assert taken.speculative.spi == pytest.approx(EAGLE3.spi) and p.accepted == Accepted()
