@@ -119,22 +119,22 @@ def _remote_addr(transport: Any) -> tuple[str, int] | None:
     return None
 
 
-def _base() -> type[Any] | None:
+def httptools_protocol(*needed: str) -> type[Any] | None:
+    """uvicorn's ``HttpToolsProtocol`` when it has every method in ``needed`` (what a protocol
+    built on it overrides or calls), else None: uvicorn without httptools, or one whose
+    internals moved."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # uvicorn without httptools
         return None
-    needed = (
-        "on_response_complete",
-        "_unset_keepalive_if_required",
-        "timeout_keep_alive_handler",
-    )
     if not all(hasattr(HttpToolsProtocol, name) for name in needed):
         return None
     return HttpToolsProtocol
 
 
-_BASE = _base()
+_BASE = httptools_protocol(
+    "on_response_complete", "_unset_keepalive_if_required", "timeout_keep_alive_handler"
+)
 
 
 def _flow_and_trace() -> tuple[Any, int]:

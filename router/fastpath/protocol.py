@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router.errors import error_body
-from router.fastpath.lean import IdleOnComplete
+from router.fastpath.lean import IdleOnComplete, httptools_protocol
 from router.timers import LazyTimer
 
 log = logging.getLogger("spec_router.protocol")
@@ -69,26 +69,15 @@ def _response(status: bytes, body: bytes) -> bytes:
     return head + b"connection: close\r\n\r\n" + body
 
 
-def _base() -> type[Any] | None:
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # uvicorn without httptools
-        return None
-    needed = (
-        "on_message_begin",
-        "on_headers_complete",
-        "on_message_complete",
-        "on_response_complete",
-        "send_400_response",
-        "_unset_keepalive_if_required",
-        "timeout_keep_alive_handler",
-    )
-    if not all(hasattr(HttpToolsProtocol, name) for name in needed):
-        return None
-    return HttpToolsProtocol
-
-
-_BASE = _base()
+_BASE = httptools_protocol(
+    "on_message_begin",
+    "on_headers_complete",
+    "on_message_complete",
+    "on_response_complete",
+    "send_400_response",
+    "_unset_keepalive_if_required",
+    "timeout_keep_alive_handler",
+)
 
 
 def http_protocol(request_timeout: float) -> type[asyncio.Protocol] | str:
