@@ -20,6 +20,9 @@ default policy (``slo``) is set against the best of ``spillover``, ``round_robin
     python bench/policy_family.py --workloads 240 --summary-only   # from the cache, no runs
     python bench/policy_family.py --workloads 240 --variant "sim seed 1" --sim-seed 1  # noise
 
+At ``--sim-seed`` k the simple policies run at k too (their rows' variant "sim seed k"; "" at 0),
+so that each comparison is paired: the same arrivals on the same draw of the engines.
+
 Results are cached by workload and variant in ``--cache`` (a JSON lines file), so that a
 change to the default policy re-runs only its own cells (``--fresh`` runs everything again).
 Runs in ``--jobs`` processes. CPU-heavy, not timing-sensitive: under ``flock -s``.
@@ -181,6 +184,12 @@ class Variant:
     sim_seed: int = 0
 
 
+def simple_variant(sim_seed: int) -> str:
+    """The cache's variant name of a simple policy's run at ``sim_seed`` ("" at 0, as since
+    session 1): the default at sim seed k is compared with the simple policies at sim seed k."""
+    return "" if sim_seed == 0 else f"sim seed {sim_seed}"
+
+
 def layout(w: Workload) -> tuple[list[Preset], list[Pool]]:
     spec = PRESETS[w.regime]
     presets = [spec] * w.per_pool + [BASE_PRESET] * w.per_pool
@@ -214,7 +223,8 @@ def run_one(w: Workload, policy: str, variant: Variant) -> dict[str, Any]:
     return {
         "seed": w.seed,
         "policy": policy,
-        "variant": variant.name if policy == DEFAULT_POLICY else "",
+        "variant": variant.name if policy == DEFAULT_POLICY else simple_variant(variant.sim_seed),
+        "sim_seed": variant.sim_seed,
         "strict": s.strict,
         "relaxed": s.relaxed,
         "spec_share": s.spec_share,
@@ -249,10 +259,12 @@ def measure(
 ) -> dict[tuple[int, str, str], dict[str, Any]]:
     have = {} if fresh else load_cache(cache)
     todo: list[tuple[Workload, str, Variant]] = []
+    seeds = sorted({v.sim_seed for v in variants})
     for w in workloads:
-        for policy in simple:
-            if (w.seed, policy, "") not in have:
-                todo.append((w, policy, Variant()))
+        for sim_seed in seeds:
+            for policy in simple:
+                if (w.seed, policy, simple_variant(sim_seed)) not in have:
+                    todo.append((w, policy, Variant(sim_seed=sim_seed)))
         for v in variants:
             if (w.seed, DEFAULT_POLICY, v.name) not in have:
                 todo.append((w, DEFAULT_POLICY, v))
@@ -293,12 +305,16 @@ class Cell:
 
 
 def cells(
-    workloads: Sequence[Workload], rows: dict[tuple[int, str, str], dict[str, Any]], variant: str
+    workloads: Sequence[Workload],
+    rows: dict[tuple[int, str, str], dict[str, Any]],
+    variant: str,
+    sim_seed: int = 0,
 ) -> list[Cell]:
+    """The default's ``variant`` against the simple policies at the same ``sim_seed``."""
     out = []
     for w in workloads:
         mine = rows.get((w.seed, DEFAULT_POLICY, variant))
-        simple = [rows.get((w.seed, p, "")) for p in SIMPLE]
+        simple = [rows.get((w.seed, p, simple_variant(sim_seed))) for p in SIMPLE]
         if mine is None or any(s is None for s in simple):
             continue
         best_s = max((s for s in simple if s is not None), key=lambda s: s["strict"])
@@ -372,7 +388,10 @@ def reaches(row: dict[str, Any], c: Cell, points: float) -> bool:
 
 
 def print_cells(
-    cs: Sequence[Cell], rows: dict[tuple[int, str, str], dict[str, Any]], worst: int
+    cs: Sequence[Cell],
+    rows: dict[tuple[int, str, str], dict[str, Any]],
+    worst: int,
+    sim_seed: int = 0,
 ) -> None:
     """Every simple policy's strict and relaxed goodput in the ``worst`` cells, and each losing
     cell's kind: *dominated* (a simple policy at least as good on both goodputs and 2 points
@@ -382,7 +401,7 @@ def print_cells(
     default), the cells no run reaches within 2 and within 5 points on both."""
 
     def simple(c: Cell) -> list[dict[str, Any]]:
-        return [rows[(c.workload.seed, p, "")] for p in SIMPLE]
+        return [rows[(c.workload.seed, p, simple_variant(sim_seed))] for p in SIMPLE]
 
     def kind(c: Cell) -> str:
         if any(
@@ -458,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--sim-seed", type=int, default=0,
-                    help="another draw of the engines' randomness (noise)")  # fmt: skip
+                    help="another draw of the engines' randomness (noise); "
+                         "the simple policies are run at it too")  # fmt: skip
     ap.add_argument("--fresh", action="store_true")
     ap.add_argument("--only", help="only these workloads' seeds, N,N,...")
     ap.add_argument("--regimes", help="only workloads of these regimes, R,R,...")
@@ -480,10 +500,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = load_cache(args.cache)
     else:
         rows = measure(workloads, [variant], args.cache, args.jobs, args.fresh)
-    found = cells(workloads, rows, variant.name)
+    found = cells(workloads, rows, variant.name, args.sim_seed)
     print_summary(found, variant.name, 0 if args.cells else args.worst)
     if args.cells:
-        print_cells(found, rows, args.worst)
+        print_cells(found, rows, args.worst, args.sim_seed)
     return 0
 
 
