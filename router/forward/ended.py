@@ -82,8 +82,12 @@ class Ended(Generic[T]):
                 except RuntimeError:  # (no loop: run them now)
                     self.settle()
                     return
+            try:
+                loop.call_soon(self._turn)
+            except RuntimeError:  # (the loop is closed: run them now)
+                self.settle()
+                return
             self._scheduled = True
-            loop.call_soon(self._turn)
 
     def busy(self) -> None:
         """A request head came in: this turn of the loop is not a quiet one."""

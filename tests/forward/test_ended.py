@@ -147,3 +147,16 @@ async def test_on_a_real_loop_they_run_at_its_next_turns() -> None:
     for _ in range(3):
         await asyncio.sleep(0)
     assert seen == list(range(BATCH * 2))
+
+
+def test_on_a_closed_loop_outcomes_are_observed_at_once() -> None:
+    class Closed(FakeLoop):
+        def call_soon(self, callback: Callable[[], object]) -> None:
+            raise RuntimeError("Event loop is closed")
+
+    clock = Clock()
+    seen: list[int] = []
+    ended = Ended([lambda out: seen.append(out.n)], clock, Closed(clock))
+    ended.add(Out(1, clock.now))
+    ended.add(Out(2, clock.now))
+    assert seen == [1, 2] and len(ended) == 0
