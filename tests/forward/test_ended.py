@@ -20,39 +20,36 @@ class Out:
 
 
 class FakeLoop:
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
+    """Turns the test runs, on a clock the test moves (``now``; ``time`` is the clock)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
         self.ready: list[Callable[[], object]] = []
         self.timers: list[tuple[float, Callable[[], object]]] = []
+
+    def time(self) -> float:
+        return self.now
 
     def call_soon(self, callback: Callable[[], object]) -> None:
         self.ready.append(callback)
 
     def call_later(self, delay: float, callback: Callable[[], object]) -> None:
-        self.timers.append((self.clock.now + delay, callback))
+        self.timers.append((self.now + delay, callback))
 
     def turn(self) -> None:
         """One loop iteration: the timers due, then what was ready at its start."""
-        due = [cb for at, cb in self.timers if at <= self.clock.now]
-        self.timers = [(at, cb) for at, cb in self.timers if at > self.clock.now]
+        due = [cb for at, cb in self.timers if at <= self.now]
+        self.timers = [(at, cb) for at, cb in self.timers if at > self.now]
         ready, self.ready = self.ready, []
         for callback in due + ready:
             callback()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make() -> tuple[Ended[Out], list[int], FakeLoop, Clock]:
-    clock = Clock()
-    loop = FakeLoop(clock)
+def make() -> tuple[Ended[Out], list[int], FakeLoop, FakeLoop]:
+    """Ended on a fake loop, what its observer saw, the loop, and the loop as the clock."""
+    loop = FakeLoop()
     seen: list[int] = []
-    return Ended([lambda out: seen.append(out.n)], clock, loop), seen, loop, clock
+    return Ended([lambda out: seen.append(out.n)], loop.time, loop), seen, loop, loop
 
 
 def test_outcomes_wait_for_a_turn_then_run_in_batches_in_order() -> None:
@@ -115,15 +112,14 @@ def test_past_the_limit_everything_runs_at_once() -> None:
 def test_a_failing_observer_is_logged_and_the_others_still_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = Clock()
-    loop = FakeLoop(clock)
+    loop = FakeLoop()
     seen: list[int] = []
 
     def broken(out: Out) -> None:
         raise ValueError("observer bug")
 
-    ended = Ended([broken, lambda out: seen.append(out.n)], clock, loop)
-    ended.add(Out(1, clock.now))
+    ended = Ended([broken, lambda out: seen.append(out.n)], loop.time, loop)
+    ended.add(Out(1, loop.now))
     with caplog.at_level(logging.ERROR, logger=ended_module.log.name):
         ended.settle()
     assert seen == [1] and "observer failed" in caplog.text
@@ -131,7 +127,7 @@ def test_a_failing_observer_is_logged_and_the_others_still_run(
 
 def test_without_a_running_loop_outcomes_are_observed_at_once() -> None:
     seen: list[int] = []
-    ended: Ended[Out] = Ended([lambda out: seen.append(out.n)], Clock())
+    ended: Ended[Out] = Ended([lambda out: seen.append(out.n)], FakeLoop().time)
     ended.add(Out(1, 0.0))
     assert seen == [1]
 
@@ -154,9 +150,9 @@ def test_on_a_closed_loop_outcomes_are_observed_at_once() -> None:
         def call_soon(self, callback: Callable[[], object]) -> None:
             raise RuntimeError("Event loop is closed")
 
-    clock = Clock()
+    loop = Closed()
     seen: list[int] = []
-    ended = Ended([lambda out: seen.append(out.n)], clock, Closed(clock))
-    ended.add(Out(1, clock.now))
-    ended.add(Out(2, clock.now))
+    ended = Ended([lambda out: seen.append(out.n)], loop.time, loop)
+    ended.add(Out(1, loop.now))
+    ended.add(Out(2, loop.now))
     assert seen == [1, 2] and len(ended) == 0
