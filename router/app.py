@@ -40,6 +40,7 @@ from router.fastpath.busypoll import BusyPoll, ShareWatch
 from router.forward.admission import Admission, Strain
 from router.forward.callback import CallbackStreams, callback_protocol
 from router.forward.decider import Decider
+from router.forward.ended import Ended
 from router.forward.proxy import Proxy
 from router.health.notices import Notices
 from router.health.poller import HealthPoller
@@ -187,11 +188,20 @@ class RouterApp:
         )
         self.recent = RecentWindow(clock, slo=slo)
         self.registry.register(self.state)
-        self.observers: list[Callable[[Outcome], None]] = [
+        # the accounting nothing on a request's path reads: run at quiet turns of the loop
+        # (router.forward.ended), settled before anything reads it; at once under --workers,
+        # whose /metrics merges every worker's files
+        accounting: list[Callable[[Outcome], None]] = [
             self.metrics.observe,
             self.keeper.observe,
             self.recent.observe,
         ]
+        self.ended: Ended[Outcome] | None = None
+        self.observers: list[Callable[[Outcome], None]] = accounting
+        if worker is None and settings.defer_accounting:
+            self.ended = Ended(accounting, clock)
+            self.observers = [self.ended.add]
+            self.keeper.settle = self.ended.settle
         if settings.queue_size > 0:
             self.observers.append(self.strain.observe)
         # The fleet planner (router.planning), when on: the leader plans under --workers
@@ -253,6 +263,8 @@ class RouterApp:
         self.busy: BusyPoll | None = None
         self.share: ShareWatch | None = None  # whether the core looks shared (busy polling holds)
         self.streams = CallbackStreams()  # streams served from callbacks (when on)
+        if self.ended is not None:
+            self.streams.busy = self.ended.busy
         self.control = build_control_app(self)
 
     def _forget_strain(self, changes: Changes) -> None:
@@ -274,7 +286,14 @@ class RouterApp:
         return switch is None or switch.phase == "advised"
 
     # -- views and actions for the control endpoints (router.control.controlled.Controlled) ---
+    def settle(self) -> None:
+        """Run the accounting still queued for quiet turns (``router.forward.ended``): what
+        reads the observers' state reads every finished request."""
+        if self.ended is not None:
+            self.ended.settle()
+
     def status(self) -> dict[str, Any]:
+        self.settle()
         return router_status(self)
 
     def ui_snapshot(self) -> dict[str, Any]:
@@ -316,6 +335,7 @@ class RouterApp:
         return {pool: self.decider.pool_usable(pool) for pool in POOLS}
 
     def metrics_text(self) -> bytes:
+        self.settle()
         worker = self.worker
         if worker is None:
             return generate_latest(self.registry)
@@ -377,6 +397,7 @@ class RouterApp:
         finally:
             # (the proxy's pools are closed: no callback stream may use it now; review N4)
             self.streams.proxy = None
+            self.settle()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         def started() -> None:

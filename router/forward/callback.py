@@ -88,12 +88,14 @@ App = Callable[[Any, Any, Any], Awaitable[None]]
 class CallbackStreams:
     """What the callback path needs of the router: its proxy (once it runs), and counts."""
 
-    __slots__ = ("proxy", "served", "handed")
+    __slots__ = ("proxy", "served", "handed", "busy")
 
     def __init__(self) -> None:
         self.proxy: Proxy | None = None
         self.served = 0  # streams answered from callbacks
         self.handed = 0  # taken, then handed to the proxy's coroutine
+        # told of each request taken in (the deferred accounting waits for a quiet turn)
+        self.busy: Callable[[], None] | None = None
 
     def status(self) -> dict[str, int]:
         return {"callback_streams": self.served, "callback_handed": self.handed}
@@ -304,6 +306,8 @@ def serve(protocol: Any, cycle: Any) -> None:
     streams: CallbackStreams = protocol.streams
     proxy = streams.proxy
     assert proxy is not None
+    if streams.busy is not None:
+        streams.busy()
     scope = cycle.scope
     path = scope["path"]
     headers = scope["headers"]

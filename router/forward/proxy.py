@@ -149,7 +149,11 @@ class Proxy:
 
     def finish(self, out: Outcome) -> None:
         """The request is over, on whichever path: its outcome to every observer."""
-        out.finish(self.clock())
+        now = self.clock()
+        out.finish(now)
+        if out.area_first is not None and out.backend is not None:
+            # (its backend's in-flight integral now: observers may run later)
+            out.area_end = self.tracker.area(out.backend, now)
         if self.poke is not None:
             self.poke()
         for observe in self.observers:

@@ -107,6 +107,8 @@ class Finished(Protocol):
     @property
     def ended(self) -> float: ...
     @property
+    def area_end(self) -> float | None: ...
+    @property
     def error(self) -> str | None: ...
     @property
     def client_gone(self) -> bool: ...
@@ -171,6 +173,9 @@ class CrossoverKeeper:
         self.learner = self._learner(table)
         self.engines = EngineModels(table, settings.learn_decay)
         self._gain: Gain | None = None
+        # runs the observations still queued for a quiet turn (router.forward.ended) before
+        # the keeper learns from, or shows, what it has observed
+        self.settle: Callable[[], None] = _nothing
         self._models: dict[Pool, PoolModel] | None = None
         self._tau_used: float | None = None
         self._last_persist = clock()
@@ -231,6 +236,7 @@ class CrossoverKeeper:
     def curves(self) -> dict[str, Any]:
         """Both pools' per-request decode tok/s against concurrency, in model time: the table
         learning started from (``start``) and what it has learned since (``learned``)."""
+        self.settle()
         start = self.start_table
         learner = self.learner
         return {
@@ -317,7 +323,10 @@ class CrossoverKeeper:
             and out.ended > first
         ):
             decode = out.ended - first
-            concurrency = (self.tracker.area(out.backend, out.ended) - out.area_first) / decode
+            area = out.area_end
+            if area is None:
+                area = self.tracker.area(out.backend, out.ended)
+            concurrency = (area - out.area_first) / decode
             # in flight is not running: past the engine's cap the rest wait in its queue
             seen = self._loads.get(out.backend)
             if seen is not None and seen.cap is not None:
@@ -386,6 +395,7 @@ class CrossoverKeeper:
     # -- the timer ------------------------------------------------------------------------------
     def update(self) -> int | None:
         """One learning step; returns the new crossover if it moved."""
+        self.settle()
         tau = self._accept_length()
         self.learner.observe_accept(tau)
         self.engines.observe_accept(tau)
@@ -421,6 +431,7 @@ class CrossoverKeeper:
         return tau is not None and ref > 1.0 and abs(tau - ref) / ref > TAU_CHANGE
 
     def table(self) -> Table:
+        self.settle()
         state = self._state()
         return self.learner.table(Held(state.value, state.no_crossover), state.source, _now_iso())
 
@@ -446,3 +457,7 @@ class CrossoverKeeper:
     def persist_due(self) -> bool:
         """Whether ``PERSIST_INTERVAL`` has passed since the table was last written."""
         return self.clock() - self._last_persist >= self.settings.persist_interval
+
+
+def _nothing() -> None:
+    pass

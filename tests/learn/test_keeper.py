@@ -104,6 +104,25 @@ def test_a_complete_stream_becomes_one_sample() -> None:
     assert (sample.ttft, sample.e2e) == pytest.approx((1.0, 3.0))
 
 
+def test_observed_later_it_uses_the_in_flight_integral_at_the_end() -> None:
+    """Observers may run after the request ended (router.forward.ended): the concurrency over
+    its decode is the integral ``Proxy.finish`` recorded then, not the one at observation."""
+    clock = Clock()
+    keeper = make(clock=clock)
+    out = streamed(keeper)
+    tracker = cast(InflightTracker, keeper.tracker)
+    clock.now = 3.0
+    out.area_end = tracker.area(S1, out.ended)  # (what Proxy.finish records)
+    clock.now = 3.1
+    for _ in range(6):  # six more requests on S1 since it ended
+        tracker.acquire(S1)
+    clock.now = 3.25
+    assert tracker.area(S1, out.ended) != pytest.approx(out.area_end)  # (the integral moved)
+    keeper.observe(out)
+    (n, sample) = next(iter(keeper.learner.pools[SPECULATIVE].bins.items()))
+    assert n == 2 and sample.spi == pytest.approx(0.2)
+
+
 @pytest.mark.parametrize(
     "change",
     [

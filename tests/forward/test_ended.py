@@ -1,0 +1,158 @@
+"""Ended's schedule, on a fake loop and a fake clock: no sockets, no sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from router.forward import ended as ended_module
+from router.forward.ended import BATCH, LIMIT, MAX_AGE, WAIT, Ended
+
+
+@dataclass
+class Out:
+    n: int
+    ended: float
+
+
+class FakeLoop:
+    """Turns the test runs, on a clock the test moves (``now``; ``time`` is the clock)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.ready: list[Callable[[], object]] = []
+        self.timers: list[tuple[float, Callable[[], object]]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        self.ready.append(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], object]) -> None:
+        self.timers.append((self.now + delay, callback))
+
+    def turn(self) -> None:
+        """One loop iteration: the timers due, then what was ready at its start."""
+        due = [cb for at, cb in self.timers if at <= self.now]
+        self.timers = [(at, cb) for at, cb in self.timers if at > self.now]
+        ready, self.ready = self.ready, []
+        for callback in due + ready:
+            callback()
+
+
+def make() -> tuple[Ended[Out], list[int], FakeLoop, FakeLoop]:
+    """Ended on a fake loop, what its observer saw, the loop, and the loop as the clock."""
+    loop = FakeLoop()
+    seen: list[int] = []
+    return Ended([lambda out: seen.append(out.n)], loop.time, loop), seen, loop, loop
+
+
+def test_outcomes_wait_for_a_turn_then_run_in_batches_in_order() -> None:
+    ended, seen, loop, clock = make()
+    for n in range(BATCH + 3):
+        ended.add(Out(n, clock.now))
+    assert seen == [] and len(ended) == BATCH + 3 and len(loop.ready) == 1  # one turn asked
+    loop.turn()
+    assert seen == list(range(BATCH))
+    loop.turn()
+    assert seen == list(range(BATCH + 3)) and len(ended) == 0
+    loop.turn()  # nothing left: the chain ends
+    assert loop.ready == [] and loop.timers == []
+
+
+def test_a_turn_with_a_request_head_waits_for_a_quiet_one() -> None:
+    ended, seen, loop, clock = make()
+    ended.add(Out(1, clock.now))
+    ended.busy()
+    loop.turn()
+    assert seen == [] and loop.ready == [] and len(loop.timers) == 1  # waits WAIT
+    clock.now += WAIT
+    loop.turn()  # a quiet turn: it runs
+    assert seen == [1]
+
+
+def test_the_oldest_waits_no_longer_than_max_age() -> None:
+    ended, seen, loop, clock = make()
+    ended.add(Out(1, clock.now))
+    while clock.now - 100.0 < MAX_AGE:
+        ended.busy()  # a head in every turn
+        loop.turn()
+        assert seen == []
+        clock.now += WAIT
+    ended.busy()
+    loop.turn()
+    assert seen == [1]
+
+
+def test_settle_runs_everything_queued_now_and_once() -> None:
+    ended, seen, loop, clock = make()
+    for n in range(3):
+        ended.add(Out(n, clock.now))
+    ended.settle()
+    assert seen == [0, 1, 2] and len(ended) == 0
+    loop.turn()
+    assert seen == [0, 1, 2]  # (the pending turn finds nothing)
+    ended.add(Out(3, clock.now))  # and the next outcome asks for a turn again
+    loop.turn()
+    assert seen == [0, 1, 2, 3]
+
+
+def test_past_the_limit_everything_runs_at_once() -> None:
+    ended, seen, loop, clock = make()
+    for n in range(LIMIT):
+        ended.add(Out(n, clock.now))
+    assert seen == list(range(LIMIT)) and len(ended) == 0
+
+
+def test_a_failing_observer_is_logged_and_the_others_still_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = FakeLoop()
+    seen: list[int] = []
+
+    def broken(out: Out) -> None:
+        raise ValueError("observer bug")
+
+    ended = Ended([broken, lambda out: seen.append(out.n)], loop.time, loop)
+    ended.add(Out(1, loop.now))
+    with caplog.at_level(logging.ERROR, logger=ended_module.log.name):
+        ended.settle()
+    assert seen == [1] and "observer failed" in caplog.text
+
+
+def test_without_a_running_loop_outcomes_are_observed_at_once() -> None:
+    seen: list[int] = []
+    ended: Ended[Out] = Ended([lambda out: seen.append(out.n)], FakeLoop().time)
+    ended.add(Out(1, 0.0))
+    assert seen == [1]
+
+
+@pytest.mark.anyio
+async def test_on_a_real_loop_they_run_at_its_next_turns() -> None:
+    seen: list[int] = []
+    loop = asyncio.get_running_loop()
+    ended: Ended[Out] = Ended([lambda out: seen.append(out.n)], loop.time)
+    for n in range(BATCH * 2):
+        ended.add(Out(n, loop.time()))
+    assert seen == []
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert seen == list(range(BATCH * 2))
+
+
+def test_on_a_closed_loop_outcomes_are_observed_at_once() -> None:
+    class Closed(FakeLoop):
+        def call_soon(self, callback: Callable[[], object]) -> None:
+            raise RuntimeError("Event loop is closed")
+
+    loop = Closed()
+    seen: list[int] = []
+    ended = Ended([lambda out: seen.append(out.n)], loop.time, loop)
+    ended.add(Out(1, loop.now))
+    ended.add(Out(2, loop.now))
+    assert seen == [1, 2] and len(ended) == 0
