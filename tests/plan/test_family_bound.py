@@ -1,0 +1,101 @@
+"""``bench/lab/family_bound.py``: the bound on both goodput tiers over every placement of a
+workload in the optimistic engine model, checked against every placement enumerated on a tiny
+workload (each request dropped, or on one pool in one tier), and the model against the lab's
+own engine for one placement."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from router.sim.model import BASELINE, EAGLE3_CHAIN
+from tests.support.modules import load_script
+
+fb = load_script(Path(__file__).resolve().parents[2] / "bench" / "lab" / "family_bound.py")
+
+# One chain-draft engine and one baseline engine; four long requests close together. A lone
+# request meets the strict SLO on the speculative engine; several at once there do not.
+ENGINES = fb.Engines((EAGLE3_CHAIN, BASELINE), (1, 1))
+JOBS = [fb.Job(0.0 + 0.2 * i, 100, 400, False, True) for i in range(4)]
+END = 40.0
+SLOT = 1.0
+OPTIONS = [None, *itertools.product((0, 1), (fb.STRICT, fb.RELAXED))]
+
+
+def placements() -> list[tuple[float, float]]:
+    """(strict, relaxed) shares of every placement the model holds in full."""
+    out = []
+    for choice in itertools.product(OPTIONS, repeat=len(JOBS)):
+        outcome = {i: c for i, c in enumerate(choice) if c is not None}
+        if outcome and fb.accommodate(JOBS, ENGINES, END, outcome, SLOT) < len(outcome) - 1e-6:
+            continue
+        n = len(JOBS)
+        strict = sum(1 for c in outcome.values() if c[1] == fb.STRICT) / n
+        out.append((strict, len(outcome) / n))
+    return out
+
+
+EVERY = placements()
+
+
+def test_the_model_holds_a_lone_request_strict_and_not_all_four_strict_on_one_engine() -> None:
+    assert fb.accommodate(JOBS, ENGINES, END, {0: (0, fb.STRICT)}, SLOT) == pytest.approx(1.0)
+    four = {i: (0, fb.STRICT) for i in range(4)}
+    assert fb.accommodate(JOBS, ENGINES, END, four, SLOT) < 4 - 0.1
+    # the baseline engine is too slow for the strict TPOT with four on it, not for relaxed
+    assert fb.accommodate(
+        JOBS, ENGINES, END, {i: (1, fb.RELAXED) for i in range(4)}, SLOT
+    ) == pytest.approx(4.0)
+
+
+def test_the_bound_is_above_every_placement_and_its_certificate_above_the_bound() -> None:
+    best_s = max(s for s, _ in EVERY)
+    best_r = max(r for _, r in EVERY)
+    worst = max(min(s - best_s, r - best_r) for s, r in EVERY)
+    b = fb.bound(JOBS, ENGINES, END, (best_s, best_r), SLOT)
+    assert worst <= b.bound + 1e-6  # no placement beats the bound
+    assert b.bound <= b.certified + 1e-6  # the certificate's lam bounds it too
+    assert 0.0 <= b.lam <= 1.0
+    # and at that lam, F bounds every placement's weighted gap, not only the worst
+    for s, r in EVERY:
+        assert (1 - b.lam) * (s - best_s) + b.lam * (r - best_r) <= b.certified + 1e-6
+    # the most of each tier alone is at least what any placement gets of it
+    assert fb.most(JOBS, ENGINES, END, fb.STRICT, SLOT) >= best_s - 1e-6
+    assert fb.most(JOBS, ENGINES, END, fb.RELAXED, SLOT) >= best_r - 1e-6
+
+
+def test_a_placement_the_lab_engine_serves_is_held_by_the_model() -> None:
+    """The lab's engine (``bench/lab_sim.Engine``) given the four requests, two on each engine:
+    its outcome (which met which tier) is one the model holds in full."""
+    import sys
+
+    bench = str(Path(__file__).resolve().parents[2] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    lab = load_script(Path(bench) / "lab_sim.py", "lab_sim_for_bound")
+    from router.tools.traffic import Arrival
+
+    engines = [lab.Engine(EAGLE3_CHAIN, "s", 1), lab.Engine(BASELINE, "b", 2)]
+    reqs = [lab.Req(Arrival(j.at, j.prompt, j.output)) for j in JOBS]
+    pending = sorted(range(4), key=lambda i: JOBS[i].at)
+    now = 0.0
+    while True:
+        busy = [e for e in engines if e.busy_until is not None]
+        nxt = min((e.busy_until for e in busy), default=None)
+        if pending and (nxt is None or JOBS[pending[0]].at <= nxt):
+            i = pending.pop(0)
+            now = JOBS[i].at
+            engines[i % 2].submit(reqs[i], now)
+            continue
+        if nxt is None:
+            break
+        now = nxt
+        for e in busy:
+            if e.busy_until == now:
+                e.finish_iteration(now, [], [])
+    served = [(i % 2, r.first, r.last) for i, r in enumerate(reqs)]
+    outcome = fb.outcome_of(JOBS, served, END)
+    assert outcome  # some met a tier
+    assert fb.accommodate(JOBS, ENGINES, END, outcome, SLOT) == pytest.approx(len(outcome))
