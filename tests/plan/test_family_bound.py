@@ -10,15 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from router.sim.model import BASELINE, EAGLE3_CHAIN
+from router.sim.model import BASELINE, EAGLE3
 from tests.support.modules import load_script
 
 fb = load_script(Path(__file__).resolve().parents[2] / "bench" / "lab" / "family_bound.py")
 
-# One chain-draft engine and one baseline engine; four long requests close together. A lone
-# request meets the strict SLO on the speculative engine; several at once there do not.
-ENGINES = fb.Engines((EAGLE3_CHAIN, BASELINE), (1, 1))
-JOBS = [fb.Job(0.0 + 0.2 * i, 100, 400, False, True) for i in range(4)]
+# Three 400-token requests 0.2 s apart on two slow engines: the speculative one meets the
+# strict TPOT with one running (67 ms / 2.8 a token), the relaxed with two, not three; the
+# baseline one the relaxed with one (50 ms), never the strict. One strict request (alone on the
+# speculative engine for 9.6 s, longer than the others' 3 s TTFT) or all three relaxed.
+SPEC = EAGLE3.replace(name="slow-speculative", b=0.040)
+BASE = BASELINE.replace(name="slow-baseline", a=0.040, b=0.010)
+ENGINES = fb.Engines((SPEC, BASE), (1, 1))
+JOBS = [fb.Job(0.2 * i, 100, 400, False, True) for i in range(3)]
 END = 40.0
 SLOT = 1.0
 OPTIONS = [None, *itertools.product((0, 1), (fb.STRICT, fb.RELAXED))]
@@ -67,19 +71,20 @@ def test_the_bound_is_above_every_placement_and_its_certificate_above_the_bound(
 
 
 def test_a_placement_the_lab_engine_serves_is_held_by_the_model() -> None:
-    """The lab's engine (``bench/lab_sim.Engine``) given the four requests, two on each engine:
-    its outcome (which met which tier) is one the model holds in full."""
+    """The lab's engine (``bench/lab_sim.Engine``) given the three requests, alternately on each
+    engine: its outcome (which met which tier) is one the model holds in full."""
     import sys
 
     bench = str(Path(__file__).resolve().parents[2] / "bench")
     if bench not in sys.path:
         sys.path.insert(0, bench)
-    lab = load_script(Path(bench) / "lab_sim.py", "lab_sim_for_bound")
+    import lab_sim as lab
+
     from router.tools.traffic import Arrival
 
-    engines = [lab.Engine(EAGLE3_CHAIN, "s", 1), lab.Engine(BASELINE, "b", 2)]
+    engines = [lab.Engine(SPEC, "s", 1), lab.Engine(BASE, "b", 2)]
     reqs = [lab.Req(Arrival(j.at, j.prompt, j.output)) for j in JOBS]
-    pending = sorted(range(4), key=lambda i: JOBS[i].at)
+    pending = sorted(range(len(JOBS)), key=lambda i: JOBS[i].at)
     now = 0.0
     while True:
         busy = [e for e in engines if e.busy_until is not None]
