@@ -81,11 +81,11 @@ def levels(p: Preset, grid: Sequence[int] | None = None) -> tuple[int, ...]:
     """The batch sizes an engine's time is spread over: ``grid``, the knee and the running cap
     (``1 / step_time`` is convex between neighbours, so a mixture of the two around any batch
     does at least as well as it: the model's optimism)."""
-    grid = {*(GRID if grid is None else grid), p.max_running}
+    sizes = {*(GRID if grid is None else grid), p.max_running}
     if p.knee:
-        grid.add(int(p.knee))
+        sizes.add(int(p.knee))
         assert p.knee == int(p.knee)
-    return tuple(sorted(b for b in grid if b <= p.max_running))
+    return tuple(sorted(b for b in sizes if b <= p.max_running))
 
 
 def gain(p: Preset, hot: bool) -> float:
@@ -214,14 +214,14 @@ def build(
                 row(join, 0.0)
                 if need:
                     row(tokens, 0.0)
-    for e, g in enumerate(grids):
+    for e, sizes in enumerate(grids):
         for s in range(slots):
-            for k, b in enumerate(g):
+            for k, size in enumerate(sizes):
                 terms = seat_terms.get((e, s, k))
                 if terms:
-                    row([*terms, (y[e][s][k], -b * slot)], 0.0)
+                    row([*terms, (y[e][s][k], -size * slot)], 0.0)
             row(
-                [*((y[e][s][k], slot) for k in range(len(g))), *time_terms.get((e, s), [])],
+                [*((y[e][s][k], slot) for k in range(len(sizes))), *time_terms.get((e, s), [])],
                 engines.counts[e] * slot,
             )
     for cs in per_job.values():
@@ -268,7 +268,7 @@ def solve(jobs: Sequence[Job], prog: Program, crossover: bool = False) -> Solved
     import highspy
     import numpy as np
 
-    h = highspy.Highs()
+    h = highspy.Highs()  # type: ignore[no-untyped-call]
     h.setOptionValue("output_flag", False)
     h.setOptionValue("solver", "ipm")
     h.setOptionValue("run_crossover", "on" if crossover else "off")

@@ -95,8 +95,9 @@ def test_a_placement_the_lab_engine_serves_is_held_by_the_model() -> None:
     pending = sorted(range(len(JOBS)), key=lambda i: JOBS[i].at)
     now = 0.0
     while True:
+        ends = [e.busy_until for e in engines if e.busy_until is not None]
         busy = [e for e in engines if e.busy_until is not None]
-        nxt = min((e.busy_until for e in busy), default=None)
+        nxt = min(ends, default=None)
         if pending and (nxt is None or JOBS[pending[0]].at <= nxt):
             i = pending.pop(0)
             now = JOBS[i].at
