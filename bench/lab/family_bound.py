@@ -11,7 +11,8 @@ program, whose dual gives a certificate (the weight ``lam`` on relaxed against s
 The model (fluid, in slots of ``slot`` seconds, each engine apart; ``router.sim.model``'s costs):
 
 - An engine spends each slot at a mixture of batch sizes ("levels" ``B`` on a grid), time
-  ``y[B]`` at each, plus the prefills of the requests that join in the slot. At level ``B`` an
+  ``y[B]`` at each, plus the prefills of the requests that join in the slot (through which the
+  running requests wait: present, in no iteration). At level ``B`` an
   iteration takes ``step_time(B, 0)`` and every running request is in every iteration.
 - A request placed on an engine, in a tier (strict or relaxed-only), is present at level ``B``
   at most ``y[B]`` of the slot (it is in one seat at a time), at most the part of the slot in
@@ -155,6 +156,9 @@ def build(
     grids = [levels(p) for p in engines.presets]
     steps = [[step_time(p, b, 0.0) for b in g] for p, g in zip(engines.presets, grids, strict=True)]
     y = [[[col() for _ in g] for _ in range(slots)] for g in grids]  # engine, slot, level
+    # each pool-slot's prefill seconds: the running requests wait through them (present, in
+    # no iteration), so a held request may spend them there
+    z = [[col() for _ in range(slots)] for _ in grids]
     seat_terms: dict[tuple[int, int, int], list[tuple[int, float]]] = {}
     time_terms: dict[tuple[int, int], list[tuple[int, float]]] = {}
     n_scored = sum(1 for j in jobs if j.scored)
@@ -196,6 +200,9 @@ def build(
                         seat_terms.setdefault((e, s, k), []).append((o, 1.0))
                         tokens.append((o, -g / t))
                         gained.append((o, -g / t / max(1, need)))
+                    q = col()
+                    presence.append((q, 1.0))
+                    row([(q, 1.0), (z[e][s], -1.0)], 0.0)
                     row(presence, 0.0)
                     # Once started it holds its seat until done: the share not done by the
                     # slot's start is present from the TTFT's deadline on (any level).
@@ -220,8 +227,9 @@ def build(
                 terms = seat_terms.get((e, s, k))
                 if terms:
                     row([*terms, (y[e][s][k], -size * slot)], 0.0)
+            row([*time_terms.get((e, s), []), (z[e][s], -1.0)], 0.0)
             row(
-                [*((y[e][s][k], slot) for k in range(len(sizes))), *time_terms.get((e, s), [])],
+                [*((y[e][s][k], slot) for k in range(len(sizes))), (z[e][s], 1.0)],
                 engines.counts[e] * slot,
             )
     for cs in per_job.values():
