@@ -10,14 +10,15 @@ program, whose dual gives a certificate (the weight ``lam`` on relaxed against s
 
 The model (fluid, in slots of ``slot`` seconds, each engine apart; ``router.sim.model``'s costs):
 
-- An engine spends each slot at a mixture of batch sizes ("levels" ``B`` on a grid), time
-  ``y[B]`` at each, plus the prefills of the requests that join in the slot (through which the
-  running requests wait: present, in no iteration). At level ``B`` an
-  iteration takes ``step_time(B, 0)`` and every running request is in every iteration.
-- A request placed on an engine, in a tier (strict or relaxed-only), is present at level ``B``
+- An engine spends each slot in batch bands (``(previous top, B]`` for ``B`` on a grid),
+  time ``y[B]`` in each, plus the prefills of the requests that join in the slot (through
+  which the running requests wait: present, in no iteration). In a band an iteration takes
+  ``step_time`` of its smallest batch, it has ``B`` seats, and every running request is in
+  every iteration.
+- A request placed on an engine, in a tier (strict or relaxed-only), is present in band ``B``
   at most ``y[B]`` of the slot (it is in one seat at a time), at most the part of the slot in
-  its window, and the requests present at a level share its ``B`` seats. Its iterations
-  (presence over the level's iteration time) times its mean gain (``tau`` at its temperature,
+  its window, and the requests present in a band share its ``B`` seats. Its iterations
+  (presence over the band's iteration time) times its mean gain (``tau`` at its temperature,
   1 on the baseline) must cover its ``output - 1`` tokens within its window: from arrival to
   ``ttft + tpot * (output - 1)`` later (the tier's SLO), and before the lab's drain ends. Its
   prefill (``prefill_time``) is spent on its engine within ``ttft`` of arrival.
@@ -25,18 +26,18 @@ The model (fluid, in slots of ``slot`` seconds, each engine apart; ``router.sim.
   a linear program. A dropped request takes nothing, which the lab's routers cannot do.
 
 Why it is optimistic (each point a relaxation of the lab's engine, ``bench/lab_sim.Engine``):
-the context's cost (``c_kv``) is left out; the levels' grid includes 1, the knee and the
-running cap, and between two grid points the iteration rate ``1 / step_time`` is convex, so a
-mixture of the two neighbours gives at least the iterations of any batch between them with the
-same seats and time; a request's decode may pause (it need not hold a seat all its life) and
-may run anywhere in its window (the lab's TPOT runs from its first token, which itself may be
-up to ``ttft`` after arrival); the join iteration's own decode step and the last iteration's
-overshoot are not charged; requests may be split and dropped. What is *not* a relaxation: the
-gains are taken at their mean, where a lab request may be lucky (``luck`` scales every gain up,
-to cover it); and the fluid slots (an iteration spans slot boundaries). Both are checked against
-the lab: ``accommodate`` asks the model to hold exactly the outcome of a lab run (which
-requests met which tier on which engine), so a lab outcome the model cannot hold shows where it
-is not optimistic.
+the context's cost (``c_kv``) is left out; a batch band has the seats of its largest batch and
+the iteration time of its smallest; a request may wait before its TTFT deadline without a
+seat, and after it holds one (or waits through a prefill) only until done, at whatever bands
+it likes (a whole request held all of a slot is in every band of it, as in the lab; a share of
+one is not: shares may take turns in a seat, the relaxation's main slack); it may run anywhere
+in its window (the lab's TPOT runs from its first token); the join iteration's own decode step
+and the last iteration's overshoot are not charged; requests may be split and dropped. What is
+*not* a relaxation: the gains are taken at their mean, where a lab request may be lucky
+(``luck`` scales every gain up, to cover it); and the fluid slots (an iteration spans slot
+boundaries). Both are checked against the lab: ``accommodate`` asks the model to hold exactly
+the outcome of a lab run (which requests met which tier on which pool), so a lab outcome the
+model cannot hold shows where it is not optimistic.
 
 For weights ``(1 - lam, lam)`` the program's weighted optimum ``F(lam) = max (1 - lam) *
 (strict - S*) + lam * (relaxed - R*)`` bounds ``min(strict - S*, relaxed - R*)`` over every
@@ -79,9 +80,10 @@ GRID = (1, 2, 4, 6, 8, 10, 13, 16, 20, 24, 32, 48, 64, 128, 256)
 
 
 def levels(p: Preset, grid: Sequence[int] | None = None) -> tuple[int, ...]:
-    """The batch sizes an engine's time is spread over: ``grid``, the knee and the running cap
-    (``1 / step_time`` is convex between neighbours, so a mixture of the two around any batch
-    does at least as well as it: the model's optimism)."""
+    """The tops of the batch bands an engine's time is spread over: ``grid``, the knee and
+    the running cap. A band (previous top, top] has the top's seats and the iteration time of
+    its smallest batch, so it serves any batch in it with at least its seats and iterations
+    (the model's optimism)."""
     sizes = {*(GRID if grid is None else grid), p.max_running}
     if p.knee:
         sizes.add(int(p.knee))
@@ -154,7 +156,11 @@ def build(
         b_ub.append(rhs)
 
     grids = [levels(p) for p in engines.presets]
-    steps = [[step_time(p, b, 0.0) for b in g] for p, g in zip(engines.presets, grids, strict=True)]
+    # a batch band (previous size, size]: its seats at the top, its iteration at the bottom
+    steps = [
+        [step_time(p, lo + 1, 0.0) for lo, b in zip((0, *g), g, strict=False)]
+        for p, g in zip(engines.presets, grids, strict=True)
+    ]
     y = [[[col() for _ in g] for _ in range(slots)] for g in grids]  # engine, slot, level
     # each pool-slot's prefill seconds: the running requests wait through them (present, in
     # no iteration), so a held request may spend them there
@@ -205,14 +211,15 @@ def build(
                     row([(q, 1.0), (z[e][s], -1.0)], 0.0)
                     row(presence, 0.0)
                     # Once started it holds its seat until done: the share not done by the
-                    # slot's start is present from the TTFT's deadline on (any level).
-                    after = min(hi, (s + 1) * slot) - max(first, s * slot)
-                    if after > 0:
-                        held = [(c, -v) for c, v in presence[1:]]
-                        row([*held, (xc, after), *([(done, -after)] if done >= 0 else [])], 0.0)
+                    # slot's end was present all of it from the TTFT's deadline on (at any
+                    # level, or waiting through a prefill).
                     d = col()
                     row([(d, 1.0), *gained, *([(done, -1.0)] if done >= 0 else [])], 0.0)
                     done = d
+                    after = min(hi, (s + 1) * slot) - max(first, s * slot)
+                    if after > 0:
+                        held = [(c, -v) for c, v in presence[1:]]
+                        row([*held, (xc, after), (d, -after)], 0.0)
                 join: list[tuple[int, float]] = [(xc, 1.0)]
                 for s in range(int(lo // slot), min(slots, math.ceil(first / slot))):
                     f = col()
