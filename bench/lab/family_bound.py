@@ -109,6 +109,7 @@ class Program(NamedTuple):
     x: dict[tuple[int, int, int], int]  # (job, engine, tier) -> column of its share
     scored: int  # scored jobs
     t: int  # column of the epigraph variable (-1: none)
+    whole: tuple[int, ...] = ()  # integer columns (``whole``): placements and "done"s
 
 
 def window(job: Job, tier: int, end: float) -> tuple[float, float]:
@@ -125,13 +126,16 @@ def build(
     objective: tuple[float, float] | None = None,
     targets: tuple[float, float] = (0.0, 0.0),
     keep: dict[tuple[int, int, int], float] | None = None,
+    whole: bool = False,
 ) -> Program:
     """The program over ``jobs`` on ``engines`` until ``end`` (the lab's drain).
 
     ``objective``: maximize ``w_s * strict + w_r * relaxed`` (shares of the scored jobs) for
     ``(w_s, w_r)``; None: maximize ``min(strict - S*, relaxed - R*)`` (the epigraph variable
     ``t``). ``keep``: only these (job, engine, tier) shares may be placed, each up to its
-    value; without an objective, the objective is then their count (``accommodate``)."""
+    value; without an objective, the objective is then their count (``accommodate``).
+    ``whole``: every placement and "done" a 0/1 (a mixed-integer program): whole requests,
+    which cannot take turns in a seat."""
     import numpy as np
 
     slots = max(1, math.ceil(end / slot))
@@ -169,6 +173,7 @@ def build(
     time_terms: dict[tuple[int, int], list[tuple[int, float]]] = {}
     n_scored = sum(1 for j in jobs if j.scored)
     x: dict[tuple[int, int, int], int] = {}
+    integer: list[int] = []  # whole requests: their placements and "done by this slot"s
     per_job: dict[int, list[int]] = {}
     scored_x: list[tuple[int, int]] = []  # (column, tier)
     for i, job in enumerate(jobs):
@@ -187,6 +192,7 @@ def build(
                 if keep is not None and cap is None:
                     continue
                 xc = col(0.0, 1.0 if cap is None else cap)
+                integer.append(xc)
                 x[(i, e, tier)] = xc
                 per_job.setdefault(i, []).append(xc)
                 if job.scored:
@@ -213,7 +219,8 @@ def build(
                     # Once started it holds its seat until done: the share not done by the
                     # slot's end was present all of it from the TTFT's deadline on (at any
                     # level, or waiting through a prefill).
-                    d = col()
+                    d = col(0.0, 1.0)
+                    integer.append(d)
                     row([(d, 1.0), *gained, *([(done, -1.0)] if done >= 0 else [])], 0.0)
                     done = d
                     after = min(hi, (s + 1) * slot) - max(first, s * slot)
@@ -265,6 +272,7 @@ def build(
         x,
         n_scored,
         t,
+        tuple(integer) if whole else (),
     )
 
 
@@ -277,7 +285,9 @@ class Solved(NamedTuple):
     rows: int
 
 
-def solve(jobs: Sequence[Job], prog: Program, crossover: bool = False) -> Solved:
+def solve(
+    jobs: Sequence[Job], prog: Program, crossover: bool = False, seconds: float | None = None
+) -> Solved:
     """The program's optimum by HiGHS's interior point method (without crossover unless
     asked: its optimum to the solver's tolerance, about 1e-7, far below a point)."""
     import highspy
@@ -285,9 +295,12 @@ def solve(jobs: Sequence[Job], prog: Program, crossover: bool = False) -> Solved
 
     h = highspy.Highs()  # type: ignore[no-untyped-call]
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("solver", "ipm")
-    h.setOptionValue("run_crossover", "on" if crossover else "off")
+    if not prog.whole:
+        h.setOptionValue("solver", "ipm")
+        h.setOptionValue("run_crossover", "on" if crossover else "off")
     h.setOptionValue("threads", 1)
+    if seconds is not None:
+        h.setOptionValue("time_limit", float(seconds))
     lp = highspy.HighsLp()
     n_cols, n_rows = len(prog.bounds), len(prog.b_ub)
     lp.num_col_, lp.num_row_ = n_cols, n_rows
@@ -304,9 +317,17 @@ def solve(jobs: Sequence[Job], prog: Program, crossover: bool = False) -> Solved
     lp.a_matrix_.index_ = prog.rows[order].astype(np.int32)
     lp.a_matrix_.value_ = prog.vals[order].astype(float)
     lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = n_cols, n_rows
+    if prog.whole:
+        integer = set(prog.whole)
+        kinds = highspy.HighsVarType.kInteger, highspy.HighsVarType.kContinuous
+        lp.integrality_ = [kinds[0] if j in integer else kinds[1] for j in range(n_cols)]
     h.passModel(lp)
     h.run()
     status = h.getModelStatus()
+    if prog.whole and status == highspy.HighsModelStatus.kTimeLimit:
+        # branch and bound stopped: its dual bound still bounds every whole placement
+        bound_ = -float(h.getInfo().mip_dual_bound)
+        return Solved(bound_, math.nan, math.nan, (0.0, 0.0), n_cols, n_rows)
     if status != highspy.HighsModelStatus.kOptimal:
         raise RuntimeError(
             f"family_bound: the program did not solve: {h.modelStatusToString(status)}"
@@ -317,10 +338,12 @@ def solve(jobs: Sequence[Job], prog: Program, crossover: bool = False) -> Solved
     strict = sum(v[c] for (i, _, tier), c in prog.x.items() if tier == STRICT and jobs[i].scored)
     relaxed = sum(v[c] for (i, _, _), c in prog.x.items() if jobs[i].scored)
     duals = (0.0, 0.0)
-    if prog.t >= 0:
+    if prog.t >= 0 and not prog.whole:
         m = np.abs(np.asarray(sol.row_dual))
         duals = (float(m[-2]), float(m[-1]))
-    value = -float(h.getInfo().objective_function_value)
+    # a mixed-integer program's value: its dual bound (an upper bound, equal when solved)
+    info = h.getInfo()
+    value = -float(info.mip_dual_bound if prog.whole else info.objective_function_value)
     return Solved(value, float(strict) / n, float(relaxed) / n, duals, n_cols, n_rows)
 
 
@@ -371,6 +394,22 @@ def bound(
     proves = certify or got.value < -0.05
     cert = weighted(jobs, engines, end, lam, targets, slot, luck) if proves else math.nan
     return Bound(got.value, lam, cert, got.strict, got.relaxed, got.columns, got.rows)
+
+
+def whole_bound(
+    jobs: Sequence[Job],
+    engines: Engines,
+    end: float,
+    targets: tuple[float, float],
+    slot: float = 2.0,
+    luck: float = 1.0,
+    seconds: float | None = None,
+) -> float:
+    """The max-min over whole placements in the model (each request on one pool in one tier,
+    or dropped): a mixed-integer program, exact in the model where ``bound`` relaxes it; with
+    ``seconds``, branch and bound's dual bound when the time is up (still an upper bound)."""
+    prog = build(jobs, engines, end, slot, luck, targets=targets, whole=True)
+    return solve(jobs, prog, seconds=seconds).value
 
 
 def most(
@@ -527,6 +566,13 @@ def main(argv: list[str] | None = None) -> int:
         "static points, separated by ';'",
     )
     ap.add_argument(
+        "--whole",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the max-min over whole placements (mixed-integer), at most SECONDS of search",
+    )
+    ap.add_argument(
         "--placed", action="store_true", help="and each held run's placement valued in the model"
     )
     ap.add_argument(
@@ -556,6 +602,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"{100 * b.relaxed:.1f}); lam {b.lam} gives {100 * b.certified:+.2f}",
                 flush=True,
             )
+        if args.whole:
+            t0 = time.process_time()
+            v = whole_bound(jobs, engines, end, targets, args.slot, args.luck, args.whole)
+            rows.append(
+                {
+                    **base,
+                    "kind": "whole",
+                    "bound": v,
+                    "seconds": args.whole,
+                    "cpu_s": round(time.process_time() - t0, 1),
+                }
+            )
+            print(f"  whole placements: max-min at most {100 * v:+.2f} points", flush=True)
         if args.most:
             for tier, name in ((STRICT, "strict"), (RELAXED, "relaxed")):
                 t0 = time.process_time()

@@ -78,6 +78,18 @@ def test_the_bound_is_above_every_placement_and_its_certificate_above_the_bound(
     assert fb.most(JOBS, ENGINES, END, fb.RELAXED, SLOT) >= best_r - 1e-6
 
 
+def test_whole_requests_close_the_gap_the_shares_leave() -> None:
+    """The linear program lets shares of requests take turns in a seat, so on this instance it
+    reaches both bests at once; with whole requests (a mixed-integer program) its max-min is
+    the enumeration's."""
+    best_s = max(s for s, _ in EVERY)
+    best_r = max(r for _, r in EVERY)
+    worst = max(min(s - best_s, r - best_r) for s, r in EVERY)
+    assert fb.bound(JOBS, ENGINES, END, (best_s, best_r), SLOT).bound == pytest.approx(0, abs=1e-6)
+    whole = fb.whole_bound(JOBS, ENGINES, END, (best_s, best_r), SLOT)
+    assert whole == pytest.approx(worst, abs=1e-6)
+
+
 def test_a_placement_the_lab_engine_serves_is_held_by_the_model() -> None:
     """The lab's engine (``bench/lab_sim.Engine``) given the three requests, alternately on each
     engine: its outcome (which met which tier) is one the model holds in full."""
