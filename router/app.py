@@ -257,6 +257,7 @@ class RouterApp:
             discovery=discovery,
             shared_status=None if worker is None else worker.discovery_status,
         )
+        self.membership.settle = self.settle
         self.roster.subscribe(self._forget_strain)
         self.roster.sync()  # the configured members join
         self.proxy: Proxy | None = None
