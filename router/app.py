@@ -199,8 +199,10 @@ class RouterApp:
         self.ended: Ended[Outcome] | None = None
         self.observers: list[Callable[[Outcome], None]] = accounting
         if worker is None and settings.defer_accounting:
+            # (the keeper's traffic averages, read per request by the decider, at once)
+            accounting[1] = self.keeper.observe_curves
             self.ended = Ended(accounting, clock)
-            self.observers = [self.ended.add]
+            self.observers = [self.keeper.observe_traffic, self.ended.add]
             self.keeper.settle = self.ended.settle
         if settings.queue_size > 0:
             self.observers.append(self.strain.observe)

@@ -141,3 +141,20 @@ async def test_an_outcome_queued_when_its_backend_leaves_is_settled_first(
     assert "observer failed" not in caplog.text
     assert f'backend="{LEAVING}"' not in text  # every series of it gone, none back
     assert app.keeper.status()["samples"]["speculative"] == 1
+
+
+async def test_the_traffic_averages_routing_reads_are_fed_at_once() -> None:
+    """Review s12 finding 3: ``Decider.request`` reads ``keeper.traffic`` per request, so its
+    averages are fed when the request ends; the rest of the keeper's work waits."""
+    app = RouterApp(settings())
+    assert app.ended is not None
+    before = app.keeper.traffic.mean_output
+    out = outcome(0)
+    out.counted(Usage(prompt_tokens=10, completion_tokens=4000))
+    for observe in app.observers:
+        observe(out)
+    assert len(app.ended) == 1  # (the rest still queued)
+    after = app.keeper.traffic.mean_output
+    assert after > before
+    app.settle()  # and settling does not count it twice
+    assert app.keeper.traffic.mean_output == after and len(app.ended) == 0

@@ -4,8 +4,8 @@ Every request's end runs its observers (the metrics, the learner's keeper, the r
 ~50 us in all (bench/results/fast-path.md, session 12). Under tail.py's waves a stream's end
 is when its client reconnects for the next one, so those 50 us sit between the next request's
 head and its first byte, once per stream of the wave. Routing reads the in-flight counts
-(released at once, as before), so these observers' work can wait a little; the keeper's
-traffic averages, which ``Decider.request`` also reads, lag by at most about ``MAX_AGE``.
+(released at once, as before) and the keeper's traffic averages (``Keeper.traffic``: fed at
+once by ``Keeper.observe_traffic``, not queued here), so the rest of the work can wait a little.
 
 ``Ended.add`` queues a finished outcome and asks for a turn of the loop. Each turn runs
 every queued outcome that ended ``MAX_AGE`` ago or earlier, then, if the turn is quiet, up to

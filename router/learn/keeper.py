@@ -300,9 +300,26 @@ class CrossoverKeeper:
 
     # -- input ----------------------------------------------------------------------------------
     def observe(self, out: Finished) -> None:
-        """Outcome observer: a finished, complete answer becomes a learning sample."""
+        """Outcome observer: a finished, complete answer becomes a learning sample (both
+        halves below, at once: how the keeper observes when nothing is deferred)."""
+        if self._learns(out):
+            self._record_traffic(out)
+            self._record_curves(out)
+
+    def observe_traffic(self, out: Finished) -> None:
+        """Outcome observer, run at once when the rest is deferred (router.forward.ended):
+        the traffic averages routing reads per request (``traffic``) never lag."""
+        if self._learns(out):
+            self._record_traffic(out)
+
+    def observe_curves(self, out: Finished) -> None:
+        """Outcome observer, the deferred rest of ``observe`` (its curves and stalls)."""
+        if self._learns(out):
+            self._record_curves(out)
+
+    def _learns(self, out: Finished) -> bool:
         usage = out.usage
-        if (
+        return not (
             not self.learning
             or out.backend is None
             or out.pool is None
@@ -310,8 +327,22 @@ class CrossoverKeeper:
             or out.status != 200
             or out.client_gone
             or out.error is not None
-        ):
-            return
+        )
+
+    def _record_traffic(self, out: Finished) -> None:
+        usage = out.usage
+        assert usage is not None and out.pool is not None
+        self.engines.record_traffic(
+            out.pool,
+            out.sampling,
+            usage.prompt_tokens,
+            out.prompt_chars,
+            usage.completion_tokens,
+        )
+
+    def _record_curves(self, out: Finished) -> None:
+        usage = out.usage
+        assert usage is not None and out.pool is not None and out.backend is not None
         first = out.first_byte
         decode = spt = concurrency = stall = 0.0
         scale = self.learner.time_scale
@@ -352,7 +383,7 @@ class CrossoverKeeper:
             stall,
             out.joined,
         )
-        self.engines.record(sample)
+        self.engines.record_curves(sample)
 
     def _accept_length(self) -> float | None:
         # (an idle engine reports 0: no speculation happened, not an acceptance of 0)

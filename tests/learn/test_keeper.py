@@ -155,7 +155,7 @@ def test_a_samples_stalls_are_the_prefills_that_ran_while_it_decoded() -> None:
     engine, or sent before its first token and prefilled after its end, stalled nothing."""
     keeper = make()
     samples: list[Any] = []
-    keeper.engines.record = samples.append  # type: ignore[method-assign,assignment]
+    keeper.engines.record_curves = samples.append  # type: ignore[method-assign,assignment]
     tracker = cast(InflightTracker, keeper.tracker)  # (the keeper reads it as its Counts)
     out = streamed(keeper)  # first byte at 1.0, end at 3.0, 0.2 s per token
     out.prefill = 0.5

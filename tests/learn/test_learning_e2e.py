@@ -42,13 +42,13 @@ async def test_the_first_of_a_burst_is_known_to_have_had_company(
     )
     app = RouterApp(settings)
     samples: list[Sample] = []
-    record = app.keeper.engines.record
+    record = app.keeper.engines.record_curves
 
     def keep(sample: Sample) -> None:
         samples.append(sample)
         record(sample)
 
-    app.keeper.engines.record = keep  # type: ignore[method-assign]
+    app.keeper.engines.record_curves = keep  # type: ignore[method-assign]
     async with app.running():
 
         async def ready() -> bool:
