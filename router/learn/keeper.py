@@ -410,6 +410,7 @@ class CrossoverKeeper:
         this keeper's curves and models follow it.
         """
         table = tables.from_json(raw)
+        self.settle()  # (what ended before the new table is learned by the old one)
         self.start_table = table
         self.learner = self._learner(table)
         self.engines = EngineModels(table, self.settings.learn_decay)
@@ -477,6 +478,7 @@ class CrossoverKeeper:
         return all(self.learner.pools[pool].points(1.0) for pool in POOLS)
 
     def persist(self) -> None:
+        self.settle()  # (the queued samples may be what makes the table its own)
         if self.table_path is None or not self.has_own_table():
             return
         try:

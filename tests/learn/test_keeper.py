@@ -390,3 +390,40 @@ def test_a_pin_or_a_table_with_a_crossover_ends_no_crossover() -> None:
     assert (keeper.crossover, keeper.no_crossover, keeper.pinned) == (32, True, False)
     keeper.replace(tables.to_json(model_table(1024, 256, crossover=12)))
     assert (keeper.crossover, keeper.no_crossover) == (12, False)
+
+
+# -- deferred samples (router.forward.ended) settle first --------------------------------------------
+
+
+def deferring(keeper: CrossoverKeeper) -> list[Outcome]:
+    """Outcomes queued for ``keeper`` as ``Ended`` queues them; its ``settle`` runs them."""
+    queued: list[Outcome] = []
+
+    def settle() -> None:
+        while queued:
+            keeper.observe(queued.pop(0))
+
+    keeper.settle = settle
+    return queued
+
+
+def test_a_new_table_comes_after_the_samples_that_ended_before_it() -> None:
+    """Review s12 finding 4: what ended before a PUT is learned by the table it ran under."""
+    keeper = make()
+    queued = deferring(keeper)
+    queued.append(streamed(keeper))
+    old = keeper.learner
+    keeper.replace(tables.to_json(model_table(1024, 256, crossover=12)))
+    assert old.pools[SPECULATIVE].samples == 1 and not queued
+    assert keeper.learner.pools[SPECULATIVE].samples == 0
+
+
+def test_persist_settles_before_it_decides_whether_the_table_is_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    keeper = make(table_path=path, table_fresh=True)
+    queued = deferring(keeper)
+    queued.append(on(SPECULATIVE, keeper))
+    queued.append(on(BASELINE, keeper))
+    keeper.persist()  # (at shutdown: the last samples make both pools learned)
+    saved = tables.load(path)
+    assert saved.speculative.points and saved.baseline.points
