@@ -401,6 +401,8 @@ class RouterApp:
             # (the proxy's pools are closed: no callback stream may use it now; review N4)
             self.streams.proxy = None
             self.settle()
+            if self.ended is not None:  # (a later lifecycle may run on another loop)
+                self.ended.detach()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         def started() -> None:

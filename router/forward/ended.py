@@ -113,10 +113,30 @@ class Ended(Generic[T]):
         while queue:
             self._observe(queue.popleft())
 
+    def detach(self) -> None:
+        """Forget the loop (its lifecycle is over: ``RouterApp.running``, after the final
+        ``settle``): the next outcome asks the loop running then for a turn."""
+        self._scheduled = False
+        self._loop = None
+        self._busy = False
+
     def _turn(self) -> None:
-        queue = self._queue
         busy = self._busy
         self._busy = False
+        try:
+            self._run(busy)
+        finally:  # (if it raised, the next outcome asks for a turn again)
+            self._scheduled = False
+        loop = self._loop
+        if self._queue and loop is not None:
+            if busy:
+                loop.call_later(WAIT, self._turn)
+            else:
+                loop.call_soon(self._turn)
+            self._scheduled = True
+
+    def _run(self, busy: bool) -> None:
+        queue = self._queue
         if len(queue) >= LIMIT:
             if not self._over:
                 self._over = True
@@ -124,22 +144,15 @@ class Ended(Generic[T]):
                     "%d finished requests' accounting queued (LIMIT): run at once", len(queue)
                 )
             self.settle()
-        else:
-            now = self.clock()
-            while queue and now - queue[0].ended >= MAX_AGE:  # (in the order they ended)
+            return
+        now = self.clock()
+        while queue and now - queue[0].ended >= MAX_AGE:  # (in the order they ended)
+            self._observe(queue.popleft())
+        if not busy:
+            for _ in range(min(BATCH, len(queue))):
                 self._observe(queue.popleft())
-            if not busy:
-                for _ in range(min(BATCH, len(queue))):
-                    self._observe(queue.popleft())
-            if not queue:
-                self._over = False
-        loop = self._loop
-        if not queue or loop is None:
-            self._scheduled = False
-        elif busy:
-            loop.call_later(WAIT, self._turn)
-        else:
-            loop.call_soon(self._turn)
+        if not queue:
+            self._over = False
 
     def _observe(self, out: T) -> None:
         for observe in self.observers:

@@ -208,3 +208,47 @@ def test_on_a_closed_loop_outcomes_are_observed_at_once() -> None:
     ended.add(Out(1, loop.now))
     ended.add(Out(2, loop.now))
     assert seen == [1, 2] and len(ended) == 0
+
+
+def test_a_turn_that_raises_does_not_leave_the_schedule_stuck() -> None:
+    """Review s12 finding 5: the exception reaches the loop's handler, and the next outcome
+    asks for a turn again."""
+    loop = FakeLoop()
+    seen: list[int] = []
+    fail = [True]
+
+    def clock() -> float:
+        if fail.pop() if fail else False:
+            raise RuntimeError("clock bug")
+        return loop.now
+
+    ended: Ended[Out] = Ended([lambda out: seen.append(out.n)], clock, loop)
+    ended.add(Out(1, loop.now))
+    with pytest.raises(RuntimeError, match="clock bug"):
+        loop.turn()
+    assert loop.ready == [] and seen == []
+    ended.add(Out(2, loop.now))
+    assert len(loop.ready) == 1
+    loop.turn()
+    assert seen == [1, 2]
+
+
+def test_detached_it_asks_the_next_loop_for_turns() -> None:
+    """Review s12 finding 5: a loop that stopped with a turn pending (a lifecycle over) does
+    not keep the schedule: ``detach`` (RouterApp.running's end) lets the next loop's turns run."""
+    old = FakeLoop()
+    seen: list[int] = []
+    ended: Ended[Out] = Ended([lambda out: seen.append(out.n)], old.time, old)
+    ended.add(Out(1, old.now))  # its turn never comes: the loop stopped
+    ended.settle()
+    ended.detach()
+
+    async def later() -> None:
+        ended.add(Out(2, 0.0))
+        assert seen == [1]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert seen == [1, 2]
+
+    asyncio.run(later())
+    assert old.ready == [ended._turn]  # (the old loop's turn, never run)
