@@ -329,6 +329,21 @@ class CrossoverKeeper:
             or out.error is not None
         )
 
+    def wants_area_end(self, out: Finished) -> bool:
+        """Whether ``observe_curves`` will read ``out.area_end`` (the backend's in-flight
+        integral when it ended): ``Proxy.finish`` records it then, and only then."""
+        usage = out.usage
+        first = out.first_byte
+        return (
+            out.stream
+            and first is not None
+            and out.area_first is not None
+            and usage is not None
+            and usage.completion_tokens >= 2
+            and out.ended > first
+            and self._learns(out)
+        )
+
     def _record_traffic(self, out: Finished) -> None:
         usage = out.usage
         assert usage is not None and out.pool is not None
@@ -346,17 +361,16 @@ class CrossoverKeeper:
         first = out.first_byte
         decode = spt = concurrency = stall = 0.0
         scale = self.learner.time_scale
+        area = out.area_end
         if (
             out.stream
             and first is not None
             and out.area_first is not None
+            and area is not None  # (recorded when it ended: never extrapolated afterwards)
             and usage.completion_tokens >= 2
             and out.ended > first
         ):
             decode = out.ended - first
-            area = out.area_end
-            if area is None:
-                area = self.tracker.area(out.backend, out.ended)
             concurrency = (area - out.area_first) / decode
             # in flight is not running: past the engine's cap the rest wait in its queue
             seen = self._loads.get(out.backend)

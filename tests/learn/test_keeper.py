@@ -89,6 +89,7 @@ def streamed(keeper: CrossoverKeeper) -> Outcome:
     out.first_bytes(1.0, tracker.area(S1, 1.0))
     out.counted(Usage(prompt_tokens=7, completion_tokens=11))
     out.finish(3.0)
+    out.area_end = tracker.area(S1, 3.0)  # (what Proxy.finish records)
     return out
 
 
@@ -316,6 +317,7 @@ def on(pool: str, keeper: CrossoverKeeper) -> Outcome:
         out.attempt(BASELINE, B1, "above_crossover")
         out.first_bytes(1.0, tracker.area(B1, 1.0))
         out.area_first = tracker.area(B1, 1.0)
+        out.area_end = tracker.area(B1, out.ended)
     return out
 
 
@@ -427,3 +429,27 @@ def test_persist_settles_before_it_decides_whether_the_table_is_its_own(tmp_path
     keeper.persist()  # (at shutdown: the last samples make both pools learned)
     saved = tables.load(path)
     assert saved.speculative.points and saved.baseline.points
+
+
+def test_without_the_integral_at_its_end_no_concurrency_sample_is_made() -> None:
+    """Review s12 finding 6: an outcome observed without ``area_end`` (nothing recorded it when
+    it ended) teaches no decode point: the integral now would extrapolate past its end."""
+    keeper = make()
+    out = streamed(keeper)
+    assert keeper.wants_area_end(out)
+    out.area_end = None
+    before = keeper.traffic.mean_output
+    keeper.observe(out)
+    assert keeper.learner.pools[SPECULATIVE].samples == 0
+    assert keeper.traffic.mean_output != before  # (its lengths still count)
+
+
+def test_the_integral_at_the_end_is_wanted_only_for_what_the_keeper_learns_from() -> None:
+    keeper = make()
+    assert keeper.wants_area_end(streamed(keeper))
+    assert not keeper.wants_area_end(dataclasses.replace(streamed(keeper), status=502))
+    assert not keeper.wants_area_end(dataclasses.replace(streamed(keeper), client_gone=True))
+    short = streamed(keeper)
+    short.counted(Usage(prompt_tokens=7, completion_tokens=1))
+    assert not keeper.wants_area_end(short)
+    assert not make(learn=False).wants_area_end(streamed(keeper))
