@@ -209,6 +209,13 @@ class _CallbackRequests:
             self._taken = None
             start(self, cycle, self.app)
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)  # type: ignore[misc]
+        # (as the lean protocol drops ``cycle``: no cycle left through the one taken, whose
+        # ``on_response`` points back here; ``data_received`` clears it before it returns,
+        # so this only holds should one of uvicorn's callbacks raise between the two)
+        self._taken = None
+
 
 def _cycle_class() -> Any:
     try:
@@ -237,7 +244,7 @@ _CYCLE_ARGS = frozenset(
         "on_response",
     }
 )
-_PROTOCOL_METHODS = ("on_headers_complete", "on_message_complete", "data_received")
+_PROTOCOL_METHODS = ("on_headers_complete", "on_message_complete", "data_received", "connection_lost")
 
 
 def callback_ready() -> bool:
