@@ -43,7 +43,7 @@ async def serving(app: RouterApp) -> AsyncIterator[tuple[tuple[str, int], list[A
     app.streams.proxy = app.proxy
     extend = callback_protocol(app.streams)
     assert extend is not None
-    made = lean.lean_protocol(loop, extend=extend)
+    made: Any = lean.lean_protocol(loop, extend=extend)
     assert made is not None
     config = Config(
         app=app, lifespan="off", ws="none", log_config=None, proxy_headers=False, access_log=False
@@ -66,9 +66,10 @@ async def serving(app: RouterApp) -> AsyncIterator[tuple[tuple[str, int], list[A
 
 
 async def test_a_callback_connection_is_freed_without_the_collector() -> None:
-    with BulkUpstream(size=64, events=4).running() as spec, BulkUpstream(
-        size=64, events=4
-    ).running() as base:
+    with (
+        BulkUpstream(size=64, events=4).running() as spec,
+        BulkUpstream(size=64, events=4).running() as base,
+    ):
         app = RouterApp(Settings(speculative_urls=spec.url, baseline_urls=base.url))
         async with app.running(), serving(app) as (address, refs, state):
             enabled = gc.isenabled()
@@ -84,14 +85,14 @@ async def test_a_callback_connection_is_freed_without_the_collector() -> None:
                 await await_for(ready)
                 # streams served whole, then their client closes: the first handed to the
                 # coroutine (no idle upstream connection yet), the second from the callbacks
-                for n in range(2):
+                for _ in range(2):
                     reader, writer = await asyncio.open_connection(*address)
                     writer.write(post("/v1/chat/completions", STREAM))
                     await reader.readuntil(b"0\r\n\r\n")
                     writer.close()
                     await writer.wait_closed()
                     await await_for(gone)
-                    await await_for(lambda: _dead(refs[n]))
+                    await await_for(lambda: _dead(refs[-1]))
                 assert app.streams.status() == {"callback_streams": 1, "callback_handed": 1}
                 # a client that leaves mid-body (its head in, half its body sent)
                 reader, writer = await asyncio.open_connection(*address)

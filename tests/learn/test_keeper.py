@@ -394,7 +394,7 @@ def test_a_pin_or_a_table_with_a_crossover_ends_no_crossover() -> None:
     assert (keeper.crossover, keeper.no_crossover) == (12, False)
 
 
-# -- deferred samples (router.forward.ended) settle first --------------------------------------------
+# -- deferred samples (router.forward.ended) settle first ------------------------------------------
 
 
 def deferring(keeper: CrossoverKeeper) -> list[Outcome]:
