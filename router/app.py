@@ -188,9 +188,10 @@ class RouterApp:
         )
         self.recent = RecentWindow(clock, slo=slo)
         self.registry.register(self.state)
-        # the accounting nothing on a request's path reads: run at quiet turns of the loop
+        # the accounting nothing on a request's path reads: run at later turns of the loop
         # (router.forward.ended), settled before anything reads it; at once under --workers,
-        # whose /metrics merges every worker's files
+        # whose /metrics merges every worker's files. (The keeper's traffic averages, which
+        # routing reads, are fed at once: ``observe_traffic``.)
         accounting: list[Callable[[Outcome], None]] = [
             self.metrics.observe,
             self.keeper.observe,
@@ -290,7 +291,7 @@ class RouterApp:
 
     # -- views and actions for the control endpoints (router.control.controlled.Controlled) ---
     def settle(self) -> None:
-        """Run the accounting still queued for quiet turns (``router.forward.ended``): what
+        """Run the accounting still queued for later turns (``router.forward.ended``): what
         reads the observers' state reads every finished request."""
         if self.ended is not None:
             self.ended.settle()

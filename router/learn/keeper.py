@@ -173,8 +173,8 @@ class CrossoverKeeper:
         self.learner = self._learner(table)
         self.engines = EngineModels(table, settings.learn_decay)
         self._gain: Gain | None = None
-        # runs the observations still queued for a quiet turn (router.forward.ended) before
-        # the keeper learns from, or shows, what it has observed
+        # runs the observations still queued for a later turn (router.forward.ended) before
+        # the keeper learns from, shows, replaces or persists what it has observed
         self.settle: Callable[[], None] = _nothing
         self._models: dict[Pool, PoolModel] | None = None
         self._tau_used: float | None = None
