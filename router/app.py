@@ -188,9 +188,10 @@ class RouterApp:
         )
         self.recent = RecentWindow(clock, slo=slo)
         self.registry.register(self.state)
-        # the accounting nothing on a request's path reads: run at quiet turns of the loop
+        # the accounting nothing on a request's path reads: run at later turns of the loop
         # (router.forward.ended), settled before anything reads it; at once under --workers,
-        # whose /metrics merges every worker's files
+        # whose /metrics merges every worker's files. (The keeper's traffic averages, which
+        # routing reads, are fed at once: ``observe_traffic``.)
         accounting: list[Callable[[Outcome], None]] = [
             self.metrics.observe,
             self.keeper.observe,
@@ -199,8 +200,10 @@ class RouterApp:
         self.ended: Ended[Outcome] | None = None
         self.observers: list[Callable[[Outcome], None]] = accounting
         if worker is None and settings.defer_accounting:
+            # (the keeper's traffic averages, read per request by the decider, at once)
+            accounting[1] = self.keeper.observe_curves
             self.ended = Ended(accounting, clock)
-            self.observers = [self.ended.add]
+            self.observers = [self.keeper.observe_traffic, self.ended.add]
             self.keeper.settle = self.ended.settle
         if settings.queue_size > 0:
             self.observers.append(self.strain.observe)
@@ -257,6 +260,7 @@ class RouterApp:
             discovery=discovery,
             shared_status=None if worker is None else worker.discovery_status,
         )
+        self.membership.settle = self.settle
         self.roster.subscribe(self._forget_strain)
         self.roster.sync()  # the configured members join
         self.proxy: Proxy | None = None
@@ -287,7 +291,7 @@ class RouterApp:
 
     # -- views and actions for the control endpoints (router.control.controlled.Controlled) ---
     def settle(self) -> None:
-        """Run the accounting still queued for quiet turns (``router.forward.ended``): what
+        """Run the accounting still queued for later turns (``router.forward.ended``): what
         reads the observers' state reads every finished request."""
         if self.ended is not None:
             self.ended.settle()
@@ -398,6 +402,8 @@ class RouterApp:
             # (the proxy's pools are closed: no callback stream may use it now; review N4)
             self.streams.proxy = None
             self.settle()
+            if self.ended is not None:  # (a later lifecycle may run on another loop)
+                self.ended.detach()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         def started() -> None:

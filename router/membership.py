@@ -91,11 +91,17 @@ class Membership:
         # bytes, lets go of its leases there (router.gateway.app)
         self.cut_streams: Callable[[str, str], int] = self._cut_client
         self._cut: set[tuple[str, int]] = set()  # (url, incarnation) whose streams were cut
+        # runs the finished requests' accounting still queued (router.forward.ended) before a
+        # backend is let go of: its outcomes read its in-flight entry and count on its metric
+        # series, both removed with it (RouterApp sets it to its own ``settle``)
+        self.settle: Callable[[], None] = _nothing
         roster.subscribe(self.applied)
 
     # -- the listener -----------------------------------------------------------------------
     def applied(self, changes: Changes) -> None:
         now = self.clock()
+        if changes.removed:
+            self.settle()
         for m in changes.removed:
             self._release(m)
         for m in changes.joined:
@@ -252,6 +258,10 @@ class Membership:
                 "mismatch": mode_mismatch(m.pool, reading),
             },
         }
+
+
+def _nothing() -> None:
+    pass
 
 
 def member_document(m: Member, now: float, in_flight: Mapping[str, int]) -> dict[str, Any]:

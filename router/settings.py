@@ -266,9 +266,10 @@ class Settings(BaseSettings):
     # same-run A/B shows it pays (bench/results/fast-path.md, session 10); false: every request
     # through the proxy's coroutine.
     callback_streams: bool = True
-    # Run the accounting of finished requests (metrics, the learner's samples, the recent
-    # window) at turns of the loop with no request head in it, settled before anything reads
-    # it (router/forward/ended.py); false: as each request ends.
+    # Run the accounting of finished requests (metrics, the learner's curves, the recent
+    # window) at later turns of the loop (within ~0.25 s; earlier in turns with no request
+    # head), settled before anything reads it (router/forward/ended.py); false: as each
+    # request ends.
     defer_accounting: bool = True
 
     # -- access -------------------------------------------------------------------------------

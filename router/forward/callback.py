@@ -94,7 +94,8 @@ class CallbackStreams:
         self.proxy: Proxy | None = None
         self.served = 0  # streams answered from callbacks
         self.handed = 0  # taken, then handed to the proxy's coroutine
-        # told of each request taken in (the deferred accounting waits for a quiet turn)
+        # told of each request taken in (the deferred accounting's turn is then not a quiet
+        # one; only this path tells it)
         self.busy: Callable[[], None] | None = None
 
     def status(self) -> dict[str, int]:
@@ -209,6 +210,13 @@ class _CallbackRequests:
             self._taken = None
             start(self, cycle, self.app)
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)  # type: ignore[misc]
+        # (as the lean protocol drops ``cycle``: no cycle left through the one taken, whose
+        # ``on_response`` points back here; ``data_received`` clears it before it returns,
+        # so this only holds should one of uvicorn's callbacks raise between the two)
+        self._taken = None
+
 
 def _cycle_class() -> Any:
     try:
@@ -237,7 +245,12 @@ _CYCLE_ARGS = frozenset(
         "on_response",
     }
 )
-_PROTOCOL_METHODS = ("on_headers_complete", "on_message_complete", "data_received")
+_PROTOCOL_METHODS = (
+    "on_headers_complete",
+    "on_message_complete",
+    "data_received",
+    "connection_lost",
+)
 
 
 def callback_ready() -> bool:

@@ -103,8 +103,12 @@ class Proxy:
         abort_lag: Callable[[str], float] | None = None,
         default_model: Callable[[Pool, str], str | None] | None = None,
         sync: Callable[[], object] | None = None,
+        wants_area_end: Callable[[Outcome], bool] | None = None,
     ) -> None:
         self.settings = settings
+        # whether an outcome's observers read its backend's in-flight integral at its end
+        # (``CrossoverKeeper.wants_area_end``; None: whenever it had a first byte)
+        self.wants_area_end = wants_area_end
         self.decider = decider
         self.poke = poke  # busy polling (router/fastpath/busypoll.py): a request arrived or ended
         self.tracker = tracker
@@ -152,8 +156,10 @@ class Proxy:
         now = self.clock()
         out.finish(now)
         if out.area_first is not None and out.backend is not None:
-            # (its backend's in-flight integral now: observers may run later)
-            out.area_end = self.tracker.area(out.backend, now)
+            # (its backend's in-flight integral now: the keeper may observe it later)
+            wants = self.wants_area_end
+            if wants is None or wants(out):
+                out.area_end = self.tracker.area(out.backend, now)
         if self.poke is not None:
             self.poke()
         for observe in self.observers:

@@ -173,8 +173,8 @@ class CrossoverKeeper:
         self.learner = self._learner(table)
         self.engines = EngineModels(table, settings.learn_decay)
         self._gain: Gain | None = None
-        # runs the observations still queued for a quiet turn (router.forward.ended) before
-        # the keeper learns from, or shows, what it has observed
+        # runs the observations still queued for a later turn (router.forward.ended) before
+        # the keeper learns from, shows, replaces or persists what it has observed
         self.settle: Callable[[], None] = _nothing
         self._models: dict[Pool, PoolModel] | None = None
         self._tau_used: float | None = None
@@ -300,9 +300,26 @@ class CrossoverKeeper:
 
     # -- input ----------------------------------------------------------------------------------
     def observe(self, out: Finished) -> None:
-        """Outcome observer: a finished, complete answer becomes a learning sample."""
+        """Outcome observer: a finished, complete answer becomes a learning sample (both
+        halves below, at once: how the keeper observes when nothing is deferred)."""
+        if self._learns(out):
+            self._record_traffic(out)
+            self._record_curves(out)
+
+    def observe_traffic(self, out: Finished) -> None:
+        """Outcome observer, run at once when the rest is deferred (router.forward.ended):
+        the traffic averages routing reads per request (``traffic``) never lag."""
+        if self._learns(out):
+            self._record_traffic(out)
+
+    def observe_curves(self, out: Finished) -> None:
+        """Outcome observer, the deferred rest of ``observe`` (its curves and stalls)."""
+        if self._learns(out):
+            self._record_curves(out)
+
+    def _learns(self, out: Finished) -> bool:
         usage = out.usage
-        if (
+        return not (
             not self.learning
             or out.backend is None
             or out.pool is None
@@ -310,22 +327,50 @@ class CrossoverKeeper:
             or out.status != 200
             or out.client_gone
             or out.error is not None
-        ):
-            return
+        )
+
+    def wants_area_end(self, out: Finished) -> bool:
+        """Whether ``observe_curves`` will read ``out.area_end`` (the backend's in-flight
+        integral when it ended): ``Proxy.finish`` records it then, and only then."""
+        usage = out.usage
+        first = out.first_byte
+        return (
+            out.stream
+            and first is not None
+            and out.area_first is not None
+            and usage is not None
+            and usage.completion_tokens >= 2
+            and out.ended > first
+            and self._learns(out)
+        )
+
+    def _record_traffic(self, out: Finished) -> None:
+        usage = out.usage
+        assert usage is not None and out.pool is not None
+        self.engines.record_traffic(
+            out.pool,
+            out.sampling,
+            usage.prompt_tokens,
+            out.prompt_chars,
+            usage.completion_tokens,
+        )
+
+    def _record_curves(self, out: Finished) -> None:
+        usage = out.usage
+        assert usage is not None and out.pool is not None and out.backend is not None
         first = out.first_byte
         decode = spt = concurrency = stall = 0.0
         scale = self.learner.time_scale
+        area = out.area_end
         if (
             out.stream
             and first is not None
             and out.area_first is not None
+            and area is not None  # (recorded when it ended: never extrapolated afterwards)
             and usage.completion_tokens >= 2
             and out.ended > first
         ):
             decode = out.ended - first
-            area = out.area_end
-            if area is None:
-                area = self.tracker.area(out.backend, out.ended)
             concurrency = (area - out.area_first) / decode
             # in flight is not running: past the engine's cap the rest wait in its queue
             seen = self._loads.get(out.backend)
@@ -352,7 +397,7 @@ class CrossoverKeeper:
             stall,
             out.joined,
         )
-        self.engines.record(sample)
+        self.engines.record_curves(sample)
 
     def _accept_length(self) -> float | None:
         # (an idle engine reports 0: no speculation happened, not an acceptance of 0)
@@ -379,6 +424,7 @@ class CrossoverKeeper:
         this keeper's curves and models follow it.
         """
         table = tables.from_json(raw)
+        self.settle()  # (what ended before the new table is learned by the old one)
         self.start_table = table
         self.learner = self._learner(table)
         self.engines = EngineModels(table, self.settings.learn_decay)
@@ -446,6 +492,7 @@ class CrossoverKeeper:
         return all(self.learner.pools[pool].points(1.0) for pool in POOLS)
 
     def persist(self) -> None:
+        self.settle()  # (the queued samples may be what makes the table its own)
         if self.table_path is None or not self.has_own_table():
             return
         try:

@@ -229,18 +229,30 @@ class EngineModels:
 
     # -- input ----------------------------------------------------------------------------------
     def record(self, sample: Sample) -> None:
-        """One finished request (model time)."""
+        """One finished request (model time): its traffic, then its curves."""
         s = sample
-        if s.prompt_chars > 0 and s.prompt_tokens > 0:
-            self.tokens_per_char.add(s.prompt_tokens / s.prompt_chars)
-        if s.output_tokens > 0:
-            self.mean_output.add(float(s.output_tokens))
-            log = math.log(s.output_tokens)
+        self.record_traffic(s.pool, s.sampling, s.prompt_tokens, s.prompt_chars, s.output_tokens)
+        self.record_curves(s)
+
+    def record_traffic(
+        self, pool: Pool, sampling: bool, prompt_tokens: int, prompt_chars: int, output_tokens: int
+    ) -> None:
+        """One finished request's part in the traffic averages (a few ``Ewma.add``: what
+        routing reads per request, ``Keeper.traffic``, kept current by the keeper at once)."""
+        if prompt_chars > 0 and prompt_tokens > 0:
+            self.tokens_per_char.add(prompt_tokens / prompt_chars)
+        if output_tokens > 0:
+            self.mean_output.add(float(output_tokens))
+            log = math.log(output_tokens)
             self.log_output.add(log)
             self.log_output_sq.add(log * log)
+        if pool == SPECULATIVE:
+            self.sampling_share.add(float(sampling))
+
+    def record_curves(self, sample: Sample) -> None:
+        """One finished request's part in the pools' curves (``record_traffic`` is the rest)."""
+        s = sample
         spec = s.pool == SPECULATIVE
-        if spec:
-            self.sampling_share.add(float(s.sampling))
         if not (s.spt > 0 and math.isfinite(s.spt) and s.concurrency >= 1 and s.output_tokens >= 2):
             return
         # Its decode, less the prefills that stalled it, over the iterations it took: the

@@ -133,6 +133,7 @@ def test_learned_points_move_away_from_the_start_and_the_start_stays() -> None:
         out.counted(Usage(32, 21))
         lease.release()
         out.finish(clock.now)
+        out.area_end = app.tracker.area(B1, clock.now)  # (as Proxy.finish records it)
         for observe in app.observers:
             observe(out)
     curves = app.keeper.curves()

@@ -89,6 +89,7 @@ def streamed(keeper: CrossoverKeeper) -> Outcome:
     out.first_bytes(1.0, tracker.area(S1, 1.0))
     out.counted(Usage(prompt_tokens=7, completion_tokens=11))
     out.finish(3.0)
+    out.area_end = tracker.area(S1, 3.0)  # (what Proxy.finish records)
     return out
 
 
@@ -155,7 +156,7 @@ def test_a_samples_stalls_are_the_prefills_that_ran_while_it_decoded() -> None:
     engine, or sent before its first token and prefilled after its end, stalled nothing."""
     keeper = make()
     samples: list[Any] = []
-    keeper.engines.record = samples.append  # type: ignore[method-assign,assignment]
+    keeper.engines.record_curves = samples.append  # type: ignore[method-assign,assignment]
     tracker = cast(InflightTracker, keeper.tracker)  # (the keeper reads it as its Counts)
     out = streamed(keeper)  # first byte at 1.0, end at 3.0, 0.2 s per token
     out.prefill = 0.5
@@ -316,6 +317,7 @@ def on(pool: str, keeper: CrossoverKeeper) -> Outcome:
         out.attempt(BASELINE, B1, "above_crossover")
         out.first_bytes(1.0, tracker.area(B1, 1.0))
         out.area_first = tracker.area(B1, 1.0)
+        out.area_end = tracker.area(B1, out.ended)
     return out
 
 
@@ -390,3 +392,64 @@ def test_a_pin_or_a_table_with_a_crossover_ends_no_crossover() -> None:
     assert (keeper.crossover, keeper.no_crossover, keeper.pinned) == (32, True, False)
     keeper.replace(tables.to_json(model_table(1024, 256, crossover=12)))
     assert (keeper.crossover, keeper.no_crossover) == (12, False)
+
+
+# -- deferred samples (router.forward.ended) settle first ------------------------------------------
+
+
+def deferring(keeper: CrossoverKeeper) -> list[Outcome]:
+    """Outcomes queued for ``keeper`` as ``Ended`` queues them; its ``settle`` runs them."""
+    queued: list[Outcome] = []
+
+    def settle() -> None:
+        while queued:
+            keeper.observe(queued.pop(0))
+
+    keeper.settle = settle
+    return queued
+
+
+def test_a_new_table_comes_after_the_samples_that_ended_before_it() -> None:
+    """Review s12 finding 4: what ended before a PUT is learned by the table it ran under."""
+    keeper = make()
+    queued = deferring(keeper)
+    queued.append(streamed(keeper))
+    old = keeper.learner
+    keeper.replace(tables.to_json(model_table(1024, 256, crossover=12)))
+    assert old.pools[SPECULATIVE].samples == 1 and not queued
+    assert keeper.learner.pools[SPECULATIVE].samples == 0
+
+
+def test_persist_settles_before_it_decides_whether_the_table_is_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    keeper = make(table_path=path, table_fresh=True)
+    queued = deferring(keeper)
+    queued.append(on(SPECULATIVE, keeper))
+    queued.append(on(BASELINE, keeper))
+    keeper.persist()  # (at shutdown: the last samples make both pools learned)
+    saved = tables.load(path)
+    assert saved.speculative.points and saved.baseline.points
+
+
+def test_without_the_integral_at_its_end_no_concurrency_sample_is_made() -> None:
+    """Review s12 finding 6: an outcome observed without ``area_end`` (nothing recorded it when
+    it ended) teaches no decode point: the integral now would extrapolate past its end."""
+    keeper = make()
+    out = streamed(keeper)
+    assert keeper.wants_area_end(out)
+    out.area_end = None
+    before = keeper.traffic.mean_output
+    keeper.observe(out)
+    assert keeper.learner.pools[SPECULATIVE].samples == 0
+    assert keeper.traffic.mean_output != before  # (its lengths still count)
+
+
+def test_the_integral_at_the_end_is_wanted_only_for_what_the_keeper_learns_from() -> None:
+    keeper = make()
+    assert keeper.wants_area_end(streamed(keeper))
+    assert not keeper.wants_area_end(dataclasses.replace(streamed(keeper), status=502))
+    assert not keeper.wants_area_end(dataclasses.replace(streamed(keeper), client_gone=True))
+    short = streamed(keeper)
+    short.counted(Usage(prompt_tokens=7, completion_tokens=1))
+    assert not keeper.wants_area_end(short)
+    assert not make(learn=False).wants_area_end(streamed(keeper))

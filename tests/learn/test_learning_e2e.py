@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from router.account.outcome import Outcome
 from router.app import RouterApp
 from router.learn.models import Sample
 from router.settings import Settings
@@ -42,13 +43,13 @@ async def test_the_first_of_a_burst_is_known_to_have_had_company(
     )
     app = RouterApp(settings)
     samples: list[Sample] = []
-    record = app.keeper.engines.record
+    record = app.keeper.engines.record_curves
 
     def keep(sample: Sample) -> None:
         samples.append(sample)
         record(sample)
 
-    app.keeper.engines.record = keep  # type: ignore[method-assign]
+    app.keeper.engines.record_curves = keep  # type: ignore[method-assign]
     async with app.running():
 
         async def ready() -> bool:
@@ -74,5 +75,40 @@ async def test_the_first_of_a_burst_is_known_to_have_had_company(
     assert min(s.load_at_start for s in rest) == 0
 
 
-async def _done(samples: list[Sample], n: int) -> bool:
+async def _done(samples: list[Any], n: int) -> bool:
     return len(samples) >= n
+
+
+async def test_the_proxy_records_the_in_flight_integral_at_a_streams_end(
+    engine_sims: dict[str, Proc],
+) -> None:
+    """Review s12 finding 6: the keeper's concurrency sample needs ``area_end``, which only
+    ``Proxy.finish`` can record (observers run later, router.forward.ended)."""
+    settings = Settings(
+        speculative_urls=[engine_sims["speculative"].url],
+        baseline_urls=[engine_sims["baseline"].url],
+        policy="spillover",
+        crossover=64,
+    )
+    app = RouterApp(settings)
+    seen: list[Outcome] = []
+    app.observers.append(seen.append)
+    samples: list[Sample] = []
+    app.keeper.engines.record_curves = samples.append  # type: ignore[method-assign,assignment]
+    async with app.running():
+
+        async def ready() -> bool:
+            return all(app.usable_pools().values())
+
+        await await_for(ready)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            answer = await client.post("/v1/chat/completions", json=body())
+            assert answer.status_code == 200
+        await await_for(lambda: _done(seen, 1))
+        app.settle()
+    (out,) = seen
+    assert out.area_first is not None and out.area_end is not None
+    assert out.area_end > out.area_first  # (itself in flight over its decode)
+    (sample,) = samples
+    assert sample.concurrency == pytest.approx(1.0, abs=0.05) and sample.spt > 0  # (alone)
