@@ -188,23 +188,20 @@ class RouterApp:
         )
         self.recent = RecentWindow(clock, slo=slo)
         self.registry.register(self.state)
-        # the accounting nothing on a request's path reads: run at later turns of the loop
-        # (router.forward.ended), settled before anything reads it; at once under --workers,
-        # whose /metrics merges every worker's files. (The keeper's traffic averages, which
-        # routing reads, are fed at once: ``observe_traffic``.)
-        accounting: list[Callable[[Outcome], None]] = [
-            self.metrics.observe,
-            self.keeper.observe,
-            self.recent.observe,
-        ]
+        # with ``defer_accounting`` (off by default; never under --workers, whose /metrics
+        # merges every worker's files) the accounting nothing on a request's path reads runs at
+        # later turns of the loop (router.forward.ended), settled before anything reads it. (The
+        # keeper's traffic averages, which routing reads, are fed at once: ``observe_traffic``.)
         self.ended: Ended[Outcome] | None = None
-        self.observers: list[Callable[[Outcome], None]] = accounting
+        self.observers: list[Callable[[Outcome], None]]
         if worker is None and settings.defer_accounting:
-            # (the keeper's traffic averages, read per request by the decider, at once)
-            accounting[1] = self.keeper.observe_curves
-            self.ended = Ended(accounting, clock)
+            self.ended = Ended(
+                [self.metrics.observe, self.keeper.observe_curves, self.recent.observe], clock
+            )
             self.observers = [self.keeper.observe_traffic, self.ended.add]
             self.keeper.settle = self.ended.settle
+        else:
+            self.observers = [self.metrics.observe, self.keeper.observe, self.recent.observe]
         if settings.queue_size > 0:
             self.observers.append(self.strain.observe)
         # The fleet planner (router.planning), when on: the leader plans under --workers

@@ -94,7 +94,7 @@ class Membership:
         # runs the finished requests' accounting still queued (router.forward.ended) before a
         # backend is let go of: its outcomes read its in-flight entry and count on its metric
         # series, both removed with it (RouterApp sets it to its own ``settle``)
-        self.settle: Callable[[], None] = _nothing
+        self.settle: Callable[[], None] = lambda: None
         roster.subscribe(self.applied)
 
     # -- the listener -----------------------------------------------------------------------
@@ -258,10 +258,6 @@ class Membership:
                 "mismatch": mode_mismatch(m.pool, reading),
             },
         }
-
-
-def _nothing() -> None:
-    pass
 
 
 def member_document(m: Member, now: float, in_flight: Mapping[str, int]) -> dict[str, Any]:

@@ -175,7 +175,7 @@ class CrossoverKeeper:
         self._gain: Gain | None = None
         # runs the observations still queued for a later turn (router.forward.ended) before
         # the keeper learns from, shows, replaces or persists what it has observed
-        self.settle: Callable[[], None] = _nothing
+        self.settle: Callable[[], None] = lambda: None
         self._models: dict[Pool, PoolModel] | None = None
         self._tau_used: float | None = None
         self._last_persist = clock()
@@ -332,6 +332,11 @@ class CrossoverKeeper:
     def wants_area_end(self, out: Finished) -> bool:
         """Whether ``observe_curves`` will read ``out.area_end`` (the backend's in-flight
         integral when it ended): ``Proxy.finish`` records it then, and only then."""
+        return self._decoded(out) and self._learns(out)
+
+    @staticmethod
+    def _decoded(out: Finished) -> bool:
+        """A stream whose decode was timed: a first byte, then at least one more token."""
         usage = out.usage
         first = out.first_byte
         return (
@@ -341,7 +346,6 @@ class CrossoverKeeper:
             and usage is not None
             and usage.completion_tokens >= 2
             and out.ended > first
-            and self._learns(out)
         )
 
     def _record_traffic(self, out: Finished) -> None:
@@ -362,14 +366,9 @@ class CrossoverKeeper:
         decode = spt = concurrency = stall = 0.0
         scale = self.learner.time_scale
         area = out.area_end
-        if (
-            out.stream
-            and first is not None
-            and out.area_first is not None
-            and area is not None  # (recorded when it ended: never extrapolated afterwards)
-            and usage.completion_tokens >= 2
-            and out.ended > first
-        ):
+        # (``area_end`` recorded when it ended: never extrapolated afterwards)
+        if area is not None and self._decoded(out):
+            assert first is not None and out.area_first is not None
             decode = out.ended - first
             concurrency = (area - out.area_first) / decode
             # in flight is not running: past the engine's cap the rest wait in its queue
@@ -504,7 +503,3 @@ class CrossoverKeeper:
     def persist_due(self) -> bool:
         """Whether ``PERSIST_INTERVAL`` has passed since the table was last written."""
         return self.clock() - self._last_persist >= self.settings.persist_interval
-
-
-def _nothing() -> None:
-    pass

@@ -4,6 +4,8 @@ alone (the only ones whose time to first token is their prefill), against real s
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -50,20 +52,13 @@ async def test_the_first_of_a_burst_is_known_to_have_had_company(
         record(sample)
 
     app.keeper.engines.record_curves = keep  # type: ignore[method-assign]
-    async with app.running():
-
-        async def ready() -> bool:
-            return all(app.usable_pools().values())
-
-        await await_for(ready)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
-            alone = await client.post("/v1/chat/completions", json=body())
-            assert alone.status_code == 200
-            burst = await asyncio.gather(
-                *(client.post("/v1/chat/completions", json=body()) for _ in range(4))
-            )
-            assert [r.status_code for r in burst] == [200] * 4
+    async with served(app) as client:
+        alone = await client.post("/v1/chat/completions", json=body())
+        assert alone.status_code == 200
+        burst = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=body()) for _ in range(4))
+        )
+        assert [r.status_code for r in burst] == [200] * 4
         await await_for(lambda: _done(samples, 5))
     assert app.tracker.total == 0
     first, *rest = samples
@@ -73,6 +68,20 @@ async def test_the_first_of_a_burst_is_known_to_have_had_company(
     # found the engine idle too, teaches no prefill
     assert sorted(s.joined for s in rest) == [0, 1, 2, 3]
     assert min(s.load_at_start for s in rest) == 0
+
+
+@asynccontextmanager
+async def served(app: RouterApp) -> AsyncIterator[httpx.AsyncClient]:
+    """``app`` running, both pools usable: a client of it (in process)."""
+    async with app.running():
+
+        async def ready() -> bool:
+            return all(app.usable_pools().values())
+
+        await await_for(ready)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            yield client
 
 
 async def _done(samples: list[Any], n: int) -> bool:
@@ -95,16 +104,9 @@ async def test_the_proxy_records_the_in_flight_integral_at_a_streams_end(
     app.observers.append(seen.append)
     samples: list[Sample] = []
     app.keeper.engines.record_curves = samples.append  # type: ignore[method-assign,assignment]
-    async with app.running():
-
-        async def ready() -> bool:
-            return all(app.usable_pools().values())
-
-        await await_for(ready)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
-            answer = await client.post("/v1/chat/completions", json=body())
-            assert answer.status_code == 200
+    async with served(app) as client:
+        answer = await client.post("/v1/chat/completions", json=body())
+        assert answer.status_code == 200
         await await_for(lambda: _done(seen, 1))
         app.settle()
     (out,) = seen
