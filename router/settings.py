@@ -266,6 +266,11 @@ class Settings(BaseSettings):
     # same-run A/B shows it pays (bench/results/fast-path.md, session 10); false: every request
     # through the proxy's coroutine.
     callback_streams: bool = True
+    # On the callback path: where no kept-alive upstream connection is idle (the first
+    # requests, a wave past the idle ones, connections closed by KEEPALIVE_EXPIRY), open one
+    # from the callbacks (a task for the connect alone) and serve the stream there; false: such
+    # a request goes to the proxy's coroutine. (bench/results/fast-path.md, session 13.)
+    callback_connect: bool = True
     # Run the accounting of finished requests (metrics, the learner's curves, the recent
     # window) at later turns of the loop (within ~0.25 s; earlier in turns with no request
     # head), settled before anything reads it (router/forward/ended.py); false: as each

@@ -88,18 +88,23 @@ App = Callable[[Any, Any, Any], Awaitable[None]]
 class CallbackStreams:
     """What the callback path needs of the router: its proxy (once it runs), and counts."""
 
-    __slots__ = ("proxy", "served", "handed", "busy")
+    __slots__ = ("proxy", "served", "handed", "connected", "busy")
 
     def __init__(self) -> None:
         self.proxy: Proxy | None = None
         self.served = 0  # streams answered from callbacks
         self.handed = 0  # taken, then handed to the proxy's coroutine
+        self.connected = 0  # upstream connections this path opened (none was idle)
         # told of each request taken in (the deferred accounting's turn is then not a quiet
         # one; only this path tells it)
         self.busy: Callable[[], None] | None = None
 
     def status(self) -> dict[str, int]:
-        return {"callback_streams": self.served, "callback_handed": self.handed}
+        return {
+            "callback_streams": self.served,
+            "callback_handed": self.handed,
+            "callback_connected": self.connected,
+        }
 
 
 class _CallbackRequests:
@@ -353,6 +358,7 @@ def serve(protocol: Any, cycle: Any) -> None:
         return
     pool = proxy.clients.get(decision.backend)
     conn = None
+    opens = False  # no idle upstream connection: this path opens one (``Stream._connect``)
     admission = proxy.admission
     overflow = decision.reason == "overflow" and admission.enabled
     if (
@@ -361,7 +367,11 @@ def serve(protocol: Any, cycle: Any) -> None:
         and not (overflow and admission.still_holds(decision.backend))
     ):
         conn = pool.take_idle()
-    if conn is None:  # (the coroutine asks the queue, and counts a request sent on, itself)
+        if conn is None:
+            opens = proxy.settings.callback_connect and pool.has_room
+    if conn is None and not opens:
+        # (the coroutine asks the queue, waits for a free connection, counts a request sent
+        # on, itself)
         streams.handed += 1
         start(protocol, cycle, proxy.resume(out, body, info, request, decision))
         return
@@ -402,6 +412,8 @@ class Stream:
         "pool",
         "conn",
         "tried",
+        "sending",
+        "connecting",
         "direct",
         "tap",
         "streaming",
@@ -421,13 +433,17 @@ class Stream:
         decision: Decision,
         lease: Lease,
         pool: OriginPool,
-        conn: Connection,
+        conn: Connection | None,
     ) -> None:
         self.protocol, self.cycle, self.proxy, self.out = protocol, cycle, proxy, out
         self.body, self.info, self.request, self.decision = body, info, request, decision
         # (the pool object itself: a backend removed meanwhile is gone from ``proxy.clients``)
+        # ``conn`` None: none was idle, ``begin`` opens one (set once it is open)
         self.lease, self.pool, self.conn = lease, pool, conn
         self.tried = [decision.backend]
+        self.sending = b""  # the request as it goes upstream, head and body (``_send``)
+        # the task opening the upstream connection (``_connect``), until it has ended
+        self.connecting: asyncio.Task[Connection] | None = None
         self.tap: SseTap | None = None
         self.streaming = False
         self.done = False
@@ -445,7 +461,7 @@ class Stream:
 
     def _begin(self) -> None:
         proxy, out, decision, cycle = self.proxy, self.out, self.decision, self.cycle
-        protocol, info, body, conn = self.protocol, self.info, self.body, self.conn
+        protocol, info, body = self.protocol, self.info, self.body
         out.attempt(
             decision.pool,
             decision.backend,
@@ -478,20 +494,88 @@ class Stream:
         self.direct.watch(self.client_left)
         if self.done:  # (gone already)
             return
+        self.sending = self.pool.head(b"POST", target, fwd, payload) + payload
+        if self.conn is None:
+            self._connect()
+        else:
+            self._send()
+
+    def _send(self) -> None:
+        """Send the request on ``conn``; its wake-ups come to ``upstream``."""
+        conn = self.conn
+        assert conn is not None
         conn.listen(self.upstream)
-        head = self.pool.head(b"POST", target, fwd, payload)
-        try:
-            conn.send(head, payload, proxy.timeouts, False, MAX_PEEK)
+        try:  # (the head and body in one, as ``send`` writes a body under 64 KiB: MAX_BODY)
+            conn.send(self.sending, b"", self.proxy.timeouts, False, MAX_PEEK)
         except UpstreamError:  # closed while idle: sent again, as ``OriginPool.request`` does
             self._drop()
+            self._resend()
+
+    def _resend(self) -> None:
+        """A kept-alive connection the backend had closed before a byte came back: the
+        request goes out again on a new one (as ``OriginPool.request`` does), opened here
+        where this path opens connections, else by the proxy's coroutine."""
+        if self.proxy.settings.callback_connect and self.pool.has_room:
+            self.conn = None
+            self._connect()
+        else:
             self.hand_on(Attempt(None, None, self.tried, resend=True))
 
     def _drop(self) -> None:
         """Close the upstream connection, as ``OriginPool.request`` closes a failed one."""
         conn = self.conn
+        assert conn is not None
         conn.listen(None)
         conn.close()
         self.pool.forget(conn)
+
+    # -- a new upstream connection ---------------------------------------------------------------
+    def _connect(self) -> None:
+        """Open an upstream connection (no idle one was there) in a task of its own; the
+        stream goes on from callbacks once it is open (``_connected``). Shutdown waits for
+        the task as for a request's."""
+        task = self.pool.connect_soon(self.proxy.timeouts.connect)
+        self.connecting = task
+        self.protocol.tasks.add(task)
+        task.add_done_callback(self._connected)
+        self.protocol.streams.connected += 1
+
+    def _connected(self, task: asyncio.Task[Connection]) -> None:
+        try:
+            self._opened(task)
+        except Exception:
+            self._fail_hard()
+
+    def _opened(self, task: asyncio.Task[Connection]) -> None:
+        """The connect's end, however it ended: send on it, hand its failure to the proxy's
+        coroutine (its verdict, retries, the client's error), or close what it opened for a
+        stream that is over (``finish`` cancelled it, too late)."""
+        self.protocol.tasks.discard(task)
+        if self.connecting is task:
+            self.connecting = None
+        if task.cancelled():
+            if not self.done:  # (not ``finish``: uvicorn's shutdown gave up waiting for it)
+                self.out.broke("relay")
+                self.cycle.transport.close()
+                self.finish(True, served=False)
+            return
+        error = task.exception()
+        pool = self.pool
+        if error is None:
+            conn = task.result()
+            if not self.done and not pool.closed:
+                self.conn = conn
+                self._send()
+                return
+            conn.close()
+            pool.forget(conn)
+            # (cut or closed while it connected: nothing was sent, as ``OriginPool.request``)
+            error = UpstreamError("connect", f"client for {pool.origin.url} is closed")
+        if self.done:
+            return
+        if not isinstance(error, UpstreamError):
+            raise error  # (a bug: ``_fail_hard``)
+        self.hand_on(Attempt(None, error, self.tried))
 
     # -- the upstream's wake-ups -----------------------------------------------------------------
     def upstream(self) -> None:
@@ -520,14 +604,17 @@ class Stream:
             self._streamed()
             return
         conn = self.conn
+        assert conn is not None
         if not conn.headers_done and conn.error is None:
             return
         try:  # (what ``Connection.exchange`` does once woken)
             conn.headed(self.proxy.timeouts, MAX_PEEK)
         except UpstreamError as exc:  # failed before its head
             self._drop()
-            stale = conn.stale(exc)
-            self.hand_on(Attempt(None, None if stale else exc, self.tried, resend=stale))
+            if conn.stale(exc):
+                self._resend()
+            else:
+                self.hand_on(Attempt(None, exc, self.tried))
             return
         data = conn.buffered()
         cycle = self.cycle
@@ -548,6 +635,7 @@ class Stream:
         """A 200 stream whose first event is in and no refusal: answer it (False where its
         start is not plain: the proxy's coroutine answers it through uvicorn's ``send``)."""
         proxy, conn, decision, out = self.proxy, self.conn, self.decision, self.out
+        assert conn is not None
         strip = self.info.add_usage and out.path in USAGE_PATHS
         headers = response_headers(conn.headers, not strip)
         headers.append((b"x-spec-router-pool", decision.pool.encode()))
@@ -587,6 +675,7 @@ class Stream:
     def _streamed(self) -> None:
         """Woken mid-stream: its end, a failure, or a client that cannot take more now."""
         conn = self.conn
+        assert conn is not None
         error = conn.error
         if error is not None:
             self._broken(error)
@@ -630,6 +719,7 @@ class Stream:
             return  # (it released it, or handed it to a task of its own)
         self.task = None
         if self.done:
+            assert self.conn is not None  # (a task owns only a connection that is there)
             self.conn.release()
             return
         # (a bug, or cancelled before it ran: nothing ended the stream; end it here)
@@ -645,6 +735,7 @@ class Stream:
         last += tap.flush()
         end = {"type": "http.response.body", "body": last, "more_body": False}
         if not self.direct.write_plain([*pending, end]):
+            assert self.conn is not None
             self.conn.listen(None)
             self._later(self._send_rest([*pending, end]))
             return
@@ -662,6 +753,7 @@ class Stream:
         event = sse_error_event(f"upstream failed mid-stream: {error}", "server_error", 502)
         end = {"type": "http.response.body", "body": event, "more_body": False}
         if not self.direct.write_plain([end]) and not self.cycle.disconnected:
+            assert self.conn is not None
             self.conn.listen(None)
             self._later(self._send_rest([end], count=False))
             return
@@ -672,7 +764,7 @@ class Stream:
         can take it (uvicorn's ``send`` waits for its transport to drain). Runs in the task
         ``_later`` makes: it owns ``conn``, and checks ``done`` after every wait."""
         conn, tap, send = self.conn, self.tap, self.cycle.send
-        assert tap is not None
+        assert tap is not None and conn is not None
         try:
             while True:
                 data = await conn.read()
@@ -742,9 +834,12 @@ class Stream:
         self.done = True
         proxy, conn, lease = self.proxy, self.conn, self.lease
         self.direct.unwatch()
-        unfinished = not conn.finished
+        unfinished = conn is None or not conn.finished
         task = self.task
-        if task is None or task is asyncio.current_task():
+        if conn is None:  # (still opening one: what it opens is closed, ``_opened``)
+            if self.connecting is not None:
+                self.connecting.cancel()
+        elif task is None or task is asyncio.current_task():
             self.task = None
             conn.release()
         else:  # (a task waits on it: the task releases it once cancelled, never the pool now)

@@ -747,6 +747,23 @@ class OriginPool:
         """A kept-alive connection to send on now, if there is one (and the pool is open)."""
         return None if self._closed else self._take_idle()
 
+    @property
+    def closed(self) -> bool:
+        """Closed or cut: no request goes out on it any more."""
+        return self._closed
+
+    @property
+    def has_room(self) -> bool:
+        """Open, and below ``max_connections``: a new connection may be opened now."""
+        return not self._closed and len(self._open) < self._max_connections
+
+    def connect_soon(self, timeout: float) -> asyncio.Task[Connection]:
+        """A new connection, opened in a task of its own (its result, or ``UpstreamError``),
+        for a caller served from socket callbacks (``router.forward.callback``), which has no
+        coroutine to wait in. Once the task has its result the connection counts as open:
+        the caller sends on it or closes it (``close`` then ``forget``)."""
+        return self.loop.create_task(self._connect(timeout))
+
     def head(
         self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> bytes:

@@ -139,8 +139,9 @@ def stream(router: Router, body: bytes = STREAM, *extra: bytes) -> tuple[Any, by
 
 
 def warm(router: Router) -> None:
-    """One stream through the coroutine (no upstream connection is idle before it): later
-    ones find one idle, and take the callback path."""
+    """One stream, which leaves an upstream connection idle: later ones find it and take the
+    callback path. (With ``callback_connect`` off, the stream before any is idle is handed to
+    the proxy's coroutine.)"""
     response, body = stream(router)
     assert response.status == 200 and body.endswith(b"data: [DONE]\n\n")
 
@@ -372,13 +373,17 @@ def test_an_upstream_that_refuses_by_closing_is_retried_then_refused(router: Rou
 
 def test_it_is_on_by_default_and_off_with_the_setting(sims: dict[str, Proc]) -> None:
     urls = (sims["speculative"].url, sims["baseline"].url)
-    for setting, served in ((None, 2), ("false", 0)):
-        extra = {} if setting is None else {"callback_streams": setting}
+    cases: list[tuple[dict[str, str], int, int]] = [
+        ({}, 3, 0),  # (the first finds no idle upstream connection: the callbacks open one)
+        ({"callback_connect": "false"}, 2, 1),  # (... and it is handed to the coroutine)
+        ({"callback_streams": "false"}, 0, 0),
+    ]
+    for extra, served, handed in cases:
         router = Router(urls, "--no-access-log", scrape_metrics="false", **extra)
         try:
-            for _ in range(3):  # (the first finds no idle upstream connection)
+            for _ in range(3):
                 assert stream(router)[0].status == 200
-            assert router.served() == served
+            assert (router.served(), router.handed()) == (served, handed)
         finally:
             router.stop()
 
@@ -449,7 +454,13 @@ def test_a_bug_before_the_answer_gets_a_500_and_releases_once(
     OpenAI error shape (not a closed socket), releases the lease and the upstream connection,
     and counts the request once (no second release or report when the client then goes)."""
     monkeypatch.setenv("CALLBACK_TEST_FAULT", fault)  # (router_env passes it on)
-    router = on_callbacks(urls_of(sims), app="tests.support.callback_faults:app")
+    router = on_callbacks(
+        # (a first stream through the coroutine, which leaves a connection idle: the fault
+        # then strikes with one taken; with one the callbacks open: test_callback_connect_e2e)
+        urls_of(sims),
+        app="tests.support.callback_faults:app",
+        callback_connect="false",
+    )
     try:
         warm(router)
         wait_for(router.settled())
@@ -487,16 +498,19 @@ def test_a_body_over_max_body_bytes_gets_the_413_the_coroutine_answers(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("connect", ["true", "false"])
 async def test_an_overflow_sent_on_is_counted_once(
-    own_sims: dict[str, Proc], tmp_path: Path
+    own_sims: dict[str, Proc], tmp_path: Path, connect: str
 ) -> None:
-    """Review S2: an overflowing stream the queue does not hold, handed to the coroutine (no
-    idle upstream connection for it), counts one ``sent_fine``, not two. (The queue tests'
-    overflow, as a stream, on ``uvicorn router.app:app``.)"""
+    """Review S2: an overflowing stream the queue does not hold, with no idle upstream
+    connection for it (the callbacks open one, or it is handed to the coroutine), counts one
+    ``sent_fine``, not two. (The queue tests' overflow, as a stream, on
+    ``uvicorn router.app:app``.)"""
     router = on_callbacks(
         urls_of(own_sims),
         **queue_settings(tmp_path),
-        max_idle_per_backend="0",  # (no idle upstream connection: every stream is handed on)
+        max_idle_per_backend="0",  # (no idle upstream connection, ever)
+        callback_connect=connect,
     )
     try:
         async with AsyncExitStack() as stack:
@@ -511,7 +525,8 @@ async def test_an_overflow_sent_on_is_counted_once(
             response, answer = await asyncio.to_thread(stream, router, body, tight)
             assert response.status == 200 and answer.endswith(b"data: [DONE]\n\n")
             assert response.headers[b"x-spec-router-reason"] == b"overflow"
-            assert router.handed() == handed + 1  # (no idle connection there: handed on)
+            # (no idle connection there: opened from the callbacks, or handed on)
+            assert router.handed() == handed + (connect == "false")
             queue = router.status()["queue"]
             assert queue["sent_fine"] == 1 and queue["sent_changing"] == 0
             assert router.metric("spec_router_queue_sent_on_total", why="measured_fine") == 1

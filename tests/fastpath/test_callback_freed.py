@@ -65,12 +65,16 @@ async def serving(app: RouterApp) -> AsyncIterator[tuple[tuple[str, int], list[A
         await server.wait_closed()
 
 
-async def test_a_callback_connection_is_freed_without_the_collector() -> None:
+@pytest.mark.parametrize("connect", [True, False])
+async def test_a_callback_connection_is_freed_without_the_collector(connect: bool) -> None:
     with (
         BulkUpstream(size=64, events=4).running() as spec,
         BulkUpstream(size=64, events=4).running() as base,
     ):
-        app = RouterApp(Settings(speculative_urls=spec.url, baseline_urls=base.url))
+        settings = Settings(
+            speculative_urls=spec.url, baseline_urls=base.url, callback_connect=connect
+        )
+        app = RouterApp(settings)
         async with app.running(), serving(app) as (address, refs, state):
             enabled = gc.isenabled()
             gc.disable()
@@ -83,8 +87,9 @@ async def test_a_callback_connection_is_freed_without_the_collector() -> None:
                     return not state.connections and app.tracker.total == 0
 
                 await await_for(ready)
-                # streams served whole, then their client closes: the first handed to the
-                # coroutine (no idle upstream connection yet), the second from the callbacks
+                # streams served whole, then their client closes: the first finds no idle
+                # upstream connection (the callbacks open one, or it is handed to the
+                # coroutine), the second is served from the callbacks on the one kept alive
                 for _ in range(2):
                     reader, writer = await asyncio.open_connection(*address)
                     writer.write(post("/v1/chat/completions", STREAM))
@@ -93,7 +98,11 @@ async def test_a_callback_connection_is_freed_without_the_collector() -> None:
                     await writer.wait_closed()
                     await await_for(gone)
                     await await_for(lambda: _dead(refs[-1]))
-                assert app.streams.status() == {"callback_streams": 1, "callback_handed": 1}
+                assert app.streams.status() == {
+                    "callback_streams": 2 if connect else 1,
+                    "callback_handed": 0 if connect else 1,
+                    "callback_connected": 1 if connect else 0,
+                }
                 # a client that leaves mid-body (its head in, half its body sent)
                 reader, writer = await asyncio.open_connection(*address)
                 whole = post("/v1/chat/completions", STREAM)
