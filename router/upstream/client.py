@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -39,10 +39,6 @@ from router.timers import LazyTimer
 
 # Back-pressure: stop reading from the engine when this much body is waiting for a slow client.
 HIGH_WATER: Final = 256 * 1024
-# The pool hands out its most recently used idle connection (few stay warm at low load), except
-# one idle for more than this share of the keep-alive expiry, taken first so that it is used
-# again before it expires (OriginPool._take_idle); None: most recent first, always.
-REFRESH_SHARE: float | None = 0.5
 
 ErrorKind = Literal[
     "connect",
@@ -606,13 +602,11 @@ class OriginPool:
         self._max_connections = max_connections
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self.loop = loop or asyncio.get_running_loop()
-        # ordered set, oldest first: popitem() takes the most recently used (LIFO keeps few
-        # warm), popitem(last=False) the oldest (see _take_idle)
-        self._idle: OrderedDict[Connection, None] = OrderedDict()
+        # insertion-ordered set: popitem() takes the most recently used (LIFO keeps few warm)
+        self._idle: dict[Connection, None] = {}
         self._open: set[Connection] = set()
         self._max_idle = max_idle
         self._expiry = keepalive_expiry
-        self._refresh = None if REFRESH_SHARE is None else keepalive_expiry * REFRESH_SHARE
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if origin.tls else None
         self._closed = False
 
@@ -689,23 +683,9 @@ class OriginPool:
         return conn
 
     def _take_idle(self) -> Connection | None:
-        """The most recently used idle connection; but the oldest where it has been idle for
-        more than ``_refresh`` (and has not expired): under a load that swings (tail.py's
-        waves: more streams under way at one moment than the next), the connections at the
-        bottom of a most-recent-first stack would sit out the lull, expire together, and
-        the next wave would find none idle and open them all again. Taken in turn, each is
-        used again before it expires as long as requests come often enough for that; at a
-        low rate the pool still shrinks to the few the newest-first order keeps warm.
-        Expired ones are closed as they are met."""
         now = self.loop.time()
-        idle = self._idle
-        refresh = self._refresh
-        while idle:
-            newest = True
-            if refresh is not None:
-                oldest = next(iter(idle))
-                newest = now - oldest.idle_since <= refresh
-            conn, _ = idle.popitem(last=newest)
+        while self._idle:
+            conn, _ = self._idle.popitem()
             transport = conn._transport
             if transport is not None and not transport.is_closing():
                 if now - conn.idle_since < self._expiry:
