@@ -12,7 +12,8 @@ plain streamed completion from the parser's and the upstream connection's callba
   logging on, ...) is started as uvicorn starts it, before anything of it was looked at;
 - once its body is in: the proxy's own checks and body fields, its decision, its lease and
   ``Outcome``; the request goes out on a kept-alive upstream connection whose wake-ups call
-  this exchange (``Connection.listen``) instead of a coroutine;
+  this exchange (``Connection.listen``) instead of a coroutine; where none is idle, on one it
+  opens (``SPEC_ROUTER_CALLBACK_CONNECT``: a task for the connect alone, then callbacks again);
 - the stream's head and first event are judged as the proxy judges them; a plain 200 stream
   is answered (the start and first bytes in one write, as ``DirectSend`` writes them), and its
   body goes straight from the upstream's socket callback to the client (``chunk_sink``);
@@ -23,7 +24,9 @@ plain streamed completion from the parser's and the upstream connection's callba
 Anything off that path goes to the proxy's coroutine, from where the callbacks left it
 (``Proxy.resume``) and on uvicorn's cycle, so it is served exactly as every other request:
 a request that is not a stream or fails its checks (from scratch), no backend, a queue, a
-per-pool model name, no idle upstream connection (before the lease), any answer but a plain
+per-pool model name, no idle upstream connection with ``SPEC_ROUTER_CALLBACK_CONNECT`` off or
+the pool at its ``MAX_CONNECTIONS_PER_BACKEND`` (before the lease), a connect that failed, any
+answer but a plain
 200 stream whose first event is not a refusal, a failure before it (after the attempt: its
 verdict, retries, the client's error), a slow client (the rest of the body, read and sent).
 
