@@ -25,10 +25,10 @@ Anything off that path goes to the proxy's coroutine, from where the callbacks l
 (``Proxy.resume``) and on uvicorn's cycle, so it is served exactly as every other request:
 a request that is not a stream or fails its checks (from scratch), no backend, a queue, a
 per-pool model name, no idle upstream connection with ``SPEC_ROUTER_CALLBACK_CONNECT`` off or
-the pool at its ``MAX_CONNECTIONS_PER_BACKEND`` (before the lease), a connect that failed, any
-answer but a plain
-200 stream whose first event is not a refusal, a failure before it (after the attempt: its
-verdict, retries, the client's error), a slow client (the rest of the body, read and sent).
+the pool at its ``MAX_CONNECTIONS_PER_BACKEND`` (before the lease), a connect that failed,
+any answer but a plain 200 stream whose first event is not a refusal, a failure before it
+(after the attempt: its verdict, retries, the client's error), a slow client (the rest of the
+body, read and sent).
 
 On by default (``SPEC_ROUTER_CALLBACK_STREAMS``): bench/results/fast-path.md, session 10.
 """
