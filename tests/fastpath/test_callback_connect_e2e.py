@@ -225,22 +225,37 @@ def gated() -> Iterator[tuple[GatedUpstream, GatedUpstream]]:
         yield spec, base
 
 
-def gated_router(gated: tuple[GatedUpstream, GatedUpstream], **settings: str) -> Router:
+@contextlib.contextmanager
+def in_front_of(gated: tuple[GatedUpstream, GatedUpstream], **settings: str) -> Iterator[Router]:
+    """The router in front of both, one stream served (its connection left idle expires at
+    once: every later stream connects), nothing in flight; stopped after."""
     spec, base = gated
-    return on_callbacks(
+    router = on_callbacks(
         (spec.url, base.url), keepalive_expiry="0", health_interval="30", **settings
     )
+    try:
+        assert stream(router)[0].status == 200
+        wait_for(router.settled())
+        yield router
+    finally:
+        router.stop()
+
+
+def hold(gated: tuple[GatedUpstream, GatedUpstream]) -> None:
+    for upstream in gated:
+        upstream.hold()
+
+
+def release(gated: tuple[GatedUpstream, GatedUpstream]) -> None:
+    for upstream in gated:
+        upstream.release()
 
 
 def test_a_client_that_leaves_while_the_router_connects_releases_everything(
     gated: tuple[GatedUpstream, GatedUpstream],
 ) -> None:
-    router = gated_router(gated, connect_timeout="30")
-    try:
-        assert stream(router)[0].status == 200
-        wait_for(router.settled())
-        for upstream in gated:
-            upstream.hold()
+    with in_front_of(gated, connect_timeout="30") as router:
+        hold(gated)
         before = connected(router)
         with router.connect() as sock:
             sock.sendall(post("/v1/chat/completions", STREAM))
@@ -250,24 +265,17 @@ def test_a_client_that_leaves_while_the_router_connects_releases_everything(
         wait_for(router.settled())  # the connect cancelled, the lease released
         assert router.metric("spec_router_client_disconnects_total") == 1
         assert open_connections(router) <= 1  # (the first stream's, expired, if still there)
-        for upstream in gated:
-            upstream.release()
+        release(gated)
         response, body = stream(router)  # and the router goes on serving
         assert response.status == 200 and body.endswith(DONE)
         assert router.handed() == 0
-    finally:
-        router.stop()
 
 
 def test_a_connect_that_times_out_is_retried_then_refused(
     gated: tuple[GatedUpstream, GatedUpstream],
 ) -> None:
-    router = gated_router(gated, connect_timeout="0.3")
-    try:
-        assert stream(router)[0].status == 200
-        wait_for(router.settled())
-        for upstream in gated:
-            upstream.hold()
+    with in_front_of(gated, connect_timeout="0.3") as router:
+        hold(gated)
         response, body = stream(router)
         # (both backends tried: the coroutine's 503, as for any attempt that failed to connect)
         assert response.status == 503
@@ -276,8 +284,6 @@ def test_a_connect_that_times_out_is_retried_then_refused(
         wait_for(router.settled())
         assert router.metric("spec_router_retries_total", kind="connect_timeout") == 1
         assert open_connections(router) <= 1
-    finally:
-        router.stop()
 
 
 def test_a_backend_that_closes_a_new_connection_is_retried_then_refused(
@@ -285,10 +291,7 @@ def test_a_backend_that_closes_a_new_connection_is_retried_then_refused(
 ) -> None:
     """A new connection closed before a byte came back is not a stale one (not sent again on
     the same backend): the coroutine's verdict retries it elsewhere, then answers a 503."""
-    router = gated_router(gated)
-    try:
-        assert stream(router)[0].status == 200
-        wait_for(router.settled())
+    with in_front_of(gated) as router:
         for upstream in gated:
             upstream.closing = True
         response, body = stream(router)
@@ -298,8 +301,6 @@ def test_a_backend_that_closes_a_new_connection_is_retried_then_refused(
         wait_for(router.settled())
         assert router.metric("spec_router_retries_total", kind="reset") == 1
         assert open_connections(router) <= 1  # (the first stream's, expired, if still there)
-    finally:
-        router.stop()
 
 
 def test_a_bug_before_the_send_on_a_new_connection_gets_a_500_and_releases_once(
