@@ -69,6 +69,9 @@ MIN_RATE = 0.01
 _LOG_STEP = math.log(RATE_STEP)  # (the same float ``math.log(RATE_STEP)`` gives every time)
 
 
+_new = tuple.__new__  # (a named tuple built as a tuple, on the hot path: see ``snapshot``)
+
+
 def _distance(a: int | None, b: int | None) -> float:
     """How far apart two rate buckets are (None: the steady state's, as far as any)."""
     if a is None or b is None:
@@ -221,7 +224,11 @@ class Decider:
         urls = self.pools[name]
         health = self.health
         kept = self._backends.get(name)
-        loads = self._loads(urls, now)
+        tracker = self.tracker
+        if self.load_signal == "local" and not tracker.lingered:
+            loads = list(map(tracker.by_backend.__getitem__, urls))  # (``_loads``' hot path)
+        else:
+            loads = self._loads(urls, now)
         if (
             kept is None
             or kept.urls is not urls
@@ -390,19 +397,23 @@ class Decider:
                 len(base.backends) if base.even else base.usable_count()
             )
             surf = self._surface_at(self._bucket(engines, offered))
-        return Snapshot(
-            spec,
-            base,
-            tuning.crossover,
-            self.hysteresis,
-            self._state,
-            tuning.gain,
-            request,
-            surf,
-            offered,
-            self._recent,
-            now,
-            tuning.no_crossover,
+        # (built as a tuple: a third of what the named tuple's constructor costs)
+        return _new(
+            Snapshot,
+            (
+                spec,
+                base,
+                tuning.crossover,
+                self.hysteresis,
+                self._state,
+                tuning.gain,
+                request,
+                surf,
+                offered,
+                self._recent,
+                now,
+                tuning.no_crossover,
+            ),
         )
 
     def _offered(self, now: float) -> float | None:
@@ -420,19 +431,23 @@ class Decider:
         if self.policy != "slo":
             return None
         tokens = info.prompt_tokens
-        output = info.max_tokens
+        output: float | None = info.max_tokens
         if tokens is None or not output:  # (the keeper's sizes, only when the request lacks one)
             traffic = self.tuning.traffic
             if tokens is None:
                 tokens = round(info.prompt_chars * traffic.tokens_per_char)
             if not output:
                 output = traffic.mean_output
-        return Request(
-            float(tokens),
-            float(output),
-            info.sampling,
-            self.slo_ttft if slo_ttft is None else slo_ttft,
-            self.slo_tpot if slo_tpot is None else slo_tpot,
+        assert output is not None
+        return _new(
+            Request,
+            (
+                float(tokens),
+                float(output),
+                info.sampling,
+                self.slo_ttft if slo_ttft is None else slo_ttft,
+                self.slo_tpot if slo_tpot is None else slo_tpot,
+            ),
         )
 
     def peek(self, request: Request | None = None) -> Decision | None:
@@ -484,8 +499,9 @@ class Decider:
         )
         if extrapolated:
             self.extrapolated += 1
-        return Decision(
-            pool_name, backend, reason, view.load, share, ttft, tpot, extrapolated, prefill
+        return _new(
+            Decision,
+            (pool_name, backend, reason, view.load, share, ttft, tpot, extrapolated, prefill),
         )
 
     def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:
