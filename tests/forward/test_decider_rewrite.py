@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 import pytest
 
 from router.account.inflight import InflightTracker, Lease
 from router.decide.capacity import Surface
-from router.decide.policy import BackendView, Decision, PoolView, RoutingState, Snapshot
-from router.decide.predict import Gain, PoolModel, Request
+from router.decide.policy import BackendView, PoolView, Snapshot
+from router.decide.predict import PoolModel, Request
 from router.decide.snapshot import LATELY, OFFERED_WINDOW, RecentRate, Traffic
 from router.forward.decider import MIN_RATE, RATE_STEP, Decider, _distance
 from router.forward.request import RequestInfo
@@ -39,24 +37,8 @@ from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
 from router.sim.model import BASELINE as BASE_PRESET
 from router.sim.model import EAGLE3, EAGLE3_CHAIN
 from tests.decide.slo_reference import reference_slo
+from tests.forward.test_decider import Clock, Tuning
 from tests.support.models import preset_model
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@dataclass
-class Tuning:
-    crossover: int = 4
-    no_crossover: bool = False
-    gain: Gain | None = None
-    models: Mapping[Pool, PoolModel] | None = None
-    traffic: Traffic = Traffic()
 
 
 def old_request(d: Decider, info: RequestInfo) -> Request:
@@ -253,15 +235,14 @@ def test_the_nearest_surface_kept_per_bucket_follows_new_surfaces() -> None:
     d = Decider(urls, tracker, health, tuning, {}, policy="slo", hysteresis=1, clock=clock)
     req = Request(400.0, 200.0, False, 1.0, 0.025)
     d.refresh()
-    for _ in range(400):  # the arrival rate climbs through buckets no surface was computed for
+    for i in range(400):  # the arrival rate climbs through buckets no surface was computed for
         decision = d.decide(req)
         assert decision is not None
         tracker.acquire(decision.backend).release()
         clock.now += 0.001
         assert d._surface_at(7) is old_nearest(d, 7)
-        if _ % 100 == 99:
+        if i % 100 == 99:
             d.refresh()
             assert d._surface_at(7) is old_nearest(d, 7)
     tuning.models = MODELS[1]
     assert d._surface_at(7) is old_nearest(d, 7) is d._surfaces[7]
-    _ = RoutingState, Decision  # (types the oracle's results are checked as)
