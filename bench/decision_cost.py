@@ -13,6 +13,13 @@ For every pair of ``--backends`` (per pool) and ``--in-flight`` (streamed reques
 every backend), prints the median and the 99th percentile of ``--number`` decisions (after a
 warm-up), the worst of ``--repeat`` runs' p99, on the wall clock and in the thread's CPU time.
 
+By default the decisions follow one another at once, so the router sees tens of thousands of
+requests a second and the ``slo`` policy decides nearly all of them in its overflow step. With
+``--pace RATE`` the router's clock is a virtual one that moves ``1 / RATE`` seconds between two
+decisions (requests arriving at ``RATE`` a second, as under a load test), so the policy sees
+the rates and the prefills ahead of such traffic and decides in the steps it would there; the
+decisions are still timed on the wall clock.
+
     python bench/decision_cost.py
     python bench/decision_cost.py --policies slo --table bench/results/calibration-traffic.json \
         --backends 1,16,64 --in-flight 0,16,64,256
@@ -48,7 +55,23 @@ def urls(pool: int, n: int) -> list[str]:
     return [f"http://127.0.{pool}.{i + 1}:8000" for i in range(n)]
 
 
-def healthy_app(policy: str, per_pool: int, table: str | None = None) -> RouterApp:
+class Paced:
+    """A clock that moves only when told: ``step`` seconds at each ``tick``."""
+
+    def __init__(self, start: float, step: float) -> None:
+        self.now = start
+        self.step = step
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self) -> None:
+        self.now += self.step
+
+
+def healthy_app(
+    policy: str, per_pool: int, table: str | None = None, clock: Paced | None = None
+) -> RouterApp:
     """A ``RouterApp`` as ``spec-router serve`` builds it, ``per_pool`` backends in each pool,
     all healthy and past their ramp (no poller runs)."""
     settings = Settings(
@@ -58,7 +81,7 @@ def healthy_app(policy: str, per_pool: int, table: str | None = None) -> RouterA
         table_path=table,
         max_backends=max(64, 2 * per_pool),
     )
-    app = RouterApp(settings)
+    app = RouterApp(settings) if clock is None else RouterApp(settings, clock=clock)
     # healthy since long enough ago that their ramp back in (SPEC_ROUTER_RAMP_SECONDS) is over:
     # the steady state, where every backend counts at full weight
     since = app.clock() - settings.ramp_seconds - 1.0
@@ -82,12 +105,15 @@ def cost(
     table: str | None,
     in_flight: int,
     refresh_every: int,
+    pace: float = 0.0,
 ) -> tuple[float, float, float, float]:
     """A decision's median and worst p99 over the repeats (wall clock), its worst p99 of the
     thread's CPU time (what the decision costs, without the waits for a core of a shared
     machine), and the longest refresh, in us."""
-    app = healthy_app(policy, per_pool, table)
+    paced = Paced(time.monotonic(), 1.0 / pace) if pace > 0 else None
+    app = healthy_app(policy, per_pool, table, paced)
     decider, tracker = app.decider, app.tracker
+    tick = paced.tick if paced is not None else None
     info = inspect("/v1/chat/completions", BODY, b"application/json")
     now = app.clock()
     held = []
@@ -111,6 +137,8 @@ def cost(
         for k in range(n):
             if k % refresh_every == 0:
                 refresh()
+            if tick is not None:
+                tick()
             t0, c0 = clock(), cpu()
             request = decider.request(info) if decider.policy == "slo" else None
             decision = decider.decide(request)
@@ -145,12 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--in-flight", default="0", help="requests in flight per backend, N,N,...")
     p.add_argument("--refresh-every", type=int, default=5000,
                    help="decisions between two keeper timer ticks")  # fmt: skip
+    p.add_argument("--pace", type=float, default=0.0,
+                   help="requests/s on the router's (virtual) clock; 0: back to back")  # fmt: skip
     args = p.parse_args(argv)
     for policy in args.policies.split(","):
         for b in map(int, args.backends.split(",")):
             for n in map(int, args.in_flight.split(",")):
                 med, p99, cpu99, ref = cost(policy, b, args.number, args.repeat, args.table, n,
-                                     args.refresh_every)  # fmt: skip
+                                     args.refresh_every, args.pace)  # fmt: skip
                 print(
                     f"{policy} {b}+{b} backends, {n} in flight per backend: median "
                     f"{med:.1f} us, p99 {p99:.1f} us (CPU p99 {cpu99:.1f} us) per decision "

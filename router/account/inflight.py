@@ -187,8 +187,14 @@ class InflightTracker:
         self._pool[self.pool_of[backend]] += delta
 
     def _open(self, backend: str) -> None:
+        # (``_add(backend, 1)`` written out: this and ``_close`` run for every request)
         self._total += 1
-        self._add(backend, 1)
+        now = self.clock()
+        count = self._in[backend]
+        self._area[backend] += count * (now - self._since[backend])
+        self._since[backend] = now
+        self._in[backend] = count + 1
+        self._pool[self.pool_of[backend]] += 1
         self._started[backend] += 1
 
     def _move(self, old: str, new: str) -> None:
@@ -198,7 +204,12 @@ class InflightTracker:
 
     def _close(self, backend: str, slow: bool) -> None:
         self._total -= 1
-        self._add(backend, -1)
+        now = self.clock()
+        count = self._in[backend]
+        self._area[backend] += count * (now - self._since[backend])
+        self._since[backend] = now
+        self._in[backend] = count - 1
+        self._pool[self.pool_of[backend]] -= 1
         if slow:
             self._slow[self.pool_of[backend]] -= 1
 

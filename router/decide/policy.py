@@ -14,7 +14,14 @@ import math
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Literal, NamedTuple
 
-from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT, Capacity, Surface
+from router.decide.capacity import (
+    MAX_STALL_SHARE,
+    RELAXED_TPOT,
+    RELAXED_TTFT,
+    TOP,
+    Capacity,
+    Surface,
+)
 from router.decide.predict import Gain, Request
 from router.decide.snapshot import RecentRate
 from router.pools import BASELINE, SPECULATIVE, Pool, other
@@ -126,6 +133,9 @@ class Decision(NamedTuple):
     tpot: float = 0.0
     extrapolated: bool = False
     prefill: float = 0.0  # its prefill there, as the slo policy's model says (model seconds)
+
+
+_new = tuple.__new__
 
 
 def pick_backend(pool: PoolView, rr: int = 0, exclude: Container[str] = ()) -> BackendView | None:
@@ -305,29 +315,46 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
     pools = surf.pools
     recent = snap.recent
     now = snap.now
-    mix_tokens = max(1.0, surf.mix.output - 1.0)
+    mix_tokens = surf.mix.output - 1.0
+    if not mix_tokens > 1.0:  # (max(1.0, ...) without the call)
+        mix_tokens = 1.0
     # each candidate (the least loaded usable engine of each pool): its time per token and to
     # first token, as busy as it has been lately, and what its prefill adds to the time per
     # token of each request running there (spread over a request of the mix's length). Kept
-    # flat (one tuple each, no closures or generators): this runs for every request.
+    # flat (one tuple each; the capacities' methods and ``_effective`` written out, no closures
+    # or generators): this runs for every request, and ``tests/decide/test_slo_rewrite.py``
+    # holds it to the rule as first written, float for float.
     picks: list[_Pick] = []
     for view in (snap.speculative, snap.baseline):
         b = pick_backend(view, rr)
         if b is None:
             continue
-        n = _effective(b)
+        weight = b.weight
+        n = b.load + 1 if weight >= 1.0 else math.ceil((b.load + 1) / weight - 1e-9)
         cap = pools[view.name]
-        harm = (cap.prefill_base + prompt * cap.prefill_per_token) / mix_tokens if n > 1 else 0.0
-        predicted = cap.ttft(prompt, n)  # (without the prefills ahead)
-        if recent is not None:
-            sent = recent.get(b.url)
-            if sent is None:
-                own, first = cap.own_tpot(c, n, 0.0), predicted
-            else:
-                busy = cap.busy(sent.rate(now) * scale)
-                # (its prefill waits for those sent there lately that have not ended yet)
-                own = cap.own_tpot(c, n, busy)
-                first = predicted + sent.ahead(now) / scale
+        per_token = cap.prefill_per_token
+        harm = (cap.prefill_base + prompt * per_token) / mix_tokens if n > 1 else 0.0
+        spi = cap.spi[n if n <= TOP else TOP]
+        limit = cap.cap
+        # (``cap.ttft(prompt, n)``: without the prefills ahead)
+        if limit is not None and n > limit:
+            predicted = 1.5 * spi + (n - limit) * spi + cap.prefill_base + prompt * per_token
+        else:
+            predicted = 1.5 * spi + cap.prefill_base + prompt * per_token
+        sent = None if recent is None else recent.get(b.url)
+        if sent is not None:
+            # as busy as it has been lately (``cap.busy``, ``cap.own_tpot``); its prefill waits
+            # for those sent there lately that have not ended yet
+            # (``sent.rate(now)`` and ``sent.ahead(now)``, written out)
+            at, until = sent.at, sent.until
+            rate = sent.count * (math.exp(-(now - at) / sent.window) if now > at else 1.0)
+            busy = rate / sent.window * scale * cap.prefill
+            if not busy < MAX_STALL_SHARE:  # (as ``min``)
+                busy = MAX_STALL_SHARE
+            own = spi / cap.tau[c] / (1.0 - busy)
+            first = predicted + (until - now if until > now else 0.0) / scale
+        elif recent is not None:
+            own, first = spi / cap.tau[c] / 1.0, predicted
         else:
             own, first = _tpot_at(cap, c, n), predicted
         picks.append((view, b, n, cap, own, first, harm, predicted))
@@ -355,7 +382,6 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
         if cost < best_cost:
             best, best_cost = pick, cost
     reason: Reason = "within_slo"
-    keep = surf.strict_pool[c]
     if best is None:
         # 2. room within the relaxed SLO
         reason = "within_relaxed"
@@ -375,22 +401,28 @@ def slo(snap: Snapshot) -> tuple[Decision | None, RoutingState]:
                 # the other pool before the one taken last (the strict pool, or the one with
                 # clearly more strict room: it keeps its requests within the strict SLO), then
                 # the engine filled least against its relaxed capacity
-                last = surf.last[c]
-                best = min(fits, key=lambda p: (p[0].name == last, _fill(p, c)))
+                best = _least_filled(fits, c, surf.last[c])
     if best is None:
-        best, reason = _overflow(snap, surf, picks, c, prompt, ttft, tpot, keep)
+        best, reason = _overflow(snap, surf, picks, c, prompt, ttft, tpot)
     view, b, n, cap, _, _, _, predicted = best
-    decision = Decision(
-        view.name,
-        b.url,
-        reason,
-        0,
-        0.0,
-        predicted * scale,
-        _tpot_at(cap, c, n) * scale,
-        n > max(1, cap.measured) or n < cap.lowest,
+    measured = cap.measured
+    row = cap.tpot[c]
+    # (the named tuples built as tuples: a third of what their constructors cost)
+    decision = _new(
+        Decision,
+        (
+            view.name,
+            b.url,
+            reason,
+            0,
+            0.0,
+            predicted * scale,
+            (row[n] if n < len(row) else row[-1]) * scale,
+            n > (measured if measured > 1 else 1) or n < cap.lowest,
+            0.0,
+        ),
     )
-    return decision, RoutingState(rr + 1, state.above)
+    return decision, _new(RoutingState, (rr + 1, state.above))
 
 
 # One candidate of the slo policy: its pool's view, the engine, its load with the request,
@@ -404,9 +436,23 @@ def _own(p: _Pick) -> float:
     return p[4]
 
 
-def _fill(p: _Pick, c: int) -> float:
-    """How full the engine is against its relaxed capacity."""
-    return p[2] / max(1, p[3].relaxed[c])
+def _least_filled(picks: list[_Pick], c: int, last: Pool | None) -> _Pick:
+    """The candidate filled least against its relaxed capacity, the pool ``last`` after the
+    other (``min`` by ``(pool is last, fill)``, the first of equals, written out: no key
+    function or tuple per candidate)."""
+    best = picks[0]
+    best_last = best[0].name == last
+    relaxed = best[3].relaxed[c]
+    best_fill = best[2] / (relaxed if relaxed > 1 else 1)
+    for p in picks[1:]:
+        is_last = p[0].name == last
+        if is_last and not best_last:
+            continue
+        relaxed = p[3].relaxed[c]
+        fill = p[2] / (relaxed if relaxed > 1 else 1)
+        if (best_last and not is_last) or fill < best_fill:
+            best, best_last, best_fill = p, is_last, fill
+    return best
 
 
 def _overflow(
@@ -417,33 +463,42 @@ def _overflow(
     prompt: float,
     ttft: float,
     tpot: float,
-    keep: Pool | None,
 ) -> tuple[_Pick, Reason]:
     """Step 3 of ``slo``: no engine has room for the request within the relaxed SLO."""
-    # it overflows (the router's queue, when on, holds it until one has), unless it would miss
-    # that SLO even alone
-    relaxed_tpot, relaxed_ttft = tpot * RELAXED_TPOT, ttft * RELAXED_TTFT
-    alone = place = False
+    # what a queued request waits for is a place: an engine whose load keeps it within the
+    # relaxed targets; with one left (it missed on its own prefill's harm or the prefills sent
+    # there lately), a release would not bring the room it lacks, so it is not held either
+    relaxed_tpot = tpot * RELAXED_TPOT
+    place = False
     served = 0.0
     for view, _, n, cap, _, _, _, _ in picks:
-        if not alone:
-            alone = cap.ttft(prompt, 1) <= relaxed_ttft and cap.own_tpot(c, 1, 0.0) <= relaxed_tpot
-        # what a queued request waits for is a place: an engine whose load keeps it within
-        # the relaxed targets; with one left (it missed on its own prefill's harm or the
-        # prefills sent there lately), a release would not bring the room it lacks, so it is
-        # not held either
-        if not place:
-            place = n <= cap.relaxed[c] and _tpot_at(cap, c, n) <= relaxed_tpot
-        served += cap.relaxed_rate * view.usable_count()
-    reason: Reason = "overflow" if alone and not place else "beyond_slo"
+        if not place and n <= cap.relaxed[c]:
+            table = cap.tpot[c]
+            place = (table[n] if n < len(table) else table[-1]) <= relaxed_tpot
+        served += cap.relaxed_rate * (len(view.backends) if view.even else view.usable_count())
+    reason: Reason = "beyond_slo"
+    if not place:
+        # it overflows (the router's queue, when on, holds it until one has), unless it would
+        # miss that SLO even alone (looked at only here: with a place, it is not held anyway)
+        relaxed_ttft = ttft * RELAXED_TTFT
+        for p in picks:
+            cap = p[3]
+            if cap.ttft(prompt, 1) <= relaxed_ttft and cap.own_tpot(c, 1, 0.0) <= relaxed_tpot:
+                reason = "overflow"
+                break
     # sustained overload: requests arrive faster than the engines serve within the relaxed SLO
-    overloaded = snap.offered is not None and snap.offered > served * surf.params.overload
-    if overloaded and keep is not None:
-        # away from the strict pool, so that it keeps serving within the strict SLO
-        return min(picks, key=lambda p: (p[0].name == keep, _fill(p, c))), reason
-    if overloaded:
-        return next((p for p in picks if p[0].name == surf.most), picks[0]), reason
-    return min(picks, key=lambda p: _fill(p, c)), reason
+    offered = snap.offered
+    if offered is not None and offered > served * surf.params.overload:
+        keep = surf.strict_pool[c]
+        if keep is not None:
+            # away from the strict pool, so that it keeps serving within the strict SLO
+            return _least_filled(picks, c, keep), reason
+        most = surf.most
+        for p in picks:
+            if p[0].name == most:
+                return p, reason
+        return picks[0], reason
+    return _least_filled(picks, c, None), reason
 
 
 POLICIES: dict[str, Callable[[Snapshot], tuple[Decision | None, RoutingState]]] = {

@@ -71,13 +71,15 @@ class RecentRate:
 
     def add(self, now: float, prefill: float = 0.0) -> None:
         """One more sent at ``now``, its prefill ``prefill`` seconds (the shell's clock)."""
-        self.until = max(self.until, now) + prefill
-        self.count = (
-            self.count * math.exp(-(now - self.at) / self.window) + 1.0
-            if now > self.at
-            else self.count + 1.0
-        )
-        self.at = max(self.at, now)
+        # (``max(self.until, now) + prefill`` and ``max(self.at, now)``, without the calls)
+        until = self.until
+        self.until = (now if now > until else until) + prefill
+        at = self.at
+        if now > at:
+            self.count = self.count * math.exp(-(now - at) / self.window) + 1.0
+            self.at = now
+        else:
+            self.count += 1.0
 
     def ahead(self, now: float) -> float:
         """Seconds of the prefills sent lately still to run at ``now``."""

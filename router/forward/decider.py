@@ -66,6 +66,10 @@ from router.settings import LoadSignal, PolicyName
 # requests per second per engine (model time).
 RATE_STEP = 1.25
 MIN_RATE = 0.01
+_LOG_STEP = math.log(RATE_STEP)  # (the same float ``math.log(RATE_STEP)`` gives every time)
+
+
+_new = tuple.__new__  # (a named tuple built as a tuple, on the hot path: see ``snapshot``)
 
 
 def _distance(a: int | None, b: int | None) -> float:
@@ -167,6 +171,9 @@ class Decider:
         # since the last refresh that had none
         self._stale: dict[int | None, Surface] = {}
         self._wanted: set[int | None] = set()
+        # the nearest surface known for each bucket asked for that has none (``_surface_at``),
+        # kept until ``_surfaces`` or ``_stale`` change (``_known_changed``)
+        self._nearest: dict[int | None, Surface] = {}
         self._backends: dict[Pool, _Backends] = {}
         self.extrapolated = 0  # decisions that predicted beyond the measured batch sizes
 
@@ -217,7 +224,11 @@ class Decider:
         urls = self.pools[name]
         health = self.health
         kept = self._backends.get(name)
-        loads = self._loads(urls, now)
+        tracker = self.tracker
+        if self.load_signal == "local" and not tracker.lingered:
+            loads = list(map(tracker.by_backend.__getitem__, urls))  # (``_loads``' hot path)
+        else:
+            loads = self._loads(urls, now)
         if (
             kept is None
             or kept.urls is not urls
@@ -266,6 +277,7 @@ class Decider:
         if models is None:
             self._surfaces.clear()
             self._stale.clear()
+            self._nearest.clear()
             self._wanted.clear()
             self._surface_from, self._shape = None, None
             return None
@@ -278,6 +290,7 @@ class Decider:
             # on the hot path
             self._stale = {**self._stale, **self._surfaces}
             self._surfaces = {}
+            self._nearest.clear()
             self._surface_from, self._shape = models, shape
         fresh = models is self._surface_from and shape == self._shape
         asked = sorted(
@@ -297,6 +310,7 @@ class Decider:
             self._stale = {**self._stale, **self._surfaces}
             self._surfaces = {}
             self._surface_from, self._shape = job.models, shape
+        self._nearest.clear()
         for bucket, found in computed.items():
             self._surfaces[bucket] = found
             self._stale.pop(bucket, None)
@@ -316,14 +330,18 @@ class Decider:
         routed yet)."""
         if offered is None:
             return None
-        per_engine = max(MIN_RATE, offered / max(1, engines))
-        return round(math.log(per_engine) / math.log(RATE_STEP))
+        # (``max(MIN_RATE, offered / max(1, engines))``, without the calls)
+        per_engine = offered / (engines if engines > 1 else 1)
+        if not per_engine > MIN_RATE:
+            per_engine = MIN_RATE
+        return round(math.log(per_engine) / _LOG_STEP)
 
     def _compute(self, bucket: int | None) -> Surface:
         models, shape = self._surface_from, self._shape
         assert models is not None and shape is not None
         job = SurfaceJob(models, shape[0], shape[1], self.params, (bucket,))
         found = self._surfaces[bucket] = job.compute()[bucket]
+        self._nearest.clear()
         return found
 
     def _surface_at(self, bucket: int | None) -> Surface | None:
@@ -336,16 +354,21 @@ class Decider:
         if models is not self._surface_from:  # new models since the last refresh
             self._surfaces.clear()
             self._stale = {}
+            self._nearest.clear()
             self._surface_from = models
             self._shape = self._mix_now(models)
         found = self._surfaces.get(bucket)
         if found is not None:
             return found
-        known = self._surfaces or self._stale
-        if not known:
-            return self._compute(bucket)
+        found = self._nearest.get(bucket)
+        if found is None:
+            known = self._surfaces or self._stale
+            if not known:
+                return self._compute(bucket)
+            found = known[min(known, key=lambda b: _distance(b, bucket))]
+            self._nearest[bucket] = found
         self._wanted.add(bucket)
-        return known[min(known, key=lambda b: _distance(b, bucket))]
+        return found
 
     def surface(self) -> Surface | None:
         """The surface the next decision would use."""
@@ -362,23 +385,35 @@ class Decider:
         tuning = self.tuning
         spec, base = self._view(SPECULATIVE, now), self._view(BASELINE, now)
         surf = None
-        offered = self._offered(now)
+        models, arrivals = tuning.models, self._arrivals  # (``_offered``, written out)
+        offered = (
+            None
+            if models is None or arrivals is None
+            else arrivals.rate(now) * models[SPECULATIVE].scale
+        )
         if request is not None:
-            engines = spec.usable_count() + base.usable_count()
+            # (``usable_count``, without the calls while every backend is usable)
+            engines = (len(spec.backends) if spec.even else spec.usable_count()) + (
+                len(base.backends) if base.even else base.usable_count()
+            )
             surf = self._surface_at(self._bucket(engines, offered))
-        return Snapshot(
-            spec,
-            base,
-            tuning.crossover,
-            self.hysteresis,
-            self._state,
-            tuning.gain,
-            request,
-            surf,
-            offered,
-            self._recent,
-            now,
-            tuning.no_crossover,
+        # (built as a tuple: a third of what the named tuple's constructor costs)
+        return _new(
+            Snapshot,
+            (
+                spec,
+                base,
+                tuning.crossover,
+                self.hysteresis,
+                self._state,
+                tuning.gain,
+                request,
+                surf,
+                offered,
+                self._recent,
+                now,
+                tuning.no_crossover,
+            ),
         )
 
     def _offered(self, now: float) -> float | None:
@@ -395,17 +430,24 @@ class Decider:
         """What the ``slo`` policy needs to know of a request (None under other policies)."""
         if self.policy != "slo":
             return None
-        traffic = self.tuning.traffic
         tokens = info.prompt_tokens
-        if tokens is None:
-            tokens = round(info.prompt_chars * traffic.tokens_per_char)
-        output = info.max_tokens if info.max_tokens else traffic.mean_output
-        return Request(
-            float(tokens),
-            float(output),
-            info.sampling,
-            self.slo_ttft if slo_ttft is None else slo_ttft,
-            self.slo_tpot if slo_tpot is None else slo_tpot,
+        output: float | None = info.max_tokens
+        if tokens is None or not output:  # (the keeper's sizes, only when the request lacks one)
+            traffic = self.tuning.traffic
+            if tokens is None:
+                tokens = round(info.prompt_chars * traffic.tokens_per_char)
+            if not output:
+                output = traffic.mean_output
+        assert output is not None
+        return _new(
+            Request,
+            (
+                float(tokens),
+                float(output),
+                info.sampling,
+                self.slo_ttft if slo_ttft is None else slo_ttft,
+                self.slo_tpot if slo_tpot is None else slo_tpot,
+            ),
         )
 
     def peek(self, request: Request | None = None) -> Decision | None:
@@ -427,31 +469,39 @@ class Decider:
         self._mix.add(req)
         now = self.clock()
         models = self.tuning.models
-        if self._arrivals is None:
+        pool_name, backend, reason, _, share, ttft, tpot, extrapolated, _ = decision
+        arrivals = self._arrivals
+        if arrivals is None:
             scale = 1.0 if models is None else models[SPECULATIVE].scale
-            self._arrivals = RecentRate(OFFERED_WINDOW * scale, now)
-        self._arrivals.add(now)
-        sent = self._recent.get(decision.backend)
+            arrivals = self._arrivals = RecentRate(OFFERED_WINDOW * scale, now)
+        arrivals.add(now)
+        sent = self._recent.get(backend)
         if sent is None:
             scale = 1.0 if models is None else models[SPECULATIVE].scale
             window = LATELY * scale
-            sent = self._recent[decision.backend] = RecentRate(window, now)
-        prefill = 0.0 if models is None else models[decision.pool].prefill(req.prompt_tokens)
-        sent.add(now, prefill * (1.0 if models is None else models[decision.pool].scale))
-        pool = snap.pool(decision.pool)
-        urls = self.pools[decision.pool]
+            sent = self._recent[backend] = RecentRate(window, now)
+        if models is None:
+            prefill = 0.0
+            sent.add(now, prefill * 1.0)
+        else:
+            model = models[pool_name]
+            # (``model.prefill``, written out)
+            prefill = model.prefill_base + req.prompt_tokens * model.prefill_per_token
+            sent.add(now, prefill * model.scale)
+        backends = (snap.speculative if pool_name == SPECULATIVE else snap.baseline).backends
+        urls = self.pools[pool_name]
         # (the pools' views follow ``self.pools`` in order: look the backend up by its place)
-        at = urls.index(decision.backend) if len(urls) == len(pool.backends) else -1
+        at = urls.index(backend) if len(urls) == len(backends) else -1
         view = (
-            pool.backends[at]
-            if at >= 0 and pool.backends[at].url == decision.backend
-            else next(b for b in pool.backends if b.url == decision.backend)
+            backends[at]
+            if at >= 0 and backends[at].url == backend
+            else next(b for b in backends if b.url == backend)
         )
-        if decision.extrapolated:
+        if extrapolated:
             self.extrapolated += 1
-        pool_name, backend, reason, _, share, ttft, tpot, extrapolated, _ = decision
-        return Decision(
-            pool_name, backend, reason, view.load, share, ttft, tpot, extrapolated, prefill
+        return _new(
+            Decision,
+            (pool_name, backend, reason, view.load, share, ttft, tpot, extrapolated, prefill),
         )
 
     def _maybe_explore(self, snap: Snapshot, decision: Decision) -> Decision:
