@@ -64,6 +64,9 @@ GC_YOUNG_THRESHOLD = 50_000
 SLICE = 0.0005  # seconds
 T = TypeVar("T")
 
+# How long to leave the core to the requests after the learner's work ran for some seconds.
+Pace = Callable[[float], float]
+
 # The event loop's thread alone where the OS can tell (Linux), else the whole process.
 _RUSAGE: int = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
 
@@ -85,6 +88,8 @@ class Deciding(Protocol):
     def membership(self) -> Membership: ...
     @property
     def decider(self) -> Decider: ...
+    @property
+    def tracker(self) -> InflightTracker: ...
 
 
 class Runnable(Deciding, Protocol):
@@ -142,7 +147,8 @@ async def deciding(app: Deciding, open_client: Callable[[str], OriginPool]) -> A
         tasks.append(loop.create_task(keep_members(membership)))
         if membership.discovery is not None:
             tasks.append(loop.create_task(keep_discovering(membership)))
-        tasks.append(loop.create_task(keep_learning(keeper, app.decider)))
+        pace = learning_pace(app.settings.learn_share, serving(app.tracker))
+        tasks.append(loop.create_task(keep_learning(keeper, app.decider, pace)))
         if exchange is not None:
             tasks.append(loop.create_task(exchange.follow(keeper)))
         yield
@@ -323,42 +329,84 @@ async def keep_discovering(membership: Membership) -> None:
             log.exception("discovery round failed")
 
 
-async def keep_learning(keeper: CrossoverKeeper, decider: Decider | None = None) -> None:
+async def keep_learning(
+    keeper: CrossoverKeeper, decider: Decider | None = None, pace: Pace | None = None
+) -> None:
     """The keeper's timer: one learning step every ``LEARN_INTERVAL`` seconds, then the
     ``decider``'s surfaces for the slo policy, computed in slices between requests
     (``in_slices``), and the table written when ``PERSIST_INTERVAL`` has passed since it last
-    was."""
+    was. ``pace`` (``learning_pace``) says how long to leave the core to the requests after
+    each stretch of this work (the step, then each slice); None: one loop turn."""
     interval = keeper.settings.learn_interval
+    clock = time.perf_counter
     while True:
         await asyncio.sleep(interval)
         try:
+            start = clock()
             keeper.update()
             job = None if decider is None else decider.pending()
             if decider is not None and job is not None:
-                decider.install(job, await in_slices(job.steps()))
+                await asyncio.sleep(0.0 if pace is None else pace(clock() - start))
+                decider.install(job, await in_slices(job.steps(), pace=pace))
             if keeper.persist_due():
                 keeper.persist()
         except Exception:
             tuning_log.exception("crossover update failed")
 
 
-async def in_slices(steps: Steps[T], budget: float = SLICE) -> T:
+def learning_pause(worked: float, share: float, busy: bool) -> float:
+    """Seconds to leave the core to the requests after the learner's work ran ``worked``
+    seconds in one stretch, so that it takes at most ``share`` of the core while the router is
+    ``busy`` serving (the work, then ``worked * (1 - share) / share`` of rest); none when it is
+    not (a turn of the loop, as between any two slices) or when ``share`` is 1.
+
+    Why: at 256 streams on one saturated core the surfaces' ~124 ms in 0.5-ms slices with one
+    loop turn between took ~31% of the core for ~0.4 s, and every top-1% TTFT of tail.py's run
+    was sent in that window (bench/results/fast-path.md, session 13)."""
+    if not busy or share >= 1.0:
+        return 0.0
+    return worked * (1.0 - share) / share
+
+
+def learning_pace(share: float, busy: Callable[[], bool]) -> Pace:
+    """``learning_pause`` at ``share``, asking ``busy`` (``serving``) after each stretch."""
+
+    def pace(worked: float) -> float:
+        return learning_pause(worked, share, busy())
+
+    return pace
+
+
+def serving(tracker: InflightTracker) -> Callable[[], bool]:
+    """Whether this process has requests in flight (its own: under ``--workers`` another
+    worker's requests are on another core)."""
+    own = tracker.own_by_backend
+
+    def busy() -> bool:
+        return any(own.values())
+
+    return busy
+
+
+async def in_slices(steps: Steps[T], budget: float = SLICE, pace: Pace | None = None) -> T:
     """Run ``steps`` on the event loop, giving the loop a turn after each ``budget`` seconds
-    of them. Not a thread: the router has one core, and under uvloop every I/O callback takes
-    the GIL again, each take able to wait the interpreter's switch interval (5 ms) while another
-    thread computes; the surfaces' tens of milliseconds in a thread showed as a tail under load
-    (bench/results/tail-default.md)."""
+    of them, and the rest ``pace`` asks for after each slice (``learning_pace``: a bounded
+    share of the core while requests are in flight). Not a thread: the router has one core,
+    and under uvloop every I/O callback takes the GIL again, each take able to wait the
+    interpreter's switch interval (5 ms) while another thread computes; the surfaces' tens of
+    milliseconds in a thread showed as a tail under load (bench/results/tail-default.md)."""
     clock = time.perf_counter
-    end = clock() + budget
+    start = clock()
     while True:
         try:
             next(steps)
         except StopIteration as done:
             result: T = done.value
             return result
-        if clock() >= end:
-            await asyncio.sleep(0)
-            end = clock() + budget
+        worked = clock() - start
+        if worked >= budget:
+            await asyncio.sleep(0.0 if pace is None else pace(worked))
+            start = clock()
 
 
 def _waited_for_core() -> float | None:

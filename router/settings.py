@@ -325,6 +325,11 @@ class Settings(BaseSettings):
     learn_min_samples: int = Field(default=20, ge=1)  # per pool, before samples move it
     learn_decay: float = Field(default=0.99, gt=0, lt=1)  # weight a sample keeps per new one
     persist_interval: Seconds = Field(default=60.0, gt=0)
+    # Most of the router's core the learner's work on the event loop (the step, the slo
+    # policy's surfaces) takes while requests are in flight: after each stretch it leaves the
+    # core to them for (1 - share) / share times as long; idle, it runs at full speed. 1: never
+    # pauses. (0.1: tail.py's TTFT p99, bench/results/fast-path.md, session 13.)
+    learn_share: float = Field(default=0.1, gt=0, le=1)
     # Share of requests near the crossover sent the other way, so both curves stay measured.
     explore_share: float = Field(default=0.02, ge=0, le=0.2)
     explore_band: int = Field(default=2, ge=0)

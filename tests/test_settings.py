@@ -56,6 +56,9 @@ def test_toml_file_with_env_winning(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         ("BASELINE_URLS", "ftp://x", "SPEC_ROUTER_BASELINE_URLS"),
         ("SPECULATIVE_URLS", "", "SPEC_ROUTER_SPECULATIVE_URLS"),
         ("IDLE_TIMEOUT", "0", "SPEC_ROUTER_IDLE_TIMEOUT"),
+        ("LEARN_SHARE", "0", "SPEC_ROUTER_LEARN_SHARE='0': Input should be greater than 0"),
+        ("LEARN_SHARE", "1.5", "SPEC_ROUTER_LEARN_SHARE='1.5': Input should be less than or"),
+        ("LEARN_SHARE", "most", "SPEC_ROUTER_LEARN_SHARE='most': expected a number"),
         ("BASELINE_URLS", "http://127.0.0.1:30001", "both pools"),
     ],
 )
