@@ -310,9 +310,14 @@ class RouterApp:
     def connections(self, url: str) -> dict[str, int]:
         client = self.clients.get(url)
         if client is None:
-            return {"open": 0, "idle": 0, "busy": 0}
+            return {"open": 0, "idle": 0, "busy": 0, "connecting": 0}
         opened, idle = client.open_connections, client.idle_connections
-        return {"open": opened, "idle": idle, "busy": opened - idle}
+        return {
+            "open": opened,
+            "idle": idle,
+            "busy": opened - idle,
+            "connecting": client.connecting,
+        }
 
     def default_model(self, pool: Pool, url: str) -> str | None:
         """The model a request that names none is sent as: the pool's, when its model map

@@ -97,7 +97,7 @@ class CallbackStreams:
         self.proxy: Proxy | None = None
         self.served = 0  # streams answered from callbacks
         self.handed = 0  # taken, then handed to the proxy's coroutine
-        self.connected = 0  # upstream connections this path opened (none was idle)
+        self.connected = 0  # upstream connections this path opened (none was idle, or stale)
         # told of each request taken in (the deferred accounting's turn is then not a quiet
         # one; only this path tells it)
         self.busy: Callable[[], None] | None = None
@@ -416,6 +416,7 @@ class Stream:
         "conn",
         "tried",
         "sending",
+        "resent",
         "connecting",
         "direct",
         "tap",
@@ -444,7 +445,10 @@ class Stream:
         # ``conn`` None: none was idle, ``begin`` opens one (set once it is open)
         self.lease, self.pool, self.conn = lease, pool, conn
         self.tried = [decision.backend]
-        self.sending = b""  # the request as it goes upstream, head and body (``_send``)
+        # the request as it goes upstream, head and body (``_send``), until its answer's head
+        # is in (then nothing can send it again)
+        self.sending = b""
+        self.resent = False  # sent again once already, after a stale kept-alive connection
         # the task opening the upstream connection (``_connect``), until it has ended
         self.connecting: asyncio.Task[Connection] | None = None
         self.tap: SseTap | None = None
@@ -510,14 +514,21 @@ class Stream:
         conn.listen(self.upstream)
         try:  # (the head and body in one, as ``send`` writes a body under 64 KiB: MAX_BODY)
             conn.send(self.sending, b"", self.proxy.timeouts, False, MAX_PEEK)
-        except UpstreamError:  # closed while idle: sent again, as ``OriginPool.request`` does
+        except UpstreamError as exc:
             self._drop()
-            self._resend()
+            # a kept-alive one closed while idle: sent again, once, as ``OriginPool.request``
+            # does; a new one the backend closed at once is a failed attempt (its verdict)
+            if conn.reused and not self.resent:
+                self._resend()
+            else:
+                self.hand_on(Attempt(None, exc, self.tried))
 
     def _resend(self) -> None:
         """A kept-alive connection the backend had closed before a byte came back: the
         request goes out again on a new one (as ``OriginPool.request`` does), opened here
-        where this path opens connections, else by the proxy's coroutine."""
+        where this path opens connections, else by the proxy's coroutine. Once: what the new
+        one gets is the attempt's answer or failure."""
+        self.resent = True
         if self.proxy.settings.callback_connect and self.pool.has_room:
             self.conn = None
             self._connect()
@@ -541,7 +552,6 @@ class Stream:
         self.connecting = task
         self.protocol.tasks.add(task)
         task.add_done_callback(self._connected)
-        self.protocol.streams.connected += 1
 
     def _connected(self, task: asyncio.Task[Connection]) -> None:
         try:
@@ -558,14 +568,13 @@ class Stream:
             self.connecting = None
         if task.cancelled():
             if not self.done:  # (not ``finish``: uvicorn's shutdown gave up waiting for it)
-                self.out.broke("relay")
-                self.cycle.transport.close()
-                self.finish(True, served=False)
+                self._shut_down()
             return
         error = task.exception()
         pool = self.pool
         if error is None:
             conn = task.result()
+            self.protocol.streams.connected += 1
             if not self.done and not pool.closed:
                 self.conn = conn
                 self._send()
@@ -579,6 +588,23 @@ class Stream:
         if not isinstance(error, UpstreamError):
             raise error  # (a bug: ``_fail_hard``)
         self.hand_on(Attempt(None, error, self.tried))
+
+    def _shut_down(self) -> None:
+        """The server stops before the connect ended (uvicorn's graceful-shutdown timeout
+        cancelled it): nothing was sent or written; the client gets a 503 in the OpenAI
+        shape, as where no backend can take it, and the connection is closed after it."""
+        refusal = NoBackend("the router is shutting down", self.proxy.settings.retry_after())
+        self.out.answered(refusal.status)
+        self.finish(True, served=False)
+        cycle = self.cycle
+        if not cycle.disconnected and not cycle.response_started:
+            body = refusal.body()
+            head = [b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"]
+            head.append(b"content-length: %d\r\nconnection: close\r\n" % len(body))
+            head += [name + b": " + value + b"\r\n" for name, value in refusal.headers]
+            cycle.response_started = cycle.response_complete = True
+            cycle.transport.write(b"".join(head) + b"\r\n" + body)
+        cycle.transport.close()
 
     # -- the upstream's wake-ups -----------------------------------------------------------------
     def upstream(self) -> None:
@@ -614,11 +640,12 @@ class Stream:
             conn.headed(self.proxy.timeouts, MAX_PEEK)
         except UpstreamError as exc:  # failed before its head
             self._drop()
-            if conn.stale(exc):
+            if conn.stale(exc) and not self.resent:
                 self._resend()
             else:
                 self.hand_on(Attempt(None, exc, self.tried))
             return
+        self.sending = b""  # (its head is in: never sent again)
         data = conn.buffered()
         cycle = self.cycle
         if (

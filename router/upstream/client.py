@@ -25,6 +25,7 @@ which is also how a cancelled request stops the engine (it sees the TCP connecti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 from collections import deque
@@ -605,6 +606,8 @@ class OriginPool:
         # insertion-ordered set: popitem() takes the most recently used (LIFO keeps few warm)
         self._idle: dict[Connection, None] = {}
         self._open: set[Connection] = set()
+        # connects under way (``_connect``, on either path): each will be one of ``_open``
+        self._connecting = 0
         self._max_idle = max_idle
         self._expiry = keepalive_expiry
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if origin.tls else None
@@ -618,6 +621,11 @@ class OriginPool:
     def idle_connections(self) -> int:
         return len(self._idle)
 
+    @property
+    def connecting(self) -> int:
+        """Connects under way: connections that count against ``max_connections`` already."""
+        return self._connecting
+
     def forget(self, conn: Connection) -> None:
         if conn in self._open:
             self._open.discard(conn)
@@ -625,8 +633,8 @@ class OriginPool:
         self._idle.pop(conn, None)
 
     def _wake_slot_waiter(self) -> None:
-        while self._slot_waiters:
-            waiter = self._slot_waiters.popleft()
+        # (a woken waiter stays in the queue until it has run: ``has_room`` is False till then)
+        for waiter in self._slot_waiters:
             if not waiter.done():
                 waiter.set_result(None)
                 return
@@ -634,7 +642,11 @@ class OriginPool:
     async def _wait_for_slot(self, timeout: float) -> None:
         """Block while the pool is at ``max_connections`` and nothing is idle."""
         deadline = self.loop.time() + timeout
-        while len(self._open) >= self._max_connections and not self._idle and not self._closed:
+        while (
+            len(self._open) + self._connecting >= self._max_connections
+            and not self._idle
+            and not self._closed
+        ):
             waiter = self.loop.create_future()
             self._slot_waiters.append(waiter)
             try:
@@ -649,6 +661,8 @@ class OriginPool:
             finally:
                 if not waiter.done():
                     waiter.cancel()
+                with contextlib.suppress(ValueError):  # (``close`` emptied the queue)
+                    self._slot_waiters.remove(waiter)
 
     def put_back(self, conn: Connection) -> None:
         if self._closed or len(self._idle) >= self._max_idle or conn._transport is None:
@@ -661,6 +675,22 @@ class OriginPool:
         self._wake_slot_waiter()
 
     async def _connect(self, timeout: float) -> Connection:
+        """A new connection, counted in ``_connecting`` until it is one of ``_open``."""
+        self._connecting += 1
+        try:
+            conn = await self._open_one(timeout)
+        except BaseException:
+            self._connect_failed()
+            raise
+        self._connecting -= 1
+        self._open.add(conn)
+        return conn
+
+    def _connect_failed(self) -> None:
+        self._connecting -= 1
+        self._wake_slot_waiter()  # (its slot is free again)
+
+    async def _open_one(self, timeout: float) -> Connection:
         conn = Connection(self)
         try:
             async with asyncio.timeout(timeout):
@@ -679,7 +709,6 @@ class OriginPool:
             raise UpstreamError(
                 "connect", f"cannot connect to {self.origin.url}: {exc.strerror or exc}"
             ) from None
-        self._open.add(conn)
         return conn
 
     def _take_idle(self) -> Connection | None:
@@ -719,7 +748,7 @@ class OriginPool:
         head_only = method == b"HEAD"
         conn = self._take_idle()
         if conn is None:
-            if len(self._open) >= self._max_connections:
+            if len(self._open) + self._connecting >= self._max_connections:
                 await self._wait_for_slot(timeouts.connect)
                 conn = self._take_idle()
             if self._closed:  # (cut or closed while it waited: nothing was sent)
@@ -728,6 +757,7 @@ class OriginPool:
                 conn = await self._connect(timeouts.connect)
         try:
             try:
+                self._check_open()
                 await conn.exchange(head, body, timeouts, head_only, first_event_peek)
             except UpstreamError as exc:
                 if not conn.stale(exc):
@@ -736,12 +766,19 @@ class OriginPool:
                     on_stale()
                 conn.release()
                 conn = await self._connect(timeouts.connect)
+                self._check_open()
                 await conn.exchange(head, body, timeouts, head_only, first_event_peek)
         except BaseException:
             conn.close()
             self.forget(conn)
             raise
         return conn
+
+    def _check_open(self) -> None:
+        """Raise where the pool was cut or closed (while ``request`` connected: nothing sent;
+        its ``except`` closes the connection)."""
+        if self._closed:
+            raise UpstreamError("connect", f"client for {self.origin.url} is closed")
 
     def take_idle(self) -> Connection | None:
         """A kept-alive connection to send on now, if there is one (and the pool is open)."""
@@ -754,15 +791,31 @@ class OriginPool:
 
     @property
     def has_room(self) -> bool:
-        """Open, and below ``max_connections``: a new connection may be opened now."""
-        return not self._closed and len(self._open) < self._max_connections
+        """Open, below ``max_connections`` with the connects under way counted, and no
+        ``request`` waiting for a slot (it has the next one): a new connection may be opened now."""
+        return (
+            not self._closed
+            and len(self._open) + self._connecting < self._max_connections
+            and not self._slot_waiters
+        )
 
     def connect_soon(self, timeout: float) -> asyncio.Task[Connection]:
         """A new connection, opened in a task of its own (its result, or ``UpstreamError``),
         for a caller served from socket callbacks (``router.forward.callback``), which has no
         coroutine to wait in. Once the task has its result the connection counts as open:
-        the caller sends on it or closes it (``close`` then ``forget``)."""
-        return self.loop.create_task(self._connect(timeout))
+        the caller sends on it or closes it (``close`` then ``forget``). It counts against
+        ``max_connections`` from now (a wave is decided in one loop turn, before any task runs)."""
+        self._connecting += 1
+        task = self.loop.create_task(self._open_one(timeout))
+        task.add_done_callback(self._connected)  # (before the caller's: it runs first)
+        return task
+
+    def _connected(self, task: asyncio.Task[Connection]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            self._connect_failed()
+            return
+        self._connecting -= 1
+        self._open.add(task.result())
 
     def head(
         self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
@@ -794,14 +847,15 @@ class OriginPool:
     def cut(self, message: str) -> int:
         """End every exchange in progress as failed (kind ``drained``, so each request ends
         as on an upstream failure: a stream with an error event, else a 502) and refuse new
-        ones; returns how many were cut."""
+        ones; returns how many were cut (a connect under way counts: its request goes
+        nowhere, ``request`` and the callback path see the pool closed once it is open)."""
         self._closed = True
         busy = [conn for conn in self._open if conn not in self._idle]
         for conn in busy:
             conn._fail("drained", f"{self.origin.url}: {message}")
             conn.close()
         self.close()
-        return len(busy)
+        return len(busy) + self._connecting
 
     def _wake_all_slot_waiters(self) -> None:
         while self._slot_waiters:

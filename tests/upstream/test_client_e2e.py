@@ -726,3 +726,41 @@ async def test_a_held_stream_that_backs_up_wakes_its_reader(
     conn = task.result()
     assert len(await conn.read()) == 300 * 1024
     conn.close()
+
+
+async def test_connects_under_way_count_against_max_connections(
+    server: tuple[Script, OriginPool],
+) -> None:
+    """A wave decided in one loop turn (the callback path's ``has_room``, then
+    ``connect_soon``) opens no more than ``max_connections`` (4 here; it opened all 10,
+    review-s13 M1); a request waiting for a slot has the next one freed (no connect from the
+    callbacks jumps it); a failed connect frees its slot."""
+    script, pool = server
+    tasks = [pool.connect_soon(TIMEOUTS.connect) for _ in range(10) if pool.has_room]
+    assert len(tasks) == 4
+    assert (pool.connecting, pool.open_connections) == (4, 0)
+    conns = await asyncio.gather(*tasks)
+    assert (pool.connecting, pool.open_connections, pool.has_room) == (0, 4, False)
+    waiting = asyncio.create_task(request(pool))
+    await until(lambda: pool._slot_waiters)
+    conns[0].close()
+    pool.forget(conns[0])
+    assert not pool.has_room  # (the waiting request's slot)
+    script.writes.put_nowait(HEAD + chunk(b"{}") + END)
+    script.writes.put_nowait(None)
+    answered = await waiting
+    assert answered.status == 200
+    assert pool.open_connections == 4 and not pool.has_room
+    answered.release()  # (not read to its end: aborted, its slot freed)
+    assert pool.has_room
+    for conn in conns[1:]:
+        conn.close()
+        pool.forget(conn)
+    refused = OriginPool(
+        Origin.parse("http://127.0.0.1:1"), max_connections=1, max_idle=1, keepalive_expiry=1
+    )
+    failed = refused.connect_soon(TIMEOUTS.connect)
+    assert not refused.has_room
+    with pytest.raises(UpstreamError):
+        await failed
+    assert (refused.connecting, refused.open_connections, refused.has_room) == (0, 0, True)
