@@ -27,7 +27,7 @@ COMPILED_SRC := $(shell sed -n 's/^    "\(router\.[a-z_.]*\)",$$/\1/p' router/co
 $(STAMP): pyproject.toml setup.py router/compiled.py $(COMPILED_SRC)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q 'uv==$(UV_VERSION)'
-	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode --reinstall-package spec-router -e '.[dev,plot]'
+	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode --reinstall-package spec-router --refresh-package spec-router -e '.[dev,plot]'
 	$(BIN)/python -c 'from router import compiled; import router.forward.decider; s = compiled.status(); print("spec-router:", "compiled" if s["compiled"] else "pure Python", "(" + (s["pure_reason"] or ", ".join(s["compiled_modules"])) + ")")'
 	touch $(STAMP)
 

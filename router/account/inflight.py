@@ -27,12 +27,15 @@ from router.pools import POOLS, Pool
 MATES = 0.005
 
 
+# prefill entries a PrefillLog keeps, at least (and at most twice as many)
+KEEP = 16_384
+
+
 class PrefillLog:
     """Seconds of prefill against the time each ran (its request's first token), cumulative, so
     the prefill between two times is a difference; the last ``KEEP`` to ``2 * KEEP`` entries are
     kept (a lookup from before them counts from the oldest kept)."""
 
-    KEEP = 16_384
     __slots__ = ("times", "totals", "total", "base", "keep")
 
     def __init__(self, keep: int = KEEP) -> None:
