@@ -58,10 +58,10 @@ EXPECT := $(if $(filter 1,$(SPEC_ROUTER_PURE)),pure,compiled)
 test: $(STAMP) envoy
 	bash scripts/ensure-prometheus.sh
 	bash scripts/ensure-chromium.sh
-	PYTHONDONTWRITEBYTECODE= SPEC_ROUTER_EXPECT=$(EXPECT) $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	PYTHONDONTWRITEBYTECODE= SPEC_ROUTER_EXPECT_BUILD=$(EXPECT) $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 	# the pure fallback (a build without a C compiler, or sources edited since the build) makes
 	# the same decisions: the decision tests again with every compiled module run from source
-	PYTHONDONTWRITEBYTECODE= SPEC_ROUTER_PURE=1 SPEC_ROUTER_EXPECT=pure $(BIN)/python -m pytest \
+	PYTHONDONTWRITEBYTECODE= SPEC_ROUTER_PURE=1 SPEC_ROUTER_EXPECT_BUILD=pure $(BIN)/python -m pytest \
 		-q -n $(TEST_WORKERS) -p no:cacheprovider tests/decide $(wildcard tests/forward/test_decider*.py) \
 		tests/test_compiled.py
 
