@@ -24,7 +24,10 @@ UV_VERSION := 0.13.9
 # `make compile` rebuilds. SPEC_ROUTER_PURE=1 builds (and runs) pure Python.
 COMPILED_SRC := $(shell sed -n 's/^    "\(router\.[a-z_.]*\)",$$/\1/p' router/compiled.py | tr . / | sed 's/$$/.py/')
 
-$(STAMP): pyproject.toml setup.py router/compiled.py $(COMPILED_SRC)
+# ... and the router modules they import, as the last build recorded them (router.compiled)
+COMPILED_DEPS := $(shell sed -n 's|^  "\([a-z_/]*\.py\)": .*|router/\1|p' router/_compiled.json 2>/dev/null)
+
+$(STAMP): pyproject.toml setup.py router/compiled.py $(COMPILED_SRC) $(COMPILED_DEPS)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q 'uv==$(UV_VERSION)'
 	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode --reinstall-package spec-router --refresh-package spec-router -e '.[dev,plot]'
