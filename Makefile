@@ -58,15 +58,18 @@ EXPECT := $(if $(filter 1,$(SPEC_ROUTER_PURE)),pure,compiled)
 # PYTHONDONTWRITEBYTECODE set (some machines set it for every process), each would compile
 # router/ from source again, and each pytest worker rewrite every test module: bytecode is
 # written here (.gitignore'd) so that only the first does.
+# Then the pure fallback (a build without a C compiler, or sources edited since the build) must
+# make the same decisions: the decision tests again with every compiled module run from source
+# (about 30 s). Both run whatever the first gives; make fails if either did.
+PURE_TESTS := tests/decide $(wildcard tests/forward/test_decider*.py) tests/test_compiled.py
 test: $(STAMP) envoy
 	bash scripts/ensure-prometheus.sh
 	bash scripts/ensure-chromium.sh
-	PYTHONDONTWRITEBYTECODE= SPEC_ROUTER_EXPECT_BUILD=$(EXPECT) $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
-	# the pure fallback (a build without a C compiler, or sources edited since the build) makes
-	# the same decisions: the decision tests again with every compiled module run from source
-	PYTHONDONTWRITEBYTECODE= SPEC_ROUTER_PURE=1 SPEC_ROUTER_EXPECT_BUILD=pure $(BIN)/python -m pytest \
-		-q -n $(TEST_WORKERS) -p no:cacheprovider tests/decide $(wildcard tests/forward/test_decider*.py) \
-		tests/test_compiled.py
+	export PYTHONDONTWRITEBYTECODE=; failed=0; \
+	SPEC_ROUTER_EXPECT_BUILD=$(EXPECT) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) || failed=1; \
+	SPEC_ROUTER_PURE=1 SPEC_ROUTER_EXPECT_BUILD=pure $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
+		-p no:cacheprovider $(PURE_TESTS) || failed=1; \
+	exit $$failed
 
 # Only the gateway's end-to-end tests (a real Envoy before `spec-router epp` and simulated
 # engines, ~2 min one at a time; `make test` runs them too).
