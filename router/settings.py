@@ -75,6 +75,8 @@ NOT_SETTINGS = frozenset(
         "SPEC_ROUTER_FUZZ_PROFILE",  # tests/forward/test_fuzz_e2e.py
         "SPEC_ROUTER_FUZZ_SCALE",  # ditto
         "SPEC_ROUTER_BENCH_DECISIONS",  # bench/lab/decision_log: where routers log decisions
+        "SPEC_ROUTER_PURE",  # router/compiled.py, setup.py: build or run pure Python
+        "SPEC_ROUTER_EXPECT_BUILD",  # tests/test_compiled.py: what make test must run on
     }
 )
 

@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = tuple(
     (name, frozenset(units))
     for name, units in (
+        # which modules run compiled: the package's __init__ imports it, before anything
+        ("the build", {"router.compiled"}),
         (
             "leaves",
             {

@@ -18,6 +18,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 
+from mypy_extensions import mypyc_attr
+
 from router.pools import POOLS, Pool
 
 # Wall seconds within which the first tokens of one engine iteration reach the router: first
@@ -25,15 +27,19 @@ from router.pools import POOLS, Pool
 MATES = 0.005
 
 
+# prefill entries a PrefillLog keeps, at least (and at most twice as many)
+KEEP = 16_384
+
+
 class PrefillLog:
     """Seconds of prefill against the time each ran (its request's first token), cumulative, so
     the prefill between two times is a difference; the last ``KEEP`` to ``2 * KEEP`` entries are
     kept (a lookup from before them counts from the oldest kept)."""
 
-    KEEP = 16_384
-    __slots__ = ("times", "totals", "total", "base")
+    __slots__ = ("times", "totals", "total", "base", "keep")
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = KEEP) -> None:
+        self.keep = keep  # (KEEP; a test keeps fewer)
         self.times: list[float] = []
         self.totals: list[float] = []
         self.total = 0.0
@@ -43,9 +49,10 @@ class PrefillLog:
         self.total += seconds
         self.times.append(now)
         self.totals.append(self.total)
-        if len(self.times) > 2 * self.KEEP:
-            self.base = self.totals[-self.KEEP - 1]
-            del self.times[: -self.KEEP], self.totals[: -self.KEEP]
+        keep = self.keep
+        if len(self.times) > 2 * keep:
+            self.base = self.totals[-keep - 1]
+            del self.times[:-keep], self.totals[:-keep]
 
     def at(self, t: float) -> float:
         i = bisect.bisect_right(self.times, t)
@@ -61,6 +68,9 @@ class PrefillLog:
         return self.between(first + min(per_token / 2, MATES), end)
 
 
+# (router.account.shared's SharedTracker, the counts of all workers, is an interpreted subclass:
+# allowed explicitly where this module is compiled, router.compiled)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class InflightTracker:
     # What readers see (the machine-wide view, under --workers):
     by_backend: Mapping[str, int]  # requests in flight per backend

@@ -22,6 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from router import __version__, compiled
 from router.account.objective import TIERS, within_slo
 from router.decide.capacity import RELAXED_TPOT, RELAXED_TTFT
 from router.health.mode import ModeReading, mode_mismatch
@@ -449,6 +450,22 @@ class StateCollector(Collector):
         pol = InfoMetricFamily(p + "policy", "The routing policy in use.")
         pol.add_metric([], {"policy": self.policy, "load_signal": self.load_signal})
         yield pol
+        built = compiled.status()
+        build = InfoMetricFamily(
+            p + "build",
+            "What runs: compiled 'true' when the decision's hot path runs compiled (mypyc), "
+            "'false' when it runs from source (a pure build, SPEC_ROUTER_PURE, or sources "
+            "edited since the build); modules: those loaded compiled.",
+        )
+        build.add_metric(
+            [],
+            {
+                "version": __version__,
+                "compiled": "true" if built["compiled"] else "false",
+                "modules": ",".join(built["compiled_modules"]),
+            },
+        )
+        yield build
         target = GaugeMetricFamily(
             p + "slo_seconds",
             "The SLO requests are judged against (spec_router_slo_met_total), by latency "

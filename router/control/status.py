@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from router import compiled
 from router.account.inflight import InflightTracker
 from router.account.recent import RecentWindow
 from router.control.feed import Feed
@@ -145,6 +146,8 @@ def router_status(app: Observed) -> dict[str, Any]:
             # within this SLO (recent.within_slo, /metrics spec_router_slo_*)
             "objective": objective(decider.slo_ttft, decider.slo_tpot),
             "membership": membership.status(),
+            # the decision's hot path compiled (mypyc) or from source, and why (router.compiled)
+            "build": compiled.status(),
             "slo": decider.status() if decider.policy == "slo" else None,
             "queue": app.admission.status(),
             "fast_path": {

@@ -83,6 +83,11 @@ def _distance(a: int | None, b: int | None) -> float:
 PER_REFRESH = 3
 
 
+# how a surface is computed (``surface_steps``; a test passes one that counts its calls: a
+# compiled module's globals cannot be patched)
+SurfaceSteps = Callable[[Mapping[Pool, PoolModel], Mix, Slo, Params, float | None], Steps[Surface]]
+
+
 class SurfaceJob(NamedTuple):
     """Surfaces to compute, and everything they are computed from (plain values: computing
     them touches nothing of the decider, so it may run while decisions go on)."""
@@ -92,6 +97,7 @@ class SurfaceJob(NamedTuple):
     slo: Slo
     params: Params
     buckets: tuple[int | None, ...]
+    surfaces: SurfaceSteps = surface_steps
 
     def compute(self) -> dict[int | None, Surface]:
         return finish(self.steps())
@@ -100,7 +106,7 @@ class SurfaceJob(NamedTuple):
         """``compute`` in steps (``router.decide.capacity.surface_steps``)."""
         found: dict[int | None, Surface] = {}
         for b in self.buckets:
-            found[b] = yield from surface_steps(
+            found[b] = yield from self.surfaces(
                 self.models, self.mix, self.slo, self.params, None if b is None else RATE_STEP**b
             )
         return found
@@ -143,6 +149,7 @@ class Decider:
         slo_ttft: float = 1.0,
         slo_tpot: float = 0.025,
         params: Params = DEFAULT,
+        surfaces: SurfaceSteps = surface_steps,
     ) -> None:
         self.pools = pools
         self.tracker = tracker
@@ -158,6 +165,7 @@ class Decider:
         self.slo_ttft = slo_ttft  # seconds, wall clock
         self.slo_tpot = slo_tpot
         self.params = params
+        self._surface_steps = surfaces
         self._state = RoutingState()
         self._explore_credit = 0.0
         self._mix = RecentMix()  # recent requests' prompt sizes and share at temperature > 0
@@ -298,7 +306,9 @@ class Decider:
             key=lambda b: _distance(b, current),
         )
         buckets = [current, *(b for b in asked if b != current)][:PER_REFRESH]
-        return SurfaceJob(models, shape[0], shape[1], self.params, tuple(buckets))
+        return SurfaceJob(
+            models, shape[0], shape[1], self.params, tuple(buckets), self._surface_steps
+        )
 
     def install(self, job: SurfaceJob, computed: Mapping[int | None, Surface]) -> None:
         """What ``job.compute()`` gave, unless the models changed meanwhile. Surfaces kept of
@@ -339,7 +349,7 @@ class Decider:
     def _compute(self, bucket: int | None) -> Surface:
         models, shape = self._surface_from, self._shape
         assert models is not None and shape is not None
-        job = SurfaceJob(models, shape[0], shape[1], self.params, (bucket,))
+        job = SurfaceJob(models, shape[0], shape[1], self.params, (bucket,), self._surface_steps)
         found = self._surfaces[bucket] = job.compute()[bucket]
         self._nearest.clear()
         return found

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 import pytest
 
 from router.account.inflight import InflightTracker, Lease
+from router.decide.capacity import Mix, Slo, Steps, Surface, surface_steps
+from router.decide.params import Params
 from router.decide.policy import Decision, PoolView, choose
 from router.decide.predict import Gain, PoolModel, Request
 from router.decide.snapshot import Traffic
-from router.forward.decider import Decider
+from router.forward.decider import PER_REFRESH, Decider, SurfaceSteps
 from router.health.poller import EngineLoad
 from router.health.state import HealthConfig, HealthRegistry
 from router.pools import BASELINE, POOLS, SPECULATIVE, Pool
@@ -78,6 +80,7 @@ def world(
     explore_band: int = 2,
     ramp_seconds: float = 0.0,
     healthy: bool = True,
+    surfaces: SurfaceSteps = surface_steps,
 ) -> World:
     clock = Clock()
     tracker = InflightTracker([(p, u) for p in POOLS for u in POOL_URLS[p]], clock)
@@ -99,6 +102,7 @@ def world(
         clock=clock,
         explore_share=explore_share,
         explore_band=explore_band,
+        surfaces=surfaces,
     )
     return World(decider, tracker, health, tuning, loads, clock)
 
@@ -277,9 +281,9 @@ def test_pool_usable_follows_health_and_the_clock() -> None:
 # -- the slo policy's view: recent prefill share and expected load -------------------------------
 
 
-def slo_world() -> World:
+def slo_world(surfaces: SurfaceSteps = surface_steps) -> World:
 
-    w = world(policy="slo")
+    w = world(policy="slo", surfaces=surfaces)
     w.tuning.models = {SPECULATIVE: preset_model(EAGLE3), BASELINE: preset_model(BASE_PRESET)}
     return w
 
@@ -336,20 +340,16 @@ def test_reading_changes_nothing_the_next_decision_sees() -> None:
     assert len({d.reason for d in decided[0]}) > 1
 
 
-def test_surfaces_are_computed_on_the_timer_not_per_decision(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from router.forward import decider as decider_module
-
+def test_surfaces_are_computed_on_the_timer_not_per_decision() -> None:
     computed: list[float | None] = []
-    real = decider_module.surface_steps  # type: ignore[attr-defined]
 
-    def counted(*args: object, **kw: object) -> object:
-        computed.append(args[4] if len(args) > 4 else kw.get("arriving"))  # type: ignore[arg-type]
-        return real(*args, **kw)  # type: ignore[arg-type]
+    def counted(
+        models: Mapping[Pool, PoolModel], mix: Mix, slo: Slo, params: Params, arriving: float | None
+    ) -> Steps[Surface]:
+        computed.append(arriving)
+        return surface_steps(models, mix, slo, params, arriving)
 
-    monkeypatch.setattr(decider_module, "surface_steps", counted)
-    w = slo_world()
+    w = slo_world(counted)
     req = Request(400.0, 200.0, False, 1.0, 0.025)
     # before any tick: the first decision with curves computes its own (nothing else known)
     assert w.decider.decide(req) is not None
@@ -361,7 +361,7 @@ def test_surfaces_are_computed_on_the_timer_not_per_decision(
     assert len(computed) == done
     # the next tick computes the current one and the ones asked for, at most PER_REFRESH
     w.decider.refresh()
-    assert done < len(computed) <= done + decider_module.PER_REFRESH
+    assert done < len(computed) <= done + PER_REFRESH
 
 
 def slower(models: Mapping[Pool, PoolModel] | None) -> dict[Pool, PoolModel]:
@@ -370,23 +370,19 @@ def slower(models: Mapping[Pool, PoolModel] | None) -> dict[Pool, PoolModel]:
     return {pool: m._replace(prefill_base=m.prefill_base * 3) for pool, m in models.items()}
 
 
-def test_models_moved_by_the_timer_are_not_computed_on_the_hot_path(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_models_moved_by_the_timer_are_not_computed_on_the_hot_path() -> None:
     """A keeper tick that moved the models: until that tick's surfaces are in, decisions take
     the nearest one of the models before, and none computes its own (the router's loop would
     stall for the tens of milliseconds a surface takes)."""
-    from router.forward import decider as decider_module
-
     computed: list[object] = []
-    real = decider_module.surface_steps  # type: ignore[attr-defined]
 
-    def counted(*args: object, **kw: object) -> object:
-        computed.append(args[0])
-        return real(*args, **kw)  # type: ignore[arg-type]
+    def counted(
+        models: Mapping[Pool, PoolModel], mix: Mix, slo: Slo, params: Params, arriving: float | None
+    ) -> Steps[Surface]:
+        computed.append(models)
+        return surface_steps(models, mix, slo, params, arriving)
 
-    monkeypatch.setattr(decider_module, "surface_steps", counted)
-    w = slo_world()
+    w = slo_world(counted)
     req = Request(400.0, 200.0, False, 1.0, 0.025)
     route(w, req, 20, every=0.05)
     w.decider.refresh()
@@ -407,9 +403,7 @@ def test_models_moved_by_the_timer_are_not_computed_on_the_hot_path(
     assert all(models is moved for models in computed[done:])
 
 
-def test_models_replaced_off_the_timer_are_computed_at_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_models_replaced_off_the_timer_are_computed_at_once() -> None:
     """New models with no tick between (an operator's PUT of a table): the next decision
     computes the surface of the new models, not an old one's."""
     w = slo_world()

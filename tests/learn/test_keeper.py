@@ -171,11 +171,8 @@ def test_a_samples_stalls_are_the_prefills_that_ran_while_it_decoded() -> None:
     assert sample.stall == pytest.approx(0.375)
 
 
-def test_a_prefill_log_answers_between_two_times_in_bounded_memory(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(PrefillLog, "KEEP", 4)
-    log = PrefillLog()
+def test_a_prefill_log_answers_between_two_times_in_bounded_memory() -> None:
+    log = PrefillLog(keep=4)
     assert log.between(0.0, 10.0) == 0.0
     for t in range(1, 21):
         log.add(float(t), 1.0)
