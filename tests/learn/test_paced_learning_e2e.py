@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -22,7 +22,7 @@ from router import lifecycle
 from router.app import RouterApp
 from router.decide import table as tables
 from router.decide.capacity import Surface
-from router.forward.decider import SurfaceJob
+from router.forward.decider import Decider, SurfaceJob
 from router.settings import Settings
 from router.sim.model import EAGLE3
 from tests.conftest import TIME_SCALE
@@ -104,13 +104,28 @@ async def test_paced_surfaces_are_installed_under_load_and_idle_ones_are_not_pac
 
     monkeypatch.setattr(lifecycle, "learning_pause", counted)
     app = RouterApp(settings)
-    install = app.decider.install
 
-    def installed(job: SurfaceJob, computed: Mapping[int | None, Surface]) -> None:
-        events.append(("install", job, dict(computed)))
-        install(job, computed)
+    class Installs:
+        """What the keeper's timer sees of the decider, each install noted (the decider's
+        methods cannot be patched where it is compiled: ``router.compiled``)."""
 
-    app.decider.install = installed  # type: ignore[method-assign]
+        def __init__(self, decider: Decider) -> None:
+            self.decider = decider
+
+        def pending(self) -> SurfaceJob | None:
+            return self.decider.pending()
+
+        def install(self, job: SurfaceJob, computed: Mapping[int | None, Surface]) -> None:
+            events.append(("install", job, dict(computed)))
+            self.decider.install(job, computed)
+
+    keep_learning = lifecycle.keep_learning
+
+    def noted(keeper: Any, decider: Decider | None = None, pace: Any = None) -> Any:
+        assert decider is app.decider
+        return keep_learning(keeper, cast(Decider, Installs(decider)), pace)
+
+    monkeypatch.setattr(lifecycle, "keep_learning", noted)
 
     def installs_after(kind: str, busy: bool) -> int:
         """Installs after the first rest of that kind (``busy`` while requests were in
