@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -523,3 +524,35 @@ def test_a_backend_removed_while_the_router_connects_to_it(
         wait_for(lambda: url not in backends(router))  # (drained: removed)
         assert open_connections(router, pool) == 0
         assert router.status()["in_flight"]["total"] == 0
+
+
+def test_a_shutdown_while_the_router_connects_answers_503_and_releases(
+    gated: tuple[GatedUpstream, GatedUpstream],
+) -> None:
+    """uvicorn's graceful shutdown ends while a stream's connect hangs: the connect is
+    cancelled, the client gets a 503 in the OpenAI shape (nothing was written yet), and the
+    router exits."""
+    spec, base = gated
+    router = Router(
+        (spec.url, base.url), "--no-access-log", "--timeout-graceful-shutdown", "1",
+        callback_streams="true", scrape_metrics="false", keepalive_expiry="0",
+        health_interval="30", connect_timeout="30",
+    )  # fmt: skip
+    try:
+        assert stream(router)[0].status == 200
+        wait_for(router.settled())
+        hold(gated)
+        with router.connect() as sock:
+            sock.sendall(post("/v1/chat/completions", STREAM))
+            wait_for(lambda: connecting(router) == 1)
+            assert router.status()["in_flight"]["total"] == 1
+            router.proc.send_signal(signal.SIGTERM)
+            response = read_response(sock)
+        assert response.status == 503
+        error = json.loads(bytes(response.body))["error"]
+        assert error["message"] and error["type"]
+        # (uvicorn >= 0.29 re-raises the signal it caught once it has shut down)
+        assert router.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+    finally:
+        release(gated)
+        router.stop()
