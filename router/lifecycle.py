@@ -197,7 +197,6 @@ async def running(app: Runnable) -> AsyncIterator[None]:
                 abort_lag=app.abort_lag,
                 default_model=app.default_model,
                 sync=None if app.worker is None else app.membership.roster.sync,
-                wants_area_end=app.keeper.wants_area_end,
             )
             share_task = None
             if busy is not None and s.busy_poll_yield:

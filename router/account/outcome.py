@@ -28,7 +28,8 @@ class Outcome:
     first_byte: float | None = None
     area_first: float | None = None  # the backend's in-flight integral at the first byte
     ended: float = 0.0
-    area_end: float | None = None  # the same integral when it ended (with ``area_first``)
+    area_end: float | None = None  # the same integral when its lease was released
+    area_at: float | None = None  # when ``area_end`` was taken (None: at ``ended``)
     error: str | None = None  # the upstream error that ended the request, if any
     client_gone: bool = False
     slow_client: bool = False  # the client could not take the body as fast as it came

@@ -874,7 +874,7 @@ class Stream:
             conn.release()
         else:  # (a task waits on it: the task releases it once cancelled, never the pool now)
             task.cancel()
-        proxy.release(lease, left and unfinished)
+        proxy.release(lease, left and unfinished, self.out)
         if served and not left:
             self.protocol.streams.served += 1
         proxy.finish(self.out)

@@ -103,12 +103,8 @@ class Proxy:
         abort_lag: Callable[[str], float] | None = None,
         default_model: Callable[[Pool, str], str | None] | None = None,
         sync: Callable[[], object] | None = None,
-        wants_area_end: Callable[[Outcome], bool] | None = None,
     ) -> None:
         self.settings = settings
-        # whether an outcome's observers read its backend's in-flight integral at its end
-        # (``CrossoverKeeper.wants_area_end``; None: whenever it had a first byte)
-        self.wants_area_end = wants_area_end
         self.decider = decider
         self.poke = poke  # busy polling (router/fastpath/busypoll.py): a request arrived or ended
         self.tracker = tracker
@@ -155,11 +151,6 @@ class Proxy:
         """The request is over, on whichever path: its outcome to every observer."""
         now = self.clock()
         out.finish(now)
-        if out.area_first is not None and out.backend is not None:
-            # (its backend's in-flight integral now: the keeper may observe it later)
-            wants = self.wants_area_end
-            if wants is None or wants(out):
-                out.area_end = self.tracker.area(out.backend, now)
         if self.poke is not None:
             self.poke()
         for observe in self.observers:
@@ -287,11 +278,20 @@ class Proxy:
             if conn is not None:
                 conn.release()
             if lease is not None:
-                self.release(lease, left and unfinished)
+                self.release(lease, left and unfinished, out)
 
-    def release(self, lease: Lease, abandoned: bool) -> None:
+    def release(self, lease: Lease, abandoned: bool, out: Outcome) -> None:
         """Let a request's lease go, on whichever path it ended (``abandoned``: its client
-        left before the answer was whole, and the engine may go on with it for a while)."""
+        left before the answer was whole, and the engine may go on with it for a while).
+
+        A request that had a first byte gets its backend's in-flight integral now, while it
+        is still counted in it (``Outcome.area_end``, at ``area_at``): the keeper's concurrency
+        over its decode is that integral's mean from the first byte. Taken at ``finish``
+        instead, the moments between the release and the end (a preempted process: several
+        ms) would count it out of its own decode."""
+        if out.area_first is not None:
+            now = self.clock()
+            out.area_end, out.area_at = self.tracker.area(lease.backend, now), now
         lease.release()
         if abandoned and self.abort_lag is not None:
             lag = self.abort_lag(lease.backend)

@@ -109,6 +109,8 @@ class Finished(Protocol):
     @property
     def area_end(self) -> float | None: ...
     @property
+    def area_at(self) -> float | None: ...
+    @property
     def error(self) -> str | None: ...
     @property
     def client_gone(self) -> bool: ...
@@ -329,11 +331,6 @@ class CrossoverKeeper:
             or out.error is not None
         )
 
-    def wants_area_end(self, out: Finished) -> bool:
-        """Whether ``observe_curves`` will read ``out.area_end`` (the backend's in-flight
-        integral when it ended): ``Proxy.finish`` records it then, and only then."""
-        return self._decoded(out) and self._learns(out)
-
     @staticmethod
     def _decoded(out: Finished) -> bool:
         """A stream whose decode was timed: a first byte, then at least one more token."""
@@ -366,11 +363,13 @@ class CrossoverKeeper:
         decode = spt = concurrency = stall = 0.0
         scale = self.learner.time_scale
         area = out.area_end
-        # (``area_end`` recorded when it ended: never extrapolated afterwards)
-        if area is not None and self._decoded(out):
-            assert first is not None and out.area_first is not None
+        # (``area_end`` recorded when its lease went (``Proxy.release``): never extrapolated
+        # afterwards; its mean runs to that moment, when the request itself last counted)
+        until = out.area_at if out.area_at is not None else out.ended
+        if area is not None and self._decoded(out) and first is not None and until > first:
+            assert out.area_first is not None
             decode = out.ended - first
-            concurrency = (area - out.area_first) / decode
+            concurrency = (area - out.area_first) / (until - first)
             # in flight is not running: past the engine's cap the rest wait in its queue
             seen = self._loads.get(out.backend)
             if seen is not None and seen.cap is not None:

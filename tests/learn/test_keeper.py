@@ -433,20 +433,8 @@ def test_without_the_integral_at_its_end_no_concurrency_sample_is_made() -> None
     it ended) teaches no decode point: the integral now would extrapolate past its end."""
     keeper = make()
     out = streamed(keeper)
-    assert keeper.wants_area_end(out)
     out.area_end = None
     before = keeper.traffic.mean_output
     keeper.observe(out)
     assert keeper.learner.pools[SPECULATIVE].samples == 0
     assert keeper.traffic.mean_output != before  # (its lengths still count)
-
-
-def test_the_integral_at_the_end_is_wanted_only_for_what_the_keeper_learns_from() -> None:
-    keeper = make()
-    assert keeper.wants_area_end(streamed(keeper))
-    assert not keeper.wants_area_end(dataclasses.replace(streamed(keeper), status=502))
-    assert not keeper.wants_area_end(dataclasses.replace(streamed(keeper), client_gone=True))
-    short = streamed(keeper)
-    short.counted(Usage(prompt_tokens=7, completion_tokens=1))
-    assert not keeper.wants_area_end(short)
-    assert not make(learn=False).wants_area_end(streamed(keeper))
