@@ -23,7 +23,14 @@ import pytest
 
 from tests.conftest import TIME_SCALE, router_env
 from tests.support.dns_server import DnsServer
-from tests.support.http import await_for, metric_value, router_ready, router_status, wait_for
+from tests.support.http import (
+    await_for,
+    every_worker_ready,
+    metric_value,
+    router_ready,
+    router_status,
+    wait_for,
+)
 from tests.support.processes import Proc, sim_on, spawn
 
 pytestmark = pytest.mark.anyio
@@ -181,7 +188,7 @@ async def test_addresses_join_and_leave_while_traffic_flows(
     dns.set(SPEC_NAME, [A])
     dns.set(BASE_NAME, [C])
     router = dns_router(procs, dns, port)
-    wait_for(lambda: router_ready(router.url))
+    wait_for(lambda: router_ready(router.url, every_pool=True))
     first = backends(router)
     assert list(first) == [url(A, port)]
     assert (first[url(A, port)]["source"], first[url(A, port)]["name"]) == ("dns", SPEC_NAME)
@@ -240,7 +247,7 @@ async def test_the_admin_api_adds_and_drains_backends(procs: list[Proc]) -> None
     a, b, c = sim("eagle3", A, port), sim("eagle3", B, port), sim("baseline", C, port)
     procs += [a, b, c]
     router = start_router(procs, url(A, port), url(C, port))
-    wait_for(lambda: router_ready(router.url))
+    wait_for(lambda: router_ready(router.url, every_pool=True))
     api = f"{router.url}/router/pools"
     assert httpx.post(f"{api}/speculative/backends", json={"url": url(B, port)}).status_code == 401
     async with contextlib.AsyncExitStack() as stack:
@@ -325,7 +332,7 @@ def test_failures_and_empty_answers_do_not_empty_a_pool_at_once(
     dns.set(SPEC_NAME, [A])
     dns.set(BASE_NAME, [C])
     router = dns_router(procs, dns, port, discovery_grace="1.5")
-    wait_for(lambda: router_ready(router.url))
+    wait_for(lambda: router_ready(router.url, every_pool=True))
     assert pool_of_answer(router) == "speculative"
 
     dns.mode = "fail"  # SERVFAIL: the last good set stays, for as long as it lasts
@@ -415,7 +422,7 @@ async def test_under_two_workers_every_worker_routes_over_the_same_set(
     dns.set(SPEC_NAME, [A])
     dns.set(BASE_NAME, [C])
     router = dns_router(procs, dns, port, "--workers", "2")
-    wait_for(lambda: router_ready(router.url))
+    wait_for(every_worker_ready(router.url))
     assert wait_for(lambda: each_worker(router, lambda s: list(listed(s)) == [url(A, port)]))
     async with contextlib.AsyncExitStack() as stack:
         on_a = await open_streams(router.url, 4, stack)
@@ -458,7 +465,7 @@ async def test_a_drain_that_times_out_ends_its_streams_visibly(procs: list[Proc]
     port = shared_port([A, C])
     procs += [sim("eagle3", A, port), sim("baseline", C, port)]
     router = start_router(procs, url(A, port), url(C, port), drain_timeout="1")
-    wait_for(lambda: router_ready(router.url))
+    wait_for(lambda: router_ready(router.url, every_pool=True))
     async with contextlib.AsyncExitStack() as stack:
         (stream,) = await open_streams(router.url, 1, stack, tokens=50_000)
         assert await stream.flowing()
