@@ -351,12 +351,19 @@ class Router:
             tracker.prefilled(out.backend, now, out.prefill)
 
     def finished(self, r: Req, engines: dict[str, Engine]) -> None:
-        """Its last token: the lease released, the outcome observed, a queued request looked at."""
+        """Its last token: the lease released (its in-flight integral taken first, as
+        ``Proxy.release`` takes it), the outcome observed, a queued request looked at."""
         out, lease = r.out, r.lease
         assert out is not None and lease is not None
         out.answered(200)
         out.counted(Usage(r.arrival.prompt_tokens, r.arrival.output_tokens))
-        out.finish(self.clock.now)
+        now = self.clock.now
+        out.finish(now)
+        if out.area_first is not None:
+            # the backend's in-flight integral as the lease goes (``Proxy.release``): without
+            # it the keeper makes no decode or concurrency sample (learning nothing of the
+            # curves: the lab ran so from 1df2b2f to this fix)
+            out.area_end, out.area_at = self.tracker.area(lease.backend, now), now
         lease.release()
         self.keeper.observe(out)
         self.strain.observe(out)
