@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from router.account.inflight import InflightTracker, Lease
 from router.account.outcome import Outcome
@@ -411,6 +411,25 @@ class Router:
         self.decider.refresh()
 
 
+class Busy(Protocol):
+    busy_until: float | None
+
+
+B = TypeVar("B", bound=Busy)
+
+
+def next_due(engines: Sequence[B], until: float) -> tuple[B | None, float]:
+    """The engine whose iteration under way ends first, at or before ``until``, and when
+    (None and ``until``: none does)."""
+    nxt = None
+    at = until
+    for e in engines:
+        b = e.busy_until
+        if b is not None and b <= at:
+            nxt, at = e, b
+    return nxt, at
+
+
 def engines_for(
     presets: Sequence[Preset], pools: Sequence[Pool], seed: int
 ) -> tuple[list[Engine], dict[Pool, list[str]]]:
@@ -443,12 +462,7 @@ def run(
 
     def advance(until: float) -> None:
         while True:
-            nxt: Engine | None = None
-            at = until
-            for e in engines:
-                b = e.busy_until
-                if b is not None and b <= at:
-                    nxt, at = e, b
+            nxt, at = next_due(engines, until)
             if nxt is None:
                 return
             clock.now = at
