@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml setup.py router/compiled.py $(COMPILED_SRC) $(COMPILED_
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q 'uv==$(UV_VERSION)'
 	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode --reinstall-package spec-router --refresh-package spec-router -e '.[dev,plot]'
-	$(BIN)/python -c 'from router import compiled; import router.forward.decider; s = compiled.status(); print("spec-router:", "compiled" if s["compiled"] else "pure Python", "(" + (s["pure_reason"] or ", ".join(s["compiled_modules"])) + ")")'
+	$(BIN)/python -c 'import importlib; from router import compiled; [importlib.import_module(m) for m in compiled.MODULES]; s = compiled.status(); print("spec-router:", "compiled" if s["compiled"] else "pure Python", "(" + (s["pure_reason"] or ", ".join(s["compiled_modules"])) + ")")'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -188,7 +188,7 @@ class RouterApp:
         )
         self.recent = RecentWindow(clock, slo=slo)
         self.registry.register(self.state)
-        # with ``defer_accounting`` (off by default; never under --workers, whose /metrics
+        # with ``defer_accounting`` (on by default; never under --workers, whose /metrics
         # merges every worker's files) the accounting nothing on a request's path reads runs at
         # later turns of the loop (router.forward.ended), settled before anything reads it. (The
         # keeper's traffic averages, which routing reads, are fed at once: ``observe_traffic``.)

@@ -36,7 +36,12 @@ from typing import Any
 
 # What is compiled: the decision's hot path (policy, its capacities, the snapshot and the
 # prediction it reads, the decider that builds them) and the in-flight accounting it reads on
-# every request; the surfaces (capacity.surface_steps) are computed here too.
+# every request; the surfaces (capacity.surface_steps) are computed here too. Then the request's
+# and each chunk's path below the protocols (session 14, bench/results/fast-path.md): the
+# request's fields and forwarded headers, its Outcome, the upstream client (its connection's
+# socket callbacks relay every chunk), the SSE tap, the client-side sinks and the lazy timers.
+# (mypyc's slice of bytes fails where the start passes the end, which Python makes empty: no
+# such slice in these modules; router/upstream/stream.py ``SseTap.plain`` says how.)
 MODULES: tuple[str, ...] = (
     "router.decide.policy",
     "router.decide.capacity",
@@ -44,6 +49,12 @@ MODULES: tuple[str, ...] = (
     "router.decide.predict",
     "router.forward.decider",
     "router.account.inflight",
+    "router.forward.request",
+    "router.account.outcome",
+    "router.upstream.client",
+    "router.upstream.stream",
+    "router.fastpath.responder",
+    "router.timers",
 )
 # mypyc's shared library for the group (group_name "router._native"), inside the package
 SHARED_LIB = "router._native__mypyc"

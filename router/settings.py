@@ -276,10 +276,11 @@ class Settings(BaseSettings):
     # Run the accounting of finished requests (metrics, the learner's curves, the recent
     # window) at later turns of the loop (within ~0.25 s; earlier in turns with no request
     # head), settled before anything reads it (router/forward/ended.py); false: as each
-    # request ends. Off: with its age bound enforced, same-hold tail.py A/Bs did not tell it
-    # apart from accounting at once (bench/results/fast-path.md, session 12, the coordinator's
-    # holds); on again when a same-run A/B shows it pays.
-    defer_accounting: bool = False
+    # request ends. On: in session 14's same-hold tail.py A/Bs (a core with time to spare
+    # between waves) it was ahead of accounting at once on TTFT p99 in most paired rounds
+    # (bench/results/fast-path.md, session 14); session 12's, on a saturated core, had not told
+    # it apart.
+    defer_accounting: bool = True
 
     # -- access -------------------------------------------------------------------------------
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)

@@ -38,6 +38,16 @@ def outcome(n: int, status: int = 200, gone: bool = False) -> Outcome:
     return out
 
 
+def test_a_router_configured_with_nothing_defers_its_accounting() -> None:
+    # (the default since session 14: bench/results/fast-path.md; no SPEC_ROUTER_ variable set)
+    app = RouterApp(
+        Settings(speculative_urls="http://127.0.0.1:9", baseline_urls="http://127.0.0.1:10")
+    )
+    assert app.ended is not None
+    assert app.ended.add in app.observers
+    assert app.metrics.observe not in app.observers  # (run from the queue, not at each end)
+
+
 async def test_queued_outcomes_are_counted_by_metrics_and_status_when_read() -> None:
     app = RouterApp(settings())
     assert app.ended is not None  # (on by default)

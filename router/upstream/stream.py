@@ -177,7 +177,9 @@ class SseTap:
         and the line end after it), so that no key the tap looks for starts or ends there."""
         if self._gave_up:
             return True
-        if self._carry or self._held or self._rename or data[end - 2 : end] != b"\n\n":
+        # (``endswith`` with bounds, not ``data[end - 2 : end]``: compiled, mypyc's slice of
+        # bytes fails where its start passes its end, as it does here for an ``end`` below 2)
+        if self._carry or self._held or self._rename or not data.endswith(b"\n\n", 0, end):
             return False
         # (as ``feed``'s common case: a key found inside ends before the final newlines; the
         # whole of ``data`` is searched, a find with bounds costing more: see the doc)
