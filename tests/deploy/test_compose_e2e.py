@@ -22,7 +22,9 @@ def test_sim_profile_serves_through_both_simulated_engines() -> None:
     """The `sim` profile's commands, started as they are, make a working stack."""
     with start_sim_profile({"SIM_TIME_SCALE": "0.1"}) as stack:
         router = stack.router.url
-        wait_for(lambda: router_ready(router), timeout=15)
+        # both pools (the drive below asserts both served; /ready is 200 on one, and the
+        # stack probes every second)
+        wait_for(lambda: router_ready(router, every_pool=True), timeout=15)
         spec = stack.engine("sglang-eagle3").url
         base = stack.engine("sglang-baseline").url
 

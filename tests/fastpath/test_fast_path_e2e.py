@@ -181,7 +181,9 @@ def h11_router(sims: dict[str, Proc]) -> Iterator[Proc]:
     env = router_env(sims["speculative"].url, sims["baseline"].url, crossover="2")
     proc = spawn(["-m", "router", "serve", "--port", "0", "--http", "h11"], env=env)
     try:
-        wait_for(lambda: router_ready(proc.url))
+        # both pools: /ready is 200 on the baseline's first probe alone, and the test's
+        # first stream must go to the speculative pool
+        wait_for(lambda: router_ready(proc.url, every_pool=True))
         yield proc
     finally:
         proc.stop()

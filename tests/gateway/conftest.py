@@ -43,7 +43,9 @@ def start_epp(
         args += ["--lease-max-age", str(lease_max_age)]
     proc = spawn(args, env=env)
     try:
-        wait_for(lambda: router_ready(proc.url))
+        # both pools usable: /ready is 200 on one, and a test's first request (or, after
+        # restart_epp, the traffic already running) would then be routed to the other pool
+        wait_for(lambda: router_ready(proc.url, every_pool=True))
     except BaseException:
         proc.stop()
         raise
