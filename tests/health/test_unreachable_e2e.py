@@ -10,7 +10,7 @@ import httpx
 from router.health.trouble import WARN_AFTER
 from tests.conftest import RouterFactory
 from tests.support.http import router_status, wait_for
-from tests.support.processes import Background, Proc, free_port, sim_on
+from tests.support.processes import Background, Proc, free_port, refused_port, sim_on
 
 
 def warnings_about(router: Proc, url: str) -> list[str]:
@@ -51,11 +51,14 @@ def check_warned_once(router: Proc, url: str, says: list[str]) -> None:
 
 
 def test_a_wrong_port_is_warned_about(sims: dict[str, Proc], start_router: RouterFactory) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    router = start_router(url, sims["baseline"].url, one_pool=True)
-    check_warned_once(
-        router, url, ["Connection refused", f"nothing accepts connections on {url[7:]}"]
-    )
+    # (a port merely free when asked was, under load, taken by another test's server: "down
+    # or ejected" instead of "never healthy")
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        router = start_router(url, sims["baseline"].url, one_pool=True)
+        check_warned_once(
+            router, url, ["Connection refused", f"nothing accepts connections on {url[7:]}"]
+        )
 
 
 def test_a_host_that_does_not_resolve_is_warned_about(
@@ -109,10 +112,12 @@ def test_a_backend_added_at_run_time_is_warned_about_until_it_leaves(
     router = start_router(admin_token="s3cret")
     admin = {"authorization": "Bearer s3cret"}
     backends = f"{router.url}/router/pools/speculative/backends"
-    url = f"http://127.0.0.1:{free_port()}"
-    assert httpx.post(backends, json={"url": url}, headers=admin, timeout=5).status_code == 201
-    lines = wait_for(lambda: warnings_about(router, url), timeout=20)
-    assert "nothing accepts connections" in lines[0]
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        r = httpx.post(backends, json={"url": url}, headers=admin, timeout=5)
+        assert r.status_code == 201
+        lines = wait_for(lambda: warnings_about(router, url), timeout=20)
+        assert "nothing accepts connections" in lines[0]
     assert [w["subject"] for w in router_status(router.url)["warnings"]] == [url]
     r = httpx.delete(backends, params={"url": url}, headers=admin, timeout=5)
     assert r.status_code == 202

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 from router.tools.processes import Proc, running, spawn, stop_all
 
@@ -24,6 +26,16 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A port on 127.0.0.1 bound here and never listened on: connecting is refused for as long
+    as this holds, and no other process can take it meanwhile (``free_port``'s port is only
+    free when asked: under load another test's server may take it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
 
 
 class Background:
