@@ -101,6 +101,10 @@ class GrpcServer:
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE),
                 ("grpc.max_send_message_length", MAX_MESSAGE),
+                # gRPC sets SO_REUSEPORT by default: a second EPP given the same port would
+                # bind it too and take some of the gateway's connections (its leases and
+                # access-log records split between two processes). Refused instead.
+                ("grpc.so_reuseport", 0),
             ]
         )
         self.processor = ExternalProcessor(picker)
@@ -110,9 +114,15 @@ class GrpcServer:
         als_pb2_grpc.add_AccessLogServiceServicer_to_server(self.access_log, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.host = host
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        try:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:  # (grpcio's "Failed to bind": in use, or not an address here)
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {host}:{port} for gRPC")
+            raise OSError(
+                f"cannot listen on {host}:{port} for gRPC (in use by another process, "
+                "or not an address of this host)"
+            )
 
     @property
     def address(self) -> str:
