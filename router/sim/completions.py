@@ -66,7 +66,9 @@ class Abort:
         """Abort: the client left (the lag since then is kept for /sim/config), or the
         handler ended (a no-op once the request finished)."""
         if self.gone and not self.req.closed:
-            self.engine.stats.abort_lag = time.monotonic() - self._gone_at
+            stats = self.engine.stats
+            stats.abort_lag = time.monotonic() - self._gone_at
+            stats.abort_age = self.engine.age(self.req)
         self.engine.abort(self.req)
 
     def stream_started(self) -> None:

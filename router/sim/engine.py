@@ -209,6 +209,10 @@ class Engine:
         req.probe = True
         return req
 
+    def age(self, req: SimRequest) -> float:
+        """Seconds since ``req`` arrived."""
+        return self._clock() - req.arrival
+
     def abort(self, req: SimRequest) -> None:
         """Take a request out at once (client gone, or an injected fault)."""
         if req.closed:

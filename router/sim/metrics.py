@@ -68,6 +68,7 @@ class EngineStats:
     refused: int = 0  # the waiting queue was full
     health_generations: int = 0  # /health probes that ran a generation (SGLang)
     abort_lag: float | None = None  # the last client that left: seconds until its abort
+    abort_age: float | None = None  # the same request: seconds from its arrival to its abort
     # SGLang: by (priority label, is_streaming), counted when each request ends
     finished: dict[tuple[str, bool], Tally] = field(default_factory=dict)
     # Speculation: tokens gained and request-iterations in decode, cumulative and since the

@@ -401,6 +401,9 @@ class SimServer:
                 "abort_lag": max(
                     (x.abort_lag for x in stats if x.abort_lag is not None), default=None
                 ),
+                "abort_age": max(
+                    (x.abort_age for x in stats if x.abort_age is not None), default=None
+                ),
             },
         }
 
