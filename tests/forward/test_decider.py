@@ -340,16 +340,24 @@ def test_reading_changes_nothing_the_next_decision_sees() -> None:
     assert len({d.reason for d in decided[0]}) > 1
 
 
-def test_surfaces_are_computed_on_the_timer_not_per_decision() -> None:
-    computed: list[float | None] = []
+Computed = list[tuple[Mapping[Pool, PoolModel], float | None]]
+
+
+def counting(computed: Computed) -> SurfaceSteps:
+    """``surface_steps`` that notes each surface's models and arrival rate in ``computed``."""
 
     def counted(
         models: Mapping[Pool, PoolModel], mix: Mix, slo: Slo, params: Params, arriving: float | None
     ) -> Steps[Surface]:
-        computed.append(arriving)
+        computed.append((models, arriving))
         return surface_steps(models, mix, slo, params, arriving)
 
-    w = slo_world(counted)
+    return counted
+
+
+def test_surfaces_are_computed_on_the_timer_not_per_decision() -> None:
+    computed: Computed = []
+    w = slo_world(counting(computed))
     req = Request(400.0, 200.0, False, 1.0, 0.025)
     # before any tick: the first decision with curves computes its own (nothing else known)
     assert w.decider.decide(req) is not None
@@ -374,15 +382,8 @@ def test_models_moved_by_the_timer_are_not_computed_on_the_hot_path() -> None:
     """A keeper tick that moved the models: until that tick's surfaces are in, decisions take
     the nearest one of the models before, and none computes its own (the router's loop would
     stall for the tens of milliseconds a surface takes)."""
-    computed: list[object] = []
-
-    def counted(
-        models: Mapping[Pool, PoolModel], mix: Mix, slo: Slo, params: Params, arriving: float | None
-    ) -> Steps[Surface]:
-        computed.append(models)
-        return surface_steps(models, mix, slo, params, arriving)
-
-    w = slo_world(counted)
+    computed: Computed = []
+    w = slo_world(counting(computed))
     req = Request(400.0, 200.0, False, 1.0, 0.025)
     route(w, req, 20, every=0.05)
     w.decider.refresh()
@@ -400,7 +401,7 @@ def test_models_moved_by_the_timer_are_not_computed_on_the_hot_path() -> None:
     w.decider.install(job, job.compute())
     after = w.decider.surface()
     assert after is not None and after != before
-    assert all(models is moved for models in computed[done:])
+    assert all(models is moved for models, _ in computed[done:])
 
 
 def test_models_replaced_off_the_timer_are_computed_at_once() -> None:
