@@ -359,11 +359,9 @@ class Router:
         out.counted(Usage(r.arrival.prompt_tokens, r.arrival.output_tokens))
         now = self.clock.now
         out.finish(now)
-        if out.area_first is not None:
-            # the backend's in-flight integral as the lease goes (``Proxy.release``): without
-            # it the keeper makes no decode or concurrency sample (learning nothing of the
-            # curves: the lab ran so from 1df2b2f to this fix)
-            out.area_end, out.area_at = self.tracker.area(lease.backend, now), now
+        # (without it the keeper makes no decode or concurrency sample: the lab learned
+        # nothing of the curves from 1df2b2f to 42904a5)
+        out.lease_ends(now, self.tracker.area(lease.backend, now))
         lease.release()
         self.keeper.observe(out)
         self.strain.observe(out)

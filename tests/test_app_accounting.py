@@ -103,7 +103,7 @@ class Clock:
 
 def finished_on_leaving(app: RouterApp, clock: Clock) -> Outcome:
     """A streamed 200 on LEAVING after one reset attempt, run through the tracker as the
-    proxy runs it (lease released before ``finish``; ``area_end`` recorded at the end)."""
+    proxy runs it (its in-flight integral taken as the lease goes, before ``finish``)."""
     out = Outcome(path="/v1/chat/completions", started=clock.now, stream=True)
     out.attempt("speculative", LEAVING, "lead", 0, 0.0, 0, 0.0)
     lease = app.tracker.acquire(LEAVING, None)
@@ -114,9 +114,9 @@ def finished_on_leaving(app: RouterApp, clock: Clock) -> Outcome:
     out.answered(200)
     out.counted(Usage(prompt_tokens=10, completion_tokens=20))
     clock.now += 0.5
+    out.lease_ends(clock.now, app.tracker.area(LEAVING, clock.now))
     lease.release()
     out.finish(clock.now)
-    out.area_end = app.tracker.area(LEAVING, clock.now)
     return out
 
 

@@ -28,8 +28,8 @@ class Outcome:
     first_byte: float | None = None
     area_first: float | None = None  # the backend's in-flight integral at the first byte
     ended: float = 0.0
-    area_end: float | None = None  # the same integral when its lease was released
-    area_at: float | None = None  # when ``area_end`` was taken (None: at ``ended``)
+    area_end: float | None = None  # the same integral as its lease went (``lease_ends``)
+    area_at: float | None = None  # when ``area_end`` was taken
     error: str | None = None  # the upstream error that ended the request, if any
     client_gone: bool = False
     slow_client: bool = False  # the client could not take the body as fast as it came
@@ -96,6 +96,14 @@ class Outcome:
         if self.first_byte is None:
             self.first_byte, self.area_first = now, area
             self.joined = max(0, sent - self.sent_mark)
+
+    def lease_ends(self, now: float, area: float) -> None:
+        """Its lease is about to go: ``area``, its backend's in-flight integral at ``now``
+        while it still counts there, kept (with ``now``) once it had a first byte: the
+        keeper's concurrency over its decode is the integral's mean from ``area_first``.
+        Taken after the release, the moments between would count it out of its own decode."""
+        if self.area_first is not None:
+            self.area_end, self.area_at = area, now
 
     def broke(self, kind: str) -> None:
         """An upstream error ended the request."""

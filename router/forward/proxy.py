@@ -282,16 +282,10 @@ class Proxy:
 
     def release(self, lease: Lease, abandoned: bool, out: Outcome) -> None:
         """Let a request's lease go, on whichever path it ended (``abandoned``: its client
-        left before the answer was whole, and the engine may go on with it for a while).
-
-        A request that had a first byte gets its backend's in-flight integral now, while it
-        is still counted in it (``Outcome.area_end``, at ``area_at``): the keeper's concurrency
-        over its decode is that integral's mean from the first byte. Taken at ``finish``
-        instead, the moments between the release and the end (a preempted process: several
-        ms) would count it out of its own decode."""
-        if out.area_first is not None:
-            now = self.clock()
-            out.area_end, out.area_at = self.tracker.area(lease.backend, now), now
+        left before the answer was whole, and the engine may go on with it for a while; its
+        backend's in-flight integral to ``out`` first, ``Outcome.lease_ends``)."""
+        now = self.clock()
+        out.lease_ends(now, self.tracker.area(lease.backend, now))
         lease.release()
         if abandoned and self.abort_lag is not None:
             lag = self.abort_lag(lease.backend)

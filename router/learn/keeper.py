@@ -362,14 +362,19 @@ class CrossoverKeeper:
         first = out.first_byte
         decode = spt = concurrency = stall = 0.0
         scale = self.learner.time_scale
-        area = out.area_end
-        # (``area_end`` recorded when its lease went (``Proxy.release``): never extrapolated
+        area, at = out.area_end, out.area_at
+        # (the integral as its lease went, ``Outcome.lease_ends``: never extrapolated
         # afterwards; its mean runs to that moment, when the request itself last counted)
-        until = out.area_at if out.area_at is not None else out.ended
-        if area is not None and self._decoded(out) and first is not None and until > first:
+        if (
+            area is not None
+            and at is not None
+            and first is not None
+            and at > first
+            and self._decoded(out)
+        ):
             assert out.area_first is not None
             decode = out.ended - first
-            concurrency = (area - out.area_first) / (until - first)
+            concurrency = (area - out.area_first) / (at - first)
             # in flight is not running: past the engine's cap the rest wait in its queue
             seen = self._loads.get(out.backend)
             if seen is not None and seen.cap is not None:

@@ -131,9 +131,9 @@ def test_learned_points_move_away_from_the_start_and_the_start_stays() -> None:
         out.first_bytes(clock.now, app.tracker.area(B1, clock.now))
         clock.now += 2.0  # 21 tokens in 2 s: 10 tok/s
         out.counted(Usage(32, 21))
+        out.lease_ends(clock.now, app.tracker.area(B1, clock.now))  # (as Proxy.release does)
         lease.release()
         out.finish(clock.now)
-        out.area_end = app.tracker.area(B1, clock.now)  # (as Proxy.finish records it)
         for observe in app.observers:
             observe(out)
     curves = app.keeper.curves()

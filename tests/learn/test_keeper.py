@@ -88,8 +88,8 @@ def streamed(keeper: CrossoverKeeper) -> Outcome:
     out.answered(200)
     out.first_bytes(1.0, tracker.area(S1, 1.0))
     out.counted(Usage(prompt_tokens=7, completion_tokens=11))
+    out.lease_ends(3.0, tracker.area(S1, 3.0))  # (what Proxy.release records)
     out.finish(3.0)
-    out.area_end = tracker.area(S1, 3.0)  # (what Proxy.finish records)
     return out
 
 
@@ -107,13 +107,13 @@ def test_a_complete_stream_becomes_one_sample() -> None:
 
 def test_observed_later_it_uses_the_in_flight_integral_at_the_end() -> None:
     """Observers may run after the request ended (router.forward.ended): the concurrency over
-    its decode is the integral ``Proxy.finish`` recorded then, not the one at observation."""
+    its decode is the integral ``Proxy.release`` recorded then, not the one at observation."""
     clock = Clock()
     keeper = make(clock=clock)
     out = streamed(keeper)
     tracker = cast(InflightTracker, keeper.tracker)
     clock.now = 3.0
-    out.area_end = tracker.area(S1, out.ended)  # (what Proxy.finish records)
+    out.lease_ends(out.ended, tracker.area(S1, out.ended))  # (what Proxy.release records)
     clock.now = 3.1
     for _ in range(6):  # six more requests on S1 since it ended
         tracker.acquire(S1)
@@ -314,7 +314,7 @@ def on(pool: str, keeper: CrossoverKeeper) -> Outcome:
         out.attempt(BASELINE, B1, "above_crossover")
         out.first_bytes(1.0, tracker.area(B1, 1.0))
         out.area_first = tracker.area(B1, 1.0)
-        out.area_end = tracker.area(B1, out.ended)
+        out.lease_ends(out.ended, tracker.area(B1, out.ended))
     return out
 
 
