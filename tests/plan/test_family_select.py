@@ -73,3 +73,27 @@ def test_pick_takes_the_rule_closest_to_both_bests_and_keeps_the_current_within_
     assert fs.pick(scores, "slo", 0.2) == "slo"
     assert fs.pick(scores, "slo", 0.1) == "round_robin"
     assert fs.pick({}, "slo", 0.0) == "slo"
+
+
+def test_reruns_measure_how_often_a_rule_is_within_reach_of_its_own_other_draws() -> None:
+    # one workload; round robin and the default the same at every sim seed, predictive 10 points
+    # of strict goodput apart between seed 0 and the others, spillover far behind everywhere
+    strict = {
+        "slo": (0.5, 0.5, 0.5),
+        "round_robin": (0.5, 0.5, 0.5),
+        "predictive": (0.7, 0.6, 0.6),
+        "spillover": (0.1, 0.1, 0.1),
+    }
+    rows = {}
+    for rule, each in strict.items():
+        for k, s in enumerate(each):
+            variant = fs.DEFAULT_ROW.format(k=k) if rule == "slo" else fs._simple_variant(k)
+            rows[(1, rule, variant)] = {"strict": s, "relaxed": 0.9}
+    found = {name.split(" ")[0]: (two, five) for name, two, five in fs.reruns(rows, [1])}
+    assert found["slo"] == found["round_robin"] == (1.0, 1.0)
+    # predictive: 0 -> 1 and 0 -> 2 are 10 points up (within), 1 -> 0 and 2 -> 0 are 10 down
+    # (beyond 5), 1 <-> 2 equal: 4 of 6 ordered pairs
+    assert found["predictive"] == (4 / 6, 4 / 6)
+    # the best simple policy is predictive at every choice; a fresh run of it against the
+    # reference of draw k: k = 0 (0.7): both fresh runs 10 below; k = 1, 2: within
+    assert found["the"] == (4 / 6, 4 / 6)
