@@ -87,9 +87,9 @@ def test_reruns_measure_how_often_a_rule_is_within_reach_of_its_own_other_draws(
     rows = {}
     for rule, each in strict.items():
         for k, s in enumerate(each):
-            variant = fs.DEFAULT_ROW.format(k=k) if rule == "slo" else fs._simple_variant(k)
+            variant = fs.DEFAULT_ROWS[k] if rule == "slo" else fs._simple_variant(k)
             rows[(1, rule, variant)] = {"strict": s, "relaxed": 0.9}
-    found = {name.split(" ")[0]: (two, five) for name, two, five in fs.reruns(rows, [1])}
+    found = {name.split(" ")[0]: (two, five) for name, two, five in fs.reruns(rows, [1], (0, 1, 2))}
     assert found["slo"] == found["round_robin"] == (1.0, 1.0)
     # predictive: 0 -> 1 and 0 -> 2 are 10 points up (within), 1 -> 0 and 2 -> 0 are 10 down
     # (beyond 5), 1 <-> 2 equal: 4 of 6 ordered pairs
