@@ -5,9 +5,7 @@ it at the next read or at the connection's close: a timer made and dropped per r
 each in process (``bench/results/fast-path.md``, session 9). Here every response's end is one
 entry in a queue that one timer for the whole server sweeps (``KeepAliveSweep``): a connection
 still idle since that response when its keep-alive has passed is closed, as uvicorn closes it,
-at most ``SWEEP_GRAIN`` late. An idle connection its client closed is closed at a quiet turn
-of the loop (``QuietCloser``), not in the middle of other clients' requests. Nothing else of
-uvicorn's protocol changes.
+at most ``SWEEP_GRAIN`` late. Nothing else of uvicorn's protocol changes.
 
 ``spec-router serve`` has its own protocol (``router.fastpath.protocol``). Under ``uvicorn
 router.app:app`` the router's lifespan puts this one in the place of uvicorn's plain httptools
@@ -33,15 +31,6 @@ log = logging.getLogger("spec_router.fastpath")
 # goes off at most once per grain, however many responses end in it.
 SWEEP_GRAIN = 0.05
 
-# Idle connections their client closed, closed by the router at quiet turns of the loop
-# (``QuietCloser``): at most CLOSE_BATCH in a quiet turn, every one CLOSE_AGE seconds after the
-# client's close at the next turn, quiet or not; past CLOSE_LIMIT waiting, the oldest at once
-# (each holds a file descriptor). After a turn with client bytes in it, the next CLOSE_WAIT later.
-CLOSE_BATCH = 16
-CLOSE_AGE = 0.25
-CLOSE_LIMIT = 512
-CLOSE_WAIT = 0.001
-
 
 class KeepAliveSweep:
     """One timer for the keep-alive of every connection of a server.
@@ -51,15 +40,13 @@ class KeepAliveSweep:
     keep-alive for all), so the sweep looks only at the queue's head. A connection busy again,
     idle again since, or gone is skipped (a weak reference: a closed connection is not kept)."""
 
-    __slots__ = ("_queue", "_timer", "loop", "grain", "closer")
+    __slots__ = ("_queue", "_timer", "loop", "grain")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, grain: float = SWEEP_GRAIN) -> None:
         self.loop = loop
         self.grain = grain
         self._queue: deque[tuple[float, weakref.ref[Any], float]] = deque()
         self._timer = LazyTimer(loop, self._due, self._sweep)
-        # (the server's connections their client closed: ``_SweptKeepAlive.eof_received``)
-        self.closer = QuietCloser(loop)
 
     def idle(self, protocol: Any, since: float, due: float) -> None:
         self._queue.append((due, weakref.ref(protocol), since))
@@ -79,63 +66,6 @@ class KeepAliveSweep:
                 protocol.timeout_keep_alive_handler()
         if queue:
             self._timer.arm(queue[0][0] + self.grain)
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-
-class QuietCloser:
-    """Closes the client connections their client closed while idle, at turns of the loop
-    with no client bytes in them.
-
-    A client that ends its connection after each answer (tail.py's load generator does, as
-    does any client without keep-alive) makes the router close one socket per request: the
-    ``close`` and uvicorn's ``connection_lost``, ~5% of the router's CPU per stream there
-    (bench/results/fast-path.md, session 15). In a wave of such clients (each closes and at
-    once connects and sends its next request) those closes sat between the new requests' heads
-    and their first bytes. Nothing waits on them: the client is gone, and an idle connection
-    has nothing to write. So at the client's end of file the protocol keeps the transport
-    (reading stops) and files it here (``add``); a turn of the loop that no client bytes came
-    in since the last one (``busy`` says when they did) closes up to ``CLOSE_BATCH``; one
-    ``CLOSE_AGE`` old is closed at the next turn anyway, and past ``CLOSE_LIMIT`` waiting the
-    oldest is closed at once, so the file descriptors held stay bounded. uvicorn's shutdown
-    closes any still waiting, as it closes every idle connection."""
-
-    __slots__ = ("loop", "busy", "_queue", "_scheduled")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.busy = False  # client bytes came in since the last turn
-        self._queue: deque[tuple[float, Any]] = deque()
-        self._scheduled = False
-
-    def add(self, transport: Any) -> None:
-        queue = self._queue
-        queue.append((self.loop.time(), transport))
-        if len(queue) > CLOSE_LIMIT:
-            queue.popleft()[1].close()
-        if not self._scheduled:
-            self._scheduled = True
-            self.loop.call_soon(self._turn)
-
-    def _turn(self) -> None:
-        busy = self.busy
-        self.busy = False
-        queue = self._queue
-        old = self.loop.time() - CLOSE_AGE
-        try:
-            while queue and queue[0][0] <= old:
-                queue.popleft()[1].close()
-            if not busy:
-                for _ in range(min(CLOSE_BATCH, len(queue))):
-                    queue.popleft()[1].close()
-        finally:  # (a close that raised: the rest wait for the next turn)
-            if not queue:
-                self._scheduled = False
-            elif busy:
-                self.loop.call_later(CLOSE_WAIT, self._turn)
-            else:
-                self.loop.call_soon(self._turn)
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -292,25 +222,6 @@ class _SweptKeepAlive(IdleOnComplete):
         if self.logger.level <= _TRACE:
             prefix = "{}:{} - ".format(*self.client) if self.client else ""
             self.logger.log(_TRACE, "%sHTTP connection made", prefix)
-
-    def data_received(self, data: bytes) -> None:
-        self.sweep.closer.busy = True  # (client bytes: not a quiet turn for the closes)
-        super().data_received(data)  # type: ignore[misc]
-
-    def eof_received(self) -> bool | None:
-        """The client closed its end: an idle connection is closed at a quiet turn of the loop
-        (``QuietCloser``), reading stopped meanwhile (True keeps the transport); one with a
-        request under way, queued or on a transport already closing, now, as uvicorn does."""
-        cycle = self.cycle
-        transport = self.transport
-        if (
-            self.pipeline
-            or (cycle is not None and not cycle.response_complete)
-            or transport.is_closing()
-        ):
-            return None
-        self.sweep.closer.add(transport)
-        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)  # type: ignore[misc]

@@ -16,16 +16,7 @@ from uvicorn.lifespan.on import LifespanOn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from router.fastpath.lean import (
-    CLOSE_AGE,
-    CLOSE_BATCH,
-    CLOSE_LIMIT,
-    CLOSE_WAIT,
-    SWEEP_GRAIN,
-    KeepAliveSweep,
-    QuietCloser,
-    adopt,
-)
+from router.fastpath.lean import SWEEP_GRAIN, KeepAliveSweep, adopt
 from tests.support.fakeloop import FakeLoop, Transport, settle
 
 pytestmark = pytest.mark.anyio
@@ -224,91 +215,3 @@ async def test_the_sweep_goes_off_at_most_once_per_grain() -> None:
         fired += 1
     assert closed == list(range(10))
     assert fired <= 3  # (0.9 s of deadlines, a grain of 0.5 s)
-
-
-# -- idle connections their client closed: closed at quiet turns (QuietCloser) ------------------
-
-
-def closer(server: Server) -> QuietCloser:
-    return cast(Any, server.config.http_protocol_class).sweep.closer  # type: ignore[no-any-return]
-
-
-async def idle(server: Server) -> Connection:
-    c = server.connect()
-    await c.send(GET)
-    assert c.transport.take().startswith(b"HTTP/1.1 200 OK")
-    return c
-
-
-async def test_an_idle_connection_its_client_closed_is_closed_at_a_quiet_turn(
-    server: Server,
-) -> None:
-    c = await idle(server)
-    assert c.protocol.eof_received() is True  # (kept: reading stops, the close waits)
-    assert not c.transport.closed
-    await server.loop.advance(0.0)  # the turn after the request's bytes: not a quiet one
-    assert not c.transport.closed
-    await server.loop.advance(CLOSE_WAIT)
-    assert c.transport.closed
-    assert len(closer(server)) == 0
-    assert all(t.when() >= KEEP_ALIVE for t in server.loop.pending())  # (the sweep's alone)
-
-
-async def test_client_bytes_in_a_turn_put_the_closes_off_to_a_quiet_one(server: Server) -> None:
-    c, other = await idle(server), await idle(server)
-    c.protocol.eof_received()
-    await server.loop.advance(0.0)
-    other.protocol.data_received(b"GET / HT")  # (another client's head, before the next turn)
-    await server.loop.advance(CLOSE_WAIT)
-    assert not c.transport.closed  # a busy turn again: the next one CLOSE_WAIT later
-    await server.loop.advance(CLOSE_WAIT)
-    assert c.transport.closed
-
-
-async def test_a_quiet_turn_closes_a_batch_and_the_next_turn_the_rest(server: Server) -> None:
-    conns = [await idle(server) for _ in range(CLOSE_BATCH + 4)]
-    for c in conns:
-        c.protocol.eof_received()
-    turns = [t for t in server.loop.pending() if t.when() < KEEP_ALIVE]  # (not the sweep's)
-    assert len(turns) == 1  # one turn asked for, however many wait
-    await server.loop.advance(0.0)  # (busy: the requests' bytes)
-    assert not any(c.transport.closed for c in conns)
-    (timer,) = [t for t in server.loop.pending() if t.when() < KEEP_ALIVE]
-    server.loop.timers.remove(timer)
-    server.loop.now = timer.when()
-    timer.callback()  # a quiet turn
-    assert [c.transport.closed for c in conns] == [True] * CLOSE_BATCH + [False] * 4
-    await server.loop.advance(0.0)
-    assert all(c.transport.closed for c in conns)
-
-
-async def test_a_close_waits_at_most_its_age_however_busy_the_turns(server: Server) -> None:
-    c, other = await idle(server), await idle(server)
-    c.protocol.eof_received()
-    while not c.transport.closed:
-        assert server.loop.now <= CLOSE_AGE
-        other.protocol.data_received(GET)  # (client bytes before every turn)
-        turn = min(t.when() for t in server.loop.pending() if t.when() < KEEP_ALIVE)
-        await server.loop.advance(turn - server.loop.now)  # (the closer's next turn)
-    assert server.loop.now >= CLOSE_AGE
-
-
-async def test_past_the_limit_the_oldest_waiting_close_is_made_at_once() -> None:
-    loop = FakeLoop()
-    waiting = QuietCloser(cast(Any, loop))
-    transports = [Transport() for _ in range(CLOSE_LIMIT + 2)]
-    for t in transports:
-        waiting.add(t)
-    assert [t.closed for t in transports[:3]] == [True, True, False]
-    assert len(waiting) == CLOSE_LIMIT
-
-
-async def test_a_connection_with_a_request_under_way_is_closed_as_uvicorn_closes_it(
-    server: Server,
-) -> None:
-    c = server.connect()
-    await c.send(SLOW)  # (its answer waits for release)
-    assert c.protocol.eof_received() is None  # uvicorn's answer: closed now
-    assert len(closer(server)) == 0
-    server.app.release.set()
-    await settle()

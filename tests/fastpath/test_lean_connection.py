@@ -52,10 +52,6 @@ async def served_to(protocol_class: type[Any] | None) -> tuple[Any, Any]:
         await writer.wait_closed()
     finally:
         server.close()
-        # (as uvicorn's shutdown: its connections closed, an idle one whose client closed it
-        # included, which the lean protocol closes at a quiet turn, ``QuietCloser``)
-        for connection in list(state.connections):
-            connection.shutdown()
         await server.wait_closed()
     assert len(seen) == 1
     return seen[0], mine

@@ -44,10 +44,6 @@ class FakeLoop:
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Timer:
         return self.call_at(self.now + delay, callback, *args)
 
-    def call_soon(self, callback: Callable[..., object], *args: Any) -> Timer:
-        """The next turn: a timer due now (``advance(0)`` runs it)."""
-        return self.call_at(self.now, callback, *args)
-
     def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
         return asyncio.get_running_loop().create_task(coro, **kwargs)
 
