@@ -219,7 +219,10 @@ async def test_addresses_join_and_leave_while_traffic_flows(
     assert (name["state"], name["addresses"]) == ("resolved", [A])
 
     async with contextlib.AsyncExitStack() as stack:
-        on_a = await open_streams(router.url, 2, stack)
+        # every stream here holds on its sim until released below: in flight whenever the
+        # test looks, however slow the host
+        on_a = await open_streams(router.url, 2, stack, headers=HOLD)
+        wait_for(lambda: held(a) == 2)
         # B's record appears before its engine listens: it joins as "starting" and takes
         # nothing (no request tried there, none failed)
         dns.set(SPEC_NAME, [A, B])
@@ -234,7 +237,8 @@ async def test_addresses_join_and_leave_while_traffic_flows(
         b = sim("eagle3", B, port)
         procs.append(b)
         wait_for(lambda: backends(router)[url(B, port)]["usable"])
-        on_b = await open_streams(router.url, 2, stack)
+        on_b = await open_streams(router.url, 2, stack, headers=HOLD)
+        wait_for(lambda: held(a) + held(b) == 4)
         assert received(b) >= 1
         assert backends(router)[url(B, port)]["in_flight"] >= 1
 
@@ -246,6 +250,9 @@ async def test_addresses_join_and_leave_while_traffic_flows(
             r = httpx.post(f"{router.url}/v1/chat/completions", json=short())
             assert r.status_code == 200
         assert received(a) == before  # no new request after the resolution that dropped it
+        assert backends(router)[url(A, port)]["in_flight"] == 2
+        release(a)
+        release(b)
         for stream in on_a:  # its streams run on, to their end
             assert await stream.flowing()
 
@@ -460,7 +467,10 @@ async def test_under_two_workers_every_worker_routes_over_the_same_set(
     wait_for(every_worker_ready(router.url))
     assert wait_for(lambda: each_worker(router, lambda s: list(listed(s)) == [url(A, port)]))
     async with contextlib.AsyncExitStack() as stack:
-        on_a = await open_streams(router.url, 4, stack)
+        # A's streams hold on the sim until released below: in flight while it drains,
+        # however slow the host
+        on_a = await open_streams(router.url, 4, stack, headers=HOLD)
+        wait_for(lambda: held(a) == 4)
         dns.set(SPEC_NAME, [A, B])  # the leader resolves it; both workers take it up
         assert wait_for(
             lambda: each_worker(router, lambda s: listed(s).get(url(B, port), {}).get("usable"))
@@ -479,6 +489,7 @@ async def test_under_two_workers_every_worker_routes_over_the_same_set(
             r = httpx.post(f"{router.url}/v1/chat/completions", json=short())
             assert r.status_code == 200
         assert received(a) == before
+        release(a)
         for stream in on_a:
             assert await stream.flowing()
 
@@ -486,6 +497,7 @@ async def test_under_two_workers_every_worker_routes_over_the_same_set(
             return all(s.fate == "ended" for s in on_a + on_b)
 
         await await_for(ended, timeout=40)
+        assert all(s.tail.rstrip().endswith(b"data: [DONE]") for s in on_a)
     assert wait_for(lambda: each_worker(router, lambda s: list(listed(s)) == [url(B, port)]))
     status = wait_for(lambda: (s := router_status(router.url))["in_flight"]["total"] == 0 and s)
     generations = {slot["membership_generation"] for slot in status["workers"]["slots"]}
