@@ -127,31 +127,9 @@ class Completions:
         self._preset = (b"x-sim-preset", engines[0].preset.name.encode())
         self._turn = 0
         self.received = 0  # completion requests that reached the engine's handler
-        self.held = 0  # requests holding their output (``hold_after``) right now
-        self._released = asyncio.Event()  # set by release(): every hold now waiting ends
 
     def _error(self, status: int, message: str) -> bytes:
         return error_body(status, message, flat=self.how.flat_errors)
-
-    def release(self) -> None:
-        """Let every request holding its output (``hold_after``) go on: none holds from now."""
-        self._released.set()
-        self._released = asyncio.Event()
-        self.held = 0
-
-    async def _hold(self, gone: asyncio.Event) -> None:
-        """Hold until ``release()`` or the client leaves (then the request goes on as any
-        whose client left: the engine aborts it in its own time)."""
-        released = self._released
-        waits = [asyncio.ensure_future(event.wait()) for event in (released, gone)]
-        self.held += 1
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not released.is_set():  # (a release counted it out already)
-                self.held -= 1
-            for wait in waits:
-                wait.cancel()
 
     def pick(self) -> Engine:
         """Data-parallel ranks take requests in turn (SGLang's default round robin)."""
@@ -197,6 +175,7 @@ class Completions:
                     seed=job.seed,
                     priority=job.priority,
                     streaming=job.stream,
+                    hold_after=fault.hold_after,
                 )
             except EngineQueueFull as exc:
                 return await self._overloaded(job, send, str(exc))
@@ -253,23 +232,13 @@ class Completions:
             abort.stream_started()
         fmt = StreamFormat(job, new_id(), int(time.time()))
         limit = fault.hang_after if fault.hang_after is not None else fault.reset_after
-        hold = fault.hold_after
-        sent = carry = 0  # carry: tokens gained past the hold, sent after it
+        sent = 0
         while limit is None or sent < limit:
-            if hold is not None and sent >= hold:
-                hold = None
-                if not abort.started:
-                    await send(start)
-                    abort.stream_started()
-                await self._hold(gone)
-            n = carry or await abort.next_tokens()
-            carry = 0
+            n = await abort.next_tokens()
             if n == 0:
                 return  # aborted: the client is gone
             if limit is not None:
                 n = min(n, limit - sent)
-            if hold is not None and sent + n > hold:
-                n, carry = hold - sent, sent + n - hold
             out = fmt.role() if sent == 0 and job.kind == "chat" else ""
             out += fmt.tokens(sent, n)
             if sent == 0 and not abort.started:
@@ -291,14 +260,10 @@ class Completions:
     ) -> None:
         limit = fault.hang_after if fault.hang_after is not None else fault.reset_after
         every = self.how.interim_every
-        hold = fault.hold_after
         got = 0
         while got < job.max_tokens:
             if limit is not None and got >= limit:
                 return await self._fault_after(abort, send, fault, gone)
-            if hold is not None and got >= hold:
-                hold = None
-                await self._hold(gone)
             n = await abort.next_tokens()
             if n == 0:
                 return

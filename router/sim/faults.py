@@ -10,18 +10,19 @@ A spec is ``none`` or a comma-separated list of ``key[=value]``:
                             without S, never answer (until the client goes away)
 ``hang_after=N``            stream N tokens, then keep the connection open and silent
 ``reset_after=N``           stream N tokens, then reset the TCP connection (RST)
-``hold_after=N``            stream N tokens, then hold the rest (the connection open and
-                            silent, the request generating on) until ``POST /sim/config``
-                            ``{"release": true}`` or the client leaves; then the rest
-                            streams to its end. A test holds a stream open for as long as
-                            it needs, whatever the host's speed.
+``hold_after=N``            generate N tokens, then none (the request staying in the
+                            batch, running; the connection open and silent) until
+                            ``POST /sim/config {"release": true}``; then the rest, to the
+                            end. A client that leaves meanwhile is aborted as usual. A test
+                            holds a request running for as long as it needs, whatever the
+                            host's speed.
 ``close``                   reset the connection before answering (refuse the request)
 ``p=P``                     apply the fault to each request with probability P (default 1)
 ==========================  =============================================================
 
-For a non-streamed request ``hang_after``, ``reset_after`` and ``hold_after`` act before the
-headers, once N tokens are generated. A request whose ``hang_after`` or ``reset_after`` fires
-stops counting as running at once.
+For a non-streamed request ``hang_after`` and ``reset_after`` act before the headers, once
+N tokens are generated. A request whose ``hang_after`` or ``reset_after`` fires stops counting
+as running at once; one at its ``hold_after`` counts as running until released.
 """
 
 from __future__ import annotations

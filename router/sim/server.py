@@ -383,7 +383,7 @@ class SimServer:
             "health_status": self.health_status,
             "keep_alive": s.keep_alive,
             "received": self.completions.received,
-            "held": self.completions.held,
+            "held": sum(e.held for e in self.engines),
             "health_generations": sum(x.health_generations for x in stats),
             "engine": {
                 "running": sum(g.running for g in live),
@@ -440,6 +440,7 @@ class SimServer:
         except (ValueError, TypeError) as exc:
             raise BadRequest(str(exc)) from None
         self.fault, self.health_status = fault, health
-        if release:  # every request holding its output (hold_after) goes on
-            self.completions.release()
+        if release:  # every request held (hold_after) generates on
+            for engine in self.engines:
+                engine.release()
         await self._get_config(scope, receive, send)
