@@ -470,9 +470,15 @@ async def test_engine_load_signal_makes_two_routers_agree(
         for i in range(8):
             router, client = routers[i % 2], clients[i % 2]
             other = routers[(i + 1) % 2]
+            # (held on the engine after a few tokens, running until its client leaves:
+            # every stream is still there at the end, however slow the host)
             response = await stack.enter_async_context(
                 client.chat.completions.with_streaming_response.create(
-                    model="sim", messages=MESSAGES, max_tokens=5000, stream=True
+                    model="sim",
+                    messages=MESSAGES,
+                    max_tokens=5000,
+                    stream=True,
+                    extra_headers={"x-sim-fault": "hold_after=10"},
                 )
             )
             pools.append(response.headers["x-spec-router-pool"])
