@@ -163,7 +163,7 @@ HOLD = {"x-sim-fault": "hold_after=10"}
 
 
 def held(proc: Proc) -> int:
-    """Streams holding their output on the sim now (its /sim/config)."""
+    """Requests held on the sim now, at their hold_after (its /sim/config)."""
     n: int = httpx.get(f"{proc.url}/sim/config", timeout=5).json()["held"]
     return n
 
