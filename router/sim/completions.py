@@ -175,6 +175,7 @@ class Completions:
                     seed=job.seed,
                     priority=job.priority,
                     streaming=job.stream,
+                    hold_after=fault.hold_after,
                 )
             except EngineQueueFull as exc:
                 return await self._overloaded(job, send, str(exc))

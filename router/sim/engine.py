@@ -50,7 +50,7 @@ class SimRequest:
     __slots__ = (
         "rid", "prompt_tokens", "max_tokens", "sampling", "rng", "generated", "pending",
         "closed", "waiter", "arrival", "last_emit", "first_token_at", "in_batch", "priority",
-        "streaming", "steps", "probe",
+        "streaming", "steps", "probe", "hold_at",
     )  # fmt: skip
 
     def __init__(
@@ -80,10 +80,16 @@ class SimRequest:
         self.streaming = streaming
         self.steps = 0  # speculative verify steps (SGLang's spec_verify_ct)
         self.probe = False  # a /health generation, not a client's request
+        # (an injected fault, ``hold_after``) no token past this many until ``Engine.release``
+        self.hold_at: int | None = None
 
     @property
     def done(self) -> bool:
         return self.generated >= self.max_tokens
+
+    @property
+    def holding(self) -> bool:
+        return self.hold_at is not None and self.generated >= self.hold_at
 
     async def next_tokens(self) -> int:
         """Tokens gained since the last call; 0 once the request is closed and drained."""
@@ -174,10 +180,12 @@ class Engine:
         seed: int | None = None,
         priority: int | None = None,
         streaming: bool = False,
+        hold_after: int | None = None,
     ) -> SimRequest:
         """Queue a request; it joins the batch at the next iteration boundary. Raises
         ``EngineQueueFull`` when ``max_queued`` requests already wait (SGLang and vLLM 0.34 check
-        the waiting queue's length as the request arrives)."""
+        the waiting queue's length as the request arrives). With ``hold_after`` it gains no
+        token past that many until ``release()``: it stays in the batch, running."""
         if self.max_queued is not None and len(self._waiting) >= self.max_queued:
             self.stats.refused += 1
             raise EngineQueueFull("The request queue is full.")
@@ -189,11 +197,22 @@ class Engine:
             f"{n:08x}", prompt_tokens, max_tokens, temperature > 0, rng, label, streaming
         )
         req.arrival = self._clock()
+        req.hold_at = hold_after
         self._waiting.append(req)
         self._wake.set()
         if self.every_step:
             self.publish()
         return req
+
+    @property
+    def held(self) -> int:
+        """Requests in the batch at their ``hold_after`` now."""
+        return sum(r.holding for r in self._running)
+
+    def release(self) -> None:
+        """Every request with a ``hold_after`` generates on from the next iteration."""
+        for req in (*self._running, *self._waiting):
+            req.hold_at = None
 
     @property
     def busy(self) -> bool:
@@ -342,7 +361,11 @@ class Engine:
         stats.late_max = max(stats.late_max, late)
         gained_total = 0
         finished = []
+        holding = False
         for req in self._running:
+            if req.holding:
+                holding = True  # in the batch, gaining nothing
+                continue
             if req.generated == 0:
                 gain = 1  # the join iteration yields the first token
                 req.first_token_at = now
@@ -362,6 +385,8 @@ class Engine:
                 else:
                     gain = 1
                 gain = min(gain, req.max_tokens - req.generated)
+                if req.hold_at is not None:
+                    gain = min(gain, req.hold_at - req.generated)
                 interval = now - req.last_emit
                 stats.itl.observe(interval / gain, gain, interval)  # as SGLang: per token
             req.last_emit = now
@@ -374,7 +399,9 @@ class Engine:
         self._context += gained_total
         stats.generation_tokens += gained_total
         stats.window_tokens += gained_total
-        if gained_total:
+        if gained_total or holding:
+            # (a held request stands for one still generating: SGLang's health check sees
+            # output)
             self.last_output_at = now
         for req in finished:
             self._remove(req)

@@ -10,12 +10,19 @@ A spec is ``none`` or a comma-separated list of ``key[=value]``:
                             without S, never answer (until the client goes away)
 ``hang_after=N``            stream N tokens, then keep the connection open and silent
 ``reset_after=N``           stream N tokens, then reset the TCP connection (RST)
+``hold_after=N``            generate N tokens, then none (the request staying in the
+                            batch, running; the connection open and silent) until
+                            ``POST /sim/config {"release": true}``; then the rest, to the
+                            end. A client that leaves meanwhile is aborted as usual. A test
+                            holds a request running for as long as it needs, whatever the
+                            host's speed.
 ``close``                   reset the connection before answering (refuse the request)
 ``p=P``                     apply the fault to each request with probability P (default 1)
 ==========================  =============================================================
 
 For a non-streamed request ``hang_after`` and ``reset_after`` act before the headers, once
-N tokens are generated. A request whose fault fires stops counting as running at once.
+N tokens are generated. A request whose ``hang_after`` or ``reset_after`` fires stops counting
+as running at once; one at its ``hold_after`` counts as running until released.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ class Fault:
     hang_before_headers: float | None = None  # seconds; inf = forever
     hang_after: int | None = None
     reset_after: int | None = None
+    hold_after: int | None = None
     close: bool = False
     probability: float = 1.0
     spec: str = "none"
@@ -85,7 +93,7 @@ def parse_fault(spec: str | None) -> Fault:
             if seconds < 0:
                 raise FaultSpecError("hang_before_headers must be >= 0")
             fields["hang_before_headers"] = seconds
-        elif key in ("hang_after", "reset_after"):
+        elif key in ("hang_after", "reset_after", "hold_after"):
             fields[key] = _count(key, val)
         elif key == "close":
             if val is not None:
@@ -101,7 +109,7 @@ def parse_fault(spec: str | None) -> Fault:
             fields["probability"] = p
         else:
             raise FaultSpecError(f"unknown fault {key!r}")
-    kinds = ("status", "hang_before_headers", "close", "hang_after", "reset_after")
+    kinds = ("status", "hang_before_headers", "close", "hang_after", "reset_after", "hold_after")
     actions = [k for k in kinds if k in fields]
     if len(actions) != 1:
         raise FaultSpecError(f"a fault spec needs exactly one action, got {actions or 'none'}")

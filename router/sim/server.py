@@ -383,6 +383,7 @@ class SimServer:
             "health_status": self.health_status,
             "keep_alive": s.keep_alive,
             "received": self.completions.received,
+            "held": sum(e.held for e in self.engines),
             "health_generations": sum(x.health_generations for x in stats),
             "engine": {
                 "running": sum(g.running for g in live),
@@ -417,9 +418,12 @@ class SimServer:
             raise BadRequest(f"invalid JSON body: {exc}") from None
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
-        unknown = set(body) - {"tau", "tau_sampling", "fault", "health_status"}
+        unknown = set(body) - {"tau", "tau_sampling", "fault", "health_status", "release"}
         if unknown:
             raise BadRequest(f"unknown settings: {sorted(unknown)}")
+        release = body.get("release", False)
+        if not isinstance(release, bool):
+            raise BadRequest("release must be true or false")
         try:
             fault = parse_fault(body["fault"]) if "fault" in body else self.fault
             health = int(body.get("health_status", self.health_status))
@@ -436,4 +440,7 @@ class SimServer:
         except (ValueError, TypeError) as exc:
             raise BadRequest(str(exc)) from None
         self.fault, self.health_status = fault, health
+        if release:  # every request held (hold_after) generates on
+            for engine in self.engines:
+                engine.release()
         await self._get_config(scope, receive, send)

@@ -14,7 +14,7 @@ import pytest
 
 from router.decide.table import from_json
 from router.sim.model import BASELINE, EAGLE3, crossover
-from tests.support.processes import Proc, free_port, sim_args, spawn
+from tests.support.processes import Proc, refused_port, sim_args, spawn
 
 SCALE = "0.1"
 # Requests of 48 tokens or more: a request's decode speed needs two bursts of tokens, and at this
@@ -189,12 +189,13 @@ def test_refuses_a_sweep_with_errors(pools: dict[str, str], tmp_path: Path) -> N
 
 def test_refuses_when_a_pool_is_down(pools: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "table.json"
-    done = calibrate(
-        "--speculative", f"http://127.0.0.1:{free_port()}",
-        "--baseline", pools["baseline"],
-        "--concurrency", "1,4",
-        "--out", str(out),
-    )  # fmt: skip
+    with refused_port() as port:  # (bound here: no other test's server takes it meanwhile)
+        done = calibrate(
+            "--speculative", f"http://127.0.0.1:{port}",
+            "--baseline", pools["baseline"],
+            "--concurrency", "1,4",
+            "--out", str(out),
+        )  # fmt: skip
     assert done.returncode == 1
     assert "speculative pool at concurrency 1: 1 of 1 requests failed (first: ConnectError" in (
         done.stderr

@@ -56,13 +56,19 @@ async def test_lone_request_goes_speculative_streaming_and_not(start_router: Rou
 
 
 async def _open_streams(url: str, n: int, stack: contextlib.AsyncExitStack) -> list[str]:
-    """Open ``n`` long streams one after another; return the pool each went to."""
+    """Open ``n`` streams one after another, each held on its sim after a few tokens until its
+    client leaves (in flight for as long as the test needs, however slow the host); return
+    the pool each went to."""
     client = await stack.enter_async_context(async_sdk(url))
     pools = []
     for _ in range(n):
         response = await stack.enter_async_context(
             client.chat.completions.with_streaming_response.create(
-                model="sim", messages=MESSAGES, max_tokens=5000, stream=True
+                model="sim",
+                messages=MESSAGES,
+                max_tokens=5000,
+                stream=True,
+                extra_headers={"x-sim-fault": "hold_after=10"},
             )
         )
         pools.append(response.headers["x-spec-router-pool"])

@@ -30,7 +30,15 @@ from tests.support.http import (
     sim_running,
     wait_for,
 )
-from tests.support.processes import Background, Proc, free_port, running, sim_args, sim_on, spawn
+from tests.support.processes import (
+    Background,
+    HeldPort,
+    Proc,
+    running,
+    sim_args,
+    sim_on,
+    spawn,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -58,47 +66,54 @@ def metrics(router_url: str) -> str:
 
 
 def test_router_starts_before_its_backends(start_router: RouterFactory, engine: str) -> None:
-    spec_port, base_port = free_port(), free_port()
-    spec_url, base_url = f"http://127.0.0.1:{spec_port}", f"http://127.0.0.1:{base_port}"
-    router = start_router(spec_url, base_url, ready=False, crossover="2")
-    assert not router_ready(router.url)
-    refused = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 3})
-    assert refused.status_code == 503 and "retry-after" in refused.headers
-    assert refused.json()["error"]["code"] == "no_backend_available"
+    # each engine's port is bound here until the engine starts: refused meanwhile, and no other
+    # test's server takes it
+    with HeldPort() as spec_port, HeldPort() as base_port:
+        spec_url = f"http://127.0.0.1:{spec_port.port}"
+        base_url = f"http://127.0.0.1:{base_port.port}"
+        router = start_router(spec_url, base_url, ready=False, crossover="2")
+        assert not router_ready(router.url)
+        refused = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 3})
+        assert refused.status_code == 503 and "retry-after" in refused.headers
+        assert refused.json()["error"]["code"] == "no_backend_available"
 
-    # 20 model seconds of loading = 2 s here, the port refusing connections meanwhile (both
-    # engines); then SGLang answers /health with 503 during its warm-up
-    common = ["--time-scale", TIME_SCALE, "--engine", engine, "--model", "sim"]
-    spec = Background(sim_on("eagle3", spec_port, *common, "--startup-delay", "20"))
-    base: Background | None = None
-    try:
-        wait_for(
-            lambda: router_status(router.url)["pools"]["speculative"]["backends"][0]["checks"] >= 2
-        )
-        backend = router_status(router.url)["pools"]["speculative"]["backends"][0]
-        assert backend["state"] == "starting" and "connect" in backend["last_error"]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            r = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 3})
-            if r.status_code == 200:
-                break  # the engine finished starting between two requests
-            # a 503 from the router itself, never the starting engine's own 503
-            assert r.status_code == 503 and r.json()["error"]["code"] == "no_backend_available"
-            time.sleep(0.05)
-        assert router_ready(router.url)
-        ok = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 3})
-        assert ok.status_code == 200 and ok.headers["x-spec-router-pool"] == "speculative"
-        text = metrics(router.url)
-        assert metric_value(text, "spec_router_upstream_errors_total") == 0
-        assert metric_value(text, "spec_router_retries_total") == 0
+        # 20 model seconds of loading = 2 s here, the port refusing connections meanwhile (both
+        # engines); then SGLang answers /health with 503 during its warm-up
+        common = ["--time-scale", TIME_SCALE, "--engine", engine, "--model", "sim"]
+        spec_port.release()
+        spec = Background(sim_on("eagle3", spec_port.port, *common, "--startup-delay", "20"))
+        base: Background | None = None
+        try:
+            wait_for(
+                lambda: (
+                    router_status(router.url)["pools"]["speculative"]["backends"][0]["checks"] >= 2
+                )
+            )
+            backend = router_status(router.url)["pools"]["speculative"]["backends"][0]
+            assert backend["state"] == "starting" and "connect" in backend["last_error"]
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                r = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 3})
+                if r.status_code == 200:
+                    break  # the engine finished starting between two requests
+                # a 503 from the router itself, never the starting engine's own 503
+                assert r.status_code == 503 and r.json()["error"]["code"] == "no_backend_available"
+                time.sleep(0.05)
+            assert router_ready(router.url)
+            ok = httpx.post(f"{router.url}/v1/chat/completions", json={**CHAT, "max_tokens": 3})
+            assert ok.status_code == 200 and ok.headers["x-spec-router-pool"] == "speculative"
+            text = metrics(router.url)
+            assert metric_value(text, "spec_router_upstream_errors_total") == 0
+            assert metric_value(text, "spec_router_retries_total") == 0
 
-        base = Background(sim_on("baseline", base_port, *common, "--startup-delay", "5"))
-        wait_for(lambda: router_status(router.url)["pools"]["baseline"]["usable"], timeout=10)
-        assert_clean(router.url, spec_url, base_url)
-    finally:
-        spec.stop()
-        if base is not None:
-            base.stop()
+            base_port.release()
+            base = Background(sim_on("baseline", base_port.port, *common, "--startup-delay", "5"))
+            wait_for(lambda: router_status(router.url)["pools"]["baseline"]["usable"], timeout=10)
+            assert_clean(router.url, spec_url, base_url)
+        finally:
+            spec.stop()
+            if base is not None:
+                base.stop()
 
 
 @dataclass
@@ -455,9 +470,15 @@ async def test_engine_load_signal_makes_two_routers_agree(
         for i in range(8):
             router, client = routers[i % 2], clients[i % 2]
             other = routers[(i + 1) % 2]
+            # (held on the engine after a few tokens, running until its client leaves:
+            # every stream is still there at the end, however slow the host)
             response = await stack.enter_async_context(
                 client.chat.completions.with_streaming_response.create(
-                    model="sim", messages=MESSAGES, max_tokens=5000, stream=True
+                    model="sim",
+                    messages=MESSAGES,
+                    max_tokens=5000,
+                    stream=True,
+                    extra_headers={"x-sim-fault": "hold_after=10"},
                 )
             )
             pools.append(response.headers["x-spec-router-pool"])

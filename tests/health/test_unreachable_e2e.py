@@ -10,7 +10,7 @@ import httpx
 from router.health.trouble import WARN_AFTER
 from tests.conftest import RouterFactory
 from tests.support.http import router_status, wait_for
-from tests.support.processes import Background, Proc, free_port, refused_port, sim_on
+from tests.support.processes import Background, Proc, refused_port, sim_on
 
 
 def warnings_about(router: Proc, url: str) -> list[str]:
@@ -90,10 +90,11 @@ def test_a_health_path_answering_404_is_warned_about(
 def test_a_backend_that_comes_up_clears_its_warning(
     sims: dict[str, Proc], start_router: RouterFactory
 ) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    router = start_router(url, sims["baseline"].url, one_pool=True)
-    wait_for(lambda: warnings_about(router, url), timeout=20)
+    # bound here until its engine starts: no other test's server takes it meanwhile
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        router = start_router(url, sims["baseline"].url, one_pool=True)
+        wait_for(lambda: warnings_about(router, url), timeout=20)
     late = Background(sim_on("eagle3", port, "--time-scale", "0.1"))
     try:
         late.proc()

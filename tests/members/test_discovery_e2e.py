@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -121,14 +122,18 @@ async def _more(stream: Stream, seen: int) -> bool:
 
 
 async def open_streams(
-    base: str, n: int, stack: contextlib.AsyncExitStack, tokens: int = LONG
+    base: str,
+    n: int,
+    stack: contextlib.AsyncExitStack,
+    tokens: int = LONG,
+    headers: dict[str, str] | None = None,
 ) -> list[Stream]:
     streams = []
     body = {**short(tokens), "stream": True}
     for _ in range(n):
         client = await stack.enter_async_context(httpx.AsyncClient(base_url=base, timeout=60))
         response = await stack.enter_async_context(
-            client.stream("POST", "/v1/chat/completions", json=body)
+            client.stream("POST", "/v1/chat/completions", json=body, headers=headers)
         )
         assert response.status_code == 200
         stream = Stream(response)
@@ -151,9 +156,25 @@ def procs() -> Iterator[list[Proc]]:
         proc.stop()
 
 
+HEALTH_INTERVAL = 0.1
+# a sim's stream that holds after a few tokens until the test lets it go (POST /sim/config
+# {"release": true}): still running when the test looks, however slow the host
+HOLD = {"x-sim-fault": "hold_after=10"}
+
+
+def held(proc: Proc) -> int:
+    """Requests held on the sim now, at their hold_after (its /sim/config)."""
+    n: int = httpx.get(f"{proc.url}/sim/config", timeout=5).json()["held"]
+    return n
+
+
+def release(proc: Proc) -> None:
+    httpx.post(f"{proc.url}/sim/config", json={"release": True}, timeout=5).raise_for_status()
+
+
 def start_router(procs: list[Proc], spec: str, base: str, *serve: str, **settings: str) -> Proc:
     defaults = {
-        "health_interval": "0.1",
+        "health_interval": str(HEALTH_INTERVAL),
         "ramp_seconds": "0",
         "policy": "spillover",
         "crossover": "100",  # everything to the speculative pool: the pool that changes here
@@ -198,7 +219,10 @@ async def test_addresses_join_and_leave_while_traffic_flows(
     assert (name["state"], name["addresses"]) == ("resolved", [A])
 
     async with contextlib.AsyncExitStack() as stack:
-        on_a = await open_streams(router.url, 2, stack)
+        # every stream here holds on its sim until released below: in flight whenever the
+        # test looks, however slow the host
+        on_a = await open_streams(router.url, 2, stack, headers=HOLD)
+        wait_for(lambda: held(a) == 2)
         # B's record appears before its engine listens: it joins as "starting" and takes
         # nothing (no request tried there, none failed)
         dns.set(SPEC_NAME, [A, B])
@@ -213,7 +237,8 @@ async def test_addresses_join_and_leave_while_traffic_flows(
         b = sim("eagle3", B, port)
         procs.append(b)
         wait_for(lambda: backends(router)[url(B, port)]["usable"])
-        on_b = await open_streams(router.url, 2, stack)
+        on_b = await open_streams(router.url, 2, stack, headers=HOLD)
+        wait_for(lambda: held(a) + held(b) == 4)
         assert received(b) >= 1
         assert backends(router)[url(B, port)]["in_flight"] >= 1
 
@@ -225,6 +250,9 @@ async def test_addresses_join_and_leave_while_traffic_flows(
             r = httpx.post(f"{router.url}/v1/chat/completions", json=short())
             assert r.status_code == 200
         assert received(a) == before  # no new request after the resolution that dropped it
+        assert backends(router)[url(A, port)]["in_flight"] == 2
+        release(a)
+        release(b)
         for stream in on_a:  # its streams run on, to their end
             assert await stream.flowing()
 
@@ -251,7 +279,10 @@ async def test_the_admin_api_adds_and_drains_backends(procs: list[Proc]) -> None
     api = f"{router.url}/router/pools"
     assert httpx.post(f"{api}/speculative/backends", json={"url": url(B, port)}).status_code == 401
     async with contextlib.AsyncExitStack() as stack:
-        on_a = await open_streams(router.url, 2, stack)
+        # A's two streams hold on the sim until released below: in flight whenever the test
+        # looks (a fixed-length stream could end before the drain on a slow host)
+        on_a = await open_streams(router.url, 2, stack, headers=HOLD)
+        wait_for(lambda: held(a) == 2)
         r = httpx.post(f"{api}/speculative/backends", json={"url": url(B, port)}, headers=ADMIN)
         assert r.status_code == 201, r.text
         assert r.json() == {
@@ -273,7 +304,7 @@ async def test_the_admin_api_adds_and_drains_backends(procs: list[Proc]) -> None
         assert received(b) >= 1
 
         # (a health history of its own, to tell a fresh one from)
-        old = wait_for(lambda: (b := backends(router)[url(A, port)])["checks"] >= 3 and b)
+        wait_for(lambda: backends(router)[url(A, port)]["checks"] >= 3)
         gone = httpx.delete(
             f"{api}/speculative/backends", params={"url": url(A, port)}, headers=ADMIN
         )
@@ -290,6 +321,8 @@ async def test_the_admin_api_adds_and_drains_backends(procs: list[Proc]) -> None
         for _ in range(6):
             assert httpx.post(f"{router.url}/v1/chat/completions", json=short()).status_code == 200
         assert received(a) == before
+        assert backends(router)[url(A, port)]["in_flight"] == 2  # held: they run on
+        release(a)
         for stream in on_a:
             assert await stream.flowing()
 
@@ -297,17 +330,26 @@ async def test_the_admin_api_adds_and_drains_backends(procs: list[Proc]) -> None
             return all(s.fate == "ended" for s in on_a)
 
         await await_for(ended, timeout=30)
+        assert all(s.tail.rstrip().endswith(b"data: [DONE]") for s in on_a)
         unknown = httpx.delete(
             f"{api}/baseline/backends", params={"url": url(A, port)}, headers=ADMIN
         )
         assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "backend_not_found")
     wait_for(lambda: url(A, port) not in backends(router))
     # once gone, the address may come back (to either pool), and it starts fresh
+    asked = time.monotonic()
     back = httpx.post(f"{api}/speculative/backends", json={"url": url(A, port)}, headers=ADMIN)
     assert back.status_code == 201
     fresh = backends(router)[url(A, port)]  # (it joined before the POST answered)
-    # a new member: a new health state, its time as a member counted from now
-    assert fresh["checks"] < old["checks"] and fresh["member_for_s"] < old["member_for_s"]
+    since = time.monotonic() - asked
+    # a new member: its time as a member counted from the POST (the router rounds to the ms)
+    # and a new health state, with no more checks than its probes since (one at once, then
+    # one per interval -20% at the least: router.health.poller.probe_delay), where a state
+    # carried over would show the old one's >= 3 when the host answers in time. Bounds from
+    # the test's own clock, not a race against the host's speed (fresh < old raced it: old
+    # was read at 3 checks, 0.3 s in)
+    assert fresh["member_for_s"] <= since + 0.0005
+    assert fresh["checks"] <= 1 + since / (0.8 * HEALTH_INTERVAL)
     assert fresh["source"] == "admin" and fresh["in_flight"] == 0
     wait_for(lambda: router_status(router.url)["in_flight"]["total"] == 0)
 
@@ -425,7 +467,10 @@ async def test_under_two_workers_every_worker_routes_over_the_same_set(
     wait_for(every_worker_ready(router.url))
     assert wait_for(lambda: each_worker(router, lambda s: list(listed(s)) == [url(A, port)]))
     async with contextlib.AsyncExitStack() as stack:
-        on_a = await open_streams(router.url, 4, stack)
+        # A's streams hold on the sim until released below: in flight while it drains,
+        # however slow the host
+        on_a = await open_streams(router.url, 4, stack, headers=HOLD)
+        wait_for(lambda: held(a) == 4)
         dns.set(SPEC_NAME, [A, B])  # the leader resolves it; both workers take it up
         assert wait_for(
             lambda: each_worker(router, lambda s: listed(s).get(url(B, port), {}).get("usable"))
@@ -444,6 +489,7 @@ async def test_under_two_workers_every_worker_routes_over_the_same_set(
             r = httpx.post(f"{router.url}/v1/chat/completions", json=short())
             assert r.status_code == 200
         assert received(a) == before
+        release(a)
         for stream in on_a:
             assert await stream.flowing()
 
@@ -451,6 +497,7 @@ async def test_under_two_workers_every_worker_routes_over_the_same_set(
             return all(s.fate == "ended" for s in on_a + on_b)
 
         await await_for(ended, timeout=40)
+        assert all(s.tail.rstrip().endswith(b"data: [DONE]") for s in on_a)
     assert wait_for(lambda: each_worker(router, lambda s: list(listed(s)) == [url(B, port)]))
     status = wait_for(lambda: (s := router_status(router.url))["in_flight"]["total"] == 0 and s)
     generations = {slot["membership_generation"] for slot in status["workers"]["slots"]}

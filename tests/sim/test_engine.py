@@ -50,6 +50,28 @@ def test_tokens_arrive_per_iteration() -> None:
     assert asyncio.run(with_engine(BASELINE, 0.05, plain)) == [1] * 20
 
 
+def test_a_held_request_runs_without_gaining_until_released() -> None:
+    async def body(engine: Engine) -> tuple[list[int], int, int, int, int, list[int]]:
+        held = engine.submit(10, 50, temperature=0, hold_after=7)
+        other = engine.submit(10, 30, temperature=0)
+        got: list[int] = []
+        while sum(got) < 7:
+            got.append(await held.next_tokens())
+        others = await drain(other)  # the batch runs on beside it
+        before = engine.stats.iterations
+        while engine.stats.iterations < before + 20:  # twenty more, and nothing for it
+            await asyncio.sleep(0)
+        gauges = engine.gauges()
+        state = (sum(got), held.pending, engine.held, gauges.running)
+        engine.release()
+        rest = await drain(held)
+        return got, *state, others + rest
+
+    got, taken, pending, held, running, rest = asyncio.run(with_engine(EAGLE3, 0.05, body))
+    assert (taken, pending, held, running) == (7, 0, 1, 1)  # in the batch, at its hold
+    assert sum(rest) == 30 + 43  # released: the rest, to its end
+
+
 def model_seconds(preset: Preset, prompt: int, n: int) -> float:
     """One request alone: a join iteration with its prefill, then ``n - 1`` more."""
     return prefill_time(preset, prompt) + sum(step_time(preset, 1, prompt + i) for i in range(n))

@@ -6,12 +6,14 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from router.sim.protocol import filler
 from tests.sim.conftest import chat_body, engine_error, metrics
+from tests.support.http import wait_for
 from tests.support.processes import Proc
 
 CHAT = "/v1/chat/completions"
@@ -95,6 +97,79 @@ def test_hang_after_tokens(request: pytest.FixtureRequest, sim_name: str) -> Non
         json.loads(e[6:])["choices"][0]["delta"]["content"] for e in text.split("\n\n") if e
     ]
     assert "".join(contents[1:]) == filler(0, 10)
+
+
+def held(config: str) -> int:
+    n: int = httpx.get(config).json()["held"]
+    return n
+
+
+def deltas(text: str) -> str:
+    """The content an SSE chat stream carried so far."""
+    events = [e[6:] for e in text.split("\n\n") if e.startswith("data: {")]
+    return "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events)
+
+
+@pytest.mark.parametrize("sim_name", ["eagle3", "baseline"])
+def test_hold_after_tokens_until_released(request: pytest.FixtureRequest, sim_name: str) -> None:
+    """A request gains no token past N, running all the while, for as long as no one releases
+    it; released, the rest comes and the stream ends whole."""
+    sim: Proc = request.getfixturevalue(sim_name)
+    config = sim.url + "/sim/config"
+    aborted = httpx.get(config).json()["engine"]["aborted"]
+    pieces: list[str] = []
+
+    def read() -> int:
+        with httpx.stream(
+            "POST",
+            sim.url + CHAT,
+            json=chat_body(200, stream=True),
+            headers={"x-sim-fault": "hold_after=10"},
+            timeout=30,
+        ) as resp:
+            for piece in resp.iter_text():
+                pieces.append(piece)
+            return resp.status_code
+
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(read)
+        wait_for(lambda: held(config) == 1)
+        assert wait_for(lambda: deltas("".join(pieces))) == filler(0, 10)
+        engine = httpx.get(config).json()["engine"]
+        assert engine["running"] == 1 and engine["aborted"] == aborted  # in the batch
+        assert not reading.done() and held(config) == 1
+        assert httpx.post(config, json={"release": True}).json()["held"] == 0
+        assert reading.result(timeout=30) == 200
+    text = "".join(pieces)
+    assert text.endswith("data: [DONE]\n\n")
+    assert deltas(text) == filler(0, 200)
+
+
+def test_hold_after_holds_a_non_stream_and_a_leaving_client(eagle3: Proc, config: str) -> None:
+    """A non-stream holds its answer; a client that leaves a held stream is aborted as any
+    (SGLang: a moment later), and a release with nothing held does nothing."""
+    hold = {"x-sim-fault": "hold_after=5"}
+    host, port = eagle3.url.removeprefix("http://").split(":")
+    payload = json.dumps(chat_body(200, stream=True)).encode()
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(
+            f"POST {CHAT} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(payload)}\r\nx-sim-fault: hold_after=5\r\n\r\n".encode()
+            + payload
+        )
+        wait_for(lambda: held(config) == 1)
+    wait_for(lambda: held(config) == 0)  # the client left: no longer held
+    wait_for(lambda: httpx.get(config).json()["engine"]["running"] == 0)
+    assert httpx.post(config, json={"release": "yes"}).status_code == 400
+    httpx.post(config, json={"release": True})  # nothing held: nothing happens
+    with httpx.Client(base_url=eagle3.url, timeout=30) as client:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(client.post, CHAT, json=chat_body(20), headers=hold)
+            wait_for(lambda: held(config) == 1)
+            assert not answer.done()
+            httpx.post(config, json={"release": True})
+            resp = answer.result(timeout=30)
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 20
 
 
 def test_reset_after_tokens_sends_rst(eagle3: Proc) -> None:

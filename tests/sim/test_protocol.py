@@ -183,10 +183,11 @@ def test_fault_specs() -> None:
     assert parse_fault("hang_before_headers").hang_before_headers == math.inf
     assert parse_fault("hang_before_headers=0.5").hang_before_headers == 0.5
     assert parse_fault("hang_after=10").hang_after == 10
+    assert parse_fault("hold_after=0").hold_after == 0
     fault = parse_fault("reset_after=3, p=0.25")
     assert (fault.reset_after, fault.probability) == (3, 0.25)
     assert parse_fault("close").close
     bad_specs = ("status", "status=200", "hang_after=-1", "hang_after", "close=1", "p=2")
-    for bad in (*bad_specs, "explode", "status=500,close", "p=0.5"):
+    for bad in (*bad_specs, "hold_after", "explode", "status=500,close", "p=0.5"):
         with pytest.raises(FaultSpecError):
             parse_fault(bad)

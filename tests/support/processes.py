@@ -10,7 +10,18 @@ from collections.abc import Iterator
 
 from router.tools.processes import Proc, running, spawn, stop_all
 
-__all__ = ["Background", "Proc", "free_port", "running", "sim_args", "sim_on", "spawn", "stop_all"]
+__all__ = [
+    "Background",
+    "HeldPort",
+    "Proc",
+    "free_port",
+    "refused_port",
+    "running",
+    "sim_args",
+    "sim_on",
+    "spawn",
+    "stop_all",
+]
 
 
 def sim_args(preset: str, *extra: str) -> list[str]:
@@ -36,6 +47,26 @@ def refused_port() -> Iterator[int]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield int(sock.getsockname()[1])
+
+
+class HeldPort:
+    """``refused_port`` for a server that comes up on the port later: bound here (connections
+    refused, no other process takes it) until ``release()``, called just before the server
+    starts on it, or the end of the ``with``."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = int(self._sock.getsockname()[1])
+
+    def release(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> HeldPort:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class Background:

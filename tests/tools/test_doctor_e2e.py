@@ -15,7 +15,7 @@ import pytest
 from router.decide import table as tables
 from router.sim.model import PRESETS
 from router.tools import doctor
-from tests.support.processes import Proc, free_port, sim_args, spawn
+from tests.support.processes import Proc, refused_port, sim_args, spawn
 from tests.support.tables import model_table
 
 SCALE = "0.05"
@@ -200,6 +200,7 @@ def test_the_probe(sim: Sims, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_an_engine_that_does_not_answer(sim: Sims, capsys: pytest.CaptureFixture[str]) -> None:
-    down = f"http://127.0.0.1:{free_port()}"
-    status, doc = run(capsys, "--speculative", down, "--baseline", sim("baseline"))
+    with refused_port() as port:  # (bound here: no other test's server takes it meanwhile)
+        down = f"http://127.0.0.1:{port}"
+        status, doc = run(capsys, "--speculative", down, "--baseline", sim("baseline"))
     assert status == 1 and finding(doc, "unreachable")["urls"] == [down]

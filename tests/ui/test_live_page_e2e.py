@@ -28,7 +28,7 @@ from router.decide.table import save, to_json
 from router.settings import sim_time_env
 from tests.conftest import TIME_SCALE, RouterFactory
 from tests.support.http import router_status, wait_for
-from tests.support.processes import Proc, free_port
+from tests.support.processes import Proc, refused_port
 from tests.support.tables import model_table
 
 T = TypeVar("T")
@@ -460,14 +460,16 @@ def test_the_page_shows_the_share_within_the_slo_and_the_slo_lines(
 def test_the_page_shows_a_pool_that_never_came_up_as_degraded(
     sims: dict[str, Proc], start_router: RouterFactory, browser: Browser
 ) -> None:
-    spec = f"http://127.0.0.1:{free_port()}"
-    router = start_router(spec, sims["baseline"].url, ui_interval="0.5", one_pool=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 1100})
-    problems = watched(page)
-    page.goto(f"{router.url}/router/ui")
-    # after a few failed probes the backend's own warning joins the pool's
-    wait_for(lambda: len(router_status(router.url)["warnings"]) == 1, timeout=20)
-    _, shown = objective_shown(page, router.url)
+    # (a port bound here and never listened on: no other test's server takes it meanwhile)
+    with refused_port() as port:
+        spec = f"http://127.0.0.1:{port}"
+        router = start_router(spec, sims["baseline"].url, ui_interval="0.5", one_pool=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        problems = watched(page)
+        page.goto(f"{router.url}/router/ui")
+        # after a few failed probes the backend's own warning joins the pool's
+        wait_for(lambda: len(router_status(router.url)["warnings"]) == 1, timeout=20)
+        _, shown = objective_shown(page, router.url)
     assert (shown["status"], shown["specStatus"]) == ("degraded", "down")
     assert shown["warnings"][0] == f"speculative pool: no usable backend (never healthy: {spec})"
     assert shown["warnings"][1].startswith(f"backend {spec} has failed every health probe")
