@@ -196,7 +196,9 @@ def test_a_client_that_leaves_releases_its_lease(
     start_gateway: GatewayFactory, own_sims: dict[str, Proc]
 ) -> None:
     """A client gone mid-stream: Envoy resets the engine's stream, and its access-log record
-    (flag DC) releases the lease; the engine stops too."""
+    (flag DC) releases the lease; the engine stops too. (The engine holds the stream after 10
+    tokens, ``hold_after``, so it is still running when the client leaves, however slow the
+    host.)"""
     gateway = start_gateway(
         spec_url=own_sims["speculative"].url, base_url=own_sims["baseline"].url, **SPILLOVER
     )
@@ -208,10 +210,12 @@ def test_a_client_that_leaves_releases_its_lease(
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            b"x-sim-fault: hold_after=10\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
         )
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         wait_for(lambda: gateway.status()["in_flight"]["speculative"] == 1)
+        spec = own_sims["speculative"].url
+        wait_for(lambda: httpx.get(f"{spec}/sim/config", timeout=5).json()["held"] == 1)
     gateway.idle()
     wait_for(sim_idle(own_sims["speculative"].url))
     metrics = httpx.get(f"{gateway.epp.url}/metrics").text
