@@ -13,7 +13,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import TIME_SCALE, RouterFactory
-from tests.support.http import metric_value, router_status, sim_running, wait_for
+from tests.support.http import HOLD, metric_value, router_status, sim_running, wait_for
 from tests.support.processes import Proc, free_port, running, sim_args
 
 pytestmark = pytest.mark.anyio
@@ -68,7 +68,7 @@ async def _open_streams(url: str, n: int, stack: contextlib.AsyncExitStack) -> l
                 messages=MESSAGES,
                 max_tokens=5000,
                 stream=True,
-                extra_headers={"x-sim-fault": "hold_after=10"},
+                extra_headers=HOLD,
             )
         )
         pools.append(response.headers["x-spec-router-pool"])

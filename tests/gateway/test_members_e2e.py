@@ -29,13 +29,10 @@ import pytest
 
 from tests.gateway.conftest import start_epp
 from tests.members.test_discovery_e2e import (
-    HOLD,
     LONG,
     Stream,
-    held,
     open_streams,
     received,
-    release,
     shared_port,
     short,
     sim,
@@ -50,7 +47,15 @@ from tests.support.envoy import (
     engines_by_dns,
     start_envoy,
 )
-from tests.support.http import await_for, metric_value, router_status, wait_for
+from tests.support.http import (
+    HOLD,
+    await_for,
+    metric_value,
+    router_status,
+    sim_held,
+    sim_release,
+    wait_for,
+)
 from tests.support.processes import Proc, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.gateway]
@@ -155,7 +160,7 @@ async def test_engines_join_and_leave_by_dns_through_envoy(
         # test looks, however slow the host
         on_a = await open_streams(gateway, 2, stack, headers=HOLD)
         assert received(a) == 2
-        await until(lambda: held(a) == 2)
+        await until(lambda: sim_held(a.url) == 2)
         # B's record appears before its engine listens: a member, "starting", never picked
         dns.set(SPEC_NAME, [A, B])
         joined = await until(lambda: backends(epp).get(url(B, port)))
@@ -171,7 +176,7 @@ async def test_engines_join_and_leave_by_dns_through_envoy(
         await until(lambda: backends(epp)[url(B, port)]["usable"])
         on_b = await open_streams(gateway, 2, stack, headers=HOLD)
         assert received(b) == 2
-        await until(lambda: held(b) == 2)
+        await until(lambda: sim_held(b.url) == 2)
         assert backends(epp)[url(B, port)]["in_flight"] == 2
 
         # A's record goes: it drains at the EPP's next resolution, and gets no new pick
@@ -183,8 +188,8 @@ async def test_engines_join_and_leave_by_dns_through_envoy(
             assert r.status_code == 200
         assert received(a) == before
         assert backends(epp)[url(A, port)]["in_flight"] == 2
-        release(a)
-        release(b)
+        sim_release(a.url)
+        sim_release(b.url)
         for stream in on_a:  # its streams run on through Envoy, to their end
             assert await stream.flowing()
         await ended(on_a + on_b)
@@ -218,7 +223,7 @@ async def test_the_admin_api_on_the_epp(procs: list[Proc | Envoy]) -> None:
     async with contextlib.AsyncExitStack() as stack:
         # A's streams hold on the sim until released below: in flight at its drain
         on_a = await open_streams(gateway, 2, stack, headers=HOLD)
-        await until(lambda: held(a) == 2)
+        await until(lambda: sim_held(a.url) == 2)
         added = httpx.post(f"{api}/speculative/backends", json=new, headers=ADMIN)
         assert added.status_code == 201, added.text
         await until(lambda: backends(epp)[url(B, port)]["usable"])
@@ -239,7 +244,7 @@ async def test_the_admin_api_on_the_epp(procs: list[Proc | Envoy]) -> None:
             r = await asyncio.to_thread(httpx.post, f"{gateway}/v1/chat/completions", json=short())
             assert r.status_code == 200
         assert received(a) == before
-        release(a)
+        sim_release(a.url)
         await ended(on_a)
     await until(lambda: url(A, port) not in backends(epp))
     await until(lambda: idle(epp))
@@ -287,7 +292,7 @@ async def test_a_drain_that_times_out_lets_go_while_envoy_carries_on(
         # streams that outlive the drain timeout: they hold on the sim until released below
         on_a = await open_streams(envoy.url(), 2, stack, headers=HOLD)
         assert received(a) == 2
-        await until(lambda: held(a) == 2)
+        await until(lambda: sim_held(a.url) == 2)
         gone = httpx.delete(api, params={"url": url(A, port)}, headers=ADMIN)
         assert gone.status_code == 202 and gone.json()["in_flight"] == 2
         # the deadline lets go of both leases and A is removed, while its streams still run:
@@ -298,7 +303,7 @@ async def test_a_drain_that_times_out_lets_go_while_envoy_carries_on(
         assert all(s.fate is None for s in on_a)
         # (read while they hold: no record of theirs can have come yet)
         unknown = metric(epp, "spec_router_epp_access_log_records_total", lease="unknown")
-        release(a)
+        sim_release(a.url)
         for stream in on_a:
             assert await stream.flowing()
         await ended(on_a)
@@ -345,7 +350,7 @@ async def test_leases_are_let_go_when_envoy_goes_away_mid_stream(
         # (held on the sims: still running when the gateway goes)
         streams = await open_streams(envoy.url(), 4, stack, headers=HOLD)
         assert (received(a), received(c)) == (on_a + 2, on_c + 2)
-        await until(lambda: held(a) == 2 and held(c) == 2)
+        await until(lambda: sim_held(a.url) == 2 and sim_held(c.url) == 2)
         assert in_flight(epp) == {url(A, port): 2, url(C, port): 2}
         # A leaves (a drain of 30 s), and the gateway is gone mid-stream: no access-log
         # record of the four will come
@@ -377,9 +382,9 @@ async def test_leases_are_let_go_when_envoy_goes_away_mid_stream(
     async with contextlib.AsyncExitStack() as stack:
         again = await open_streams(envoy.url(), 2, stack, headers=HOLD)
         assert received(c) == on_c + 4
-        await until(lambda: held(c) == 2)
+        await until(lambda: sim_held(c.url) == 2)
         assert in_flight(epp) == {url(C, port): 2}
-        release(c)
+        sim_release(c.url)
         await ended(again)
     await until(lambda: idle(epp))
     assert metric(epp, "spec_router_epp_access_log_records_total", lease="released") == (

@@ -18,7 +18,7 @@ from tests.conftest import TIME_SCALE
 from tests.gateway.conftest import GatewayFactory, chat, endpoint, served_by
 from tests.support.bulk_upstream import BulkUpstream
 from tests.support.envoy import ORIGINAL_DST, subset_from_header
-from tests.support.http import metric_value, sim_idle, wait_for
+from tests.support.http import metric_value, sim_held, sim_idle, wait_for
 from tests.support.processes import Proc
 from tests.support.raw_http import check_error_shape
 from tests.support.tables import model_table
@@ -214,8 +214,7 @@ def test_a_client_that_leaves_releases_its_lease(
         )
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         wait_for(lambda: gateway.status()["in_flight"]["speculative"] == 1)
-        spec = own_sims["speculative"].url
-        wait_for(lambda: httpx.get(f"{spec}/sim/config", timeout=5).json()["held"] == 1)
+        wait_for(lambda: sim_held(own_sims["speculative"].url) == 1)
     gateway.idle()
     wait_for(sim_idle(own_sims["speculative"].url))
     metrics = httpx.get(f"{gateway.epp.url}/metrics").text

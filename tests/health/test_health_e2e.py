@@ -23,6 +23,7 @@ from router.health.state import State
 from router.settings import Settings
 from tests.conftest import TIME_SCALE, RouterFactory
 from tests.support.http import (
+    HOLD,
     metric_value,
     router_ready,
     router_status,
@@ -478,7 +479,7 @@ async def test_engine_load_signal_makes_two_routers_agree(
                     messages=MESSAGES,
                     max_tokens=5000,
                     stream=True,
-                    extra_headers={"x-sim-fault": "hold_after=10"},
+                    extra_headers=HOLD,
                 )
             )
             pools.append(response.headers["x-spec-router-pool"])

@@ -25,11 +25,14 @@ import pytest
 from tests.conftest import TIME_SCALE, router_env
 from tests.support.dns_server import DnsServer
 from tests.support.http import (
+    HOLD,
     await_for,
     every_worker_ready,
     metric_value,
     router_ready,
     router_status,
+    sim_held,
+    sim_release,
     wait_for,
 )
 from tests.support.processes import Proc, sim_on, spawn
@@ -157,19 +160,6 @@ def procs() -> Iterator[list[Proc]]:
 
 
 HEALTH_INTERVAL = 0.1
-# a sim's stream that holds after a few tokens until the test lets it go (POST /sim/config
-# {"release": true}): still running when the test looks, however slow the host
-HOLD = {"x-sim-fault": "hold_after=10"}
-
-
-def held(proc: Proc) -> int:
-    """Requests held on the sim now, at their hold_after (its /sim/config)."""
-    n: int = httpx.get(f"{proc.url}/sim/config", timeout=5).json()["held"]
-    return n
-
-
-def release(proc: Proc) -> None:
-    httpx.post(f"{proc.url}/sim/config", json={"release": True}, timeout=5).raise_for_status()
 
 
 def start_router(procs: list[Proc], spec: str, base: str, *serve: str, **settings: str) -> Proc:
@@ -222,7 +212,7 @@ async def test_addresses_join_and_leave_while_traffic_flows(
         # every stream here holds on its sim until released below: in flight whenever the
         # test looks, however slow the host
         on_a = await open_streams(router.url, 2, stack, headers=HOLD)
-        wait_for(lambda: held(a) == 2)
+        wait_for(lambda: sim_held(a.url) == 2)
         # B's record appears before its engine listens: it joins as "starting" and takes
         # nothing (no request tried there, none failed)
         dns.set(SPEC_NAME, [A, B])
@@ -238,7 +228,7 @@ async def test_addresses_join_and_leave_while_traffic_flows(
         procs.append(b)
         wait_for(lambda: backends(router)[url(B, port)]["usable"])
         on_b = await open_streams(router.url, 2, stack, headers=HOLD)
-        wait_for(lambda: held(a) + held(b) == 4)
+        wait_for(lambda: sim_held(a.url) + sim_held(b.url) == 4)
         assert received(b) >= 1
         assert backends(router)[url(B, port)]["in_flight"] >= 1
 
@@ -251,8 +241,8 @@ async def test_addresses_join_and_leave_while_traffic_flows(
             assert r.status_code == 200
         assert received(a) == before  # no new request after the resolution that dropped it
         assert backends(router)[url(A, port)]["in_flight"] == 2
-        release(a)
-        release(b)
+        sim_release(a.url)
+        sim_release(b.url)
         for stream in on_a:  # its streams run on, to their end
             assert await stream.flowing()
 
@@ -282,7 +272,7 @@ async def test_the_admin_api_adds_and_drains_backends(procs: list[Proc]) -> None
         # A's two streams hold on the sim until released below: in flight whenever the test
         # looks (a fixed-length stream could end before the drain on a slow host)
         on_a = await open_streams(router.url, 2, stack, headers=HOLD)
-        wait_for(lambda: held(a) == 2)
+        wait_for(lambda: sim_held(a.url) == 2)
         r = httpx.post(f"{api}/speculative/backends", json={"url": url(B, port)}, headers=ADMIN)
         assert r.status_code == 201, r.text
         assert r.json() == {
@@ -322,7 +312,7 @@ async def test_the_admin_api_adds_and_drains_backends(procs: list[Proc]) -> None
             assert httpx.post(f"{router.url}/v1/chat/completions", json=short()).status_code == 200
         assert received(a) == before
         assert backends(router)[url(A, port)]["in_flight"] == 2  # held: they run on
-        release(a)
+        sim_release(a.url)
         for stream in on_a:
             assert await stream.flowing()
 
@@ -470,7 +460,7 @@ async def test_under_two_workers_every_worker_routes_over_the_same_set(
         # A's streams hold on the sim until released below: in flight while it drains,
         # however slow the host
         on_a = await open_streams(router.url, 4, stack, headers=HOLD)
-        wait_for(lambda: held(a) == 4)
+        wait_for(lambda: sim_held(a.url) == 4)
         dns.set(SPEC_NAME, [A, B])  # the leader resolves it; both workers take it up
         assert wait_for(
             lambda: each_worker(router, lambda s: listed(s).get(url(B, port), {}).get("usable"))
@@ -489,7 +479,7 @@ async def test_under_two_workers_every_worker_routes_over_the_same_set(
             r = httpx.post(f"{router.url}/v1/chat/completions", json=short())
             assert r.status_code == 200
         assert received(a) == before
-        release(a)
+        sim_release(a.url)
         for stream in on_a:
             assert await stream.flowing()
 

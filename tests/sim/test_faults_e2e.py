@@ -13,7 +13,7 @@ import pytest
 
 from router.sim.protocol import filler
 from tests.sim.conftest import chat_body, engine_error, metrics
-from tests.support.http import wait_for
+from tests.support.http import sim_held, wait_for
 from tests.support.processes import Proc
 
 CHAT = "/v1/chat/completions"
@@ -99,11 +99,6 @@ def test_hang_after_tokens(request: pytest.FixtureRequest, sim_name: str) -> Non
     assert "".join(contents[1:]) == filler(0, 10)
 
 
-def held(config: str) -> int:
-    n: int = httpx.get(config).json()["held"]
-    return n
-
-
 def deltas(text: str) -> str:
     """The content an SSE chat stream carried so far."""
     events = [e[6:] for e in text.split("\n\n") if e.startswith("data: {")]
@@ -133,11 +128,11 @@ def test_hold_after_tokens_until_released(request: pytest.FixtureRequest, sim_na
 
     with ThreadPoolExecutor(1) as pool:
         reading = pool.submit(read)
-        wait_for(lambda: held(config) == 1)
+        wait_for(lambda: sim_held(sim.url) == 1)
         assert wait_for(lambda: deltas("".join(pieces))) == filler(0, 10)
         engine = httpx.get(config).json()["engine"]
         assert engine["running"] == 1 and engine["aborted"] == aborted  # in the batch
-        assert not reading.done() and held(config) == 1
+        assert not reading.done() and sim_held(sim.url) == 1
         assert httpx.post(config, json={"release": True}).json()["held"] == 0
         assert reading.result(timeout=30) == 200
     text = "".join(pieces)
@@ -157,15 +152,15 @@ def test_hold_after_holds_a_non_stream_and_a_leaving_client(eagle3: Proc, config
             f"content-length: {len(payload)}\r\nx-sim-fault: hold_after=5\r\n\r\n".encode()
             + payload
         )
-        wait_for(lambda: held(config) == 1)
-    wait_for(lambda: held(config) == 0)  # the client left: no longer held
+        wait_for(lambda: sim_held(eagle3.url) == 1)
+    wait_for(lambda: sim_held(eagle3.url) == 0)  # the client left: no longer held
     wait_for(lambda: httpx.get(config).json()["engine"]["running"] == 0)
     assert httpx.post(config, json={"release": "yes"}).status_code == 400
     httpx.post(config, json={"release": True})  # nothing held: nothing happens
     with httpx.Client(base_url=eagle3.url, timeout=30) as client:
         with ThreadPoolExecutor(1) as pool:
             answer = pool.submit(client.post, CHAT, json=chat_body(20), headers=hold)
-            wait_for(lambda: held(config) == 1)
+            wait_for(lambda: sim_held(eagle3.url) == 1)
             assert not answer.done()
             httpx.post(config, json={"release": True})
             resp = answer.result(timeout=30)

@@ -55,6 +55,22 @@ def sim_idle(url: str) -> Callable[[], bool]:
     return check
 
 
+# a sim's stream that holds after a few tokens until the test lets it go (``sim_release``):
+# still running when the test looks, however slow the host (router/sim/faults.py hold_after)
+HOLD = {"x-sim-fault": "hold_after=10"}
+
+
+def sim_held(url: str) -> int:
+    """Requests held on the sim at ``url`` now, at their hold_after (its /sim/config)."""
+    n: int = httpx.get(f"{url}/sim/config", timeout=5).json()["held"]
+    return n
+
+
+def sim_release(url: str) -> None:
+    """Every request held on the sim at ``url`` generates on."""
+    httpx.post(f"{url}/sim/config", json={"release": True}, timeout=5).raise_for_status()
+
+
 def router_status(url: str) -> dict[str, Any]:
     status: dict[str, Any] = httpx.get(f"{url}/router/status", timeout=5).json()
     return status

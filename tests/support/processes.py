@@ -44,9 +44,8 @@ def refused_port() -> Iterator[int]:
     """A port on 127.0.0.1 bound here and never listened on: connecting is refused for as long
     as this holds, and no other process can take it meanwhile (``free_port``'s port is only
     free when asked: under load another test's server may take it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield int(sock.getsockname()[1])
+    with HeldPort() as held:
+        yield held.port
 
 
 class HeldPort:
